@@ -1,0 +1,82 @@
+"""Load a named model at a precision: the one object generation, quality and the UI share."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from . import catalog
+from .errors import UserError
+from .model import Transformer, build_model
+from .quant import QuantSpec, check_supported, compute_dtype_for, parse_precision, quantize_model, weight_breakdown
+
+
+@dataclass
+class LoadedModel:
+    name: str
+    folder: Path
+    spec: QuantSpec
+    device: str
+    model: Transformer
+    tokenizer: object
+    load_s: float
+    weights: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def weight_bytes(self) -> int:
+        return sum(self.weights.values())
+
+    @property
+    def cfg(self):
+        return self.model.cfg
+
+    @property
+    def label(self) -> str:
+        return f"{self.name}@{self.spec.label}"
+
+
+def resolve_device(device: str | None) -> str:
+    if device in (None, "", "auto"):
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise UserError(f"device '{device}' was asked for, but this torch sees no CUDA GPU",
+                        "use --device cpu, or install a CUDA build of torch on a GPU machine")
+    if device.split(":")[0] not in ("cpu", "cuda"):
+        raise UserError(f"unknown device '{device}'", "use cpu, cuda or auto")
+    return device
+
+
+def make_spec(precision: str = "fp32", group_size: int = 64, quantize_embeddings: bool = False,
+              quantize_head: bool = True) -> QuantSpec:
+    return QuantSpec(parse_precision(precision), int(group_size), bool(quantize_embeddings), bool(quantize_head))
+
+
+def load_tokenizer(folder: Path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(folder))
+
+
+def load(name: str = "default", spec: QuantSpec | str = "fp32", device: str | None = None,
+         progress=None) -> LoadedModel:
+    """Resolve, build in fp32, convert to `spec`. Refuses unsupported combinations before loading."""
+    spec = make_spec(spec) if isinstance(spec, str) else spec
+    device = resolve_device(device)
+    check_supported(spec, device)
+    t0 = time.perf_counter()
+    folder = catalog.resolve(name, progress)
+    say = progress or (lambda s: None)
+    say(f"building {Path(folder).name} and converting to {spec.label}")
+    base_dtype = compute_dtype_for(spec, device) if spec.precision in ("fp32", "bf16", "fp16") else torch.float32
+    model = build_model(folder, dtype=base_dtype, device="cpu")
+    model = quantize_model(model, spec, device)
+    tok = load_tokenizer(folder)
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+    return LoadedModel(
+        name=catalog.canonical_name(name) if catalog.canonical_name(name) in catalog.CATALOG else str(name),
+        folder=Path(folder), spec=spec, device=device, model=model, tokenizer=tok,
+        load_s=time.perf_counter() - t0, weights=weight_breakdown(model),
+    )

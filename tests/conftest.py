@@ -1,0 +1,65 @@
+"""Shared fixtures: real models are loaded once per session and shared across tests.
+
+Models come from the user cache (converted once by `make models`); the SQLite store goes to a
+temporary folder so tests never touch the user's saved runs.
+"""
+import os
+import tempfile
+import warnings
+
+import pytest
+
+warnings.filterwarnings("ignore", message="The pynvml package is deprecated")
+os.environ.setdefault("SCL_DATA_DIR", tempfile.mkdtemp(prefix="scl-test-data-"))
+
+
+@pytest.fixture(scope="session")
+def pool():
+    from engine.runs import ModelPool
+
+    return ModelPool(keep=8)
+
+
+def _get(pool, name, precision, **kw):
+    from engine.loader import make_spec
+
+    return pool.get(name, make_spec(precision, **kw), "cpu")
+
+
+@pytest.fixture(scope="session")
+def small_fp32(pool):
+    """Qwen2.5-Coder-0.5B-Instruct at fp32 (real weights)."""
+    return _get(pool, "default-draft", "fp32")
+
+
+@pytest.fixture(scope="session")
+def small_int4(pool):
+    return _get(pool, "default-draft", "int4")
+
+
+@pytest.fixture(scope="session")
+def small_int8(pool):
+    return _get(pool, "default-draft", "int8")
+
+
+@pytest.fixture(scope="session")
+def big_int4(pool):
+    """Qwen2.5-Coder-1.5B-Instruct at int4 (real weights): the default target, made fast by our kernels."""
+    return _get(pool, "default", "int4")
+
+
+@pytest.fixture(scope="session")
+def hf_small():
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from engine import catalog
+
+    return AutoModelForCausalLM.from_pretrained(str(catalog.resolve("default-draft")), dtype=torch.float32).eval()
+
+
+@pytest.fixture()
+def store(tmp_path):
+    from engine.store import Store
+
+    return Store(tmp_path / "lab.sqlite")

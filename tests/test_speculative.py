@@ -1,0 +1,205 @@
+"""Speculative decoding: lossless greedy on real models, lossless sampling shown statistically."""
+import math
+
+import pytest
+import torch
+
+from engine import speculative
+from engine.errors import UserError
+from engine.generate import SamplingParams, generate, probs_from_logits
+from engine.speculative import SpecStats, expected_length, generate_speculative, make_proposer, verify
+from tests.tiny import tiny_model
+
+PROMPTS = ["Write a Python function that checks whether a number is prime.",
+           "Write a Python function that reverses a linked list."]
+
+
+@pytest.mark.parametrize("kind,draft_fixture", [("ngram", None), ("self", "small_int4"), ("self", "small_int8")])
+@pytest.mark.parametrize("batch", [1, 2])
+def test_greedy_speculative_identical_small_target(small_fp32, request, kind, draft_fixture, batch):
+    draft = request.getfixturevalue(draft_fixture) if draft_fixture else None
+    ref = generate(small_fp32, PROMPTS[:batch], 40)
+    out = generate_speculative(small_fp32, make_proposer(kind, draft, small_fp32), PROMPTS[:batch], 40, gamma=4)
+    assert out.new_tokens == ref.new_tokens
+    st = out.spec
+    assert st["drafted"] > 0 and 0 <= st["accepted"] <= st["drafted"]
+    assert sum(len(t) for t in out.trace) == out.n_new
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_greedy_speculative_identical_default_pair(big_int4, small_int4, batch):
+    """The default pair: 1.5B target (int4) drafted by the 0.5B (int4), and by its own int4 copy adaptively."""
+    ref = generate(big_int4, PROMPTS[:batch], 32)
+    out = generate_speculative(big_int4, make_proposer("model", small_int4, big_int4), PROMPTS[:batch], 32, gamma=3)
+    assert out.new_tokens == ref.new_tokens
+    assert out.spec["acceptance_rate"] > 0.3  # same family: most drafts should be right
+
+
+def test_adaptive_gamma_changes_and_stays_lossless(small_fp32, small_int4):
+    ref = generate(small_fp32, PROMPTS[:1], 40)
+    out = generate_speculative(small_fp32, make_proposer("self", small_int4, small_fp32), PROMPTS[:1], 40,
+                               gamma=8, adaptive=True)
+    assert out.new_tokens == ref.new_tokens
+    hist = out.spec["gamma_history"]
+    assert max(hist) > 2 and len(set(hist)) > 1
+
+
+def test_trace_marks_origins(small_fp32, small_int4):
+    out = generate_speculative(small_fp32, make_proposer("self", small_int4, small_fp32), PROMPTS[:1], 24, gamma=4)
+    kinds = set(out.trace[0])
+    assert kinds <= {"target", "accepted", "bonus", "resample"}
+    assert "accepted" in kinds and out.trace[0][0] == "target"
+    s = out.spec
+    assert s["mean_acceptance_length"] == pytest.approx(s["emitted"] / s["rounds"])
+    assert 1.0 <= s["mean_acceptance_length"] <= 5.0
+
+
+# ---------------------------------------------------------------- lossless sampling, statistically
+
+def _target_two_token_dist(target, prompt, sp):
+    """Exact distribution of the 2nd and 3rd sampled tokens under the target alone.
+
+    The 1st token comes from prefill; the 2nd and 3rd come from the first speculative round.
+    """
+    m = target.model
+    v = target.cfg.vocab_size
+
+    def probs(ctx):
+        with torch.inference_mode():
+            return probs_from_logits(m(torch.tensor([ctx]), 0, m.new_cache(1, len(ctx)))[:, -1], sp)[0]
+
+    joint = torch.zeros(v, v)
+    p1 = probs(prompt)
+    for a in range(v):
+        p2 = probs(prompt + [a])
+        for b in range(v):
+            joint[b] += p1[a] * p2[b] * probs(prompt + [a, b])
+    return joint
+
+
+def _spec_counts(target, proposer_fn, prompt, sp_kw, n, gamma=3):
+    v = target.cfg.vocab_size
+    counts = torch.zeros(v, v)
+    drafted = 0
+    for seed in range(n):
+        sp = SamplingParams(**sp_kw, seed=seed)
+        out = generate_speculative(target, proposer_fn(), ["x"], 4, gamma=gamma, sampling=sp,
+                                   prompt_ids=[prompt], stop_at_eos=False)
+        drafted += out.spec["drafted"]
+        b, c = out.new_tokens[0][1:3]
+        counts[b, c] += 1
+    assert drafted > n // 2, "the proposer must actually draft for this test to mean anything"
+    return counts
+
+
+def _tv(counts, joint):
+    return 0.5 * (counts / counts.sum() - joint).abs().sum().item()
+
+
+def _tv_bound(joint, n, false_fail=1e-3):
+    """A bound on the total-variation distance of an n-sample empirical distribution from the truth.
+
+    E[TV] <= 0.5 * sum sqrt(p (1-p) / n); TV is 1/n-Lipschitz in each sample (McDiarmid), so
+    P(TV > E + t) <= exp(-2 n t^2). With t = sqrt(ln(1/false_fail) / (2n)) a correct sampler fails
+    this test with probability below false_fail.
+    """
+    mean = 0.5 * torch.sqrt(joint * (1 - joint) / n).sum().item()
+    return mean + math.sqrt(math.log(1 / false_fail) / (2 * n))
+
+
+N_SEEDS = 1200
+
+
+@pytest.fixture(autouse=False)
+def one_thread():
+    """Tiny models are all Python overhead: threads only add contention."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+SP = dict(temperature=1.0, top_k=0, top_p=1.0)
+
+
+def test_speculative_sampling_reproduces_target_distribution_with_good_and_bad_drafts(one_thread):
+    target = tiny_model(seed=1, vocab=6)
+    good = tiny_model(seed=1, vocab=6, temp=0.9)  # similar to the target
+    bad = tiny_model(seed=7, vocab=6, temp=2.0)  # a deliberately poor, peaky draft
+    prompt = [1, 2, 3]
+    joint = _target_two_token_dist(target, prompt, SamplingParams(**SP))
+    bound = _tv_bound(joint, N_SEEDS)
+    for draft in (good, bad):
+        counts = _spec_counts(target, lambda d=draft: speculative.ModelProposer(d, "model"), prompt, SP, N_SEEDS)
+        assert _tv(counts, joint) < bound, draft.name
+    counts = _spec_counts(target, lambda: speculative.NgramProposer(), [1, 2, 3, 1, 2], SP, N_SEEDS)
+    assert _tv(counts, _target_two_token_dist(target, [1, 2, 3, 1, 2], SamplingParams(**SP))) < bound
+
+
+def test_statistical_test_catches_a_wrong_verifier(monkeypatch, one_thread):
+    """The same test must fail for a verifier that accepts every draft token (sampling from q)."""
+    target = tiny_model(seed=1, vocab=6)
+    bad = tiny_model(seed=7, vocab=6, temp=2.0)
+    prompt = [1, 2, 3]
+    joint = _target_two_token_dist(target, prompt, SamplingParams(**SP))
+
+    def accept_all(p, q, d, sp, gen):
+        g = d.shape[1]
+        return torch.full((d.shape[0],), g), torch.multinomial(p[:, g], 1, generator=gen)[:, 0]
+
+    monkeypatch.setattr(speculative, "verify", accept_all)
+    counts = _spec_counts(target, lambda: speculative.ModelProposer(bad, "model"), prompt, SP, N_SEEDS)
+    assert _tv(counts, joint) > _tv_bound(joint, N_SEEDS)
+
+
+def test_verify_rejection_resamples_from_residual():
+    """One position, exact: P(out = x) must equal p(x) for p, q fixed."""
+    p = torch.tensor([[[0.5, 0.3, 0.2], [1 / 3, 1 / 3, 1 / 3]]])
+    q = torch.tensor([[[0.1, 0.1, 0.8]]])
+    gen = torch.Generator().manual_seed(0)
+    counts = torch.zeros(3)
+    n = 20000
+    sp = SamplingParams(temperature=1.0, seed=0)
+    for _ in range(n):
+        d = torch.multinomial(q[0], 1, generator=gen)
+        acc, nxt = verify(p, q, d, sp, gen)
+        counts[int(d[0, 0]) if int(acc[0]) == 1 else int(nxt[0])] += 1
+    assert (counts / n - p[0, 0]).abs().max() < 0.015
+
+
+def test_expected_length_formula():
+    assert expected_length(0.0, 4) == 1.0
+    assert expected_length(1.0, 4) == 5.0
+    assert expected_length(0.5, 2) == pytest.approx(1.75)
+    s = SpecStats("model", 4, False, rounds=2, drafted=8, accepted=6, emitted=8, gamma_history=[4, 4])
+    assert s.acceptance_rate == 0.75 and s.mean_acceptance_length == 4.0
+
+
+# ---------------------------------------------------------------- bad input
+
+def test_bad_gamma_and_sampling_refused(small_fp32):
+    for g in (0, -1, 1000):
+        with pytest.raises(UserError, match="gamma"):
+            generate_speculative(small_fp32, make_proposer("ngram"), "hi", 4, gamma=g)
+    with pytest.raises(UserError, match="top_p"):
+        generate_speculative(small_fp32, make_proposer("ngram"), "hi", 4, sampling=SamplingParams(1.0, 0, 1.5))
+    with pytest.raises(UserError, match="temperature"):
+        generate(small_fp32, "hi", 4, SamplingParams(-1.0))
+
+
+def test_draft_with_other_tokenizer_refused(small_fp32, small_int4):
+    import copy
+
+    other = copy.copy(small_int4)
+    tok = copy.deepcopy(small_int4.tokenizer)
+    tok.add_tokens(["<zzz_new_token>"])
+    other.tokenizer = tok
+    with pytest.raises(UserError, match="zzz_new_token"):
+        make_proposer("model", other, small_fp32)
+    with pytest.raises(UserError, match="draft kind"):
+        make_proposer("medusa", small_int4, small_fp32)
+
+
+def test_draft_precision_device_cannot_run_refused():
+    from engine.loader import load
+
+    with pytest.raises(UserError, match="fp8"):
+        load("default-draft", "fp8", "cpu")
