@@ -196,3 +196,34 @@ def sweep_configs(base: RunConfig, precisions, drafts, draft_precisions, gammas,
                             seen.add(key)
                             out.append(c)
     return out
+
+
+def default_comparison(model: str = "default", draft_model: str = "default-draft", max_new_tokens: int = 48,
+                       self_draft: bool = False) -> list[RunConfig]:
+    """fp32 vs int8 vs int4 vs int4 with speculative decoding, the Home page's one-click comparison."""
+    base = RunConfig(model=model, draft_model=draft_model, max_new_tokens=max_new_tokens, baseline=False)
+    spec = replace(base, precision="int4", draft="self" if self_draft else "model", draft_precision="int4",
+                   gamma=4, baseline=True)
+    return [replace(base, precision="fp32"), replace(base, precision="int8"), replace(base, precision="int4"), spec]
+
+
+def run_many(configs: list[RunConfig], pool: ModelPool, store=None, on_progress=None, should_cancel=None,
+             progress=None) -> list[RunRecord]:
+    """Run configs in order; each record is stored as it finishes, so a cancel keeps what is done.
+
+    on_progress(done, total, eta_s, record) is called after each run; eta_s extrapolates the mean
+    time per run so far. should_cancel() is checked before each run.
+    """
+    import time
+
+    out: list[RunRecord] = []
+    t0 = time.perf_counter()
+    for i, c in enumerate(configs):
+        if should_cancel and should_cancel():
+            break
+        rec = execute(c, pool, store, progress)
+        out.append(rec)
+        if on_progress:
+            per = (time.perf_counter() - t0) / len(out)
+            on_progress(len(out), len(configs), per * (len(configs) - len(out)), rec)
+    return out

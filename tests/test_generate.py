@@ -1,0 +1,55 @@
+"""Generation: sampling controls, streaming, stopping, and refusals."""
+import pytest
+import torch
+
+from engine.errors import UserError
+from engine.generate import SamplingParams, generate, probs_from_logits
+
+
+def test_streaming_callback_sees_every_token(small_int4):
+    seen = []
+    res = generate(small_int4, "Count from 1 to 5.", 12, on_token=lambda i, t, s, o: seen.append((i, t, o)))
+    assert [t for _, t, _ in seen] == res.new_tokens[0]
+    assert {o for *_, o in seen} == {"target"}
+    assert res.ttft_s > 0 and len(res.step_s) == len(res.new_tokens[0]) - 1
+
+
+def test_stops_at_eos(small_int4):
+    res = generate(small_int4, "Reply with just the word: yes", 64)
+    assert res.finish == ["eos"] and len(res.new_tokens[0]) < 64
+    assert "yes" in res.texts[0].lower()
+
+
+def test_sampling_is_seeded(small_int4):
+    sp = SamplingParams(temperature=1.0, top_k=50, top_p=0.9, seed=3)
+    a = generate(small_int4, "Name a colour.", 10, sp).new_tokens
+    b = generate(small_int4, "Name a colour.", 10, sp).new_tokens
+    c = generate(small_int4, "Name a colour.", 10, SamplingParams(1.0, 50, 0.9, seed=4)).new_tokens
+    assert a == b and a != c
+
+
+def test_top_k_and_top_p_truncate():
+    logits = torch.tensor([[4.0, 3.0, 2.0, 1.0, 0.0]])
+    p = probs_from_logits(logits, SamplingParams(1.0, top_k=2))
+    assert (p[0, 2:] == 0).all() and p[0, :2].sum().item() == pytest.approx(1.0)
+    full = torch.softmax(logits, -1)[0]
+    p = probs_from_logits(logits, SamplingParams(1.0, top_p=float(full[0]) + 1e-3))
+    assert (p[0] > 0).sum().item() == 2
+    p = probs_from_logits(logits, SamplingParams(0.0))
+    assert p[0].tolist() == [1.0, 0, 0, 0, 0]
+
+
+def test_over_long_request_refused(small_int4):
+    with pytest.raises(UserError, match="beyond the model's context of 32768"):
+        generate(small_int4, "hi", 40000)
+    with pytest.raises(UserError, match="at least 1"):
+        generate(small_int4, "hi", 0)
+    with pytest.raises(UserError, match="empty"):
+        generate(small_int4, "   ", 4)
+
+
+@pytest.mark.parametrize("bad", [dict(temperature=float("nan")), dict(temperature=-0.1), dict(top_k=-3),
+                                 dict(top_p=0.0), dict(top_p=1.5), dict(seed=-1)])
+def test_sampling_params_validated(bad):
+    with pytest.raises(UserError):
+        SamplingParams(**{"temperature": 1.0, **bad}).validate()

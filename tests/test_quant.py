@@ -1,0 +1,83 @@
+"""Precisions: real conversions with exact bytes; refusals for what the device can't run."""
+import pytest
+import torch
+
+from engine.errors import UserError
+from engine.loader import load, make_spec
+from engine.quant import parse_precision, quantize_model, quantized_fraction, weight_breakdown
+from engine.quality import compare, eval_ids, logprobs
+from tests.tiny import tiny_model
+
+
+def test_fp32_bytes_equal_sum_over_tensors(small_fp32):
+    from engine.model import load_state_dict
+
+    sd = load_state_dict(small_fp32.folder)
+    assert small_fp32.weight_bytes == sum(t.numel() * 4 for t in sd.values())
+
+
+def test_int8_is_a_quarter_and_int4_a_seventh(small_int8, small_int4):
+    r8 = quantized_fraction(small_int8.model)
+    r4 = quantized_fraction(small_int4.model)
+    assert 0.245 < r8["ratio"] < 0.26
+    assert 1 / 7.3 < r4["ratio"] < 1 / 6.8
+    assert small_int4.weight_bytes < small_int8.weight_bytes
+
+
+@pytest.mark.parametrize("fixture,min_top1,max_kl", [("small_int8", 0.95, 0.01), ("small_int4", 0.7, 0.25)])
+def test_quantized_close_to_fp32(request, small_fp32, fixture, min_top1, max_kl):
+    lm = request.getfixturevalue(fixture)
+    ids = eval_ids(lm.tokenizer, 128)
+    q = compare(logprobs(small_fp32, ids), logprobs(lm, ids), ids)
+    assert q["top1_agreement"] >= min_top1
+    assert 0 < q["kl_mean"] < max_kl
+
+
+def test_group_sizes_trade_bytes_for_error():
+    from engine.quant import Int4Linear
+
+    torch.manual_seed(0)
+    w = torch.randn(256, 1024)
+    x = torch.randn(3, 1024)
+    sizes, errs = {}, {}
+    for gs in (32, 64, 128):
+        lin = Int4Linear(w, None, gs)
+        sizes[gs] = lin.weight_nbytes()
+        errs[gs] = (lin(x) - x @ w.T).abs().mean().item()
+    # 4 bits per weight plus an fp16 scale and min per group.
+    assert sizes == {gs: 256 * 1024 // 2 + 256 * (1024 // gs) * 4 for gs in (32, 64, 128)}
+    assert errs[32] < errs[64] < errs[128]
+
+
+def test_embedding_and_head_choices_are_separate():
+    m = tiny_model(hidden=64).model
+    quantize_model(m, make_spec("int8", quantize_embeddings=True, quantize_head=False))
+    b = weight_breakdown(m)
+    vocab, hidden = m.cfg.vocab_size, m.cfg.hidden_size
+    assert b["embedding"] == vocab * hidden + vocab * 4  # int8 rows + fp32 scales
+    assert b["head"] == vocab * hidden * 4  # float head
+
+
+def test_bf16_converts_weights():
+    m = tiny_model().model
+    quantize_model(m, make_spec("bf16"))
+    assert all(p.dtype == torch.bfloat16 for p in m.parameters())
+
+
+@pytest.mark.slow
+def test_bitsandbytes_nf4_on_real_model(small_fp32):
+    lm = load("default-draft", make_spec("nf4"), "cpu")
+    ids = eval_ids(lm.tokenizer, 64)
+    q = compare(logprobs(small_fp32, ids), logprobs(lm, ids), ids)
+    assert q["top1_agreement"] > 0.8
+    assert quantized_fraction(lm.model)["ratio"] < 0.15
+
+
+def test_unsupported_combinations_refused():
+    with pytest.raises(UserError, match="fp8 needs"):
+        load("default-draft", "fp8", "cpu")
+    with pytest.raises(UserError, match="unknown precision 'fp9'"):
+        parse_precision("fp9")
+    with pytest.raises(UserError, match="group size"):
+        load("default-draft", make_spec("int4", 48), "cpu")
+    assert parse_precision("BF16") == "bf16" and parse_precision("nf4") == "nf4"
