@@ -1,0 +1,358 @@
+"""`python -m engine plan`: the cost & capacity planner on the command line.
+
+Thin layer over engine.planner: parse, call, print a table (or --json). Also:
+  --check-published   recompute the docs' table of predictions vs published measurements
+  --sweep GPU         decode cost vs batch per precision, with/without speculation
+  --packing GPU       replicas of the model that fit on one GPU per precision
+  --gpus-table        the GPU catalog with prices and their spread
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+from . import planner, shapes
+from .errors import UserError
+from .hardware_catalog import CatalogError, find_gpu, load_gpus, price_table
+
+
+def _csv(s: str) -> list[str]:
+    return [x.strip() for x in s.split(",") if x.strip()]
+
+
+def _ints(s: str) -> list[int]:
+    try:
+        return [int(x) for x in _csv(s)]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got '{s}'") from None
+
+
+def _price(s: str) -> tuple[str, float]:
+    if "=" not in s:
+        raise argparse.ArgumentTypeError(f"expected GPU=USD_PER_HR, got '{s}'")
+    k, v = s.rsplit("=", 1)
+    try:
+        return k.strip(), float(v)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"price in '{s}' is not a number") from None
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    """Register the `plan` subcommand on an argparse subparsers object."""
+    p = subparsers.add_parser(
+        "plan", help="GPUs, precision and speculation for a workload, ranked by cost",
+        description="Project the lab's measurements onto production GPUs: GPUs needed, $/1M tokens, $/month.")
+    p.add_argument("--model", default="default", help="catalog model (see --models-table); default: the lab's default")
+    p.add_argument("--rate", type=float, default=1.0, help="requests per second (default 1)")
+    p.add_argument("--input", type=int, default=512, help="prompt tokens per request (default 512)")
+    p.add_argument("--output", type=int, default=256, help="output tokens per request (default 256)")
+    p.add_argument("--ttft", type=float, default=2.0, help="p90 time-to-first-token SLO, seconds (default 2)")
+    p.add_argument("--tpot", type=float, default=0.05, help="p90 per-token latency SLO, seconds (default 0.05)")
+    p.add_argument("--gpus", type=_csv, default=None, help="comma-separated GPU names (default: all shipped GPUs)")
+    p.add_argument("--precisions", type=_csv, default=None, help=f"comma-separated: {','.join(shapes.PRECISIONS)}")
+    p.add_argument("--tp", type=_ints, default=None, help="tensor-parallel sizes to try (default 1,2,4,8)")
+    p.add_argument("--spec", choices=["auto", "on", "off"], default="auto", help="speculative decoding plans")
+    p.add_argument("--acceptance", type=float, default=None, help="draft acceptance rate (default: measured by the lab)")
+    p.add_argument("--gamma", type=int, default=None, help="draft tokens per round (default 4 or measured)")
+    p.add_argument("--draft-kind", choices=["model", "self", "ngram", "heads"], default=None)
+    p.add_argument("--draft-model", default=None, help="catalog model used as draft (default: smallest of the family)")
+    p.add_argument("--family", default="serving", choices=list(planner.FAMILIES), help="kernel family (efficiencies)")
+    p.add_argument("--kv-dtype", default="bf16", choices=list(shapes.KV_DTYPES))
+    p.add_argument("--group-size", type=int, default=64, help="int4 group size")
+    p.add_argument("--quantize-head", action="store_true", help="quantize the output head too")
+    p.add_argument("--price", type=_price, action="append", default=[], metavar="GPU=USD",
+                   help="price override for this plan, e.g. --price 'H100 SXM=2.49' (repeatable)")
+    p.add_argument("--prices", choices=["reference", "low", "high"], default="reference",
+                   help="which price column: reference on-demand, cheapest or dearest provider")
+    p.add_argument("--overrides", default=None, help="JSON file: list of GPU override dicts (see load_gpus)")
+    p.add_argument("--records", action="append", default=[],
+                   help="JSON/JSONL file of lab run records for calibration and acceptance (repeatable)")
+    p.add_argument("--no-store", action="store_true", help="ignore the lab's SQLite store (its overrides and runs)")
+    p.add_argument("--top", type=int, default=12, help="rows to show (default 12)")
+    p.add_argument("--all", action="store_true", help="show infeasible plans too")
+    p.add_argument("--why", action="store_true", help="print the formula breakdown of the best plan")
+    p.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    p.add_argument("--check-published", action="store_true", help="predictions vs published measurements")
+    p.add_argument("--sweep", default=None, metavar="GPU", help="decode cost vs batch on this GPU")
+    p.add_argument("--batches", type=_ints, default=[1, 2, 4, 8, 16, 32, 64, 128, 256])
+    p.add_argument("--context", type=int, default=None, help="context tokens for --sweep (default input+output/2)")
+    p.add_argument("--packing", default=None, metavar="GPU", help="replicas per GPU, per precision")
+    p.add_argument("--gpus-table", action="store_true", help="list the GPU catalog and prices")
+    p.add_argument("--models-table", action="store_true", help="list catalog model shapes and sizes")
+    p.add_argument("--calibration", action="store_true", help="print the fit from --records / the store")
+    p.set_defaults(fn=run)
+    return p
+
+
+# ------------------------------------------------------------------ helpers
+
+def _load_records(paths: list[str], use_store: bool) -> list[dict]:
+    recs: list[dict] = []
+    for path in paths:
+        text = Path(path).read_text()
+        try:
+            data = json.loads(text)
+            recs += data if isinstance(data, list) else [data]
+        except ValueError:
+            for i, line in enumerate(text.splitlines(), 1):
+                if line.strip():
+                    try:
+                        recs.append(json.loads(line))
+                    except ValueError:
+                        raise UserError(f"{path} line {i} is not JSON", "pass a JSON list or JSONL of run records")
+    if use_store:
+        st = _store()
+        if st is not None:
+            try:
+                recs += [r.to_dict() for r in st.list_runs(1000)]
+            except Exception:  # a broken store must not stop planning
+                pass
+    return recs
+
+
+def _store():
+    try:
+        from . import store
+    except Exception:
+        return None
+    path = store.default_path()
+    if not path.exists():
+        return None
+    return store.Store(path)
+
+
+def _overrides(a) -> list[dict]:
+    ov: list[dict] = []
+    if not a.no_store:
+        st = _store()
+        if st is not None:
+            try:
+                ov += st.gpu_overrides()
+            except Exception:
+                pass
+    if a.overrides:
+        data = json.loads(Path(a.overrides).read_text())
+        if not isinstance(data, list):
+            raise UserError(f"{a.overrides} must hold a JSON list of override dicts", "see load_gpus' docstring")
+        ov += data
+    return ov
+
+
+def _f(x, nd=2, scale=1.0):
+    if x is None or (isinstance(x, float) and not math.isfinite(x)):
+        return ""
+    return f"{x * scale:,.{nd}f}"
+
+
+def _table(rows: list[dict], cols: list[tuple[str, str]]) -> str:
+    heads = [h for h, _ in cols]
+    cells = [[str(r.get(k, "")) for _, k in cols] for r in rows]
+    widths = [max(len(h), *(len(c[i]) for c in cells)) if cells else len(h) for i, h in enumerate(heads)]
+    out = ["  ".join(h.ljust(w) for h, w in zip(heads, widths)), "  ".join("-" * w for w in widths)]
+    out += ["  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in cells]
+    return "\n".join(out)
+
+
+def _plan_rows(plans) -> list[dict]:
+    rows = []
+    for p in plans:
+        rows.append({
+            "plan": p.label, "gpus": p.gpus_total or "", "usd_hr": _f(p.usd_per_hr),
+            "usd_month": _f(p.usd_per_month, 0), "in_1m": _f(p.usd_per_1m_input, 3),
+            "out_1m": _f(p.usd_per_1m_output, 3), "ttft_p90": _f(p.ttft_p90_s, 0, 1e3),
+            "tpot_p90": _f(p.tpot_p90_s, 1, 1e3), "margin": (f"{min(p.ttft_margin, p.tpot_margin):.2f}x"
+                                                            if p.feasible else ""),
+            "tok_s_gpu": _f(p.output_tok_s_per_gpu, 0), "max_conc": p.max_concurrency or "",
+            "bound": p.bound, "why_not": "; ".join(p.reasons)[:170],
+        })
+    return rows
+
+
+_PLAN_COLS = [("plan", "plan"), ("GPUs", "gpus"), ("$/hr", "usd_hr"), ("$/month", "usd_month"),
+              ("$/1M in", "in_1m"), ("$/1M out", "out_1m"), ("TTFT p90 ms", "ttft_p90"), ("TPOT p90 ms", "tpot_p90"),
+              ("SLO margin", "margin"), ("out tok/s/GPU", "tok_s_gpu"), ("max conc", "max_conc"), ("bound", "bound")]
+
+
+# ------------------------------------------------------------------ entry
+
+def run(args) -> int:
+    """Execute the `plan` subcommand; returns the exit status."""
+    a = args
+    try:
+        return _run(a)
+    except planner.PlanError as e:
+        if getattr(a, "json", False):
+            print(json.dumps(e.to_dict(), indent=1))
+        else:
+            print("error: invalid plan input", file=sys.stderr)
+            for f, m in e.problems:
+                print(f"  {f}: {m}", file=sys.stderr)
+        return 2
+    except CatalogError as e:
+        print("error: invalid GPU overrides", file=sys.stderr)
+        for f, m in e.problems:
+            print(f"  {f}: {m}", file=sys.stderr)
+        return 2
+
+
+def _run(a) -> int:
+    models = shapes.load_models()
+    if a.models_table:
+        rows = [{"model": m.name, "params": f"{shapes.param_count(m) / 1e9:.2f}B",
+                 "active": f"{shapes.param_count(m, True) / 1e9:.2f}B",
+                 "bf16_GB": f"{shapes.weight_bytes(m, 'bf16') / 1e9:.2f}",
+                 "int8_GB": f"{shapes.weight_bytes(m, 'int8') / 1e9:.2f}",
+                 "int4_GB": f"{shapes.weight_bytes(m, 'int4') / 1e9:.2f}",
+                 "kv_KB_tok": f"{shapes.kv_bytes_per_token(m) / 1024:.0f}", "context": m.max_context,
+                 "hf_id": m.hf_id} for m in models.values()]
+        print(json.dumps(rows, indent=1) if a.json else _table(rows, [(k, k) for k in rows[0]]))
+        return 0
+    if a.check_published:
+        rows = planner.check_published()
+        if a.json:
+            print(json.dumps(rows, indent=1))
+        else:
+            print(planner.published_table_markdown(rows))
+            errs = [abs(r["error_pct"]) for r in rows]
+            print(f"\n{len(rows)} measurements; median |error| {sorted(errs)[len(errs) // 2]:.0f}%, "
+                  f"max {max(errs):.0f}%")
+        return 0
+    records = _load_records(a.records, not a.no_store)
+    cal = planner.calibrate(records) if records else None
+    probe = {"mem_bw_gbs": cal.machine_bw_gbs} if cal and cal.machine_bw_gbs else None
+    gpus = load_gpus(_overrides(a), probe)
+    if a.gpus_table:
+        rows = price_table(gpus)
+        if a.json:
+            print(json.dumps(rows, indent=1))
+        else:
+            for r in rows:
+                r["spread"] = f"{r['spread']:.1f}x" if r["spread"] else ""
+                r["usd_month"] = f"{r['usd_per_month']:,.0f}"
+                r["source"] = r["source"][:90]
+            print(_table(rows, [("GPU", "gpu"), ("$/hr", "usd_per_hr"), ("low", "low"), ("high", "high"),
+                                ("spread", "spread"), ("$/month", "usd_month"), ("date", "date"),
+                                ("origin", "origin"), ("source", "source")]))
+        return 0
+    if a.calibration:
+        if cal is None:
+            print("no run records: pass --records FILE or run the lab first")
+            return 1
+        print(json.dumps(cal.to_dict(), indent=1))
+        return 0
+    if a.sweep or a.packing:
+        try:
+            model = shapes.get_model(a.model, models)
+        except shapes.ShapeError:
+            raise planner.PlanError("model", f"unknown model '{a.model}'; known: {', '.join(models)}") from None
+        return _sweep_or_packing(a, model, gpus, models, cal)
+    w = planner.Workload(
+        model=a.model, request_rate=a.rate, input_tokens=a.input, output_tokens=a.output,
+        ttft_p90_s=a.ttft, tpot_p90_s=a.tpot, gpus=a.gpus, precisions=a.precisions, tp_options=a.tp,
+        spec=a.spec, acceptance_rate=a.acceptance, gamma=a.gamma, draft_kind=a.draft_kind,
+        draft_model=a.draft_model, family=a.family, kv_dtype=a.kv_dtype, group_size=a.group_size,
+        quantize_head=a.quantize_head, price_overrides=dict(a.price) or None,
+        price_column={"reference": "price_usd_per_hr", "low": "price_low_usd_per_hr",
+                      "high": "price_high_usd_per_hr"}[a.prices])
+    res = planner.plan(w, gpus=gpus, models=models, calibration=cal)
+    model = res.model
+    if a.json:
+        d = res.to_dict()
+        if not a.all:
+            d["plans"] = [p for p in d["plans"] if p["feasible"]][: a.top] or d["plans"][: a.top]
+        print(json.dumps(d, indent=1, default=str))
+        return 0 if res.best else 1
+    print(f"{model.name}: {w.request_rate:g} req/s, {w.input_tokens} in / {w.output_tokens} out tokens, "
+          f"SLO p90 TTFT {w.ttft_p90_s * 1e3:.0f} ms, TPOT {w.tpot_p90_s * 1e3:.1f} ms "
+          f"({a.prices} prices, {w.family} kernels)\n")
+    feas = res.feasible[: a.top]
+    if feas:
+        print(_table(_plan_rows(feas), _PLAN_COLS))
+    else:
+        print("no feasible plan.")
+    if a.all or not feas:
+        infeas = [p for p in res.plans if not p.feasible][: max(a.top, 20)]
+        print("\ninfeasible:")
+        print(_table(_plan_rows(infeas), [("plan", "plan"), ("why not", "why_not")]))
+        sugg = sorted({s for p in infeas for s in p.suggestions})
+        for s in sugg:
+            print(f"  try: {s}")
+    print()
+    for n in res.notes:
+        print(f"note: {n}")
+    assumptions = sorted({x for p in feas for x in p.assumptions})
+    for x in assumptions:
+        print(f"assumption: {x}")
+    if a.why and res.best:
+        print(f"\nwhy {res.best.label}:")
+        print(_table([{"term": y.term, "value": _f(y.value, 3) if isinstance(y.value, (int, float)) else y.value,
+                       "unit": y.unit, "formula": y.formula[:120]} for y in res.best.why],
+                     [("term", "term"), ("value", "value"), ("unit", "unit"), ("formula", "formula")]))
+    return 0 if res.best else 1
+
+
+def _sweep_or_packing(a, model, gpus, models, cal) -> int:
+    name = a.sweep or a.packing
+    g = find_gpu(name, gpus)
+    if g is None:
+        raise planner.PlanError("gpu", f"unknown GPU '{name}'; known: {', '.join(gpus)}")
+    precs = a.precisions or [p for p in shapes.PRECISIONS]
+    if a.packing:
+        rows = planner.packing(model, g, precs, context_tokens=a.input + a.output)
+        if a.json:
+            print(json.dumps(rows, indent=1))
+        else:
+            for r in rows:
+                r["weights_gb"], r["per_replica_gb"] = _f(r["weights_gb"]), _f(r["per_replica_gb"])
+            print(f"replicas of {model.name} per {g.name} (each with KV for one {a.input + a.output}-token request):")
+            print(_table(rows, [("precision", "precision"), ("replicas", "replicas"), ("weights GB", "weights_gb"),
+                                ("per replica GB", "per_replica_gb"), ("runnable", "runnable")]))
+        return 0
+    ctx = a.context or a.input + a.output // 2
+    w = planner.Workload(model=model.name, request_rate=1, input_tokens=a.input, output_tokens=a.output,
+                         acceptance_rate=a.acceptance, gamma=a.gamma, draft_kind=a.draft_kind,
+                         draft_model=a.draft_model)
+    sc, dm = planner._spec_config(w, model, models, cal) if a.spec != "off" else (None, None)
+    rows = planner.batch_sweep(model, g, precs, a.batches, ctx, sc, dm, tp=(a.tp or [1])[0], family=a.family,
+                               calibration=cal)
+    summary = planner.crossovers(rows)
+    if a.json:
+        print(json.dumps({"rows": rows, "summary": summary}, indent=1))
+        return 0
+    for r in rows:
+        for k in ("step_ms", "tpot_ms", "spec_tpot_ms"):
+            if k in r:
+                r[k] = _f(r[k], 2)
+        r["tok_s"] = _f(r["tok_s"], 0)
+        for k in ("spec_speedup", "speedup_vs_first_precision"):
+            if k in r:
+                r[k] = f"{r[k]:.2f}x"
+    cols = [("batch", "batch"), ("precision", "precision"), ("step ms", "step_ms"), ("tok/s", "tok_s"),
+            ("bound", "bound"), ("vs " + precs[0], "speedup_vs_first_precision"), ("fits KV", "fits")]
+    if sc is not None:
+        cols += [("spec TPOT ms", "spec_tpot_ms"), ("spec speedup", "spec_speedup")]
+        print(f"speculation: {sc.draft_kind} {sc.draft_model or ''} g={sc.gamma} a={sc.acceptance_rate:.2f} ({sc.source})")
+    print(f"{model.name} decode on {g.name}, context {ctx} tokens:")
+    print(_table(rows, cols))
+    for line in summary:
+        print(f"  {line}")
+    return 0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m engine.planner_cli")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    add_parser(sub)
+    a = ap.parse_args(argv)
+    try:
+        return a.fn(a)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,495 @@
+"""The planner: monotonic properties, validation, infeasibility, calibration, published check."""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import random
+import re
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from engine import planner, shapes  # noqa: E402
+from engine.hardware_catalog import GPUS_PATH, CatalogError, load_gpus, probe_from_records  # noqa: E402
+from engine.planner import (Deployment, PlanError, SpecConfig, Workload, calibrate, decode_step,  # noqa: E402
+                            evaluate_plan, expected_tokens_per_step, make_deployment, memory, plan, prefill_step,
+                            serving_point, spec_speedup)
+
+MODELS = shapes.load_models()
+GPUS = load_gpus()
+GPU_NAMES = [g for g in GPUS if GPUS[g].kind == "gpu"]
+
+
+def dep(model="llama-3.1-8b", gpu="H100 SXM", precision="bf16", tp=1, **kw) -> Deployment:
+    return Deployment(MODELS[model], GPUS[gpu], precision, tp, **kw)
+
+
+# ---------------------------------------------------------------- monotonic properties
+
+def test_more_bandwidth_never_makes_decode_slower():
+    for gname in GPU_NAMES:
+        g = GPUS[gname]
+        for p in ("bf16", "fp16", "int8", "int4", "fp8", "nf4"):
+            if planner.compute_dtype(g, p)[0] is None:
+                continue
+            for tp in (1, 2, 8):
+                prev = None
+                for scale in (0.5, 1.0, 1.5, 2.0, 4.0):
+                    d = Deployment(MODELS["llama-3.1-8b"], replace(g, mem_bw_tbs=g.mem_bw_tbs * scale), p, tp)
+                    times = [decode_step(d, b, c).total for b in (1, 8, 64, 512) for c in (16, 4096)]
+                    times.append(prefill_step(d, 2048).total)
+                    if prev is not None:
+                        assert all(t <= q + 1e-15 for t, q in zip(times, prev)), (gname, p, tp, scale)
+                    prev = times
+
+
+def test_higher_acceptance_never_lowers_speculative_speedup():
+    grid = [i / 20 for i in range(20)]
+    for gamma in range(1, 9):
+        for c in (0.0, 0.02, 0.1, 0.3):
+            for v in (1.0, 1.5, 3.0):
+                s = [spec_speedup(a, gamma, c, v) for a in grid]
+                assert all(x <= y + 1e-12 for x, y in zip(s, s[1:]))
+    # The same through the roofline, at several batches (verify may be compute-bound there).
+    base = dep("llama-3.1-8b", "H100 SXM", "bf16")
+    plain = {b: decode_step(base, b, 1024).total for b in (1, 32, 256)}
+    for b in plain:
+        prev = 0.0
+        for a in grid:
+            sd = replace(base, spec=SpecConfig(a, 4, "model", "llama-3.2-1b"), draft=MODELS["llama-3.2-1b"])
+            s, e = planner.per_token_step(sd, b, 1024)
+            speedup = plain[b] * e / s
+            assert speedup >= prev - 1e-12
+            prev = speedup
+
+
+def test_tighter_slo_never_needs_fewer_gpus():
+    cases = [("llama-3.1-8b", "L4", "int4", 1), ("llama-3.1-8b", "H100 SXM", "bf16", 1),
+             ("llama-3.1-70b", "H100 SXM", "fp8", 2), ("qwen2.5-7b", "A10G", "int8", 2)]
+    for model, gpu, p, tp in cases:
+        for rate in (0.5, 4.0, 30.0):
+            prev = 0
+            for tpot in (0.2, 0.1, 0.06, 0.04, 0.03, 0.02, 0.012, 0.008):
+                w = Workload(model, rate, 1024, 256, ttft_p90_s=2.0, tpot_p90_s=tpot)
+                pl = evaluate_plan(make_deployment(MODELS[model], GPUS[gpu], p, tp, w), w)
+                n = pl.gpus_total if pl.feasible else math.inf
+                assert n >= prev, (model, gpu, p, tp, rate, tpot)
+                prev = n
+            prev = 0
+            for ttft in (5.0, 2.0, 1.0, 0.5, 0.25, 0.1, 0.05):
+                w = Workload(model, rate, 1024, 256, ttft_p90_s=ttft, tpot_p90_s=0.1)
+                pl = evaluate_plan(make_deployment(MODELS[model], GPUS[gpu], p, tp, w), w)
+                n = pl.gpus_total if pl.feasible else math.inf
+                assert n >= prev, (model, gpu, p, tp, rate, ttft)
+                prev = n
+
+
+def test_tighter_slo_never_lowers_the_best_cost():
+    prev = 0.0
+    for tpot in (0.1, 0.05, 0.03, 0.02):
+        w = Workload("llama-3.1-8b", 8, 512, 256, ttft_p90_s=1.0, tpot_p90_s=tpot, gpus=["L4", "L40S", "H100 SXM"],
+                     precisions=["bf16", "int4"], spec="off", tp_options=[1, 2])
+        best = plan(w, GPUS, MODELS).best
+        cost = best.usd_per_hr if best else math.inf
+        assert cost >= prev - 1e-9
+        prev = cost
+
+
+def test_latency_grows_with_load():
+    d = dep("llama-3.1-8b", "H100 SXM", "fp8")
+    prev = None
+    for rate in (0.1, 1, 3, 6, 10, 14):
+        sp = serving_point(d, rate, 1024, 256)
+        assert sp.stable
+        assert sp.tpot_p90_s >= sp.tpot_mean_s and sp.ttft_p90_s >= sp.prefill_s
+        if prev:
+            assert sp.batch >= prev.batch and sp.tpot_p90_s >= prev.tpot_p90_s and sp.ttft_p90_s >= prev.ttft_p90_s
+        prev = sp
+    assert not serving_point(d, 1e4, 1024, 256).stable
+
+
+# ---------------------------------------------------------------- roofline pieces
+
+def test_decode_is_memory_bound_at_batch_1_and_compute_bound_at_large_batch():
+    d = dep("llama-3.1-8b", "H100 SXM", "bf16", max_batch=4096)
+    assert decode_step(d, 1, 512).bound == "memory"
+    assert decode_step(d, 4096, 16).bound == "compute"
+    s = decode_step(d, 1, 512)
+    # 16.06 GB of weights (minus the embedding table) at 0.80 of 3.35 TB/s, plus 0.5 ms overhead.
+    expected = (shapes.decode_read_bytes(MODELS["llama-3.1-8b"], "bf16", 1) / (0.8 * 3.35e12)
+                + 512 * 131072 / (0.8 * 3.35e12) + 0.5e-3)
+    assert s.total == pytest.approx(expected, rel=1e-9)
+
+
+def test_tensor_parallel_all_reduce():
+    g = GPUS["H100 SXM"]
+    assert planner.allreduce_time(1e6, 1, g) == 0
+    t2, t8 = planner.allreduce_time(1e6, 2, g), planner.allreduce_time(1e6, 8, g)
+    bw = 900e9 * planner.ALLREDUCE_BW_FRACTION
+    assert t2 == pytest.approx(10e-6 + 1.0 * 1e6 / bw)
+    assert t8 == pytest.approx(10e-6 + 2 * 7 / 8 * 1e6 / bw)
+    pcie = planner.allreduce_time(1e6, 2, GPUS["L40S"])
+    assert pcie > t2                       # PCIe: slower link, more latency
+    d1, d8 = dep("llama-3.1-70b", "H100 SXM", "fp8", 1), dep("llama-3.1-70b", "H100 SXM", "fp8", 8)
+    s8 = decode_step(d8, 1, 512)
+    assert s8.t_comm == pytest.approx(2 * 80 * planner.allreduce_time(8192 * 2, 8, GPUS["H100 SXM"]))
+    assert s8.total < decode_step(d1, 1, 512).total
+
+
+def test_replace_does_not_share_cached_coefficients():
+    d1 = dep("llama-3.1-70b", "H100 SXM", "fp8", 2)
+    t1 = decode_step(d1, 1, 512).total
+    d8 = replace(d1, tp=8)
+    assert decode_step(d8, 1, 512).total < t1
+    fast = replace(d1, gpu=replace(d1.gpu, mem_bw_tbs=10.0))
+    assert decode_step(fast, 1, 512).total < t1
+    assert decode_step(d1, 1, 512).total == t1
+
+
+def test_moe_reads_only_touched_experts():
+    d = dep("mixtral-8x7b", "H100 SXM", "fp8", 2)
+    assert decode_step(d, 1, 512).weight_bytes < 0.4 * decode_step(d, 64, 512).weight_bytes
+
+
+def test_speculation_formulas():
+    assert expected_tokens_per_step(0.0, 4) == 1.0
+    assert expected_tokens_per_step(1.0, 4) == 5.0
+    assert expected_tokens_per_step(0.8, 4) == pytest.approx((1 - 0.8 ** 5) / 0.2)
+    for a in (0.1, 0.5, 0.77, 0.95):
+        assert planner.acceptance_from_mean_length(expected_tokens_per_step(a, 5), 5) == pytest.approx(a, abs=1e-9)
+    assert planner.tokens_per_step_variance(0.0, 4) == pytest.approx(0.0)
+    assert planner.tokens_per_step_variance(0.6, 4) > 0
+    assert spec_speedup(0.8, 4, 0.05) == pytest.approx(expected_tokens_per_step(0.8, 4) / 1.2)
+
+
+def test_speculation_and_quantization_stop_paying_as_batch_grows():
+    g = GPUS["H100 SXM"]
+    sc = SpecConfig(0.7, 4, "model", "llama-3.2-1b")
+    rows = planner.batch_sweep(MODELS["llama-3.1-8b"], g, ["bf16", "int4"], [1, 8, 64, 256, 1024], 1024, sc,
+                               MODELS["llama-3.2-1b"])
+    by = {(r["precision"], r["batch"]): r for r in rows}
+    assert by[("bf16", 1)]["spec_speedup"] > 1.3
+    assert by[("bf16", 1024)]["spec_speedup"] < 1.0
+    assert by[("int4", 1)]["speedup_vs_first_precision"] > 2.0
+    assert by[("int4", 1024)]["speedup_vs_first_precision"] < by[("int4", 1)]["speedup_vs_first_precision"]
+    text = " ".join(planner.crossovers(rows))
+    assert "speculation stops paying at batch" in text
+
+
+def test_memory_and_kv_capacity():
+    d = dep("qwen3-8b", "H100 SXM", "bf16", mem_util=0.9)
+    m = memory(d)
+    assert m.weights == shapes.weight_bytes(MODELS["qwen3-8b"], "bf16")
+    assert m.kv_budget_tokens == pytest.approx((80 * 2 ** 30 * 0.9 - m.weights - m.reserve) / 147456)
+    assert m.max_concurrency(4096) == int(m.kv_budget_tokens // 4096)
+    big = dep("llama-3.1-405b", "L4", "int4", 8)
+    assert not memory(big).fits
+    # KV heads replicate past kv_heads: TP 8 on a 2-KV-head model stores 1 head per GPU (4x the ideal share).
+    q = dep("qwen2.5-7b", "L4", "bf16", 4)
+    assert memory(q).kv_per_token == shapes.kv_bytes_per_token(MODELS["qwen2.5-7b"]) / 4
+
+
+def test_packing():
+    rows = {r["precision"]: r for r in planner.packing(MODELS["qwen2.5-0.5b"], GPUS["H100 SXM"])}
+    assert rows["int4"]["replicas"] >= rows["bf16"]["replicas"] >= rows["fp32"]["replicas"] > 10
+    t4 = {r["precision"]: r for r in planner.packing(MODELS["qwen2.5-7b"], GPUS["T4"])}
+    assert t4["bf16"]["replicas"] == 0 and not t4["bf16"]["runnable"]
+    assert t4["int4"]["replicas"] >= 1
+
+
+# ---------------------------------------------------------------- plans and costs
+
+def test_plan_costs_add_up_and_are_explained():
+    w = Workload("llama-3.1-8b", 6, 1024, 256, ttft_p90_s=1.0, tpot_p90_s=0.05, gpus=["L40S", "H100 SXM"],
+                 precisions=["bf16", "fp8"], acceptance_rate=0.7)
+    res = plan(w, GPUS, MODELS)
+    assert res.best is not None
+    costs = [p.usd_per_hr for p in res.feasible]
+    assert costs == sorted(costs)
+    for p in res.feasible:
+        assert p.usd_per_month == pytest.approx(p.usd_per_hr * 730)
+        billed = p.usd_per_1m_input * 6 * 1024 / 1e6 + p.usd_per_1m_output * 6 * 256 / 1e6
+        assert billed == pytest.approx(p.usd_per_hr / 3600, rel=1e-9)
+        assert p.ttft_p90_s <= 1.0 and p.tpot_p90_s <= 0.05
+        assert p.ttft_margin >= 1 and p.tpot_margin >= 1
+        terms = {y.term for y in p.why}
+        assert {"decode step", "TTFT p90", "TPOT p90", "replicas", "$/month"} <= terms
+        if p.spec:
+            assert "speculation: tokens per round" in terms
+    json.dumps(res.to_dict())                    # serializable, no NaN
+
+
+def test_price_overrides_change_costs_and_never_touch_the_shipped_csv():
+    before = hashlib.sha256(GPUS_PATH.read_bytes()).hexdigest()
+    gp = load_gpus([{"name": "h100-sxm", "price_usd_per_hr": 2.0, "price_source": "our contract"},
+                    {"name": "RTX 4090", "memory_gb": 24, "mem_bw_tbs": 1.008, "fp16_tflops": 165.2,
+                     "fp32_tflops": 82.6, "price_usd_per_hr": 0.34, "interconnect": "PCIe Gen4 x16",
+                     "interconnect_gbs": 64},
+                    {"name": "T4", "remove": True}])
+    assert hashlib.sha256(GPUS_PATH.read_bytes()).hexdigest() == before
+    assert gp["H100 SXM"].price_usd_per_hr == 2.0 and gp["H100 SXM"].origin == "override"
+    assert gp["RTX 4090"].origin == "user" and gp["RTX 4090"].bf16_tflops == 165.2
+    assert "T4" not in gp
+    w = Workload("llama-3.1-8b", 2, 512, 128, gpus=["H100 SXM", "RTX 4090"], precisions=["bf16"], spec="off")
+    res = plan(w, gp, MODELS)
+    h100 = next(p for p in res.feasible if p.gpu == "H100 SXM")
+    assert h100.usd_per_hr == pytest.approx(2.0 * h100.gpus_total)
+    w2 = replace(w, price_overrides={"H100 SXM": 1.0})
+    h100b = next(p for p in plan(w2, gp, MODELS).feasible if p.gpu == "H100 SXM")
+    assert h100b.usd_per_hr == pytest.approx(1.0 * h100b.gpus_total)
+
+
+def test_prices_show_provider_spread():
+    spreads = [g.price_spread for g in GPUS.values() if g.price_spread]
+    assert max(spreads) >= 2.0                  # e.g. H100: RunPod $2.69 vs Azure $12.29
+    for g in GPUS.values():
+        assert g.price_source and g.price_date and g.spec_source
+        if g.kind == "gpu":
+            assert g.price_low_usd_per_hr <= g.price_usd_per_hr <= g.price_high_usd_per_hr
+
+
+def test_bad_overrides_are_all_reported():
+    with pytest.raises(CatalogError) as e:
+        load_gpus([{"name": "H100 SXM", "price_usd_per_hr": float("nan")}, {"name": "A100 80GB", "memory_gb": -1},
+                   {"name": "New GPU", "memory_gb": 16}, {"price_usd_per_hr": 1}, {"name": "L4", "colour": "red"}])
+    fields = [f for f, _ in e.value.problems]
+    assert len(fields) == 5
+    assert any("not a finite number" in m for _, m in e.value.problems)
+    assert any("negative" in m for _, m in e.value.problems)
+    assert any("needs" in m and "mem_bw_tbs" in m for _, m in e.value.problems)
+
+
+def test_this_machine_is_a_placeholder_until_probed():
+    assert GPUS["this machine"].placeholder
+    probed = load_gpus(probe={"mem_bw_gbs": 21.5, "memory_gb": 32})
+    tm = probed["this machine"]
+    assert not tm.placeholder and tm.mem_bw_tbs == pytest.approx(0.0215) and tm.memory_gb == 32
+    assert "measured" in tm.spec_source
+    recs = [{"machine": {"device": "cpu"}, "metrics": {"mem_bw_gbs": x}} for x in (10, 30, 20)]
+    assert probe_from_records(recs) == {"mem_bw_gbs": 20}
+
+
+# ---------------------------------------------------------------- validation
+
+def test_validation_reports_every_problem():
+    w = Workload("gpt-9", -1, 0, 10 ** 6, ttft_p90_s=float("nan"), tpot_p90_s=0, gpus=["H300", "L4"],
+                 precisions=["int3"], tp_options=[3, 16], acceptance_rate=1.5, gamma=0,
+                 price_overrides={"L4": float("nan"), "T4": -1.0})
+    with pytest.raises(PlanError) as e:
+        w.validate(MODELS, GPUS)
+    msgs = dict()
+    for f, m in e.value.problems:
+        msgs.setdefault(f, m)
+    assert "unknown model 'gpt-9'" in msgs["model"] and "llama-3.1-8b" in msgs["model"]
+    assert msgs["request_rate"] == "must be > 0, got -1"
+    assert msgs["input_tokens"] == "must be > 0, got 0"
+    assert "finite" in msgs["ttft_p90_s"]
+    assert "must be > 0" in msgs["tpot_p90_s"]
+    assert "unknown GPU 'H300'" in msgs["gpus"] and "H100 SXM" in msgs["gpus"]
+    assert "int3" in msgs["precisions"]
+    assert "tp_options" in msgs and "acceptance_rate" in msgs and "gamma" in msgs
+    assert "finite" in msgs["price_overrides[L4]"]
+    assert "must be >= 0" in msgs["price_overrides[T4]"]
+    assert e.value.field == "model"
+    assert isinstance(e.value, ValueError)             # UserError is a ValueError
+
+
+def test_validation_context_length():
+    w = Workload("qwen2.5-0.5b", 1, 30000, 4000)
+    with pytest.raises(PlanError, match="exceed qwen2.5-0.5b's context of 32768"):
+        w.validate(MODELS, GPUS)
+
+
+# ---------------------------------------------------------------- infeasibility
+
+def test_model_too_big_says_what_would_fit():
+    w = Workload("llama-3.1-405b", 1, 1024, 256, gpus=["L4", "A10G"], precisions=["bf16", "int8"], spec="off")
+    res = plan(w, GPUS, MODELS)
+    assert res.best is None
+    assert all("does not fit" in p.reasons[0] or "bf16" in p.reasons[0] for p in res.plans)
+    note = " ".join(res.notes)
+    assert "does not fit even at TP 8" in note
+    assert re.search(r"a GPU with >= \d+ GB \(H200, H100 SXM, A100 80GB\)", note)
+    w2 = replace(w, gpus=["L40S"])
+    assert "use int4" in " ".join(plan(w2, GPUS, MODELS).notes) or "use nf4" in " ".join(plan(w2, GPUS, MODELS).notes)
+
+
+def test_slo_below_hardware_floor_is_explained():
+    w = Workload("llama-3.1-70b", 1, 512, 128, ttft_p90_s=5, tpot_p90_s=0.003, gpus=["H100 SXM"],
+                 precisions=["fp8"], spec="off")
+    res = plan(w, GPUS, MODELS)
+    assert res.best is None
+    reasons = [r for p in res.plans for r in p.reasons]
+    assert any(r.startswith("per-token latency floor is") and "SLO is 3.0 ms" in r for r in reasons)
+    assert any("speculative decoding" in s for p in res.plans for s in p.suggestions)
+    w2 = replace(w, tpot_p90_s=0.1, ttft_p90_s=0.01, input_tokens=8000)
+    reasons = [r for p in plan(w2, GPUS, MODELS).plans for r in p.reasons]
+    assert any(r.startswith("time-to-first-token floor is") for r in reasons)
+
+
+def test_unsupported_precision_and_tp_are_explained():
+    w = Workload("llama-3.1-8b", 1, 512, 128, gpus=["T4"], precisions=["bf16", "fp8"], spec="off", tp_options=[1])
+    reasons = [p.reasons[0] for p in plan(w, GPUS, MODELS).plans]
+    assert any("no bf16" in r for r in reasons) and any("sm80" in r for r in reasons)
+    w = Workload("qwen2.5-0.5b", 1, 512, 128, gpus=["L4"], precisions=["bf16"], spec="off", tp_options=[4])
+    assert "does not divide" in plan(w, GPUS, MODELS).plans[0].reasons[0]
+
+
+# ---------------------------------------------------------------- calibration
+
+def _record(precision, bpt, bw, frac, overhead=0.0, device="cpu", run_id="r", model="qwen2.5-coder-1.5b"):
+    t = bpt / (frac * bw * 1e9) + overhead
+    return {"run_id": run_id, "config": {"model": model, "precision": precision},
+            "metrics": {"decode_tok_s": 1 / t, "bytes_per_token": bpt, "mem_bw_gbs": bw, "spec": None},
+            "machine": {"device": device}}
+
+
+def test_calibration_recovers_known_fractions():
+    recs = []
+    for i, (bpt, bw) in enumerate([(1.0e9, 20), (3.1e9, 20), (0.5e9, 25), (1.5e9, 18)]):
+        recs.append(_record("int8", bpt, bw, 0.62, run_id=f"a{i}"))
+        recs.append(_record("fp32", bpt * 4, bw, 0.81, run_id=f"b{i}"))
+    cal = calibrate(recs)
+    assert cal.fit_for("cpu", "int8").mem_bw_frac == pytest.approx(0.62, rel=1e-9)
+    assert cal.fit_for("cpu", "fp32").mem_bw_frac == pytest.approx(0.81, rel=1e-9)
+    assert cal.fit_for("cpu", "int8").rmse_rel == pytest.approx(0.0, abs=1e-9)
+    assert cal.machine_bw_gbs == 20
+
+
+def test_calibration_fits_prefill_compute_and_uses_it_on_this_machine():
+    m = MODELS["qwen2.5-coder-1.5b"]
+    recs = []
+    for i, prompt in enumerate((57, 200, 512)):
+        r = _record("int8", 1.6e9, 20, 0.5, run_id=f"p{i}")
+        r["metrics"].update(prompt_tokens=prompt, prefill_s=shapes.prefill_flops(m, prompt) / 0.8e12)
+        recs.append(r)
+    cal = calibrate(recs)
+    assert cal.prefill_tflops[("cpu", "int8")] == pytest.approx(0.8)
+    here = load_gpus(probe={"mem_bw_gbs": 20})["this machine"]
+    d = Deployment(m, here, "int8", calibration=cal)
+    eff, src = d.efficiency()
+    assert eff.compute * here.fp32_tflops == pytest.approx(0.8) and "prefill 0.8 TFLOP/s measured" in src
+    assert eff.mem_bw == pytest.approx(0.5)
+
+
+def test_calibration_with_noise_and_overhead_reports_residuals():
+    rng = random.Random(0)
+    recs = []
+    for i in range(12):
+        bpt = rng.uniform(0.3e9, 3e9)
+        r = _record("int4", bpt, 20, 0.5, overhead=0.02, run_id=f"n{i}")
+        r["metrics"]["decode_tok_s"] *= 1 + rng.uniform(-0.01, 0.01)
+        recs.append(r)
+    fit = calibrate(recs, fit_overhead=True).fit_for("cpu", "int4")
+    assert fit.mem_bw_frac == pytest.approx(0.5, rel=0.08)
+    assert fit.overhead_s == pytest.approx(0.02, abs=0.005)
+    assert len(fit.residuals) == 12 and 0 < fit.rmse_rel < 0.02
+    no_oh = calibrate(recs).fit_for("cpu", "int4")
+    assert no_oh.rmse_rel > fit.rmse_rel            # ignoring a real overhead fits worse
+
+
+def test_calibration_handles_missing_keys_and_spec_records():
+    recs = [
+        {"run_id": "x1", "config": {"model": "qwen2.5-coder-1.5b", "precision": "int8"}, "metrics": {},
+         "machine": {"device": "cpu"}},
+        {"run_id": "x2", "config": {}, "metrics": {"decode_tok_s": 10}, "machine": {}},
+        {"run_id": "x3", "config": {"model": "qwen2.5-coder-1.5b", "precision": "int8"},
+         "metrics": {"decode_tok_s": 12.0, "mem_bw_gbs": 20.0}, "machine": {"device": "cpu"}},   # bytes computed
+        {"run_id": "s1", "config": {"model": "qwen2.5-coder-1.5b", "precision": "int8",
+                                    "draft": {"kind": "model", "model": "qwen2.5-coder-0.5b", "gamma": 4}},
+         "metrics": {"decode_tok_s": 20.0, "spec": {"acceptance_rate": 0.72, "mean_acceptance_length": 2.9,
+                                                    "gamma": 4, "draft_kind": "model"}},
+         "machine": {"device": "cpu"}},
+        {"run_id": "s2", "config": {"model": "qwen2.5-coder-1.5b", "precision": "int8"},
+         "metrics": {"spec": {"mean_acceptance_length": expected_tokens_per_step(0.5, 4), "gamma": 4,
+                              "draft_kind": "ngram"}}, "machine": {"device": "cpu"}},
+        "not a record",
+    ]
+    recs.append({"run_id": "g1", "config": {"model": "qwen2.5-coder-1.5b", "precision": "int4-g64",
+                                             "quant": {"precision": "int4", "group_size": 64}, "device": "cpu"},
+                 "metrics": {"decode_tok_s": 9.0, "bytes_per_token": 1.2e9, "mem_bw_gbs": 20.0}, "machine": {}})
+    cal = calibrate(recs)
+    assert cal.fit_for("cpu", "int4").n == 1          # the record's label 'int4-g64' is int4
+    skipped = dict(cal.skipped)
+    assert "no decode_tok_s" in skipped["x1"] and "x2" in skipped
+    assert cal.fit_for("cpu", "int8").n == 1
+    a, g, n, desc = cal.acceptance_for("qwen2.5-coder-1.5b", "model", "qwen2.5-coder-0.5b")
+    assert (a, g, n) == (0.72, 4, 1) and "measured" in desc
+    a2, *_ = cal.acceptance_for("qwen2.5-coder-1.5b", "ngram")
+    assert a2 == pytest.approx(0.5, abs=1e-9)
+    json.dumps(cal.to_dict())
+
+
+def test_measured_acceptance_and_calibration_flow_into_plans():
+    recs = [_record("int8", 1.6e9, 20, 0.55, run_id="c1"),
+            {"run_id": "s1", "config": {"model": "qwen2.5-coder-1.5b", "precision": "int8",
+                                        "draft": {"kind": "model", "model": "qwen2.5-coder-0.5b", "gamma": 4}},
+             "metrics": {"spec": {"acceptance_rate": 0.8, "gamma": 4, "draft_kind": "model"}},
+             "machine": {"device": "cpu"}}]
+    cal = calibrate(recs)
+    w = Workload("qwen2.5-coder-1.5b", 0.2, 256, 128, ttft_p90_s=10, tpot_p90_s=1.0, gpus=["this machine", "L4"],
+                 precisions=["int8"], tp_options=[1], draft_model="qwen2.5-coder-0.5b")
+    res = plan(w, models=MODELS, calibration=cal)
+    spec_plans = [p for p in res.plans if p.spec]
+    assert spec_plans and all(p.spec_config["acceptance_rate"] == 0.8 for p in spec_plans)
+    assert "measured by the lab" in spec_plans[0].spec_config["source"]
+    here = next(p for p in res.plans if p.gpu == "this machine" and not p.spec)
+    eff = next(y for y in here.why if y.term == "efficiency")
+    assert eff.value == pytest.approx(0.55) and "calibrated" in eff.formula
+    gpu_plan = next(p for p in res.plans if p.gpu == "L4" and not p.spec)
+    assert "serving default" in next(y for y in gpu_plan.why if y.term == "efficiency").formula
+
+
+# ---------------------------------------------------------------- published measurements
+
+def test_published_predictions_are_reproducible_and_documented():
+    rows = planner.check_published()
+    assert len(rows) >= 5
+    assert {r["source"].split(" ")[0] for r in rows} >= {"gpt-fast", "silybench-data", "Spec-Bench"}
+    for r in rows:
+        assert math.isfinite(r["predicted"]) and r["predicted"] > 0
+        assert abs(r["error_pct"]) < 80, r
+    errs = sorted(abs(r["error_pct"]) for r in rows)
+    assert errs[len(errs) // 2] < 20                      # median error
+    doc = (ROOT / "docs" / "PLANNER.md").read_text()
+    table = planner.published_table_markdown(rows)
+    assert table in doc, "docs/PLANNER.md is stale: python -m engine plan --check-published"
+
+
+# ---------------------------------------------------------------- CLI
+
+def _cli(argv):
+    from engine import planner_cli
+
+    ap = argparse.ArgumentParser()
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    planner_cli.add_parser(sub)
+    a = ap.parse_args(argv)
+    return a.fn(a)
+
+
+def test_cli_table_json_and_errors(capsys, monkeypatch, tmp_path):
+    monkeypatch.setenv("SCL_DATA_DIR", str(tmp_path))
+    rc = _cli(["plan", "--model", "llama-3.1-8b", "--rate", "3", "--gpus", "L4,H100 SXM", "--precisions", "int4,fp8",
+               "--tp", "1,2", "--spec", "off", "--why"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "$/1M out" in out and "why " in out and "TTFT p90" in out
+    rc = _cli(["plan", "--model", "llama-3.1-8b", "--rate", "3", "--gpus", "L4", "--precisions", "int4",
+               "--spec", "off", "--json"])
+    d = json.loads(capsys.readouterr().out)
+    assert rc == 0 and d["best"]["gpu"] == "L4" and d["best"]["why"]
+    rc = _cli(["plan", "--model", "nope", "--rate", "-2", "--gpus", "H300"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "unknown model 'nope'" in err and "request_rate" in err and "unknown GPU 'H300'" in err
+    rc = _cli(["plan", "--model", "qwen2.5-7b", "--sweep", "L40S", "--precisions", "bf16,int4", "--batches", "1,64",
+               "--acceptance", "0.7"])
+    assert rc == 0 and "spec speedup" in capsys.readouterr().out
+    rc = _cli(["plan", "--gpus-table"])
+    assert rc == 0 and "spread" in capsys.readouterr().out

