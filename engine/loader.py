@@ -10,7 +10,8 @@ import torch
 from . import catalog
 from .errors import UserError
 from .model import Transformer, build_model
-from .quant import QuantSpec, check_supported, compute_dtype_for, parse_precision, quantize_model, weight_breakdown
+from .quant import (QuantSpec, check_supported, compute_dtype_for, parse_precision, quantize_model,
+                    quantized_fraction, weight_breakdown)
 
 
 @dataclass
@@ -23,6 +24,7 @@ class LoadedModel:
     tokenizer: object
     load_s: float
     weights: dict[str, int] = field(default_factory=dict)
+    quantized: dict = field(default_factory=dict)  # quantized layers' bytes against the same layers in fp32
 
     @property
     def weight_bytes(self) -> int:
@@ -78,5 +80,5 @@ def load(name: str = "default", spec: QuantSpec | str = "fp32", device: str | No
     return LoadedModel(
         name=catalog.canonical_name(name) if catalog.canonical_name(name) in catalog.CATALOG else str(name),
         folder=Path(folder), spec=spec, device=device, model=model, tokenizer=tok,
-        load_s=time.perf_counter() - t0, weights=weight_breakdown(model),
+        load_s=time.perf_counter() - t0, weights=weight_breakdown(model), quantized=quantized_fraction(model),
     )

@@ -224,6 +224,7 @@ def summarize(lm, res, mem: PeakMemory | None, bw_gbs: float) -> dict:
         "total_s": res.total_s,
         "weight_bytes": lm.weight_bytes,
         "weight_breakdown": dict(lm.weights),
+        "quantized_layers": dict(lm.quantized) or None,
         "kv_bytes": kv_bytes,
         "mem_bw_gbs": bw_gbs,
         "bytes_per_token": bytes_per_token,

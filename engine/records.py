@@ -7,6 +7,7 @@ Definitions (units in the names):
 - decode_tok_s: new tokens after the first, over the time spent producing them.
 - prefill_tok_s: prompt tokens (all sequences) over prefill time.
 - weight_bytes: bytes held by the weights as converted (tied storage counted once).
+- quantized_layers: bytes of the quantized layers against the same layers in fp32 (ratio).
 - kv_bytes: bytes of the KV cache allocated for the run.
 - bytes_per_token: weight bytes read per decode step plus KV bytes read, divided by tokens per step.
 - bw_floor_ms: bytes_per_token / measured read bandwidth: the fastest a token can be on this machine.

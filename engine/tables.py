@@ -30,6 +30,7 @@ def row(rec) -> dict:
         "gamma": draft.get("gamma"),
         "batch": c.get("batch_size", 1),
         "weights_MB": _mb(m.get("weight_bytes")),
+        "qlayers_vs_fp32": _r((m.get("quantized_layers") or {}).get("ratio"), 3),
         "peak_rss_MB": _mb(m.get("peak_rss_bytes")),
         "ttft_ms": _r((m.get("ttft_s") or 0) * 1000, 1) if m.get("ttft_s") is not None else None,
         "tok_ms_p50": _r(m.get("token_latency_ms_median")),

@@ -23,6 +23,8 @@ def test_greedy_speculative_identical_small_target(small_fp32, request, kind, dr
     assert out.new_tokens == ref.new_tokens
     st = out.spec
     assert st["drafted"] > 0 and 0 <= st["accepted"] <= st["drafted"]
+    if kind == "self":  # the target's own weights at lower precision agree most of the time
+        assert st["acceptance_rate"] > 0.5
     assert sum(len(t) for t in out.trace) == out.n_new
 
 
