@@ -1,0 +1,365 @@
+"""Reports: a named, annotated set of run records, saved in the store and shared as JSON or HTML.
+
+The report document (stored as the body of a row in the store's `reports` table, and exported as
+JSON) is:
+
+    {"format": "serving-cost-lab-report", "report_version": 1, "record_schema_version": 1,
+     "name": str, "notes": str, "created_at": str, "settings": {"usd_per_hour": float},
+     "runs": [RunRecord.to_dict(), ...]}
+
+Imports are untrusted: `parse_report` refuses anything that is not that shape (bad JSON, another
+format or version, a run record that fails `records.validate`, wrong types in the fields the lab
+reads) with a UserError naming the problem and the fix. The HTML export is one self-contained
+file: plotly.js is inlined (no CDN, no network), a Content-Security-Policy forbids every external
+load, and all user-written or imported text is passed through html.escape.
+"""
+from __future__ import annotations
+
+import html
+import json
+import math
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+
+from .errors import UserError
+from .records import SCHEMA_VERSION, RunRecord
+
+FORMAT = "serving-cost-lab-report"
+REPORT_VERSION = 1
+MAX_IMPORT_BYTES = 25 * 1024 * 1024
+MAX_RUNS = 1000
+MAX_NAME = 200
+MAX_NOTES = 20_000
+DEFAULT_USD_PER_HOUR = 0.10
+FIX = "import a .json file exported by the Reports page of this lab"
+
+
+@dataclass
+class Report:
+    name: str
+    notes: str
+    records: list[RunRecord]
+    usd_per_hour: float = DEFAULT_USD_PER_HOUR
+    created_at: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    report_id: str | None = None
+
+    @property
+    def run_ids(self) -> list[str]:
+        return [r.run_id for r in self.records]
+
+
+# ---------------------------------------------------------------- checks
+
+def check_name(name) -> str:
+    if not isinstance(name, str):
+        raise UserError(f"report name must be text, got {type(name).__name__}", "type a name")
+    name = name.strip()
+    if not name:
+        raise UserError("a report needs a name", "type a name before saving")
+    if len(name) > MAX_NAME:
+        raise UserError(f"report name is {len(name)} characters long", f"use at most {MAX_NAME} characters")
+    return name
+
+
+def check_notes(notes) -> str:
+    if notes is None:
+        return ""
+    if not isinstance(notes, str):
+        raise UserError(f"report notes must be text, got {type(notes).__name__}", "write the notes as text")
+    if len(notes) > MAX_NOTES:
+        raise UserError(f"report notes are {len(notes)} characters long", f"keep notes under {MAX_NOTES} characters")
+    return notes
+
+
+def _is_num(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+# Fields the dashboard reads from a record, and the types they must have when present.
+_NUMERIC_METRICS = ("ttft_s", "decode_tok_s", "token_latency_ms_median", "token_latency_ms_p90", "weight_bytes",
+                    "draft_weight_bytes", "peak_rss_bytes", "kv_bytes", "bw_efficiency", "load_s", "mem_bw_gbs")
+_NUMERIC_SPEC = ("acceptance_rate", "mean_acceptance_length", "expected_length", "speedup", "baseline_tok_s",
+                 "mean_gamma")
+_NUMERIC_QUALITY = ("kl_mean", "kl_p99", "top1_agreement", "perplexity")
+
+
+def check_record(d, where: str = "run") -> RunRecord:
+    """records.validate plus the types of every field the dashboard and exports read."""
+    try:
+        rec = RunRecord.from_dict(d)
+    except UserError as e:
+        raise UserError(f"{where}: {e.problem}", e.fix or FIX) from None
+    except TypeError as e:
+        raise UserError(f"{where}: unexpected fields ({e})", FIX) from None
+
+    def bad(what, v):
+        raise UserError(f"{where}: {what} should be a number or null, got {type(v).__name__}", FIX)
+
+    for k in _NUMERIC_METRICS:
+        v = rec.metrics.get(k)
+        if v is not None and not _is_num(v):
+            bad(f"metrics.{k}", v)
+    for sub, keys in (("spec", _NUMERIC_SPEC), ("quality", _NUMERIC_QUALITY)):
+        s = rec.metrics.get(sub)
+        if s is None:
+            continue
+        if not isinstance(s, dict):
+            raise UserError(f"{where}: metrics.{sub} should be an object or null, got {type(s).__name__}", FIX)
+        for k in keys:
+            if s.get(k) is not None and not _is_num(s[k]):
+                bad(f"metrics.{sub}.{k}", s[k])
+        if sub == "spec" and s.get("position_rate") is not None:
+            pr = s["position_rate"]
+            if not isinstance(pr, list) or any(x is not None and not _is_num(x) for x in pr):
+                raise UserError(f"{where}: metrics.spec.position_rate should be a list of numbers", FIX)
+    ql = rec.metrics.get("quantized_layers")
+    if ql is not None and not isinstance(ql, dict):
+        raise UserError(f"{where}: metrics.quantized_layers should be an object or null", FIX)
+    wb = rec.metrics.get("weight_breakdown")
+    if wb is not None and (not isinstance(wb, dict) or any(not _is_num(v) for v in wb.values())):
+        raise UserError(f"{where}: metrics.weight_breakdown should map layer types to byte counts", FIX)
+    draft = rec.config.get("draft")
+    if draft is not None and not isinstance(draft, dict):
+        raise UserError(f"{where}: config.draft should be an object or null, got {type(draft).__name__}", FIX)
+    bs = rec.config.get("batch_size", 1)
+    if isinstance(bs, bool) or not isinstance(bs, int):
+        raise UserError(f"{where}: config.batch_size should be a whole number", FIX)
+    for k in ("model", "precision", "device"):
+        v = rec.config.get(k)
+        if v is not None and not isinstance(v, str):
+            raise UserError(f"{where}: config.{k} should be text, got {type(v).__name__}", FIX)
+    for k in ("notes",):
+        if not isinstance(getattr(rec, k), str):
+            raise UserError(f"{where}: {k} should be text", FIX)
+    if not isinstance(rec.kernels, dict) or not isinstance(rec.output, dict) or not isinstance(rec.versions, dict):
+        raise UserError(f"{where}: kernels, output and versions should be objects", FIX)
+    try:  # the last word: the row every table and chart is drawn from must build
+        from .ui_data import comparison_row
+
+        comparison_row(rec, DEFAULT_USD_PER_HOUR)
+    except UserError:
+        raise
+    except (TypeError, ValueError, AttributeError, KeyError) as e:
+        raise UserError(f"{where}: a field has the wrong type ({type(e).__name__}: {str(e)[:120]})", FIX) from None
+    return rec
+
+
+def _check_price(x) -> float:
+    if not _is_num(x) or x <= 0:
+        raise UserError(f"report setting usd_per_hour is {x!r}", "it must be a positive number of dollars per hour")
+    return float(x)
+
+
+# ---------------------------------------------------------------- body <-> Report
+
+def to_body(report: Report) -> dict:
+    return {
+        "format": FORMAT,
+        "report_version": REPORT_VERSION,
+        "record_schema_version": SCHEMA_VERSION,
+        "name": report.name,
+        "notes": report.notes,
+        "created_at": report.created_at,
+        "settings": {"usd_per_hour": report.usd_per_hour},
+        "runs": [json.loads(r.to_json()) for r in report.records],
+    }
+
+
+def from_body(body, name: str | None = None, notes: str | None = None, report_id: str | None = None,
+              created_at: str | None = None) -> Report:
+    """Validate a report document (stored or imported) and return the Report; UserError if it is not one."""
+    if not isinstance(body, dict):
+        raise UserError(f"a report must be a JSON object, got {type(body).__name__}", FIX)
+    fmt = body.get("format")
+    if fmt != FORMAT:
+        if isinstance(body.get("schema_version"), int) and "run_id" in body:
+            raise UserError("this file is a single run record, not a report", "export a report from the Reports page")
+        raise UserError(f"this is not a Serving Cost Lab report (format is {str(fmt)[:60]!r})", FIX)
+    ver = body.get("report_version")
+    if ver != REPORT_VERSION:
+        raise UserError(f"report version {str(ver)[:20]} is not readable by this lab "
+                        f"(it reads version {REPORT_VERSION})",
+                        "export the report again with this version of the lab")
+    rsv = body.get("record_schema_version", SCHEMA_VERSION)
+    if rsv != SCHEMA_VERSION:
+        raise UserError(f"the report's runs use record schema version {str(rsv)[:20]}, this lab reads version "
+                        f"{SCHEMA_VERSION}", "export the report again with this version of the lab")
+    runs = body.get("runs")
+    if not isinstance(runs, list):
+        raise UserError("the report has no list of runs", FIX)
+    if not runs:
+        raise UserError("the report holds no runs", "save a report from a comparison with at least one run")
+    if len(runs) > MAX_RUNS:
+        raise UserError(f"the report holds {len(runs)} runs", f"keep reports to at most {MAX_RUNS} runs")
+    records = [check_record(r, f"run {i + 1}") for i, r in enumerate(runs)]
+    settings = body.get("settings") or {}
+    if not isinstance(settings, dict):
+        raise UserError("report settings should be an object", FIX)
+    price = _check_price(settings.get("usd_per_hour", DEFAULT_USD_PER_HOUR))
+    nm = check_name(name if name is not None else body.get("name"))
+    nt = check_notes(notes if notes is not None else body.get("notes", ""))
+    ca = created_at or body.get("created_at")
+    if not isinstance(ca, str) or len(ca) > 64:
+        ca = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    return Report(nm, nt, records, price, ca, report_id)
+
+
+# ---------------------------------------------------------------- store
+
+def save(store, name: str, notes: str, records: list[RunRecord], usd_per_hour: float = DEFAULT_USD_PER_HOUR) -> str:
+    """Save a comparison as a report; returns the report id."""
+    if not records:
+        raise UserError("there is no comparison to save", "run the default comparison or a sweep first, "
+                        "or pick previous runs on the Compare page")
+    rep = Report(check_name(name), check_notes(notes), list(records), _check_price(usd_per_hour))
+    return store.save_report(rep.name, rep.notes, to_body(rep))
+
+
+def load(store, report_id: str) -> Report:
+    row = store.get_report(report_id)
+    return from_body(row["body"], name=row["name"], notes=row["notes"], report_id=row["report_id"],
+                     created_at=row["created_at"])
+
+
+def with_price(report: Report, usd_per_hour: float) -> Report:
+    return Report(report.name, report.notes, report.records, _check_price(usd_per_hour), report.created_at,
+                  report.report_id)
+
+
+# ---------------------------------------------------------------- JSON
+
+def export_json(report: Report) -> str:
+    return json.dumps(to_body(report), indent=1, allow_nan=False)
+
+
+def _no_constants(c):
+    raise UserError(f"the file contains {c}, which is not a number JSON allows", FIX)
+
+
+def _too_big(n: int) -> UserError:
+    return UserError(f"the file is {n / 1e6:.1f} MB", f"import reports under {MAX_IMPORT_BYTES // 2**20} MiB")
+
+
+def parse_report(data) -> Report:
+    """Parse an uploaded report (bytes or str). Refuses anything malformed with a UserError."""
+    if isinstance(data, (bytes, bytearray)):
+        if len(data) > MAX_IMPORT_BYTES:
+            raise _too_big(len(data))
+        try:
+            data = bytes(data).decode("utf-8-sig")
+        except UnicodeDecodeError:
+            raise UserError("the file is not UTF-8 text", FIX) from None
+    if not isinstance(data, str):
+        raise UserError(f"cannot import a {type(data).__name__}", FIX)
+    if len(data) > MAX_IMPORT_BYTES:
+        raise _too_big(len(data))
+    if not data.strip():
+        raise UserError("the file is empty", FIX)
+    try:
+        body = json.loads(data, parse_constant=_no_constants)
+    except UserError:
+        raise
+    except RecursionError:
+        raise UserError("the file is nested too deeply to be a report", FIX) from None
+    except ValueError as e:
+        raise UserError(f"the file is not valid JSON ({str(e)[:120]})", FIX) from None
+    return from_body(body)
+
+
+def import_report(store, data) -> str:
+    """Validate and save an uploaded report; returns the new report id."""
+    rep = parse_report(data)
+    return store.save_report(rep.name, rep.notes, to_body(rep))
+
+
+# ---------------------------------------------------------------- HTML
+
+_CSP = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
+        "img-src data: blob:; font-src data:")
+_STYLE = """
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px auto;max-width:1200px;color:#222;
+padding:0 16px}
+h1{margin-bottom:4px} .meta{color:#666;font-size:0.9em}
+.notes{white-space:pre-wrap;background:#f8f9fa;border-left:4px solid #adb5bd;padding:8px 12px}
+table{border-collapse:collapse;font-size:0.85em;margin:12px 0;width:100%}
+th,td{border:1px solid #dee2e6;padding:4px 6px;text-align:right} th{background:#f1f3f5}
+td.l,th.l{text-align:left} .grid{display:grid;grid-template-columns:1fr 1fr;gap:12px}
+.chart{border:1px solid #eee;min-height:340px} ul.hl li{margin:2px 0}
+"""
+TABLE_COLUMNS = ["config", "precision", "draft", "draft_precision", "gamma", "batch", "weights_total_MB",
+                 "peak_rss_MB", "ttft_ms", "tok_ms_p50", "tok_s", "accept_rate", "accept_len", "speedup",
+                 "quality_loss_kl", "top1", "ppl", "usd_per_1m_out", "run"]
+
+
+def _cell(v) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, float):
+        return html.escape(f"{v:.4g}")
+    return html.escape(str(v))
+
+
+def _figure_div(fig) -> str:
+    return fig.to_html(full_html=False, include_plotlyjs=False, config={"displaylogo": False, "responsive": True},
+                       default_height="340px")
+
+
+def export_html(report: Report) -> str:
+    """One self-contained HTML file: plotly.js inline, a CSP forbidding network loads, text escaped."""
+    from plotly.offline import get_plotlyjs
+
+    from . import ui_data
+
+    rows = ui_data.comparison_rows(report.records, report.usd_per_hour)
+    esc = html.escape
+    first = report.records[0]
+    mach = first.machine or {}
+    machine = ", ".join(str(x) for x in (mach.get("cpu_model"), mach.get("simd"), mach.get("gpu_name")) if x)
+    head = (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            f"<meta http-equiv=\"Content-Security-Policy\" content=\"{_CSP}\">"
+            f"<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
+            f"<title>{esc(report.name)} · Serving Cost Lab report</title><style>{_STYLE}</style>"
+            f"<script type=\"text/javascript\">window.PlotlyConfig = {{MathJaxConfig: 'local'}};</script>\n"
+            f"<script type=\"text/javascript\" id=\"plotly-inline\">{get_plotlyjs()}</script></head><body>")
+    parts = [head,
+             f"<h1 id=\"report-name\">{esc(report.name)}</h1>",
+             f"<div class=\"meta\">Serving Cost Lab report · created {esc(report.created_at)} · "
+             f"{len(report.records)} runs · machine: {esc(machine) or 'unknown'} · "
+             f"priced at ${report.usd_per_hour:.4g}/hour</div>"]
+    if report.notes:
+        parts.append(f"<h3>Notes</h3><div class=\"notes\" id=\"report-notes\">{esc(report.notes)}</div>")
+    hl = ui_data.highlights(rows)
+    if hl:
+        parts.append("<h3>Answer</h3><ul class=\"hl\">" + "".join(f"<li>{esc(h)}</li>" for h in hl) + "</ul>")
+    cols = [c for c in TABLE_COLUMNS if any(r.get(c) is not None for r in rows)]
+    left = ("config", "precision", "draft", "draft_precision", "run")
+    parts.append("<h3>Runs</h3><table id=\"runs\"><thead><tr>"
+                 + "".join(f"<th class=\"{'l' if c in left else ''}\">{esc(c)}</th>" for c in cols)
+                 + "</tr></thead><tbody>")
+    for r in rows:
+        parts.append("<tr>" + "".join(f"<td class=\"{'l' if c in left else ''}\">{_cell(r.get(c))}</td>"
+                                      for c in cols) + "</tr>")
+    parts.append("</tbody></table>")
+    parts.append("<h3>Charts</h3><div class=\"grid\">")
+    for col, title, unit, better in ui_data.available_charts(rows):
+        parts.append(f"<div class=\"chart\">{_figure_div(ui_data.bar_figure(rows, col, title, unit, better))}</div>")
+    parts.append("</div>")
+    pf = ui_data.pareto_figure(rows)
+    if pf is not None:
+        parts.append(f"<h3>Cost vs quality</h3><div class=\"chart\">{_figure_div(pf)}</div>")
+    missing = ui_data.missing_charts(rows)
+    if missing:
+        parts.append("<p class=\"meta\">Not measured in these runs: " + esc(", ".join(missing)) + ".</p>")
+    parts.append("<h3>Definitions</h3><p class=\"meta\">TTFT: prefill until the first new token. Per-token latency: "
+                 "decode step time divided by the tokens it emitted. Tokens/s: new tokens after the first over the "
+                 "time spent producing them. $ per 1M output tokens: $/hour ÷ (tokens/s × 3600) × 10⁶. "
+                 "Quality loss: "
+                 "mean KL divergence of each configuration's next-token distribution from fp32 on the lab's eval text."
+                 "</p>")
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def html_filename(report: Report, ext: str = "html") -> str:
+    safe = "".join(ch if ch.isalnum() or ch in "-_" else "-" for ch in report.name)[:60].strip("-") or "report"
+    return f"{safe}.{ext}"

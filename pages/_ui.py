@@ -1,0 +1,404 @@
+"""Shared Streamlit pieces for the pages: the model pool and store, errors, prices, background jobs,
+and the comparison view (table + charts + Pareto). Pages only draw and collect input; every
+number comes from engine/.
+
+Test hook (documented in docs/DASHBOARD.md): with SCL_TEST_TINY=1 the pool also serves the models
+"tiny" and "tiny-draft", tiny random-init models from tests/tiny.py converted to the asked
+precision, so AppTests can drive every page in seconds. Without the variable nothing changes.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import replace
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import pandas as pd  # noqa: E402
+import streamlit as st  # noqa: E402
+
+from engine import ui_data  # noqa: E402
+from engine.errors import UserError  # noqa: E402
+from engine.runs import ModelPool, run_many  # noqa: E402
+from engine.store import Store, data_dir  # noqa: E402
+
+log = logging.getLogger("scl.dashboard")
+
+TINY_ENV = "SCL_TEST_TINY"
+TINY_MODELS = {"tiny": 0, "tiny-draft": 1}
+MACHINE_GPU_NAME = "this machine"  # the planner's row for this computer; its price is the user's
+DEFAULT_USD_PER_HOUR = 0.10
+MODEL_LABELS = {
+    "default": "default: Qwen2.5-Coder-1.5B-Instruct (target)",
+    "default-draft": "default-draft: Qwen2.5-Coder-0.5B-Instruct (draft, or a small target)",
+    "tiny": "tiny: random-init test model",
+    "tiny-draft": "tiny-draft: random-init test draft",
+}
+
+
+def tiny_enabled() -> bool:
+    return os.environ.get(TINY_ENV) == "1"
+
+
+# ---------------------------------------------------------------- pool and store
+
+def _make_tiny(name: str, spec, device: str):
+    from engine.quant import check_supported, quantize_model, weight_breakdown
+    from tests.tiny import tiny_model
+
+    check_supported(spec, device)
+    lm = tiny_model(seed=TINY_MODELS[name])
+    model = lm.model
+    if spec.precision != "fp32":
+        try:
+            model = quantize_model(model, spec, device)
+        except Exception:  # the tiny model's 32-wide layers are narrower than int4 groups of 64/128
+            model = quantize_model(model, replace(spec, group_size=32), device)
+    extra = {}
+    if "quantized" in type(lm).__dataclass_fields__:  # as engine.loader.load fills it
+        from engine.quant import quantized_fraction
+
+        extra["quantized"] = quantized_fraction(model)
+    out = replace(lm, name=name, spec=spec, model=model, weights=weight_breakdown(model), **extra)
+    _tiny_reference(name, device)
+    return out
+
+
+def _tiny_reference(name: str, device: str) -> None:
+    """Cache the tiny model's fp32 quality reference, as engine.quality would load it for a real model."""
+    from engine import quality
+    from tests.tiny import tiny_model
+
+    ref = replace(tiny_model(seed=TINY_MODELS[name]), name=name)
+    for n in (128, 256, 512):
+        quality.reference_logprobs(name, quality.eval_ids(ref.tokenizer, n), ref_lm=ref)
+
+
+class TinyAwarePool(ModelPool):
+    """A ModelPool that serves the tiny test models by name (only used when SCL_TEST_TINY=1)."""
+
+    def get(self, name, spec, device, progress=None):
+        if name in TINY_MODELS:
+            key = (name, spec, device)
+            with self.lock:
+                if key not in self._models:
+                    self._models[key] = _make_tiny(name, spec, device)
+                self._models.move_to_end(key)
+                return self._models[key]
+        return super().get(name, spec, device, progress)
+
+
+@st.cache_resource(show_spinner=False)
+def get_pool() -> ModelPool:
+    """One pool per server process: every tab shares the loaded models and the generation lock."""
+    return TinyAwarePool(keep=3) if tiny_enabled() else ModelPool(keep=3)
+
+
+@st.cache_resource(show_spinner=False)
+def _store(path: str) -> Store:
+    return Store(path)
+
+
+def get_store() -> Store:
+    return _store(str(data_dir() / "lab.sqlite"))
+
+
+@contextmanager
+def pool_turn(what: str):
+    """Hold the pool's lock (one generation or load at a time), saying so when another run has it."""
+    lock = get_pool().lock
+    if not lock.acquire(blocking=False):
+        note = st.empty()
+        note.info(f"Waiting for the run in progress to finish before {what} (one at a time)…")
+        lock.acquire()
+        note.empty()
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def model_options() -> list[str]:
+    opts = ["default", "default-draft"]
+    return opts + list(TINY_MODELS) if tiny_enabled() else opts
+
+
+def model_label(name: str) -> str:
+    return MODEL_LABELS.get(name, name)
+
+
+# ---------------------------------------------------------------- errors and text
+
+def show_error(e: BaseException) -> None:
+    """Engine errors (UserError) as they are; anything else as one line, the traceback only in the log."""
+    if isinstance(e, UserError):
+        st.error(str(e))
+    else:
+        log.exception("dashboard error")
+        st.error(f"{type(e).__name__}: {e}")
+
+
+_MD_SPECIAL = set("\\`*_{}[]()#+-.!|<>~$")
+
+
+def md_escape(s) -> str:
+    """Text safe to put inside st.markdown: markdown and HTML characters are backslash-escaped."""
+    return "".join("\\" + ch if ch in _MD_SPECIAL else ch for ch in str(s))
+
+
+# ---------------------------------------------------------------- current comparison and price
+
+def current_ids() -> list[str]:
+    return list(st.session_state.get("comparison", []))
+
+
+def set_current(ids: list[str], source: str) -> None:
+    st.session_state["comparison"] = list(dict.fromkeys(ids))
+    st.session_state["comparison_source"] = source
+
+
+def load_records(ids: list[str]):
+    """Records for ids from the store, in order; ids no longer stored are skipped (and reported)."""
+    store, out, missing = get_store(), [], []
+    for i in ids:
+        try:
+            out.append(store.get_run(i))
+        except UserError:
+            missing.append(i)
+    if missing:
+        st.warning(f"{len(missing)} run(s) of the current comparison are no longer in the store; showing the rest.")
+    return out
+
+
+def usd_per_hour() -> float:
+    if "usd_per_hour" not in st.session_state:
+        price = DEFAULT_USD_PER_HOUR
+        try:
+            for ov in get_store().gpu_overrides():
+                if ov.get("name") == MACHINE_GPU_NAME and isinstance(ov.get("price_usd_per_hr"), (int, float)) \
+                        and ov["price_usd_per_hr"] > 0:
+                    price = float(ov["price_usd_per_hr"])
+        except Exception:  # a damaged override table must not hide the page
+            pass
+        st.session_state["usd_per_hour"] = price
+    return float(st.session_state["usd_per_hour"])
+
+
+def price_input(where: str) -> float:
+    """The editable $/hour of this machine; saved as the planner's override for 'this machine'.
+
+    One price for every page: a widget the user did not touch follows a price changed elsewhere
+    (another page, the Cost page's GPU price form), and an edit here is saved for all of them.
+    """
+    key, seen = f"price-{where}", f"price-{where}-seen"
+    cur = usd_per_hour()
+    if key not in st.session_state or (st.session_state.get(seen) == st.session_state[key]
+                                       and abs(st.session_state[key] - cur) > 1e-12):
+        st.session_state[key] = cur
+    v = float(st.number_input("$ per hour for this machine", min_value=0.0001, max_value=10_000.0, step=0.01,
+                              format="%.4f", key=key,
+                              help="What an hour of this machine costs you (cloud price, or power + amortisation). "
+                                   "Used for $ per 1M output tokens and saved for the Cost & capacity planner."))
+    st.session_state[seen] = v
+    if abs(v - cur) > 1e-12:
+        st.session_state["usd_per_hour"] = v
+        try:
+            get_store().set_gpu_override(MACHINE_GPU_NAME, {"price_usd_per_hr": v,
+                                                            "price_source": "set in the dashboard"})
+        except Exception as e:
+            show_error(e)
+    return v
+
+
+# ---------------------------------------------------------------- background jobs (comparison, sweep)
+
+class Job:
+    """run_many in a thread: the page polls it, Cancel stops it before the next run (finished runs stay stored)."""
+
+    def __init__(self, title: str, configs, pool: ModelPool, store: Store):
+        self.title, self.configs, self.pool, self.store = title, list(configs), pool, store
+        self.total = len(self.configs)
+        self.done = 0
+        self.eta_s: float | None = None
+        self.run_ids: list[str] = []
+        self.message = "starting"
+        self.error: str | None = None
+        self.cancel_event = threading.Event()
+        self.finished = False
+        self.started = time.time()
+        self.thread = threading.Thread(target=self._run, name=f"scl-job-{title}", daemon=True)
+
+    def start(self) -> "Job":
+        self.thread.start()
+        return self
+
+    @property
+    def cancelled(self) -> bool:
+        return self.cancel_event.is_set()
+
+    def cancel(self) -> None:
+        self.cancel_event.set()
+        self.message = "cancelling: the run in progress finishes and is kept, the rest are skipped"
+
+    def _progress(self, done, total, eta_s, rec):
+        self.done, self.eta_s = done, eta_s
+        self.run_ids.append(rec.run_id)
+
+    def _say(self, msg: str):
+        if not self.cancelled:
+            self.message = msg
+
+    def _run(self):
+        try:
+            if not self.pool.lock.acquire(blocking=False):
+                self.message = "waiting for another run to finish (the lab runs one generation at a time)"
+                self.pool.lock.acquire()
+            try:
+                run_many(self.configs, self.pool, self.store, on_progress=self._progress,
+                         should_cancel=self.cancel_event.is_set, progress=self._say)
+            finally:
+                self.pool.lock.release()
+        except UserError as e:
+            self.error = str(e)
+        except Exception as e:  # shown as one line on the page; the traceback goes to the server log
+            log.exception("job %s failed", self.title)
+            self.error = f"{type(e).__name__}: {e}"
+        finally:
+            self.message = "finished"
+            self.finished = True
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.thread.join(timeout)
+        return self.finished
+
+
+def job_running(key: str) -> bool:
+    job = st.session_state.get(key)
+    return job is not None and not job.finished
+
+
+def start_job(key: str, title: str, configs) -> Job:
+    job = Job(title, configs, get_pool(), get_store()).start()
+    st.session_state[key] = job
+    return job
+
+
+def job_panel(key: str, poll_s: float = 1.0) -> None:
+    """Progress bar with time left and a Cancel button, refreshed every poll_s while the job runs.
+
+    When the job has finished the fragment asks for a full rerun, so the page draws the results.
+    """
+    if st.session_state.get(key) is None:
+        return
+
+    @st.fragment(run_every=poll_s)
+    def _panel():
+        j: Job = st.session_state[key]
+        if j.finished:
+            st.rerun()
+        frac = (j.done / j.total) if j.total else 1.0
+        st.progress(min(frac, 1.0), text=ui_data.eta_text(j.done, j.total, j.eta_s))
+        st.caption(f"{md_escape(j.title)} · {md_escape(j.message)} · {time.time() - j.started:.0f} s elapsed")
+        if st.button("Cancel", key=f"{key}-cancel", disabled=j.cancelled,
+                     help="Stops after the run in progress; finished runs are already saved."):
+            j.cancel()
+            st.toast("Cancelling after the current run")
+
+    _panel()
+
+
+def job_section(key: str, source: str) -> Job | None:
+    """Draw the job under `key`: its progress while running, how it ended once finished."""
+    job: Job | None = st.session_state.get(key)
+    if job is None:
+        return None
+    if not job.finished:
+        job_panel(key)
+        return job
+    return finish_job(key, source)
+
+
+def finish_job(key: str, source: str) -> Job | None:
+    """When a job has finished: make its runs the current comparison and say how it ended."""
+    job: Job | None = st.session_state.get(key)
+    if job is None or not job.finished:
+        return None
+    if not st.session_state.get(f"{key}-reported") == id(job):
+        st.session_state[f"{key}-reported"] = id(job)
+        if job.run_ids:
+            set_current(job.run_ids, source)
+    if job.error:
+        st.error(job.error)
+    if job.cancelled:
+        st.warning(f"Cancelled: {job.done} of {job.total} runs finished and are kept.")
+    elif not job.error:
+        st.success(f"{job.title}: {job.done} of {job.total} runs finished in {time.time() - job.started:.0f} s.")
+    return job
+
+
+# ---------------------------------------------------------------- the comparison view
+
+TABLE_COLUMNS = ["config", "precision", "draft", "draft_precision", "gamma", "batch", "weights_total_MB",
+                 "peak_rss_MB", "ttft_ms", "tok_ms_p50", "tok_ms_p90", "tok_s", "accept_rate", "accept_len",
+                 "expected_len", "speedup", "quality_loss_kl", "top1", "ppl", "usd_per_1m_out", "bw_eff", "kernels",
+                 "created_at", "run"]
+
+
+def comparison_table(rows: list[dict], key: str) -> None:
+    df = pd.DataFrame(rows)
+    cols = [c for c in TABLE_COLUMNS if c in df.columns and df[c].notna().any()]
+    st.dataframe(df[cols], hide_index=True, key=key, column_config={
+        "weights_total_MB": st.column_config.NumberColumn("weights MB", help="target + draft weights"),
+        "peak_rss_MB": st.column_config.NumberColumn("peak RSS MB"),
+        "ttft_ms": st.column_config.NumberColumn("TTFT ms"),
+        "tok_ms_p50": st.column_config.NumberColumn("ms/token p50"),
+        "tok_ms_p90": st.column_config.NumberColumn("ms/token p90"),
+        "tok_s": st.column_config.NumberColumn("tokens/s"),
+        "usd_per_1m_out": st.column_config.NumberColumn("$/1M out", format="$%.4f"),
+        "quality_loss_kl": st.column_config.NumberColumn("KL vs fp32", format="%.5f"),
+    })
+
+
+def comparison_view(records, key: str, price_where: str | None = None, usd: float | None = None) -> list[dict]:
+    """Sortable table, the metric charts side by side, and the cost-vs-quality Pareto view."""
+    if not records:
+        st.info("No runs to show yet.")
+        return []
+    if usd is None:
+        usd = price_input(price_where or key)
+    rows = ui_data.comparison_rows(records, usd)
+    hl = ui_data.highlights(rows)
+    if hl:
+        st.markdown("\n".join(f"- {md_escape(h)}" for h in hl))
+    comparison_table(rows, key=f"{key}-table")
+    charts = ui_data.available_charts(rows)
+    for i in range(0, len(charts), 2):
+        cols = st.columns(2)
+        for c, (col, title, unit, better) in zip(cols, charts[i:i + 2]):
+            with c:
+                st.plotly_chart(ui_data.bar_figure(rows, col, title, unit, better), key=f"{key}-chart-{col}",
+                                config={"displaylogo": False})
+    missing = ui_data.missing_charts(rows)
+    if missing:
+        st.caption("Not measured in these runs: " + md_escape(", ".join(missing))
+                   + ". Quality needs the quality option; acceptance needs a draft.")
+    pf = ui_data.pareto_figure(rows)
+    if pf is not None:
+        axes = ui_data.pareto_axes(rows)
+        st.plotly_chart(pf, key=f"{key}-pareto", config={"displaylogo": False})
+        if axes and axes[1] != "quality_loss_kl":
+            st.caption("Quality was not measured, so the frontier is cost vs memory. Tick 'measure quality' to see "
+                       "cost vs quality.")
+    return rows
+
+
+def page_header(title: str, blurb: str) -> None:
+    st.title(title)
+    st.caption(blurb)

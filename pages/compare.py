@@ -1,0 +1,91 @@
+"""Compare: sweep target precision × draft × draft precision × gamma × batch, or pick stored runs."""
+import sys
+from pathlib import Path
+
+ROOT = str(Path(__file__).resolve().parent.parent)
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+import streamlit as st  # noqa: E402
+
+from pages import _ui  # noqa: E402
+from engine import ui_data  # noqa: E402
+from engine.quant import PRECISIONS  # noqa: E402
+from engine.runs import RunConfig, sweep_configs  # noqa: E402
+from engine.speculative import DRAFT_KINDS, MAX_GAMMA  # noqa: E402
+
+JOB = "sweep-job"
+
+_ui.page_header("Compare (sweep)", "Every combination you tick is measured on this machine and stored as it "
+                "finishes; cancel keeps what is done. Or pick runs you measured before.")
+
+tab_sweep, tab_pick = st.tabs(["New sweep", "Pick stored runs"])
+
+with tab_sweep:
+    a, b, c = st.columns(3)
+    with a:
+        model = st.selectbox("Target model", _ui.model_options(), format_func=_ui.model_label, key="cmp-model")
+        precisions = st.multiselect("Target precisions", PRECISIONS, default=["fp32", "int8", "int4"],
+                                    key="cmp-precisions")
+        batches = st.multiselect("Batch sizes", [1, 2, 4, 8, 16, 32, 64], default=[1], key="cmp-batches")
+    with b:
+        drafts = st.multiselect("Drafts", list(DRAFT_KINDS), default=["none", "model"], key="cmp-drafts")
+        opts = _ui.model_options()
+        dm_default = "tiny-draft" if model == "tiny" and "tiny-draft" in opts else "default-draft"
+        draft_model = st.selectbox("Draft model (for 'model')", opts, index=opts.index(dm_default),
+                                   format_func=_ui.model_label, key="cmp-draft-model")
+        draft_precisions = st.multiselect("Draft precisions (model and self)", PRECISIONS, default=["int4"],
+                                          key="cmp-draft-precisions")
+    with c:
+        gammas = st.multiselect("Gammas", list(range(1, MAX_GAMMA + 1)), default=[4], key="cmp-gammas")
+        max_new = st.number_input("New tokens per run", 1, 1024, 32, key="cmp-tokens")
+        quality = st.checkbox("Measure quality vs fp32", value=False, key="cmp-quality",
+                              help="Adds a 256-token evaluation per run; needed for the cost-vs-quality frontier.")
+
+    cfgs, problem = [], None
+    try:
+        base = RunConfig(model=model, draft_model=draft_model, max_new_tokens=int(max_new), quality=bool(quality))
+        if not precisions or not drafts or not batches:
+            problem = "pick at least one target precision, one draft kind (none counts) and one batch size"
+        elif any(d in ("model", "self") for d in drafts) and not draft_precisions:
+            problem = "pick a draft precision for the model/self drafts"
+        elif any(d != "none" for d in drafts) and not gammas:
+            problem = "pick at least one gamma for the drafts"
+        else:
+            cfgs = [x.validate() for x in sweep_configs(base, precisions, drafts, draft_precisions or ["int4"],
+                                                        gammas or [4], batches)]
+    except Exception as e:
+        _ui.show_error(e)
+    if problem:
+        st.warning(f"Nothing to run yet: {problem}.")
+    else:
+        st.caption(f"{len(cfgs)} run(s) in this grid. Models are loaded once and kept (up to 3 at a time).")
+    running = _ui.job_running(JOB)
+    if st.button("Run sweep", type="primary", disabled=running or not cfgs, key="cmp-run"):
+        _ui.start_job(JOB, f"sweep of {len(cfgs)} runs", cfgs)
+        st.rerun()
+    _ui.job_section(JOB, "sweep")
+
+with tab_pick:
+    try:
+        recs = _ui.get_store().list_runs(limit=500)
+    except Exception as e:
+        recs = []
+        _ui.show_error(e)
+    if not recs:
+        st.info("No stored runs yet.")
+    else:
+        labels = {r.run_id: ui_data.run_choice_label(r) for r in recs}
+        picked = st.multiselect("Stored runs (newest first)", list(labels), format_func=labels.get,
+                                default=[i for i in _ui.current_ids() if i in labels], key="cmp-picked")
+        if st.button("Use these as the current comparison", disabled=not picked, key="cmp-use"):
+            _ui.set_current(picked, "picked runs")
+            st.toast(f"{len(picked)} runs are now the current comparison")
+
+st.divider()
+ids = _ui.current_ids()
+st.subheader(f"Current comparison ({len(ids)} runs)")
+if ids:
+    _ui.comparison_view(_ui.load_records(ids), key="cmp", price_where="cmp")
+else:
+    st.info("Run a sweep, or pick stored runs, to fill the comparison.")

@@ -1,0 +1,176 @@
+"""Cost & capacity: $ per 1M output tokens from measured tokens/s, and the GPU planner for a workload."""
+import sys
+from pathlib import Path
+
+ROOT = str(Path(__file__).resolve().parent.parent)
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+import pandas as pd  # noqa: E402
+import plotly.graph_objects as go  # noqa: E402
+import streamlit as st  # noqa: E402
+
+from pages import _ui  # noqa: E402
+from engine import ui_data  # noqa: E402
+
+_ui.page_header("Cost & capacity", "What the measured speed costs on this machine, and what a workload would "
+                "cost on production GPUs.")
+store = _ui.get_store()
+
+# ---------------------------------------------------------------- measured
+st.subheader("Measured on this machine")
+ids = _ui.current_ids()
+recs = _ui.load_records(ids) if ids else []
+if not recs:
+    try:
+        recs = [r for r in store.list_runs(limit=20) if (r.metrics or {}).get("decode_tok_s")]
+    except Exception as e:
+        _ui.show_error(e)
+    if recs:
+        st.caption("No current comparison: showing the 20 most recent stored runs.")
+c1, c2 = st.columns(2)
+with c1:
+    usd = _ui.price_input("cost")
+with c2:
+    per_day = st.number_input("Output tokens you need per day", min_value=1.0, value=1_000_000.0, step=100_000.0,
+                              format="%.0f", key="cost-per-day")
+if not recs:
+    st.info("No measured runs yet: run the default comparison on Home or a sweep on Compare.")
+else:
+    try:
+        rows = ui_data.comparison_rows(recs, usd)
+        cap = ui_data.capacity_rows(rows, usd, per_day)
+        st.dataframe(pd.DataFrame(cap), hide_index=True, key="cost-capacity", column_config={
+            "usd_per_1m_out": st.column_config.NumberColumn("$/1M out", format="$%.4f"),
+            "usd_per_month": st.column_config.NumberColumn("$/month", format="$%.2f"),
+            "utilization": st.column_config.ProgressColumn("busy", min_value=0.0, max_value=1.0, format="percent")})
+        fig = ui_data.bar_figure(rows, "usd_per_1m_out", "$ per 1M output tokens on this machine", "USD", "lower")
+        st.plotly_chart(fig, key="cost-chart", config={"displaylogo": False})
+        st.caption("$ per 1M output tokens = $/hour ÷ (tokens/s × 3600) × 10⁶ at the measured decode speed, with the "
+                   "machine busy all the time. Machines = ⌈tokens per day ÷ (tokens/s × 86 400)⌉.")
+    except Exception as e:
+        _ui.show_error(e)
+
+# ---------------------------------------------------------------- planner
+st.divider()
+st.subheader("Plan GPUs for a workload")
+try:
+    from engine import planner, shapes
+    from engine.hardware_catalog import load_gpus, price_table
+
+    PLANNER = True
+except Exception as e:  # the planner is optional: the measured section above still stands
+    PLANNER = False
+    st.warning(f"The planner is not available in this build ({type(e).__name__}: {e}); only measured costs are "
+               "shown.")
+
+if PLANNER:
+    try:
+        models = shapes.load_models()
+        overrides = store.gpu_overrides()
+        stored = [r.to_dict() for r in store.list_runs(limit=1000)]
+        cal = planner.calibrate(stored) if stored else None
+        probe = {"mem_bw_gbs": cal.machine_bw_gbs} if cal and cal.machine_bw_gbs else None
+        gpus = load_gpus(overrides, probe)
+    except Exception as e:
+        _ui.show_error(e)
+        st.stop()
+    gpu_names = [g.name for g in gpus.values() if g.kind == "gpu"]
+    model_names = list(models)
+    default_model = "qwen2.5-coder-1.5b" if "qwen2.5-coder-1.5b" in models else model_names[0]
+    with st.form("cost-plan"):
+        a, b, c = st.columns(3)
+        with a:
+            model = st.selectbox("Model", model_names, index=model_names.index(default_model), key="plan-model")
+            rate = st.number_input("Requests per second", min_value=0.001, value=5.0, step=1.0, key="plan-rate")
+            use_cal = st.checkbox("Use the lab's measurements (calibration)", value=cal is not None,
+                                  disabled=cal is None, key="plan-cal",
+                                  help="Acceptance rates and efficiency fits from your stored runs.")
+        with b:
+            inp = st.number_input("Input tokens per request", min_value=1, value=1024, step=128, key="plan-in")
+            out = st.number_input("Output tokens per request", min_value=1, value=256, step=64, key="plan-out")
+            spec = st.selectbox("Speculative decoding", ["auto", "off", "on"], key="plan-spec",
+                                help="auto plans with and without a draft.")
+        with c:
+            ttft = st.number_input("TTFT p90 SLO (ms)", min_value=1.0, value=2000.0, step=100.0, key="plan-ttft")
+            tpot = st.number_input("Time per output token p90 SLO (ms)", min_value=0.1, value=50.0, step=5.0,
+                                   key="plan-tpot")
+            sel_gpus = st.multiselect("GPUs (empty = all)", gpu_names, key="plan-gpus")
+        precs = st.multiselect("Precisions (empty = all)", list(shapes.PRECISIONS), default=["bf16", "fp8", "int8",
+                                                                                          "int4"],
+                               key="plan-precisions")
+        go_plan = st.form_submit_button("Plan", type="primary")
+    if go_plan:
+        try:
+            w = planner.Workload(model=model, request_rate=float(rate), input_tokens=int(inp), output_tokens=int(out),
+                                 ttft_p90_s=float(ttft) / 1e3, tpot_p90_s=float(tpot) / 1e3,
+                                 gpus=sel_gpus or None, precisions=precs or None, spec=spec)
+            res = planner.plan(w, gpus=gpus, models=models, calibration=cal if use_cal else None)
+            st.session_state["plan-result"] = res.to_dict()
+        except Exception as e:
+            st.session_state.pop("plan-result", None)
+            _ui.show_error(e)
+    res = st.session_state.get("plan-result")
+    if res:
+        best = res.get("best")
+        if best:
+            m = st.columns([2, 1, 1, 1])
+            m[0].metric("Cheapest plan that meets the SLOs", best.get("label", ""))
+            m[1].metric("$ per month", f"${best['usd_per_month']:,.0f}" if best.get("usd_per_month") else "n/a")
+            m[2].metric("$ per 1M output tokens", f"${best['usd_per_1m_output']:.4f}"
+                        if best.get("usd_per_1m_output") else "n/a")
+            m[3].metric("GPUs", best.get("gpus_total", "n/a"))
+        else:
+            st.warning("No plan meets these SLOs; the reasons are in the table.")
+        rows = ui_data.plan_rows(res["plans"])
+        feas = [r for r in rows if r["feasible"]]
+        if feas:
+            top = feas[:12]
+            fig = go.Figure(go.Bar(x=[ui_data._safe(r["plan"]) for r in top], y=[r["usd_per_month"] for r in top],
+                                   marker_color="#4c6ef5"))
+            fig.update_layout(title="Cheapest feasible plans ($/month)", height=340,
+                              margin=dict(l=40, r=10, t=50, b=110), xaxis=dict(tickangle=-30))
+            st.plotly_chart(fig, key="plan-chart", config={"displaylogo": False})
+        show_all = st.checkbox("Show infeasible plans too", value=not feas, key="plan-all")
+        st.dataframe(pd.DataFrame(rows if show_all else feas), hide_index=True, key="plan-table")
+        for n in res.get("notes") or []:
+            st.caption("Note: " + _ui.md_escape(n))
+        if best and best.get("why"):
+            with st.expander(f"Why {best.get('label', '')}: the formula terms"):
+                st.dataframe(pd.DataFrame(best["why"]), hide_index=True, key="plan-why")
+        if best and best.get("assumptions"):
+            with st.expander("Assumptions"):
+                st.markdown("\n".join(f"- {_ui.md_escape(x)}" for x in best["assumptions"]))
+
+    st.subheader("GPU prices")
+    try:
+        pt = pd.DataFrame(price_table(gpus))
+        st.dataframe(pt, hide_index=True, key="gpu-prices")
+    except Exception as e:
+        _ui.show_error(e)
+    with st.form("gpu-override"):
+        o1, o2, o3 = st.columns([2, 1, 2])
+        og = o1.selectbox("GPU", list(gpus), key="ov-gpu")
+        op = o2.number_input("Your $/GPU-hour", min_value=0.0, value=1.0, step=0.1, key="ov-price")
+        osrc = o3.text_input("Source (e.g. our contract)", value="my price", key="ov-src", max_chars=200)
+        if st.form_submit_button("Save price"):
+            try:
+                fields = {"price_usd_per_hr": float(op), "price_source": osrc}
+                load_gpus(overrides + [{"name": og, **fields}])  # refuse a bad override before storing it
+                store.set_gpu_override(og, fields)
+                if og == _ui.MACHINE_GPU_NAME:
+                    st.session_state["usd_per_hour"] = float(op)
+                st.session_state["ov-saved"] = f"Saved: {og} at ${op:.2f}/hour. Plans use it from now on."
+                st.rerun()
+            except Exception as e:
+                _ui.show_error(e)
+    saved_msg = st.session_state.pop("ov-saved", None)
+    if saved_msg:
+        st.success(_ui.md_escape(saved_msg))
+    if overrides:
+        names = [o["name"] for o in overrides]
+        d1, d2 = st.columns([2, 1])
+        gone = d1.selectbox("Your overrides", names, key="ov-del-name")
+        if d2.button("Remove override", key="ov-del"):
+            store.delete_gpu_override(gone)
+            st.rerun()

@@ -1,0 +1,145 @@
+"""Speculative playground: stream a generation with each token coloured by where it came from."""
+import sys
+import time
+from pathlib import Path
+
+ROOT = str(Path(__file__).resolve().parent.parent)
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+import streamlit as st  # noqa: E402
+
+from pages import _ui  # noqa: E402
+from engine import ui_data  # noqa: E402
+from engine.quant import PRECISIONS  # noqa: E402
+from engine.runs import RunConfig, default_prompts  # noqa: E402
+from engine.speculative import MAX_GAMMA  # noqa: E402
+
+_ui.page_header("Speculative playground", "A draft proposes gamma tokens, the target checks them in one pass and "
+                "keeps the longest agreeing prefix plus one token of its own. The output is exactly what the "
+                "target alone would produce; only the speed changes.")
+
+DRAFTS = {"none": "none (target only)", "model": "another model (draft model)",
+          "self": "self-draft (the target's own weights at lower precision)", "ngram": "n-gram prompt lookup"}
+PREC = [p for p in PRECISIONS]
+
+with st.form("pg-form"):
+    a, b = st.columns(2)
+    with a:
+        st.markdown("**Target**")
+        model = st.selectbox("Target model", _ui.model_options(), format_func=_ui.model_label, key="pg-model")
+        precision = st.selectbox("Target precision", PREC, index=PREC.index("int4"), key="pg-precision")
+        st.markdown("**Sampling**")
+        s1, s2 = st.columns(2)
+        temperature = s1.number_input("Temperature (0 = greedy)", 0.0, 5.0, 0.0, 0.1, key="pg-temp")
+        seed = s2.number_input("Seed", 0, 2**31 - 1, 0, key="pg-seed")
+        s3, s4 = st.columns(2)
+        top_k = s3.number_input("Top-k (0 = off)", 0, 1000, 0, key="pg-topk")
+        top_p = s4.number_input("Top-p (1 = off)", 0.01, 1.0, 1.0, 0.05, key="pg-topp")
+    with b:
+        st.markdown("**Draft**")
+        draft = st.selectbox("Draft kind", list(DRAFTS), index=1, format_func=DRAFTS.get, key="pg-draft")
+        opts = _ui.model_options()
+        dm_default = "tiny-draft" if model == "tiny" and "tiny-draft" in opts else "default-draft"
+        draft_model = st.selectbox("Draft model (for 'another model')", opts, index=opts.index(dm_default),
+                                   format_func=_ui.model_label, key="pg-draft-model")
+        draft_precision = st.selectbox("Draft precision (model and self)", PREC, index=PREC.index("int4"),
+                                       key="pg-draft-precision")
+        g1, g2 = st.columns(2)
+        gamma = g1.slider("Gamma (draft tokens per round)", 1, MAX_GAMMA, 4, key="pg-gamma")
+        adaptive = g2.checkbox("Adaptive gamma", value=False, key="pg-adaptive",
+                               help="Grow gamma after a fully accepted round, shrink it after a rejection.")
+        baseline = st.checkbox("Also time the same target without speculation", value=True, key="pg-baseline")
+        max_new = st.number_input("New tokens", 1, 1024, 48, key="pg-tokens")
+    prompt = st.text_area("Prompt", value=default_prompts()[0], height=100, key="pg-prompt")
+    go = st.form_submit_button("Generate", type="primary")
+
+st.markdown(ui_data.legend_html(), unsafe_allow_html=True)
+stream_box = st.empty()
+status_box = st.empty()
+
+if go:
+    cfg = RunConfig(model=model, precision=precision, draft=draft, draft_model=draft_model,
+                    draft_precision=draft_precision, gamma=int(gamma), adaptive_gamma=bool(adaptive),
+                    prompt=prompt, max_new_tokens=int(max_new), temperature=float(temperature), top_k=int(top_k),
+                    top_p=float(top_p), seed=int(seed), baseline=bool(baseline) and draft != "none")
+    pieces: list[tuple[str, str]] = []
+    last = [0.0]
+
+    def on_token(i, tid, text, origin):
+        if i != 0:
+            return
+        pieces.append((text, origin))
+        now = time.perf_counter()
+        if now - last[0] > 0.1:  # redraw at most ~10 times a second
+            last[0] = now
+            stream_box.markdown(ui_data.token_spans_html(pieces), unsafe_allow_html=True)
+
+    try:
+        from engine.runs import execute
+
+        cfg.validate()
+        with _ui.pool_turn("generating"):
+            rec = execute(cfg, _ui.get_pool(), _ui.get_store(), progress=lambda s: status_box.caption(s),
+                          on_token=on_token)
+        st.session_state["pg-last"] = {"run_id": rec.run_id, "pieces": pieces}
+        status_box.empty()
+    except Exception as e:
+        status_box.empty()
+        _ui.show_error(e)
+
+last_run = st.session_state.get("pg-last")
+if not last_run:
+    stream_box.info("Set up a target and a draft, then press **Generate**. Tokens appear as they are produced.")
+    st.stop()
+
+try:
+    rec = _ui.get_store().get_run(last_run["run_id"])
+except Exception as e:
+    _ui.show_error(e)
+    st.stop()
+stream_box.markdown(ui_data.token_spans_html(last_run["pieces"]), unsafe_allow_html=True)
+counts = ui_data.origin_counts([o for _, o in last_run["pieces"]])
+st.caption(" · ".join(f"{ui_data.ORIGINS[k][0]}: {v}" for k, v in counts.items() if k in ui_data.ORIGINS))
+
+m = rec.metrics
+summary = ui_data.spec_summary(rec)
+c = st.columns(4)
+c[0].metric("Tokens/s", f"{m['decode_tok_s']:.2f}" if m.get("decode_tok_s") else "n/a")
+c[1].metric("TTFT", f"{m['ttft_s'] * 1000:.0f} ms" if m.get("ttft_s") is not None else "n/a")
+if summary:
+    c[2].metric("Without speculation", f"{summary['baseline_tok_s']:.2f} tok/s" if summary["baseline_tok_s"] else
+                "not timed", f"{(summary['speedup'] - 1) * 100:+.0f}% ({summary['speedup']:.2f}x)" if summary["speedup"]
+                else None, help="The same target, prompt and settings, timed without a draft in this run.")
+    c[3].metric("Acceptance rate", f"{summary['acceptance_rate']:.0%}" if summary["acceptance_rate"] is not None
+                else "n/a")
+    d = st.columns(3)
+    d[0].metric("Mean acceptance length", f"{summary['mean_acceptance_length']:.2f}"
+                if summary["mean_acceptance_length"] else "n/a",
+                help="Tokens emitted per target pass, counting the bonus/resampled token.")
+    d[1].metric("Theoretical (1-a^(g+1))/(1-a)", f"{summary['theoretical_length']:.2f}"
+                if summary["theoretical_length"] else "n/a",
+                help="What i.i.d. acceptance at the measured rate a and the mean gamma g predicts.")
+    d[2].metric("Draft vs verify time", f"{summary['draft_s']:.2f} s / {summary['verify_s']:.2f} s"
+                if summary["draft_s"] is not None else "n/a")
+    rows = ui_data.acceptance_rows(m.get("spec"))
+    p1, p2 = st.columns(2)
+    with p1:
+        if rows:
+            st.plotly_chart(ui_data.acceptance_figure(rows), key="pg-accept", config={"displaylogo": False})
+    with p2:
+        st.plotly_chart(ui_data.expected_length_figure(summary["acceptance_rate"], summary["mean_acceptance_length"],
+                                                       summary["mean_gamma"]), key="pg-expected",
+                        config={"displaylogo": False})
+else:
+    c[2].metric("Token latency p50", f"{m['token_latency_ms_median']:.1f} ms"
+                if m.get("token_latency_ms_median") else "n/a")
+    st.caption("No draft: every token came from the target. Pick a draft kind to see acceptance.")
+
+b1, b2 = st.columns([1, 3])
+if b1.button("Add to current comparison", key="pg-add"):
+    _ui.set_current(_ui.current_ids() + [rec.run_id], "playground")
+    st.toast("Added to the current comparison")
+b2.caption(f"Run {rec.run_id} · {_ui.md_escape(rec.label)} · stored")
+with st.expander("Full text"):
+    st.text(rec.output.get("texts", [""])[0] if rec.output.get("texts") else "")

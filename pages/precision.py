@@ -1,0 +1,151 @@
+"""Precision: load a model at a precision, see where its memory goes, and measure quality vs fp32."""
+import sys
+from pathlib import Path
+
+ROOT = str(Path(__file__).resolve().parent.parent)
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+import pandas as pd  # noqa: E402
+import streamlit as st  # noqa: E402
+
+from pages import _ui  # noqa: E402
+from engine import ui_data  # noqa: E402
+from engine.quant import DESCRIPTIONS, GROUP_SIZES, PRECISIONS  # noqa: E402
+
+_ui.page_header("Precision", "Load a model at a precision: memory by layer type, KV cache for your context and "
+                "batch, load time, and what the precision costs in quality against fp32.")
+
+c1, c2, c3 = st.columns([2, 2, 1])
+with c1:
+    model = st.selectbox("Model", _ui.model_options(), format_func=_ui.model_label, key="prec-model")
+with c2:
+    precision = st.selectbox("Precision", PRECISIONS, index=PRECISIONS.index("int4"),
+                             format_func=lambda p: f"{p} – {DESCRIPTIONS[p]}", key="prec-precision")
+with c3:
+    group = st.selectbox("int4 group size", GROUP_SIZES, index=GROUP_SIZES.index(64), key="prec-group",
+                         disabled=precision != "int4")
+with st.expander("Advanced"):
+    q_emb = st.checkbox("Quantize the embedding table too", value=False, key="prec-qemb")
+    q_head = st.checkbox("Quantize the output head", value=True, key="prec-qhead")
+
+
+def _facts(lm) -> dict:
+    import torch
+
+    c = lm.cfg
+    return {"name": lm.name, "label": lm.label, "precision": lm.spec.label, "spec": lm.spec, "device": lm.device,
+            "weights": dict(lm.weights), "weight_bytes": lm.weight_bytes, "load_s": lm.load_s,
+            "num_layers": c.num_layers, "num_kv_heads": c.num_kv_heads, "head_dim": c.head_dim,
+            "num_heads": c.num_heads, "hidden": c.hidden_size, "intermediate": c.intermediate_size,
+            "vocab": c.vocab_size, "max_position": c.max_position,
+            "dtype_bytes": torch.finfo(lm.model.compute_dtype).bits // 8, "dtype": str(lm.model.compute_dtype),
+            "quantized": dict(getattr(lm, "quantized", None) or {})}
+
+
+if st.button("Load", type="primary", key="prec-load"):
+    try:
+        from engine.loader import make_spec, resolve_device
+
+        spec = make_spec(precision, int(group), q_emb, q_head)
+        device = resolve_device("auto")
+        with _ui.pool_turn("loading"), st.status(f"Loading {model} at {spec.label}…", expanded=False) as status:
+            lm = _ui.get_pool().get(model, spec, device, progress=lambda s: status.update(label=s))
+            status.update(label=f"Loaded {lm.label}", state="complete")
+        facts = _facts(lm)
+        st.session_state["prec-loaded"] = facts
+        hist = [h for h in st.session_state.get("prec-history", []) if h["label"] != facts["label"]]
+        hist.append({"label": facts["label"], "weights": facts["weights"], "weights_MB": facts["weight_bytes"] / 1e6,
+                     "load_s": facts["load_s"]})
+        st.session_state["prec-history"] = hist
+    except Exception as e:
+        _ui.show_error(e)
+
+f = st.session_state.get("prec-loaded")
+if not f:
+    st.info("Choose a model and a precision, then press **Load**. Loading converts the weights for real; "
+            "nothing is simulated.")
+    st.stop()
+
+st.subheader(f"{f['label']} on {f['device']}")
+m1, m2, m3, m4 = st.columns(4)
+m1.metric("Weights", f"{f['weight_bytes'] / 1e6:,.1f} MB")
+m2.metric("Load time", f"{f['load_s']:.2f} s", help="Reading and converting the weights, when this model was "
+          "first loaded in this server (later loads reuse the pool).")
+m3.metric("Layers × KV heads × head dim", f"{f['num_layers']} × {f['num_kv_heads']} × {f['head_dim']}")
+m4.metric("Compute dtype", f["dtype"].replace("torch.", ""))
+qf = f.get("quantized") or {}
+if qf.get("fp32_bytes"):
+    st.caption(f"Quantized layers hold {qf['quantized_bytes'] / 1e6:,.1f} MB, {qf['ratio']:.3f} of the same layers in "
+               f"fp32 ({qf['fp32_bytes'] / 1e6:,.1f} MB).")
+
+st.markdown("#### Memory breakdown")
+k1, k2 = st.columns(2)
+with k1:
+    ctx_opts = [c for c in (256, 512, 1024, 2048, 4096, 8192, 16384, 32768) if c <= max(f["max_position"], 256)]
+    context = st.select_slider("Context (tokens)", ctx_opts, value=2048 if 2048 in ctx_opts else ctx_opts[-1],
+                               key="prec-context")
+with k2:
+    batch = st.select_slider("Batch", [1, 2, 4, 8, 16, 32, 64], value=1, key="prec-batch")
+try:
+    kv = ui_data.kv_cache_bytes(f["num_layers"], f["num_kv_heads"], f["head_dim"], int(context), int(batch),
+                                f["dtype_bytes"])
+    act = ui_data.activation_bytes(f["hidden"], f["intermediate"], f["vocab"], f["num_heads"], int(context),
+                                   int(batch), f["dtype_bytes"])
+    breakdown = ui_data.memory_breakdown(f["weights"], kv, act)
+    st.plotly_chart(ui_data.memory_figure(breakdown, f"{f['label']}, context {context}, batch {batch}"),
+                    key="prec-mem-chart", config={"displaylogo": False})
+    st.dataframe(pd.DataFrame(breakdown)[["part", "MB", "share"]], hide_index=True, key="prec-mem-table",
+                 column_config={"share": st.column_config.ProgressColumn("share", min_value=0.0, max_value=1.0,
+                                                                         format="percent")})
+    st.caption("KV cache = 2 × layers × KV heads × head dim × context × batch × bytes per value "
+               f"({f['dtype_bytes']} here). Activations: an upper-bound estimate of one prefill's workspace (hidden "
+               "states and projections per token, one layer's attention matrix, the last logits).")
+    grid = ui_data.kv_grid(f["num_layers"], f["num_kv_heads"], f["head_dim"], ctx_opts, [1, 4, 16, 64],
+                           f["dtype_bytes"])
+    with st.expander("KV cache for every context × batch"):
+        st.plotly_chart(ui_data.kv_figure(grid), key="prec-kv-chart", config={"displaylogo": False})
+except Exception as e:
+    _ui.show_error(e)
+
+st.markdown("#### Quality vs fp32")
+q1, q2 = st.columns([1, 3])
+with q1:
+    q_tokens = st.selectbox("Eval tokens", [128, 256, 512], index=1, key="prec-qtokens")
+    run_q = st.button("Measure quality", key="prec-quality",
+                      help="Perplexity, KL(fp32 || this) and top-1 agreement on data/eval.txt. The fp32 reference "
+                           "is computed once per model and cached.")
+if run_q:
+    try:
+        from engine.loader import make_spec
+        from engine.quality import evaluate
+
+        with _ui.pool_turn("measuring quality"), st.spinner("Measuring quality against fp32…"):
+            pool = _ui.get_pool()
+            lm = pool.get(f["name"], f["spec"], f["device"])
+            ref = pool.get(f["name"], make_spec("fp32"), f["device"]) if f["name"] in _ui.TINY_MODELS else None
+            qres = evaluate(lm, int(q_tokens), ref_lm=ref)
+        st.session_state["prec-qres"] = {"label": f["label"], **qres}
+        for h in st.session_state.get("prec-history", []):
+            if h["label"] == f["label"]:
+                h.update(kl_mean=qres["kl_mean"], top1=qres["top1_agreement"], ppl=qres["perplexity"])
+    except Exception as e:
+        _ui.show_error(e)
+q = st.session_state.get("prec-qres")
+with q2:
+    if q and q["label"] == f["label"]:
+        a, b, c, d = st.columns(4)
+        a.metric("Perplexity", f"{q['perplexity']:.3f}", f"{q['perplexity'] - q['ref_perplexity']:+.3f} vs fp32",
+                 delta_color="inverse")
+        b.metric("KL mean", f"{q['kl_mean']:.5f}")
+        c.metric("KL p99", f"{q['kl_p99']:.4f}")
+        d.metric("Top-1 agreement", f"{q['top1_agreement']:.2%}")
+        st.caption(f"On {q['tokens']} tokens of {_ui.md_escape(q.get('eval_text', 'eval.txt'))}.")
+    else:
+        st.caption("Press **Measure quality** to compare this precision with fp32.")
+
+hist = st.session_state.get("prec-history", [])
+if len(hist) > 1:
+    st.markdown("#### Precisions loaded in this session")
+    st.dataframe(pd.DataFrame([{k: v for k, v in h.items() if k != "weights"} for h in hist]), hide_index=True,
+                 key="prec-history-table")

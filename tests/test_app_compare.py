@@ -1,0 +1,147 @@
+"""Compare page: a sweep with progress and cancel, picking stored runs, the table, charts and Pareto view."""
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+ROOT = Path(__file__).resolve().parent.parent
+TIMEOUT = 180
+
+
+@pytest.fixture(autouse=True)
+def app_env(tmp_path, tmp_path_factory, monkeypatch):
+    """Tiny models (SCL_TEST_TINY=1), a fresh store per test, one scratch model cache per session."""
+    monkeypatch.setenv("SCL_TEST_TINY", "1")
+    monkeypatch.setenv("SCL_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("SCL_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "scl-app-cache"))
+    yield tmp_path
+
+
+def problems(at) -> list[str]:
+    """Exceptions (tracebacks) and error boxes on the page."""
+    return [e.value for e in at.exception] + [e.value for e in at.error]
+
+
+def frame(at, *columns):
+    """The first dataframe on the page that has all these columns."""
+    for d in at.dataframe:
+        if all(c in d.value.columns for c in columns):
+            return d.value
+    raise AssertionError(f"no table with columns {columns}")
+
+
+PAGE = str(ROOT / "pages/compare.py")
+
+
+def setup_sweep(at, precisions=("fp32", "int8"), drafts=("none", "ngram"), gammas=(2,), tokens=8, quality=False):
+    at.selectbox(key="cmp-model").set_value("tiny")
+    at.multiselect(key="cmp-precisions").set_value(list(precisions))
+    at.multiselect(key="cmp-drafts").set_value(list(drafts))
+    at.multiselect(key="cmp-gammas").set_value(list(gammas))
+    at.number_input(key="cmp-tokens").set_value(tokens)
+    at.checkbox(key="cmp-quality").set_value(quality)
+    return at.run()
+
+
+def test_empty_page():
+    at = AppTest.from_file(PAGE, default_timeout=TIMEOUT).run()
+    assert not problems(at)
+    assert any("Run a sweep, or pick stored runs" in i.value for i in at.info)
+    assert any("No stored runs yet" in i.value for i in at.info)
+
+
+def test_sweep_runs_the_grid_and_draws_everything():
+    at = setup_sweep(AppTest.from_file(PAGE, default_timeout=TIMEOUT).run(), quality=True)
+    assert any("4 run(s) in this grid" in c.value for c in at.caption)
+    at.button(key="cmp-run").click().run()
+    job = at.session_state["sweep-job"]
+    assert job.wait(TIMEOUT)
+    at.run()
+    assert not problems(at)
+    assert any("4 of 4 runs finished" in s.value for s in at.success)
+    t = frame(at, "config", "tok_s", "usd_per_1m_out")
+    assert len(t) == 4 and set(t["draft"]) == {"none", "ngram"}
+    assert t["quality_loss_kl"].notna().all()
+    charts = at.get("plotly_chart")
+    assert len(charts) >= 8
+    # the Pareto figure marks its frontier
+    import json
+
+    figs = [json.loads(c.proto.spec) for c in charts]
+    pareto = [f for f in figs if "frontier" in json.dumps(f.get("layout", {}).get("title", ""))]
+    assert pareto and any(tr.get("name") == "Pareto frontier" for tr in pareto[0]["data"])
+
+
+def test_cancel_keeps_finished_runs():
+    from pages import _ui
+
+    at = setup_sweep(AppTest.from_file(PAGE, default_timeout=TIMEOUT).run(), precisions=("fp32", "int8", "int4"))
+    lock = _ui.get_pool().lock
+    lock.acquire()  # hold the pool so the sweep waits; let exactly one run through, then cancel
+    try:
+        at.button(key="cmp-run").click().run()
+        job = at.session_state["sweep-job"]
+        assert "waiting for another run" in job.message or job.message == "starting"
+        assert any(b.label == "Cancel" for b in at.button)
+        orig = job._progress
+
+        def progress_then_cancel(*a):
+            orig(*a)
+            job.cancel()  # what the Cancel button does, right after the first run is stored
+
+        job._progress = progress_then_cancel
+    finally:
+        lock.release()
+    assert job.wait(TIMEOUT)
+    at.run()
+    assert not problems(at)
+    assert any("Cancelled: 1 of 6 runs finished and are kept" in w.value for w in at.warning)
+    assert len(at.session_state["comparison"]) == 1
+    stored = [r.run_id for r in _ui.get_store().list_runs()]
+    assert stored == job.run_ids
+
+
+def test_cancel_button_sets_the_flag():
+    from pages import _ui
+
+    at = setup_sweep(AppTest.from_file(PAGE, default_timeout=TIMEOUT).run())
+    lock = _ui.get_pool().lock
+    lock.acquire()
+    try:
+        at.button(key="cmp-run").click().run()
+        job = at.session_state["sweep-job"]
+        assert at.button(key="cmp-run").disabled  # one sweep at a time per session
+        assert len(at.get("progress")) == 1  # the progress bar with the time left
+        at.button(key="sweep-job-cancel").click().run()
+        assert job.cancelled
+    finally:
+        lock.release()
+    assert job.wait(TIMEOUT)
+    at.run()
+    assert any("Cancelled: 0 of 4" in w.value for w in at.warning)
+
+
+def test_invalid_grid_says_what_is_missing():
+    at = AppTest.from_file(PAGE, default_timeout=TIMEOUT).run()
+    at.multiselect(key="cmp-precisions").set_value([]).run()
+    assert any("pick at least one target precision" in w.value for w in at.warning)
+    assert at.button(key="cmp-run").disabled
+
+
+def test_pick_stored_runs():
+    from engine.runs import RunConfig, execute
+    from pages import _ui
+
+    ids = [execute(RunConfig(model="tiny", precision=p, max_new_tokens=4), _ui.get_pool(), _ui.get_store()).run_id
+           for p in ("fp32", "int8")]
+    at = AppTest.from_file(PAGE, default_timeout=TIMEOUT).run()
+    at.multiselect(key="cmp-picked").set_value(ids).run()
+    at.button(key="cmp-use").click().run()
+    assert not problems(at)
+    assert at.session_state["comparison"] == ids
+    assert len(frame(at, "config", "tok_s")) == 2
+    # price changes flow into $/1M output tokens
+    before = frame(at, "config", "usd_per_1m_out")["usd_per_1m_out"].tolist()
+    at.number_input(key="price-cmp").set_value(0.2).run()
+    after = frame(at, "config", "usd_per_1m_out")["usd_per_1m_out"].tolist()
+    assert all(abs(b * 2 - a) < 1e-3 * max(1, a) for a, b in zip(after, before))

@@ -1,0 +1,121 @@
+"""Cost & capacity page: $/1M from measured tokens/s, capacity for a daily volume, the planner, GPU prices."""
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+ROOT = Path(__file__).resolve().parent.parent
+TIMEOUT = 180
+
+
+@pytest.fixture(autouse=True)
+def app_env(tmp_path, tmp_path_factory, monkeypatch):
+    """Tiny models (SCL_TEST_TINY=1), a fresh store per test, one scratch model cache per session."""
+    monkeypatch.setenv("SCL_TEST_TINY", "1")
+    monkeypatch.setenv("SCL_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("SCL_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "scl-app-cache"))
+    yield tmp_path
+
+
+def problems(at) -> list[str]:
+    """Exceptions (tracebacks) and error boxes on the page."""
+    return [e.value for e in at.exception] + [e.value for e in at.error]
+
+
+def frame(at, *columns):
+    """The first dataframe on the page that has all these columns."""
+    for d in at.dataframe:
+        if all(c in d.value.columns for c in columns):
+            return d.value
+    raise AssertionError(f"no table with columns {columns}")
+
+
+PAGE = str(ROOT / "pages/cost.py")
+
+
+def with_runs():
+    from engine.runs import RunConfig, execute
+    from pages import _ui
+
+    ids = [execute(RunConfig(model="tiny", precision=p, max_new_tokens=6), _ui.get_pool(), _ui.get_store()).run_id
+           for p in ("fp32", "int8")]
+    at = AppTest.from_file(PAGE, default_timeout=TIMEOUT)
+    at.session_state["comparison"] = ids
+    return at.run()
+
+
+def test_no_runs_yet():
+    at = AppTest.from_file(PAGE, default_timeout=TIMEOUT).run()
+    assert not problems(at)
+    assert any("No measured runs yet" in i.value for i in at.info)
+
+
+def test_measured_cost_and_capacity_follow_price_and_volume():
+    at = with_runs()
+    assert not problems(at)
+    cap = frame(at, "config", "machines", "usd_per_month")
+    assert len(cap) == 2 and (cap["machines"] >= 1).all()
+    at.number_input(key="price-cost").set_value(1.0).run()
+    cap1 = frame(at, "config", "machines", "usd_per_month")
+    at.number_input(key="price-cost").set_value(2.0).run()
+    cap2 = frame(at, "config", "machines", "usd_per_month")
+    assert (abs(cap2["usd_per_1m_out"] - 2 * cap1["usd_per_1m_out"]) < 1e-3).all()
+    # the price is this machine's override for the planner too
+    from pages import _ui
+
+    ov = {o["name"]: o for o in _ui.get_store().gpu_overrides()}
+    assert ov["this machine"]["price_usd_per_hr"] == 2.0
+    at.number_input(key="cost-per-day").set_value(1e9).run()
+    assert (frame(at, "config", "machines")["machines"] > cap2["machines"]).all()
+
+
+def test_planner_plans_a_workload():
+    at = AppTest.from_file(PAGE, default_timeout=TIMEOUT).run()
+    assert not problems(at)
+    at.number_input(key="plan-rate").set_value(2.0)
+    at.multiselect(key="plan-gpus").set_value(["H100 SXM", "A100 80GB"])
+    at.button(key="FormSubmitter:cost-plan-Plan").click().run()
+    assert not problems(at)
+    labels = {m.label: m.value for m in at.metric}
+    assert "Cheapest plan that meets the SLOs" in labels
+    assert labels["$ per month"].startswith("$")
+    plans = frame(at, "plan", "feasible", "usd_per_month")
+    assert plans["feasible"].all() and len(plans) >= 1
+    assert all(("H100" in p or "A100" in p) for p in plans["plan"])
+
+
+def test_planner_refuses_impossible_slo_with_a_message():
+    at = AppTest.from_file(PAGE, default_timeout=TIMEOUT).run()
+    at.number_input(key="plan-tpot").set_value(0.1)  # 0.1 ms per token: no GPU does that
+    at.button(key="FormSubmitter:cost-plan-Plan").click().run()
+    assert not at.exception
+    assert any("No plan meets these SLOs" in w.value for w in at.warning)
+
+
+def test_this_machine_price_from_the_gpu_form_reaches_the_price_input():
+    at = with_runs()
+    at.number_input(key="price-cost").set_value(0.5).run()
+    at.selectbox(key="ov-gpu").set_value("this machine")
+    at.number_input(key="ov-price").set_value(0.75)
+    at.button(key="FormSubmitter:gpu-override-Save price").click().run()
+    assert not problems(at)
+    assert at.number_input(key="price-cost").value == 0.75
+    from pages import _ui
+
+    ov = {o["name"]: o for o in _ui.get_store().gpu_overrides()}
+    assert ov["this machine"]["price_usd_per_hr"] == 0.75  # not overwritten by the stale input
+
+
+def test_gpu_price_override():
+    at = AppTest.from_file(PAGE, default_timeout=TIMEOUT).run()
+    at.selectbox(key="ov-gpu").set_value("H100 SXM")
+    at.number_input(key="ov-price").set_value(2.49)
+    at.text_input(key="ov-src").input("our contract")
+    at.button(key="FormSubmitter:gpu-override-Save price").click().run()
+    assert not problems(at)
+    prices = frame(at, "gpu", "usd_per_hr").set_index("gpu")
+    assert prices.loc["H100 SXM", "usd_per_hr"] == 2.49
+    at.selectbox(key="ov-del-name").set_value("H100 SXM")
+    at.button(key="ov-del").click().run()
+    prices = frame(at, "gpu", "usd_per_hr").set_index("gpu")
+    assert prices.loc["H100 SXM", "usd_per_hr"] != 2.49

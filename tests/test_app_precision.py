@@ -1,0 +1,90 @@
+"""Precision page: load a (tiny) model at a precision, memory breakdown, quality vs fp32, errors."""
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+ROOT = Path(__file__).resolve().parent.parent
+TIMEOUT = 180
+
+
+@pytest.fixture(autouse=True)
+def app_env(tmp_path, tmp_path_factory, monkeypatch):
+    """Tiny models (SCL_TEST_TINY=1), a fresh store per test, one scratch model cache per session."""
+    monkeypatch.setenv("SCL_TEST_TINY", "1")
+    monkeypatch.setenv("SCL_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("SCL_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "scl-app-cache"))
+    yield tmp_path
+
+
+def problems(at) -> list[str]:
+    """Exceptions (tracebacks) and error boxes on the page."""
+    return [e.value for e in at.exception] + [e.value for e in at.error]
+
+
+def frame(at, *columns):
+    """The first dataframe on the page that has all these columns."""
+    for d in at.dataframe:
+        if all(c in d.value.columns for c in columns):
+            return d.value
+    raise AssertionError(f"no table with columns {columns}")
+
+
+PAGE = str(ROOT / "pages/precision.py")
+
+
+def metrics(at) -> dict:
+    return {m.label: m.value for m in at.metric}
+
+
+def load(precision="int8"):
+    at = AppTest.from_file(PAGE, default_timeout=TIMEOUT).run()
+    assert not problems(at)
+    assert any("press **Load**" in i.value for i in at.info)
+    at.selectbox(key="prec-model").set_value("tiny")
+    at.selectbox(key="prec-precision").set_value(precision)
+    at.button(key="prec-load").click().run()
+    return at
+
+
+def test_load_shows_weights_memory_and_load_time():
+    at = load("int8")
+    assert not problems(at)
+    assert at.subheader[0].value.startswith("tiny@int8 on cpu")
+    m = metrics(at)
+    assert m["Weights"].endswith(" MB") and m["Load time"].endswith(" s")
+    assert m["Layers × KV heads × head dim"] == "2 × 2 × 8"
+    parts = frame(at, "part", "MB", "share")
+    assert list(parts["part"][:5]) == ["weights: embedding", "weights: attention", "weights: mlp", "weights: norm",
+                                       "weights: head"]
+    assert "KV cache" in set(parts["part"])
+    assert len(at.get("plotly_chart")) >= 2  # memory bar + KV grid
+
+
+def test_context_and_batch_change_the_kv_cache():
+    at = load("fp32")
+    kv = lambda: float(frame(at, "part", "MB").set_index("part").loc["KV cache", "MB"])  # noqa: E731
+    # tiny: 2 layers x 2 kv heads x head dim 8, fp32 -> 2*2*2*8*4 = 256 bytes per token per sequence;
+    # its context is 256 tokens, so that is the only (and largest) context offered
+    assert at.select_slider(key="prec-context").options == ["256"]
+    at.select_slider(key="prec-batch").set_value(1).run()
+    assert kv() == round(256 * 256 / 1e6, 2)
+    at.select_slider(key="prec-batch").set_value(4).run()
+    assert kv() == round(4 * 256 * 256 / 1e6, 2)
+    assert not problems(at)
+
+
+def test_quality_against_fp32():
+    at = load("int4")
+    at.button(key="prec-quality").click().run()
+    assert not problems(at)
+    m = metrics(at)
+    assert {"Perplexity", "KL mean", "KL p99", "Top-1 agreement"} <= set(m)
+    assert float(m["KL mean"]) > 0  # int4 of random weights differs from fp32
+    assert m["Top-1 agreement"].endswith("%")
+
+
+def test_unsupported_precision_is_an_error_message():
+    at = load("fp8")
+    assert not at.exception
+    assert any("fp8 needs an NVIDIA GPU" in e.value and "Fix:" in e.value for e in at.error)

@@ -1,0 +1,308 @@
+"""The dashboard in a real browser: `streamlit run app.py` + headless Debian Chromium via Playwright.
+
+Opens every page and checks that no exception or error box is shown, runs the Home page's default
+comparison on the REAL 0.5B pair (0.5B target with its own int4 weights as self-draft, 4 new tokens,
+quality off to keep it short), checks its charts, saves a report, exports it as HTML, and opens that
+file with every network request blocked to prove it renders offline. Screenshots go to
+screenshots/ (git-ignored); docs/screenshots/ holds copies of a real-model run for docs/DASHBOARD.md.
+
+Options (environment):
+  SCL_E2E_TINY=1        use the tiny random test models instead (a 30-second check of the UI flow)
+  SCL_E2E_PLAYGROUND=1  also stream a short speculative generation in the playground
+  SCL_E2E_QUALITY=1     keep "measure quality vs fp32" on (the cost-vs-quality frontier; a few minutes more)
+  SCL_E2E_TIMEOUT=s     how long the default comparison may take (default 900 s)
+
+Never runs `playwright install`: it needs Debian's chromium at /usr/bin/chromium and skips without it.
+"""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SHOTS = ROOT / "screenshots"
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--no-first-run"]
+TINY = os.environ.get("SCL_E2E_TINY") == "1"
+QUALITY = os.environ.get("SCL_E2E_QUALITY") == "1"
+RUN_TIMEOUT_S = float(os.environ.get("SCL_E2E_TIMEOUT", "900"))
+EVIL = "<script>alert('x')</script>"
+
+pytestmark = pytest.mark.slow
+
+
+def _skip_reason() -> str | None:
+    if not Path(CHROMIUM).exists():
+        return f"{CHROMIUM} is missing: apt-get install -y chromium (never `playwright install`)"
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        return "the playwright package is missing: .venv/bin/pip install playwright"
+    if not TINY:
+        from engine.catalog import CATALOG, _cache_valid
+
+        if not _cache_valid(CATALOG["qwen2.5-coder-0.5b"]):
+            return "the 0.5B model is not converted yet: run `make models`"
+    return None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    reason = _skip_reason()
+    if reason:
+        pytest.skip(reason)
+    port = _free_port()
+    data = tmp_path_factory.mktemp("e2e-data")
+    log = data / "streamlit.log"
+    env = dict(os.environ, SCL_DATA_DIR=str(data), PYTHONUNBUFFERED="1")
+    env.pop("SCL_TEST_TINY", None)
+    if TINY:
+        env["SCL_TEST_TINY"] = "1"
+        env["SCL_CACHE_DIR"] = str(data / "cache")
+    cmd = [sys.executable, "-m", "streamlit", "run", str(ROOT / "app.py"), "--server.headless", "true",
+           "--server.port", str(port), "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false",
+           "--server.fileWatcherType", "none"]
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 90
+        while True:
+            try:
+                if urllib.request.urlopen(f"{url}/_stcore/health", timeout=2).read() == b"ok":
+                    break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.time() > deadline:
+                raise RuntimeError(f"streamlit did not start:\n{log.read_text()[-3000:]}")
+            time.sleep(0.5)
+        yield {"url": url, "log": log, "data": data}
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)  # the process group we started, nothing else
+        except ProcessLookupError:
+            pass
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(5)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+# ---------------------------------------------------------------- helpers
+
+def shot(page, name: str) -> None:
+    """Whole page: Streamlit scrolls inside its main container, so grow the viewport to its height first."""
+    SHOTS.mkdir(exist_ok=True)
+    size = page.viewport_size
+    h = page.evaluate("""() => Math.max(...['[data-testid="stMain"]', '[data-testid="stAppViewContainer"]',
+        '[data-testid="stMainBlockContainer"]'].map(s => document.querySelector(s)).filter(Boolean)
+        .map(e => e.scrollHeight), document.body.scrollHeight)""")
+    page.set_viewport_size({"width": size["width"], "height": min(int(h) + 40, 9000)})
+    time.sleep(0.8)  # let plotly resize to the new viewport
+    page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
+    page.set_viewport_size(size)
+
+
+def settle(page, timeout_s: float = 60) -> None:
+    """Wait until the script run is over (the 'running' status widget is gone) and the page is drawn."""
+    page.wait_for_selector('[data-testid="stAppViewContainer"]', timeout=timeout_s * 1000)
+    deadline = time.time() + timeout_s
+    quiet_since = None
+    while time.time() < deadline:
+        running = page.locator('[data-testid="stStatusWidget"]').count() > 0 and \
+            page.locator('[data-testid="stStatusWidget"]').first.is_visible()
+        if not running:
+            quiet_since = quiet_since or time.time()
+            if time.time() - quiet_since > 1.0:
+                return
+        else:
+            quiet_since = None
+        time.sleep(0.2)
+
+
+def problems(page) -> list[str]:
+    out = []
+    for sel in ('[data-testid="stException"]', '[data-testid="stAlertContentError"]'):
+        loc = page.locator(sel)
+        for i in range(loc.count()):
+            out.append(loc.nth(i).inner_text()[:500])
+    return out
+
+
+def assert_clean(page, where: str, log: Path) -> None:
+    p = problems(page)
+    assert not p, f"{where}: error shown: {p}\nserver log tail:\n{log.read_text()[-2000:]}"
+
+
+def go_to(page, title: str, heading: str) -> None:
+    """Navigate with the sidebar (keeps the session, and so the current comparison)."""
+    page.locator('[data-testid="stSidebarNav"] a', has_text=title).first.click()
+    page.get_by_role("heading", name=heading).first.wait_for(timeout=60_000)
+    settle(page)
+
+
+def pick(page, select_label: str, option_text: str) -> None:
+    box = page.locator('[data-testid="stSelectbox"]', has_text=select_label).first
+    box.click()
+    page.get_by_role("option", name=re.compile(re.escape(option_text))).first.click()
+    settle(page)
+
+
+# ---------------------------------------------------------------- the test
+
+def test_dashboard_in_a_browser(server, browser, tmp_path):
+    t0 = time.time()
+    timings = {}
+    ctx = browser.new_context(viewport={"width": 1440, "height": 1000}, accept_downloads=True)
+    page = ctx.new_page()
+    page.set_default_timeout(60_000)
+    log = server["log"]
+
+    # every page renders without an error box, on a fresh store
+    page.goto(server["url"])
+    page.get_by_role("heading", name="Serving Cost Lab").first.wait_for()
+    settle(page, 120)
+    assert_clean(page, "home", log)
+    assert page.get_by_text("SIMD level").first.is_visible()
+    for title, heading in [("Precision", "Precision"), ("Speculative playground", "Speculative playground"),
+                           ("Compare (sweep)", "Compare (sweep)"), ("Reports", "Reports"),
+                           ("Cost & capacity", "Cost & capacity")]:
+        go_to(page, title, heading)
+        assert_clean(page, title, log)
+    timings["pages"] = time.time() - t0
+
+    # the default comparison on the real small pair
+    go_to(page, "Home", "Serving Cost Lab")
+    pair = "Tiny test pair" if TINY else "Small pair: 0.5B target"
+    page.get_by_text(pair).first.click()
+    tokens = page.get_by_label("New tokens per run")
+    tokens.fill("4")
+    tokens.press("Enter")
+    settle(page)
+    if not QUALITY:
+        page.get_by_text("Measure quality vs fp32").first.click()  # off: keeps this test short
+        settle(page)
+    page.get_by_role("button", name="Run default comparison").click()
+    page.get_by_text(re.compile(r"runs done")).first.wait_for(timeout=60_000)
+    assert page.get_by_role("button", name="Cancel").first.is_visible()
+    shot(page, "01-home-running")
+    t1 = time.time()
+    page.get_by_text(re.compile(r"default comparison: 4 of 4 runs finished")).first.wait_for(
+        timeout=RUN_TIMEOUT_S * 1000)
+    timings["comparison"] = time.time() - t1
+    settle(page)
+    assert_clean(page, "home after the comparison", log)
+    page.wait_for_function("document.querySelectorAll('.js-plotly-plot .main-svg').length >= 6", timeout=60_000)
+    n_charts = page.locator(".js-plotly-plot").count()
+    assert n_charts >= 6, n_charts
+    for title in ("Decode throughput", "Time to first token", "$ per 1M output tokens", "Draft acceptance rate"):
+        assert page.get_by_text(title).first.is_visible(), title
+    assert page.get_by_text("Cheapest per output token").first.is_visible()
+    shot(page, "02-home-results")
+
+    # Precision: the int4 model is already in the pool, so loading it is instant
+    go_to(page, "Precision", "Precision")
+    if TINY:
+        pick(page, "Model", "tiny: random-init test model")
+    else:
+        pick(page, "Model", "default-draft: Qwen2.5-Coder-0.5B")
+    page.get_by_role("button", name="Load").click()
+    page.get_by_text("Memory breakdown").first.wait_for(timeout=300_000)
+    settle(page)
+    assert_clean(page, "precision", log)
+    shot(page, "03-precision")
+
+    if os.environ.get("SCL_E2E_PLAYGROUND") == "1" or TINY:
+        go_to(page, "Speculative playground", "Speculative playground")
+        pick(page, "Target model", "tiny: random" if TINY else "default-draft: Qwen2.5-Coder-0.5B")
+        if TINY:
+            pick(page, "Draft model", "tiny-draft")
+        else:  # int8 target, its own int4 weights as draft: both already in the pool from the comparison
+            pick(page, "Target precision", "int8")
+            pick(page, "Draft kind", "self-draft")
+        n = page.get_by_label("New tokens")
+        n.fill("12")
+        page.get_by_role("button", name="Generate").click()
+        page.get_by_text("Mean acceptance length").first.wait_for(timeout=600_000)
+        settle(page)
+        assert_clean(page, "playground", log)
+        assert page.locator(".scl-stream .tok").count() >= 1
+        shot(page, "04-playground")
+
+    # Compare and Cost show the current comparison
+    go_to(page, "Compare (sweep)", "Compare (sweep)")
+    page.wait_for_function("document.querySelectorAll('.js-plotly-plot .main-svg').length >= 6", timeout=60_000)
+    assert_clean(page, "compare", log)
+    shot(page, "05-compare")
+    go_to(page, "Cost & capacity", "Cost & capacity")
+    page.get_by_role("button", name="Plan").click()
+    page.get_by_text("Cheapest plan that meets the SLOs").first.wait_for(timeout=60_000)
+    settle(page)
+    assert_clean(page, "cost", log)
+    shot(page, "06-cost")
+
+    # Reports: save (with hostile text in the name), export HTML, and open that file offline
+    go_to(page, "Reports", "Reports")
+    page.get_by_role("textbox", name="Name", exact=True).fill(f"E2E small pair {EVIL}")
+    page.get_by_role("textbox", name="Notes", exact=True).fill(f"Browser test run. {EVIL} & <b>not bold</b>")
+    page.get_by_role("button", name="Save report").click()
+    page.get_by_text("Saved report").first.wait_for(timeout=60_000)
+    settle(page)
+    assert_clean(page, "reports", log)
+    shot(page, "07-reports")
+    with page.expect_download(timeout=120_000) as dl:
+        page.get_by_text("Export HTML").first.click()
+    html_path = tmp_path / "report.html"
+    dl.value.save_as(str(html_path))
+    doc = html_path.read_text()
+    assert 'id="plotly-inline"' in doc and "<script>alert" not in doc.split('id="plotly-inline"')[0]
+
+    offline = browser.new_context(viewport={"width": 1300, "height": 1000}, offline=True)
+    requests, dialogs = [], []
+    offline.route("**/*", lambda route: (requests.append(route.request.url), route.abort())
+                  if not route.request.url.startswith(("file:", "data:", "blob:", "about:")) else route.continue_())
+    rp = offline.new_page()
+    rp.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+    errors = []
+    rp.on("pageerror", lambda e: errors.append(str(e)))
+    rp.goto(html_path.as_uri())
+    rp.wait_for_function("document.querySelectorAll('.js-plotly-plot .main-svg').length >= 4", timeout=60_000)
+    assert EVIL in rp.locator("#report-name").inner_text()  # shown as text, not run
+    assert not dialogs, dialogs
+    assert not requests, f"the exported report tried to reach the network: {requests}"
+    assert not errors, errors
+    rp.screenshot(path=str(SHOTS / "08-exported-report.png"), full_page=True)
+    offline.close()
+    ctx.close()
+    timings["total"] = time.time() - t0
+    print("e2e timings (s):", {k: round(v, 1) for k, v in timings.items()})
+
