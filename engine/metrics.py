@@ -156,7 +156,7 @@ class PeakMemory:
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats()
         proc = psutil.Process()
-        self.peak = proc.memory_info().rss
+        self.start = self.peak = proc.memory_info().rss
 
         def run():
             while not self._stop.is_set():
@@ -174,7 +174,8 @@ class PeakMemory:
             self.gpu_peak = torch.cuda.max_memory_allocated()
 
     def as_dict(self) -> dict:
-        d = {"peak_rss_bytes": self.peak}
+        # The process peak includes every model loaded so far; the delta is what this run added.
+        d = {"peak_rss_bytes": self.peak, "run_rss_delta_bytes": self.peak - self.start}
         if self.device.type == "cuda":
             d["peak_gpu_allocated_bytes"] = getattr(self, "gpu_peak", None)
         return d

@@ -58,6 +58,11 @@ def _ref_path(model_name: str, ids: list[int]) -> Path:
     return cache_dir() / "quality" / f"{model_name.replace('/', '_')}-{h}.safetensors"
 
 
+def has_reference(lm, max_tokens: int = 512) -> bool:
+    """Whether the fp32 reference for this model and eval length is already cached."""
+    return _ref_path(lm.name, eval_ids(lm.tokenizer, max_tokens)).exists()
+
+
 def reference_logprobs(model_name: str, ids: list[int], ref_lm=None, progress=None) -> torch.Tensor:
     """fp32 log-probs for the eval text, computed once and cached on disk."""
     from safetensors.torch import load_file, save_file

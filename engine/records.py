@@ -9,6 +9,8 @@ Definitions (units in the names):
 - weight_bytes: bytes held by the weights as converted (tied storage counted once).
 - quantized_layers: bytes of the quantized layers against the same layers in fp32 (ratio).
 - kv_bytes: bytes of the KV cache allocated for the run.
+- peak_rss_bytes: the process's peak resident memory during the run (all loaded models included);
+  run_rss_delta_bytes: that peak minus the resident memory when the run started.
 - bytes_per_token: weight bytes read per decode step plus KV bytes read, divided by tokens per step.
 - bw_floor_ms: bytes_per_token / measured read bandwidth: the fastest a token can be on this machine.
 - bw_efficiency: bw_floor_ms / measured per-token latency (1.0 = at the memory-bandwidth limit).

@@ -157,10 +157,14 @@ def execute(cfg: RunConfig, pool: ModelPool, store=None, progress=None, on_token
             res = run(proposer is not None, cfg.max_new_tokens, on_token)
         quality = None
         if cfg.quality:
-            from .quality import evaluate
+            from .quality import evaluate, has_reference
 
             say("measuring quality against fp32")
-            quality = evaluate(target, cfg.quality_tokens, progress=say)
+            ref = None
+            if target.spec.precision != "fp32" and not has_reference(target, cfg.quality_tokens):
+                # Reuse (or keep) the pool's fp32 copy rather than loading a private second one.
+                ref = pool.get(cfg.model, make_spec("fp32"), device, say)
+            quality = evaluate(target, cfg.quality_tokens, ref_lm=ref, progress=say)
     extra = {"max_new_tokens": cfg.max_new_tokens, "sampling": sp.to_dict(), "chat": cfg.chat,
              "run_config": cfg.to_dict(),
              "draft": None if proposer is None else {
