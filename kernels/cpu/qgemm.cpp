@@ -1,0 +1,294 @@
+// Serving Cost Lab -- torch binding for the CPU weight-only quantized kernels.
+//
+// Built just-in-time by engine/kernels.py with torch.utils.cpp_extension.load
+// (ninja, -O3 -fopenmp).  The SIMD code lives in qgemm_{scalar,avx2,avx512}.cpp
+// (no torch headers) and is chosen at run time:
+//   best_isa(): 2 = AVX-512F/BW (+FMA, F16C), 1 = AVX2+FMA+F16C, 0 = scalar,
+// and every entry point takes an explicit `isa` argument so tests and
+// benchmarks can force a lower ISA.  Threads: at::parallel_for over 64-row
+// output tiles (OpenMP, honours torch.set_num_threads).
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "qgemm_kernels.h"
+
+namespace {
+
+using namespace scl;
+
+bool cpu_has(const char* what) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_cpu_init();
+  if (!std::strcmp(what, "avx512"))
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("fma") &&
+           __builtin_cpu_supports("avx2");
+  if (!std::strcmp(what, "avx512vnni"))
+    return cpu_has("avx512") && __builtin_cpu_supports("avx512vnni");
+  if (!std::strcmp(what, "avx2"))
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+           __builtin_cpu_supports("f16c");
+#endif
+  (void)what;
+  return false;
+}
+
+bool isa_supported(int64_t isa) {
+  if (isa == 0) return true;
+  if (isa == 1) return avx2::compiled() && cpu_has("avx2");
+  if (isa == 2) return avx512::compiled() && cpu_has("avx512");
+  return false;
+}
+
+int64_t best_isa() {
+  if (isa_supported(2)) return 2;
+  if (isa_supported(1)) return 1;
+  return 0;
+}
+
+using Fn8 = void (*)(const Int8Params&, int64_t, int64_t);
+using Fn4 = void (*)(const Int4Params&, int64_t, int64_t);
+
+Fn8 pick8(int64_t isa) {
+  TORCH_CHECK(isa_supported(isa), "scl_qgemm: ISA ", isa, " not supported on this CPU/build");
+  return isa == 2 ? avx512::int8_tiles : isa == 1 ? avx2::int8_tiles : scalar::int8_tiles;
+}
+Fn4 pick4(int64_t isa) {
+  TORCH_CHECK(isa_supported(isa), "scl_qgemm: ISA ", isa, " not supported on this CPU/build");
+  return isa == 2 ? avx512::int4_tiles : isa == 1 ? avx2::int4_tiles : scalar::int4_tiles;
+}
+
+const float* bias_ptr(const c10::optional<torch::Tensor>& bias, int64_t N) {
+  if (!bias.has_value() || !bias->defined()) return nullptr;
+  TORCH_CHECK(bias->scalar_type() == torch::kFloat32 && bias->is_contiguous() &&
+                  bias->numel() == N,
+              "bias must be a contiguous float32 tensor with N elements");
+  return bias->data_ptr<float>();
+}
+
+// x: contiguous float32 [..., K]; M = prod(leading dims).  Returns M.
+int64_t check_x(const torch::Tensor& x, int64_t K) {
+  TORCH_CHECK(x.device().is_cpu(), "x must be on CPU");
+  TORCH_CHECK(x.dim() >= 1 && x.scalar_type() == torch::kFloat32 && x.is_contiguous(),
+              "x must be a contiguous float32 [..., K] tensor");
+  TORCH_CHECK(x.size(-1) == K, "x has K=", x.size(-1), ", weight has K=", K);
+  const int64_t M = K > 0 ? x.numel() / K : 0;
+  TORCH_CHECK(M >= 1 && M <= MAX_M, "small-M kernel needs 1 <= M <= ", MAX_M, ", got ", M);
+  return M;
+}
+
+torch::Tensor out_like(const torch::Tensor& x, int64_t N) {
+  auto sizes = x.sizes().vec();
+  sizes.back() = N;
+  return torch::empty(sizes, x.options());
+}
+
+// Nibble position (bits 4p..4p+3 of a packed dword) holding k offset j of an
+// octet: byte i = q[8o+i] | q[8o+4+i] << 4  ->  pos(j) = 2j (j<4), 2(j-4)+1 (j>=4).
+inline int nib_pos(int j) { return j < 4 ? 2 * j : 2 * (j - 4) + 1; }
+
+// xp[m][8o+p] = x[m][8o+k(p)] * 16^-p  (p < 7; p = 7 uses a shift, factor 1),
+// zero for k >= K;  xsum[m][g] = sum of x[m][k] over group g.
+void prep_int4_x(const float* xd, int64_t M, int64_t K, int64_t Kp, int64_t gs, float* xp,
+                 float* xsum) {
+  static const float f16[8] = {1.f, 1.f / 16, 1.f / 256, 1.f / 4096, 1.f / 65536,
+                               1.f / 1048576, 1.f / 16777216, 1.f};
+  const int64_t G = Kp / gs;
+  for (int64_t m = 0; m < M; ++m) {
+    const float* xr = xd + m * K;
+    float* xpr = xp + m * Kp;
+    for (int64_t k = K & ~int64_t(7); k < Kp; ++k) xpr[k] = 0.f;
+    for (int64_t k = 0; k < K; ++k) {
+      const int p = nib_pos((int)(k & 7));
+      xpr[(k & ~int64_t(7)) + p] = xr[k] * f16[p];
+    }
+    for (int64_t g = 0; g < G; ++g) {
+      float s = 0.f;
+      const int64_t k1 = std::min(K, (g + 1) * gs);
+      for (int64_t k = g * gs; k < k1; ++k) s += xr[k];
+      xsum[m * G + g] = s;
+    }
+  }
+}
+
+// y[..., N] = x[..., K] @ (w8 * scale)^T + bias   (M = rows of x <= MAX_M)
+torch::Tensor int8_gemm(torch::Tensor x, torch::Tensor w, torch::Tensor scale,
+                        c10::optional<torch::Tensor> bias, int64_t N, int64_t isa) {
+  TORCH_CHECK(w.scalar_type() == torch::kInt8 && w.dim() == 3 && w.size(2) == TILE &&
+                  w.is_contiguous(), "w must be int8 [NT, K, 64] contiguous");
+  const int64_t NT = w.size(0), K = w.size(1);
+  TORCH_CHECK(N > (NT - 1) * TILE && N <= NT * TILE, "N inconsistent with tiles");
+  TORCH_CHECK(scale.scalar_type() == torch::kFloat32 && scale.is_contiguous() &&
+                  scale.numel() == NT * TILE, "scale must be float32 [NT*64]");
+  const int64_t M = check_x(x, K);
+  auto y = out_like(x, N);
+  Int8Params p{w.data_ptr<int8_t>(), scale.data_ptr<float>(), bias_ptr(bias, N),
+               x.data_ptr<float>(), y.data_ptr<float>(), M, N, K};
+  Fn8 fn = pick8(isa);
+  at::parallel_for(0, NT, 1, [&](int64_t tb, int64_t te) { fn(p, tb, te); });
+  return y;
+}
+
+// y[..., N] = x[..., K] @ dequant(w4, scales, mins)^T + bias
+torch::Tensor int4_gemm(torch::Tensor x, torch::Tensor w, torch::Tensor sm,
+                        c10::optional<torch::Tensor> bias, int64_t N, int64_t K, int64_t gs,
+                        int64_t isa) {
+  TORCH_CHECK(gs == 32 || gs == 64 || gs == 128, "group size must be 32, 64 or 128");
+  TORCH_CHECK(w.scalar_type() == torch::kInt32 && w.dim() == 3 && w.size(2) == TILE &&
+                  w.is_contiguous(), "w must be int32 [NT, Kp/8, 64] contiguous");
+  const int64_t NT = w.size(0), Kp = w.size(1) * 8, G = Kp / gs;
+  TORCH_CHECK(Kp % gs == 0 && K <= Kp && K > Kp - gs, "K / group size inconsistent with w");
+  TORCH_CHECK(N > (NT - 1) * TILE && N <= NT * TILE, "N inconsistent with tiles");
+  TORCH_CHECK((sm.scalar_type() == torch::kFloat16 || sm.scalar_type() == torch::kInt16) &&
+                  sm.is_contiguous() && sm.numel() == NT * G * 2 * TILE,
+              "sm must be float16 [NT, G, 2, 64]");
+  const int64_t M = check_x(x, K);
+  // Pre-scaled, zero-padded, nibble-ordered activations and per-group sums (O(M*K)).
+  std::vector<float> xp((size_t)(M * Kp)), xsum((size_t)(M * G));
+  prep_int4_x(x.data_ptr<float>(), M, K, Kp, gs, xp.data(), xsum.data());
+  auto y = out_like(x, N);
+  Int4Params p{reinterpret_cast<const uint32_t*>(w.data_ptr<int32_t>()),
+               reinterpret_cast<const uint16_t*>(sm.data_ptr()),
+               bias_ptr(bias, N), xp.data(), xsum.data(), y.data_ptr<float>(),
+               M, N, K, Kp, G, gs};
+  Fn4 fn = pick4(isa);
+  at::parallel_for(0, NT, 1, [&](int64_t tb, int64_t te) { fn(p, tb, te); });
+  return y;
+}
+
+bool has_vnni() { return avx512::compiled() && cpu_has("avx512vnni"); }
+
+// int4 weights x int8 activations (opt-in).  Activations are quantized here per
+// row and per block of 32 k: sx = max|x| / 127, xq = round(x / sx) (half to even).
+// isa 2 = AVX-512 VNNI kernel (needs has_vnni()), 0 = portable reference.
+torch::Tensor int4_gemm_q8(torch::Tensor x, torch::Tensor w, torch::Tensor sm,
+                           c10::optional<torch::Tensor> bias, int64_t N, int64_t K, int64_t gs,
+                           int64_t isa) {
+  TORCH_CHECK(gs == 32 || gs == 64 || gs == 128, "group size must be 32, 64 or 128");
+  TORCH_CHECK(w.scalar_type() == torch::kInt32 && w.dim() == 3 && w.size(2) == TILE &&
+                  w.is_contiguous(), "w must be int32 [NT, Kp/8, 64] contiguous");
+  const int64_t NT = w.size(0), Kp = w.size(1) * 8, G = Kp / gs;
+  TORCH_CHECK(Kp % gs == 0 && K <= Kp && K > Kp - gs, "K / group size inconsistent with w");
+  TORCH_CHECK(N > (NT - 1) * TILE && N <= NT * TILE, "N inconsistent with tiles");
+  TORCH_CHECK((sm.scalar_type() == torch::kFloat16 || sm.scalar_type() == torch::kInt16) &&
+                  sm.is_contiguous() && sm.numel() == NT * G * 2 * TILE,
+              "sm must be float16 [NT, G, 2, 64]");
+  TORCH_CHECK(isa == 0 || (isa == 2 && has_vnni()), "int4_gemm_q8: isa must be 0 or 2 (VNNI)");
+  const int64_t M = check_x(x, K);
+  const int64_t nbk = Kp / 32;
+  std::vector<int8_t> xq((size_t)(M * Kp));
+  std::vector<float> sx((size_t)(M * nbk)), xsum((size_t)(M * G));
+  const float* xd = x.data_ptr<float>();
+  for (int64_t m = 0; m < M; ++m) {
+    const float* xr = xd + m * K;
+    for (int64_t b = 0; b < nbk; ++b) {
+      const int64_t k0 = b * 32, k1 = std::min(K, k0 + 32);
+      float amax = 0.f;
+      for (int64_t k = k0; k < k1; ++k) amax = std::max(amax, std::fabs(xr[k]));
+      const float inv = amax > 0.f ? 127.f / amax : 0.f;
+      sx[m * nbk + b] = amax / 127.f;
+      int8_t* q = xq.data() + m * Kp;
+      for (int64_t k = k0; k < k0 + 32; ++k) {
+        float v = k < k1 ? std::nearbyint(xr[k] * inv) : 0.f;
+        v = std::min(127.f, std::max(-127.f, v));
+        q[k] = (int8_t)v;
+      }
+    }
+    for (int64_t g = 0; g < G; ++g) {
+      float s = 0.f;
+      for (int64_t k = g * gs; k < std::min(K, (g + 1) * gs); ++k) s += xr[k];
+      xsum[m * G + g] = s;
+    }
+  }
+  auto y = out_like(x, N);
+  Int4Q8Params p{reinterpret_cast<const uint32_t*>(w.data_ptr<int32_t>()),
+                 reinterpret_cast<const uint16_t*>(sm.data_ptr()), bias_ptr(bias, N), xq.data(),
+                 sx.data(), xsum.data(), y.data_ptr<float>(), M, N, K, Kp, G, gs};
+  auto fn = isa == 2 ? avx512::int4q8_tiles : scalar::int4q8_tiles;
+  at::parallel_for(0, NT, 1, [&](int64_t tb, int64_t te) { fn(p, tb, te); });
+  return y;
+}
+
+// Dequantise tiles [t0, t1) of a packed int8 weight to fp32 rows (prefill path).
+torch::Tensor int8_dequant(torch::Tensor w, torch::Tensor scale, int64_t N, int64_t t0,
+                           int64_t t1) {
+  TORCH_CHECK(w.scalar_type() == torch::kInt8 && w.dim() == 3 && w.is_contiguous());
+  const int64_t NT = w.size(0), K = w.size(1);
+  TORCH_CHECK(0 <= t0 && t0 < t1 && t1 <= NT);
+  const int64_t r0 = t0 * TILE, r1 = std::min(N, t1 * TILE);
+  auto out = torch::empty({r1 - r0, K}, torch::dtype(torch::kFloat32));
+  const int8_t* wd = w.data_ptr<int8_t>();
+  const float* sd = scale.data_ptr<float>();
+  float* od = out.data_ptr<float>();
+  at::parallel_for(t0, t1, 1, [&](int64_t tb, int64_t te) {
+    for (int64_t t = tb; t < te; ++t) {
+      const int8_t* wt = wd + t * K * TILE;
+      for (int r = 0; r < TILE; ++r) {
+        const int64_t n = t * TILE + r;
+        if (n >= r1) break;
+        const float s = sd[n];
+        float* o = od + (n - r0) * K;
+        for (int64_t k = 0; k < K; ++k) o[k] = (float)wt[k * TILE + r] * s;
+      }
+    }
+  });
+  return out;
+}
+
+torch::Tensor int4_dequant(torch::Tensor w, torch::Tensor sm, int64_t N, int64_t K, int64_t gs,
+                           int64_t t0, int64_t t1) {
+  TORCH_CHECK(w.scalar_type() == torch::kInt32 && w.dim() == 3 && w.is_contiguous());
+  const int64_t NT = w.size(0), Kp = w.size(1) * 8, G = Kp / gs;
+  TORCH_CHECK(0 <= t0 && t0 < t1 && t1 <= NT);
+  const int64_t r0 = t0 * TILE, r1 = std::min(N, t1 * TILE);
+  auto out = torch::empty({r1 - r0, K}, torch::dtype(torch::kFloat32));
+  const uint32_t* wd = reinterpret_cast<const uint32_t*>(w.data_ptr<int32_t>());
+  const uint16_t* smd = reinterpret_cast<const uint16_t*>(sm.data_ptr());
+  float* od = out.data_ptr<float>();
+  at::parallel_for(t0, t1, 1, [&](int64_t tb, int64_t te) {
+    for (int64_t t = tb; t < te; ++t) {
+      const uint32_t* wt = wd + t * (Kp / 8) * TILE;
+      const uint16_t* smt = smd + t * G * 2 * TILE;
+      for (int r = 0; r < TILE; ++r) {
+        const int64_t n = t * TILE + r;
+        if (n >= r1) break;
+        float* o = od + (n - r0) * K;
+        for (int64_t g = 0; g < G; ++g) {
+          const float s = half_to_float(smt[g * 2 * TILE + r]);
+          const float mn = half_to_float(smt[g * 2 * TILE + TILE + r]);
+          const int64_t k1 = std::min(K, (g + 1) * gs);
+          for (int64_t k = g * gs; k < k1; ++k) {
+            const uint32_t q = (wt[(k >> 3) * TILE + r] >> (4 * nib_pos((int)(k & 7)))) & 0xFu;
+            o[k] = s * (float)q + mn;
+          }
+        }
+      }
+    }
+  });
+  return out;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "Serving Cost Lab weight-only int8/int4 CPU kernels";
+  m.def("best_isa", &best_isa, "best ISA this CPU supports: 2=avx512, 1=avx2, 0=scalar");
+  m.def("isa_supported", &isa_supported, "whether an ISA level can run here");
+  m.def("max_m", []() { return (int64_t)MAX_M; });
+  m.def("tile", []() { return (int64_t)TILE; });
+  m.def("int8_gemm", &int8_gemm, "int8 weight-only GEMV/small-M GEMM", py::arg("x"),
+        py::arg("w"), py::arg("scale"), py::arg("bias"), py::arg("N"), py::arg("isa"));
+  m.def("int4_gemm", &int4_gemm, "int4 group-wise weight-only GEMV/small-M GEMM", py::arg("x"),
+        py::arg("w"), py::arg("sm"), py::arg("bias"), py::arg("N"), py::arg("K"),
+        py::arg("gs"), py::arg("isa"));
+  m.def("has_vnni", &has_vnni, "AVX-512 VNNI int4 x int8-activation kernel available");
+  m.def("int4_gemm_q8", &int4_gemm_q8, "int4 weights x int8 (per-32-block) activations",
+        py::arg("x"), py::arg("w"), py::arg("sm"), py::arg("bias"), py::arg("N"), py::arg("K"),
+        py::arg("gs"), py::arg("isa"));
+  m.def("int8_dequant", &int8_dequant, "dequantise int8 tiles [t0, t1) to fp32 rows");
+  m.def("int4_dequant", &int4_dequant, "dequantise int4 tiles [t0, t1) to fp32 rows");
+}

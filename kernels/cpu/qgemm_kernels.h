@@ -1,0 +1,122 @@
+// Serving Cost Lab -- weight-only quantized CPU GEMV / small-M GEMM kernels.
+//
+// Plain C++ interface shared by the ISA-specific translation units
+// (qgemm_scalar.cpp, qgemm_avx2.cpp, qgemm_avx512.cpp) and the torch binding
+// (qgemm.cpp).  No torch headers here so the SIMD files compile fast.
+//
+// Packed ("tiled") weight layouts -- produced by engine/kernels.py
+// prepare_int8 / prepare_int4, see docs/KERNELS.md:
+//
+//   rows are grouped in tiles of TILE = 64 output rows (N padded to a multiple
+//   of 64 with zero rows).
+//
+//   int8:  w8[t][k][r]           int8,  t < NT, k < K, r < 64
+//          one 64-byte cache line holds column k of the 64 rows of tile t,
+//          so a SIMD load of W bytes feeds W consecutive output rows.
+//          scale8[t*64 + r]      float32 per-output-channel scale.
+//
+//   int4:  w4[t][o][r]           uint32, o < Kp/8 (Kp = G*gs, K padded to the
+//          group size); dword (t,o,r) holds the 8 values q[n, 8o .. 8o+7] of row
+//          n = 64t + r as: byte i (i < 4) = q[n, 8o+i] | q[n, 8o+4+i] << 4, i.e.
+//          nibble position p = 2i holds k = 8o+i and p = 2i+1 holds k = 8o+4+i.
+//          This order serves both kernels: the fp32 kernels isolate nibble p with
+//          one AND (the k permutation is absorbed into the activation copy xp),
+//          and the VNNI kernel gets 16 rows x 4 consecutive k as bytes with one
+//          AND (low nibbles) or a shift + AND (high nibbles).
+//          sm4[t][g][0][r] = scale (fp16 bits), sm4[t][g][1][r] = min (fp16).
+//
+// Decoding trick (fp32 int4 kernels): nibble position p is isolated with one AND
+// (mask 0xF << 4p), which yields the integer q * 16^p; after int->float
+// conversion (exact) the 16^-p factor is folded into the activation copy,
+// xp[m][8o+p] = x[m][8o+k(p)] * 16^-p (exact power-of-two scaling).  Position 7
+// uses a logical shift by 28 instead (the masked value would be negative as
+// int32), so its factor is 1.
+// Per group:  y += scale * sum_k q*x  +  min * sum_k x   (sum_k x = xsum).
+#pragma once
+#include <cstdint>
+
+namespace scl {
+
+constexpr int TILE = 64;      // output rows per packed tile
+constexpr int MAX_M = 64;     // largest M the small-M kernels accept
+constexpr int KB8 = 256;      // k-block (int8) when several m-blocks share weights in L1
+constexpr int KB4 = 256;      // k-block (int4), rounded to a whole number of groups
+
+struct Int8Params {
+  const int8_t* w;      // [NT][K][64]
+  const float* scale;   // [NT*64]
+  const float* bias;    // [N] or nullptr
+  const float* x;       // [M][K]
+  float* y;             // [M][N]
+  int64_t M, N, K;
+};
+
+struct Int4Params {
+  const uint32_t* w;    // [NT][Kp/8][64]
+  const uint16_t* sm;   // [NT][G][2][64] fp16 bits
+  const float* bias;    // [N] or nullptr
+  const float* xp;      // [M][Kp] pre-scaled activations, zero for k >= K
+  const float* xsum;    // [M][G] per-group sum of the (unscaled) activations
+  float* y;             // [M][N]
+  int64_t M, N, K, Kp, G, gs;
+};
+
+// int4 weights x int8-quantized activations (opt-in, AVX-512 VNNI).  Activations
+// are quantized per row and per block of 32 k: x ~= xq * sx, xq in [-127, 127].
+struct Int4Q8Params {
+  const uint32_t* w;    // [NT][Kp/8][64] (same layout as Int4Params)
+  const uint16_t* sm;   // [NT][G][2][64] fp16 bits
+  const float* bias;    // [N] or nullptr
+  const int8_t* xq;     // [M][Kp] quantized activations, natural k order, 0 for k >= K
+  const float* sx;      // [M][Kp/32] activation scales
+  const float* xsum;    // [M][G] per-group sum of the (unquantized) activations
+  float* y;             // [M][N]
+  int64_t M, N, K, Kp, G, gs;
+};
+
+// Each entry point computes output tiles [tile_begin, tile_end) for all M rows.
+namespace scalar {
+void int8_tiles(const Int8Params& p, int64_t tile_begin, int64_t tile_end);
+void int4_tiles(const Int4Params& p, int64_t tile_begin, int64_t tile_end);
+}
+namespace avx2 {
+bool compiled();
+void int8_tiles(const Int8Params& p, int64_t tile_begin, int64_t tile_end);
+void int4_tiles(const Int4Params& p, int64_t tile_begin, int64_t tile_end);
+}
+namespace avx512 {
+bool compiled();
+void int8_tiles(const Int8Params& p, int64_t tile_begin, int64_t tile_end);
+void int4_tiles(const Int4Params& p, int64_t tile_begin, int64_t tile_end);
+void int4q8_tiles(const Int4Q8Params& p, int64_t tile_begin, int64_t tile_end);  // needs VNNI
+}
+namespace scalar {
+void int4q8_tiles(const Int4Q8Params& p, int64_t tile_begin, int64_t tile_end);  // reference
+}
+
+// fp16 bits -> float (portable, used by the scalar path and dequantizers).
+inline float half_to_float(uint16_t h) {
+  uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+  uint32_t exp = (h >> 10) & 0x1Fu;
+  uint32_t man = h & 0x3FFu;
+  uint32_t bits;
+  if (exp == 0) {
+    if (man == 0) {
+      bits = sign;
+    } else {  // subnormal: normalise
+      int e = -1;
+      do { man <<= 1; ++e; } while (!(man & 0x400u));
+      man &= 0x3FFu;
+      bits = sign | ((uint32_t)(127 - 15 - e) << 23) | (man << 13);
+    }
+  } else if (exp == 31) {
+    bits = sign | 0x7F800000u | (man << 13);
+  } else {
+    bits = sign | ((exp + 127 - 15) << 23) | (man << 13);
+  }
+  float f;
+  __builtin_memcpy(&f, &bits, 4);
+  return f;
+}
+
+}  // namespace scl

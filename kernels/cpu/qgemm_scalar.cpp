@@ -1,0 +1,124 @@
+// Portable fallback (no intrinsics; the compiler may auto-vectorise the
+// 64-wide inner loops with the baseline ISA, e.g. SSE2 on x86-64 or NEON).
+// Same packed layout and same arithmetic decomposition as the SIMD kernels.
+#include "qgemm_kernels.h"
+
+namespace scl {
+namespace scalar {
+
+void int8_tiles(const Int8Params& p, int64_t tb, int64_t te) {
+  alignas(64) float C[MAX_M * TILE];
+  const int64_t M = p.M, K = p.K;
+  for (int64_t t = tb; t < te; ++t) {
+    for (int64_t i = 0; i < M * TILE; ++i) C[i] = 0.f;
+    const int8_t* wt = p.w + t * K * TILE;
+    for (int64_t k0 = 0; k0 < K; k0 += KB8) {
+      const int64_t k1 = (K - k0 < KB8) ? K : k0 + KB8;
+      for (int64_t m = 0; m < M; ++m) {
+        float* c = C + m * TILE;
+        const float* x = p.x + m * K;
+        for (int64_t k = k0; k < k1; ++k) {
+          const float xv = x[k];
+          const int8_t* wk = wt + k * TILE;
+          for (int r = 0; r < TILE; ++r) c[r] += (float)wk[r] * xv;
+        }
+      }
+    }
+    const int64_t n0 = t * TILE;
+    const int64_t nr = (p.N - n0 < TILE) ? p.N - n0 : TILE;
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t r = 0; r < nr; ++r)
+        p.y[m * p.N + n0 + r] =
+            C[m * TILE + r] * p.scale[n0 + r] + (p.bias ? p.bias[n0 + r] : 0.f);
+  }
+}
+
+void int4_tiles(const Int4Params& p, int64_t tb, int64_t te) {
+  alignas(64) float C[MAX_M * TILE];
+  alignas(64) float acc[TILE];
+  alignas(64) float s[TILE], mn[TILE];
+  const int64_t M = p.M, G = p.G, no = p.gs / 8;
+  for (int64_t t = tb; t < te; ++t) {
+    for (int64_t i = 0; i < M * TILE; ++i) C[i] = 0.f;
+    const uint32_t* wt = p.w + t * (p.Kp / 8) * TILE;
+    const uint16_t* smt = p.sm + t * G * 2 * TILE;
+    for (int64_t g = 0; g < G; ++g) {
+      for (int r = 0; r < TILE; ++r) {
+        s[r] = half_to_float(smt[g * 2 * TILE + r]);
+        mn[r] = half_to_float(smt[g * 2 * TILE + TILE + r]);
+      }
+      const uint32_t* wg = wt + g * no * TILE;
+      for (int64_t m = 0; m < M; ++m) {
+        for (int r = 0; r < TILE; ++r) acc[r] = 0.f;
+        const float* xg = p.xp + m * p.Kp + g * p.gs;
+        for (int64_t o = 0; o < no; ++o) {
+          const uint32_t* wo = wg + o * TILE;
+          for (int j = 0; j < 7; ++j) {
+            const float xv = xg[o * 8 + j];
+            const uint32_t mask = 0xFu << (4 * j);
+            for (int r = 0; r < TILE; ++r) acc[r] += (float)(int32_t)(wo[r] & mask) * xv;
+          }
+          const float xv = xg[o * 8 + 7];
+          for (int r = 0; r < TILE; ++r) acc[r] += (float)(int32_t)(wo[r] >> 28) * xv;
+        }
+        const float xs = p.xsum[m * G + g];
+        float* c = C + m * TILE;
+        for (int r = 0; r < TILE; ++r) c[r] += acc[r] * s[r] + mn[r] * xs;
+      }
+    }
+    const int64_t n0 = t * TILE;
+    const int64_t nr = (p.N - n0 < TILE) ? p.N - n0 : TILE;
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t r = 0; r < nr; ++r)
+        p.y[m * p.N + n0 + r] = C[m * TILE + r] + (p.bias ? p.bias[n0 + r] : 0.f);
+  }
+}
+
+}  // namespace scalar
+}  // namespace scl
+
+namespace scl {
+namespace scalar {
+
+// Portable reference of the int4 x int8-activation kernel (same integer
+// arithmetic as the VNNI kernel: exact int32 block sums, then float scaling).
+void int4q8_tiles(const Int4Q8Params& p, int64_t tb, int64_t te) {
+  const int64_t M = p.M, G = p.G, nb = p.gs / 32, nbk = p.Kp / 32;
+  alignas(64) float C[MAX_M * TILE];
+  for (int64_t t = tb; t < te; ++t) {
+    for (int64_t i = 0; i < M * TILE; ++i) C[i] = 0.f;
+    const uint32_t* wt = p.w + t * (p.Kp / 8) * TILE;
+    const uint16_t* smt = p.sm + t * G * 2 * TILE;
+    for (int64_t g = 0; g < G; ++g) {
+      for (int64_t m = 0; m < M; ++m) {
+        const int8_t* xq = p.xq + m * p.Kp;
+        for (int r = 0; r < TILE; ++r) {
+          float accg = 0.f;
+          for (int64_t b = 0; b < nb; ++b) {
+            int32_t acci = 0;
+            for (int o = 0; o < 4; ++o) {
+              const int64_t oo = g * (p.gs / 8) + b * 4 + o;
+              const uint32_t d = wt[oo * TILE + r];
+              for (int i = 0; i < 4; ++i) {
+                acci += (int32_t)((d >> (8 * i)) & 0xFu) * xq[oo * 8 + i];
+                acci += (int32_t)((d >> (8 * i + 4)) & 0xFu) * xq[oo * 8 + 4 + i];
+              }
+            }
+            accg += (float)acci * p.sx[m * nbk + g * nb + b];
+          }
+          const float s = half_to_float(smt[g * 2 * TILE + r]);
+          const float mn = half_to_float(smt[g * 2 * TILE + TILE + r]);
+          C[m * TILE + r] += accg * s + mn * p.xsum[m * G + g];
+        }
+      }
+    }
+    const int64_t n0 = t * TILE;
+    const int64_t nr = (p.N - n0 < TILE) ? p.N - n0 : TILE;
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t r = 0; r < nr; ++r)
+        p.y[m * p.N + n0 + r] = C[m * TILE + r] + (p.bias ? p.bias[n0 + r] : 0.f);
+  }
+}
+
+}  // namespace scalar
+}  // namespace scl

@@ -1,0 +1,37 @@
+// Serving Cost Lab -- CUDA weight-only quantized GEMV / small-M GEMM and fused
+// speculative verification.  Torch-free interface: the kernels (.cu) include
+// only CUDA headers so they compile fast with plain nvcc; the torch binding is
+// qgemm_cuda.cpp.
+//
+// Layouts (the canonical formats, see engine/kernels.py; prepared on device):
+//   int8: w [N, Kpad] int8 row-major, Kpad = K rounded up to 16 (zero padded)
+//         so each row is 16-byte aligned; scale [N] float32.
+//   int4: w [N, Kp/2] uint8 row-major (canonical nibble order: byte j = q[2j] |
+//         q[2j+1] << 4), Kp = G*gs; sm [N, G] half2 = (scale, min) fp16 pairs.
+// Activations x [M, K] and outputs y [M, N] are fp32, fp16 or bf16 (same dtype),
+// accumulation is fp32.
+#pragma once
+#include <cstdint>
+#include <cuda_runtime.h>
+
+namespace scl_cuda {
+
+enum DType : int { kF32 = 0, kF16 = 1, kBF16 = 2 };
+
+// Largest M handled by one kernel launch; larger M is split into chunks.
+constexpr int kMaxMT = 16;
+
+cudaError_t int8_gemm(const void* x, const int8_t* w, const float* scale, const void* bias,
+                      void* y, int M, int N, int K, int Kpad, DType dt, cudaStream_t stream);
+
+cudaError_t int4_gemm(const void* x, const uint8_t* w, const void* sm, const void* bias,
+                      void* y, int M, int N, int K, int gs, DType dt, cudaStream_t stream);
+
+// target_probs [B, gamma+1, V], draft_probs [B, gamma, V] (dtype dt), draft_tokens
+// [B, gamma] int64, uniforms [B, gamma+1] float32 -> accepted [B], next_token [B] int64.
+cudaError_t fused_verify(const void* target_probs, const void* draft_probs,
+                         const int64_t* draft_tokens, const float* uniforms,
+                         int64_t* accepted, int64_t* next_token, int B, int gamma, int V,
+                         DType dt, cudaStream_t stream);
+
+}  // namespace scl_cuda

@@ -1,0 +1,468 @@
+"""CPU weight-only quantized kernels (kernels/cpu, engine/kernels.py).
+
+The extension is built on first use (~45 s on 2 cores, then cached).  If it cannot
+be built, these tests FAIL (a compiler exists on the dev/CI machines); the engine
+itself falls back to PyTorch, which test_graceful_fallback_when_build_fails checks.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from engine import kernels  # noqa: E402
+
+ISAS = ["scalar", "avx2", "avx512"]
+GROUP_SIZES = [32, 64, 128]
+# (N, K): K not a multiple of any group size / SIMD width, N not a multiple of 64.
+SHAPES = [(1, 1), (3, 100), (64, 1000), (130, 1536 + 7), (200, 256), (33, 37)]
+M_SMALL = list(range(1, 17))
+
+
+@pytest.fixture(scope="module")
+def ext():
+    return kernels.load_cpu_extension(raise_errors=True)
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch):
+    for var in ("SCL_KERNELS", "SCL_KERNEL_ISA", "SCL_KERNEL_SMALL_M", "SCL_KERNEL_ACT"):
+        monkeypatch.delenv(var, raising=False)
+
+
+def _isa_or_skip(ext, isa, monkeypatch):
+    if not ext.isa_supported(kernels.ISA_IDS[isa]):
+        pytest.skip(f"{isa} not supported by this CPU (cannot run here)")
+    monkeypatch.setenv("SCL_KERNEL_ISA", isa)
+
+
+def _ref(x: torch.Tensor, w: torch.Tensor, bias=None):
+    """float64 reference and the per-element error scale sum_k |x||w|."""
+    xd, wd = x.double(), w.double()
+    y = xd @ wd.T
+    if bias is not None:
+        y = y + bias.double()
+    mag = xd.abs() @ wd.abs().T
+    return y, mag
+
+
+def _assert_close(y, ref, mag, rtol=2e-6, what=""):
+    # fp32 accumulation: error grows like eps * sqrt(K) * sum|x||w| (random signs);
+    # 2e-6 of sum|x||w| is ~30 eps, far below any real bug (O(1) relative error).
+    err = (y.double() - ref).abs()
+    bound = rtol * mag + 1e-6
+    bad = err > bound
+    assert not bad.any(), (
+        f"{what}: {int(bad.sum())} elements out of tolerance, max err/mag = "
+        f"{float((err / (mag + 1e-30)).max()):.3g}")
+
+
+def _weights(N, K, seed):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(N, K, generator=g) * 0.05 + 0.01 * torch.randn(N, 1, generator=g)
+
+
+# ---------------------------------------------------------------- build ----
+
+def test_extension_builds_and_reports_simd(ext):
+    info = kernels.backend_info()
+    assert info["cpu"] in ("avx512", "avx2", "scalar"), info
+    assert info["threads"] == torch.get_num_threads()
+    import platform
+    if platform.machine() in ("x86_64", "AMD64"):
+        # every x86-64 machine this project runs on has at least AVX2
+        assert ext.best_isa() >= 1, "AVX2 kernel not selectable on an x86-64 machine"
+
+
+# ------------------------------------------------------- formats / quant ----
+
+def test_int4_canonical_nibble_order():
+    # byte j holds q[2j] low nibble, q[2j+1] high nibble
+    packed = torch.tensor([[0x21, 0xF0] + [0] * 14], dtype=torch.uint8)  # gs=32 -> 16 bytes
+    scales = torch.tensor([[1.0]], dtype=torch.float16)
+    mins = torch.tensor([[-1.0]], dtype=torch.float16)
+    w = kernels.dequantize_int4(packed, scales, mins, K=4)
+    assert w.tolist() == [[0.0, 1.0, -1.0, 14.0]]
+
+
+def test_quantize_int8_roundtrip():
+    w = _weights(37, 91, 0)
+    w[3] = 0.0
+    q, s = kernels.quantize_int8(w)
+    assert q.dtype == torch.int8 and s.dtype == torch.float32 and s.shape == (37,)
+    assert int(q.abs().max()) == 127
+    wd = kernels.dequantize_int8(q, s)
+    assert (wd - w).abs().le(s[:, None] * 0.5 + 1e-7).all()
+    assert (wd[3] == 0).all()
+    assert float(((wd - w).norm() / w.norm())) < 0.01
+
+
+@pytest.mark.parametrize("gs", GROUP_SIZES)
+def test_quantize_int4_roundtrip(gs):
+    N, K = 19, 3 * gs + 5
+    w = _weights(N, K, gs)
+    w[2] = 0.25                      # constant row: scale guard, exact reconstruction
+    packed, scales, mins = kernels.quantize_int4(w, gs)
+    G = math.ceil(K / gs)
+    assert packed.dtype == torch.uint8 and packed.shape == (N, G * gs // 2)
+    assert scales.dtype == mins.dtype == torch.float16 and scales.shape == mins.shape == (N, G)
+    assert (scales > 0).all()
+    q = kernels.unpack_int4(packed)
+    assert (q[:, K:] == 0).all(), "padding must be q = 0"
+    wd = kernels.dequantize_int4(packed, scales, mins, K)
+    assert wd.shape == (N, K)
+    s_per_k = scales.float().repeat_interleave(gs, dim=1)[:, :K]
+    err = (wd - w).abs()
+    assert (err <= 0.52 * s_per_k + 1e-4).all(), float((err / s_per_k).max())
+    assert torch.allclose(wd[2], torch.full((K,), 0.25), atol=1e-3)
+    rel = float((wd - w).norm() / w.norm())
+    assert rel < 0.12, rel
+
+
+@pytest.mark.parametrize("gs", GROUP_SIZES)
+def test_prepared_layouts_roundtrip(ext, gs):
+    N, K = 130, 1000
+    w = _weights(N, K, 1)
+    q, s = kernels.quantize_int8(w)
+    p8 = kernels.prepare_int8(q, s)
+    assert p8.layout == "cpu_tiled"
+    q2, s2 = p8.canonical()
+    assert torch.equal(q2, q) and torch.equal(s2, s)
+    assert torch.equal(p8.dequantize(), kernels.dequantize_int8(q, s))
+    assert p8.nbytes() == p8.w.numel() + 4 * p8.scale.numel()
+    assert torch.equal(ext.int8_dequant(p8.w, p8.scale, N, 0, p8.w.shape[0]), p8.dequantize())
+
+    packed, sc, mn = kernels.quantize_int4(w, gs)
+    p4 = kernels.prepare_int4(packed, sc, mn, K, gs)
+    assert p4.layout == "cpu_tiled"
+    a, b, c = p4.canonical()
+    assert torch.equal(a, packed) and torch.equal(b, sc) and torch.equal(c, mn)
+    ref = kernels.dequantize_int4(packed, sc, mn, K)
+    assert torch.equal(p4.dequantize(), ref)
+    assert torch.equal(p4.dequantize_rows(64, 130), ref[64:130])
+    assert torch.equal(ext.int4_dequant(p4.w, p4.sm, N, K, gs, 1, 3), ref[64:130])
+    # bytes held: 64-row padding of 130 rows -> 192 rows of packed nibbles + fp16 scale/min
+    assert p4.nbytes() == 192 * p4.Kp // 2 + 192 * p4.G * 2 * 2
+
+
+# ------------------------------------------------------------ kernels ----
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("N,K", SHAPES)
+def test_int8_small_m(ext, monkeypatch, isa, N, K):
+    _isa_or_skip(ext, isa, monkeypatch)
+    w = _weights(N, K, N * 7 + K)
+    q, s = kernels.quantize_int8(w)
+    p = kernels.prepare_int8(q, s)
+    wd = kernels.dequantize_int8(q, s)
+    g = torch.Generator().manual_seed(K)
+    for M in M_SMALL:
+        x = torch.randn(M, K, generator=g)
+        bias = torch.randn(N, generator=g) if M % 3 == 0 else None
+        y = kernels.int8_linear(x, p, bias)
+        assert y.shape == (M, N) and y.dtype == torch.float32
+        ref, mag = _ref(x, wd, bias)
+        _assert_close(y, ref, mag, what=f"int8 {isa} N={N} K={K} M={M}")
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("gs", GROUP_SIZES)
+@pytest.mark.parametrize("N,K", SHAPES)
+def test_int4_small_m(ext, monkeypatch, isa, gs, N, K):
+    _isa_or_skip(ext, isa, monkeypatch)
+    w = _weights(N, K, N * 11 + K + gs)
+    packed, sc, mn = kernels.quantize_int4(w, gs)
+    p = kernels.prepare_int4(packed, sc, mn, K, gs)
+    wd = kernels.dequantize_int4(packed, sc, mn, K)
+    g = torch.Generator().manual_seed(K + gs)
+    for M in M_SMALL:
+        x = torch.randn(M, K, generator=g)
+        bias = torch.randn(N, generator=g) if M % 4 == 1 else None
+        y = kernels.int4_linear(x, p, bias)
+        assert y.shape == (M, N) and y.dtype == torch.float32
+        ref, mag = _ref(x, wd, bias)
+        _assert_close(y, ref, mag, what=f"int4 {isa} gs={gs} N={N} K={K} M={M}")
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_kernel_max_m_and_offsets(ext, monkeypatch, isa):
+    """M up to the kernel limit (several m-blocks, k-blocking) via SCL_KERNEL_SMALL_M=64."""
+    _isa_or_skip(ext, isa, monkeypatch)
+    monkeypatch.setenv("SCL_KERNEL_SMALL_M", "64")
+    N, K = 70, 600
+    w = _weights(N, K, 5)
+    q, s = kernels.quantize_int8(w)
+    p8 = kernels.prepare_int8(q, s)
+    packed, sc, mn = kernels.quantize_int4(w, 32)
+    p4 = kernels.prepare_int4(packed, sc, mn, K, 32)
+    for M in (17, 31, 64):
+        x = torch.randn(M, K)
+        ref, mag = _ref(x, kernels.dequantize_int8(q, s))
+        _assert_close(kernels.int8_linear(x, p8), ref, mag, what=f"int8 M={M}")
+        ref, mag = _ref(x, kernels.dequantize_int4(packed, sc, mn, K))
+        _assert_close(kernels.int4_linear(x, p4), ref, mag, what=f"int4 M={M}")
+
+
+@pytest.mark.parametrize("gs", GROUP_SIZES)
+def test_prefill_path_large_m(ext, gs):
+    N, K = 4200, 300            # > one 4096-row prefill block, K tail
+    w = _weights(N, K, 9)
+    q, s = kernels.quantize_int8(w)
+    p8 = kernels.prepare_int8(q, s)
+    packed, sc, mn = kernels.quantize_int4(w, gs)
+    p4 = kernels.prepare_int4(packed, sc, mn, K, gs)
+    bias = torch.randn(N)
+    for M in (kernels.DEFAULT_SMALL_M + 1, 80):
+        x = torch.randn(M, K)
+        ref, mag = _ref(x, kernels.dequantize_int8(q, s), bias)
+        _assert_close(kernels.int8_linear(x, p8, bias), ref, mag, rtol=2e-5, what=f"int8 prefill M={M}")
+        ref, mag = _ref(x, kernels.dequantize_int4(packed, sc, mn, K), bias)
+        _assert_close(kernels.int4_linear(x, p4, bias), ref, mag, rtol=2e-5, what=f"int4 prefill M={M}")
+
+
+def test_leading_dims_and_dtypes(ext):
+    N, K = 96, 200
+    w = _weights(N, K, 3)
+    q, s = kernels.quantize_int8(w)
+    p8 = kernels.prepare_int8(q, s)
+    packed, sc, mn = kernels.quantize_int4(w, 64)
+    p4 = kernels.prepare_int4(packed, sc, mn, K, 64)
+    x = torch.randn(2, 3, K)
+    for fn, p, wd in ((kernels.int8_linear, p8, kernels.dequantize_int8(q, s)),
+                      (kernels.int4_linear, p4, kernels.dequantize_int4(packed, sc, mn, K))):
+        y = fn(x, p)
+        assert y.shape == (2, 3, N)
+        ref, mag = _ref(x.reshape(6, K), wd)
+        _assert_close(y.reshape(6, N), ref, mag, what="leading dims")
+        for dt in (torch.bfloat16, torch.float16):
+            yb = fn(x.to(dt), p)
+            assert yb.dtype == dt and yb.shape == (2, 3, N)
+            ref, _ = _ref(x.to(dt).float().reshape(6, K), wd)
+            assert torch.allclose(yb.float().reshape(6, N), ref.float(), rtol=2e-2, atol=2e-2)
+        assert fn(torch.randn(0, K), p).shape == (0, N)
+    with pytest.raises(ValueError):
+        kernels.int8_linear(torch.randn(2, K + 1), p8)
+
+
+# ------------------------------------------- opt-in int8 activations ----
+
+def _act_q8_bound(x, sq):
+    """Worst-case error of quantizing x per row and per 32-k block to int8:
+    |dx| <= 0.5 * max|x_block| / 127.  The kernel computes scale * sum(q * xq * sx) +
+    min * sum(x) (exact sum), so |dy| <= sum_k scale*q_k * 0.5 * sx_block(k)."""
+    M, K = x.shape
+    Kp = -(-K // 32) * 32
+    xp = torch.zeros(M, Kp, dtype=torch.float64)
+    xp[:, :K] = x.double()
+    sx = xp.abs().view(M, -1, 32).amax(-1) / 127.0          # [M, Kp/32]
+    sxk = sx.repeat_interleave(32, dim=1)[:, :K]            # [M, K]
+    return 0.5 * sxk @ sq.double().abs().T                  # [M, N]
+
+
+@pytest.mark.parametrize("isa", ["scalar", "avx512"])
+@pytest.mark.parametrize("gs", GROUP_SIZES)
+def test_int4_int8_activations(ext, monkeypatch, isa, gs):
+    """SCL_KERNEL_ACT=int8: error within the activation-quantization bound; the VNNI
+    kernel and the portable reference agree to fp32 rounding."""
+    if isa == "avx512" and not ext.has_vnni():
+        pytest.skip("AVX-512 VNNI not supported by this CPU")
+    _isa_or_skip(ext, isa, monkeypatch)
+    monkeypatch.setenv("SCL_KERNEL_ACT", "int8")
+    assert "int8" in kernels.backend_info()["int4_activations"]
+    g = torch.Generator().manual_seed(gs)
+    for N, K in ((130, 1536 + 7), (64, 100), (33, 37)):
+        w = _weights(N, K, N + K)
+        packed, sc, mn = kernels.quantize_int4(w, gs)
+        p = kernels.prepare_int4(packed, sc, mn, K, gs)
+        wd = kernels.dequantize_int4(packed, sc, mn, K)
+        for M in (1, 2, 5, 8, 9, 16, 20):
+            x = torch.randn(M, K, generator=g)
+            x[:, 0] *= 30.0                                     # an outlier channel
+            bias = torch.randn(N, generator=g) if M == 5 else None
+            y = kernels.int4_linear(x, p, bias)
+            ref, mag = _ref(x, wd, bias)
+            sq = wd - mn.float().repeat_interleave(gs, dim=1)[:, :K]   # scale * q
+            bound = _act_q8_bound(x, sq) * 1.001 + 2e-6 * mag + 1e-6
+            err = (y.double() - ref).abs()
+            assert (err <= bound).all(), f"{isa} gs={gs} N={N} K={K} M={M}: {float((err / bound).max()):.3g}x bound"
+            # not a tautology: activations really are quantized (error well above fp32 noise)
+            assert float(err.max()) > 1e-4 * float(ref.abs().max())
+            y_ref_kernel = ext.int4_gemm_q8(x, p.w, p.sm, bias, N, K, gs, 0)
+            assert torch.allclose(y, y_ref_kernel, rtol=1e-5, atol=1e-5 * float(ref.abs().max()))
+
+
+# ----------------------------------------------------------- fallback ----
+
+def test_torch_fallback_matches_kernels(ext, monkeypatch):
+    N, K = 150, 1000
+    w = _weights(N, K, 4)
+    q, s = kernels.quantize_int8(w)
+    packed, sc, mn = kernels.quantize_int4(w, 128)
+    p8 = kernels.prepare_int8(q, s)
+    p4 = kernels.prepare_int4(packed, sc, mn, K, 128)
+    bias = torch.randn(N)
+    for M in (1, 5, 16, 50):
+        x = torch.randn(M, K)
+        y8k = kernels.int8_linear(x, p8, bias)
+        y4k = kernels.int4_linear(x, p4, bias)
+        monkeypatch.setenv("SCL_KERNELS", "torch")
+        assert kernels.backend_info()["cpu"] == "torch-fallback"
+        # tiled layout through the torch path, and canonical layout prepared under the fallback
+        f8 = kernels.prepare_int8(q, s)
+        f4 = kernels.prepare_int4(packed, sc, mn, K, 128)
+        assert f8.layout == f4.layout == "canonical"
+        for y_kernel, outs in ((y8k, (kernels.int8_linear(x, p8, bias), kernels.int8_linear(x, f8, bias))),
+                               (y4k, (kernels.int4_linear(x, p4, bias), kernels.int4_linear(x, f4, bias)))):
+            for y_fb in outs:
+                assert torch.allclose(y_fb, y_kernel, rtol=1e-4, atol=1e-4)
+        monkeypatch.delenv("SCL_KERNELS")
+
+
+def test_graceful_fallback_when_build_fails(ext, monkeypatch):
+    """No compiler / broken build: engine keeps working through PyTorch and says why."""
+    saved = dict(kernels._cpu_state)
+    try:
+        kernels._cpu_state.clear()
+        kernels._cpu_state.update(tried=True, ext=None, reason="simulated: no C++ compiler found")
+        info = kernels.backend_info()
+        assert info["cpu"] == "torch-fallback" and "simulated" in info["cpu_reason"]
+        N, K = 40, 70
+        w = _weights(N, K, 8)
+        q, s = kernels.quantize_int8(w)
+        p = kernels.prepare_int8(q, s)
+        assert p.layout == "canonical"
+        x = torch.randn(3, K)
+        ref, mag = _ref(x, kernels.dequantize_int8(q, s))
+        _assert_close(kernels.int8_linear(x, p), ref, mag, rtol=1e-5)
+        with pytest.raises(RuntimeError, match="simulated"):
+            kernels.load_cpu_extension(raise_errors=True)
+    finally:
+        kernels._cpu_state.clear()
+        kernels._cpu_state.update(saved)
+
+
+def test_build_failure_is_caught(monkeypatch, tmp_path):
+    """A real failed build (missing source) is caught and reported, not raised."""
+    saved = dict(kernels._cpu_state)
+    try:
+        kernels._cpu_state.clear()
+        kernels._cpu_state.update(tried=False, ext=None, reason="")
+        monkeypatch.setattr(kernels, "CPU_SRC_DIR", tmp_path)   # no sources there
+        assert kernels.load_cpu_extension() is None
+        assert kernels.backend_info()["cpu"] == "torch-fallback"
+        assert kernels._cpu_state["reason"]
+    finally:
+        kernels._cpu_state.clear()
+        kernels._cpu_state.update(saved)
+
+
+# ------------------------------------------------------- fused_verify ----
+
+def _verify_loop(tp, dp, toks, u):
+    """Straightforward python transcription of the documented semantics."""
+    gamma = dp.shape[0]
+    tpl, dpl = tp.double().tolist(), dp.double().tolist()
+    ul = u.double().tolist()
+    n = 0
+    while n < gamma:
+        t = int(toks[n])
+        if ul[n] * dpl[n][t] <= tpl[n][t]:
+            n += 1
+        else:
+            break
+    if n < gamma:
+        r = [max(0.0, a - b) for a, b in zip(tpl[n], dpl[n])]
+    else:
+        r = list(tpl[gamma])
+    if sum(r) <= 0:
+        r = list(tpl[n])
+    total = 0.0
+    cdf = []
+    for v in r:
+        total += v
+        cdf.append(total)
+    target = ul[gamma] * total
+    for j, c in enumerate(cdf):
+        if c > target:
+            return n, j
+    return n, max(j for j, v in enumerate(r) if v > 0)
+
+
+def _rand_probs(shape, g, temp=1.0):
+    return torch.softmax(torch.randn(*shape, generator=g) * 3 / temp, dim=-1)
+
+
+def test_fused_verify_reference_matches_loop():
+    g = torch.Generator().manual_seed(0)
+    for trial in range(300):
+        gamma = trial % 6
+        V = [5, 17, 100][trial % 3]
+        tp = _rand_probs((gamma + 1, V), g)
+        # draft close to target half the time so that acceptances happen
+        dp = _rand_probs((gamma, V), g) if trial % 2 else 0.7 * tp[:gamma] + 0.3 * _rand_probs((gamma, V), g)
+        toks = torch.multinomial(dp, 1, generator=g).squeeze(-1) if gamma else torch.zeros(0, dtype=torch.int64)
+        u = torch.rand(gamma + 1, generator=g)
+        assert kernels.fused_verify(tp, dp, toks, u) == _verify_loop(tp, dp, toks, u), trial
+
+
+def test_fused_verify_edge_cases():
+    V = 4
+    p = torch.tensor([[0.1, 0.2, 0.3, 0.4], [0.25, 0.25, 0.25, 0.25]])
+    q = torch.tensor([[0.1, 0.2, 0.3, 0.4]])
+    t = torch.tensor([2])
+    # identical distributions: always accept, bonus from p_1 (inverse CDF with u=0.6 -> index 2)
+    assert kernels.fused_verify(p, q, t, torch.tensor([0.999, 0.6])) == (1, 2)
+    # q puts zero mass on the drafted token -> accept
+    q0 = torch.tensor([[0.5, 0.5, 0.0, 0.0]])
+    assert kernels.fused_verify(p, q0, t, torch.tensor([0.999, 0.0]))[0] == 1
+    # certain rejection: p[t] = 0 -> resample from max(0, p - q) which is only token 3
+    p2 = torch.tensor([[0.0, 0.0, 0.0, 1.0], [0.25] * 4])
+    q2 = torch.tensor([[0.0, 0.0, 1.0, 0.0]])
+    assert kernels.fused_verify(p2, q2, t, torch.tensor([0.5, 0.99])) == (0, 3)
+    # u -> 1: last token with positive residual mass
+    assert kernels.fused_verify(p2, q2, t, torch.tensor([0.5, 1.0])) == (0, 3)
+    # batched form returns tensors
+    n, nxt = kernels.fused_verify(p[None].repeat(3, 1, 1), q[None].repeat(3, 1, 1),
+                                  t[None].repeat(3, 1), torch.tensor([[0.0, 0.1]] * 3))
+    assert n.tolist() == [1, 1, 1] and nxt.tolist() == [0, 0, 0]
+
+
+def test_fused_verify_statistics():
+    """Speculative sampling must reproduce the target distribution exactly.
+
+    Emitted tokens: the first emitted token is t_0 if accepted else the resample;
+    its distribution must be p_0.  Also P(accept t_0) = sum_x min(p_0, q_0).
+    A wrong residual (e.g. resampling from p instead of max(0, p - q)) fails this.
+    """
+    g = torch.Generator().manual_seed(123)
+    V, gamma, B = 6, 2, 40000
+    p = torch.tensor([[0.05, 0.30, 0.10, 0.25, 0.20, 0.10],
+                      [0.40, 0.10, 0.10, 0.10, 0.20, 0.10],
+                      [0.10, 0.10, 0.20, 0.20, 0.20, 0.20]])
+    q = torch.tensor([[0.30, 0.05, 0.25, 0.10, 0.20, 0.10],
+                      [0.10, 0.40, 0.10, 0.20, 0.10, 0.10]])
+    toks = torch.stack([torch.multinomial(q[i], B, replacement=True, generator=g) for i in range(gamma)], 1)
+    u = torch.rand(B, gamma + 1, generator=g)
+    n, nxt = kernels.fused_verify(p.expand(B, -1, -1), q.expand(B, -1, -1), toks, u)
+    first = torch.where(n > 0, toks[:, 0], nxt)
+    counts = torch.bincount(first, minlength=V).double()
+    expected = p[0].double() * B
+    chi2 = float(((counts - expected) ** 2 / expected).sum())
+    assert chi2 < 25.0, f"first-token distribution differs from p_0: chi2={chi2:.1f} (5 dof)"
+    acc_rate = float((n > 0).double().mean())
+    theory = float(torch.minimum(p[0], q[0]).sum())
+    assert abs(acc_rate - theory) < 0.01, (acc_rate, theory)
+    # second emitted token, given the first draft was accepted, must follow p_1
+    sel = n > 0
+    second = torch.where(n[sel] > 1, toks[sel, 1], nxt[sel])
+    c2 = torch.bincount(second, minlength=V).double()
+    e2 = p[1].double() * int(sel.sum())
+    chi2b = float(((c2 - e2) ** 2 / e2).sum())
+    assert chi2b < 25.0, f"second-token distribution differs from p_1: chi2={chi2b:.1f}"
