@@ -69,7 +69,8 @@ def test_bitsandbytes_nf4_on_real_model(small_fp32):
     lm = load("default-draft", make_spec("nf4"), "cpu")
     ids = eval_ids(lm.tokenizer, 64)
     q = compare(logprobs(small_fp32, ids), logprobs(lm, ids), ids)
-    assert q["top1_agreement"] > 0.8
+    assert q["top1_agreement"] > 0.7  # like our int4 on this small model (see BENCHMARKS.md)
+    assert 0 < q["kl_mean"] < 0.3
     assert quantized_fraction(lm.model)["ratio"] < 0.15
 
 
