@@ -4,31 +4,7 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-ROOT = Path(__file__).resolve().parent.parent
-TIMEOUT = 180
-
-
-@pytest.fixture(autouse=True)
-def app_env(tmp_path, tmp_path_factory, monkeypatch):
-    """Tiny models (SCL_TEST_TINY=1), a fresh store per test, one scratch model cache per session."""
-    monkeypatch.setenv("SCL_TEST_TINY", "1")
-    monkeypatch.setenv("SCL_DATA_DIR", str(tmp_path / "data"))
-    monkeypatch.setenv("SCL_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "scl-app-cache"))
-    yield tmp_path
-
-
-def problems(at) -> list[str]:
-    """Exceptions (tracebacks) and error boxes on the page."""
-    return [e.value for e in at.exception] + [e.value for e in at.error]
-
-
-def frame(at, *columns):
-    """The first dataframe on the page that has all these columns."""
-    for d in at.dataframe:
-        if all(c in d.value.columns for c in columns):
-            return d.value
-    raise AssertionError(f"no table with columns {columns}")
-
+from tests.app_helpers import ROOT, TIMEOUT, app_env, frame, problems  # noqa: F401
 
 PAGE = str(ROOT / "pages/playground.py")
 
