@@ -255,8 +255,8 @@ def test_leading_dims_and_dtypes(ext):
 
 def _act_q8_bound(x, sq):
     """Worst-case error of quantizing x per row and per 32-k block to int8:
-    |dx| <= 0.5 * max|x_block| / 127.  The kernel computes scale * sum(q * xq * sx) +
-    min * sum(x) (exact sum), so |dy| <= sum_k scale*q_k * 0.5 * sx_block(k)."""
+    |dx| <= 0.5 * max|x_block| / 127.  The kernel computes scale * sum((q-8) * xq * sx) +
+    (min + 8*scale) * sum(x) (exact sum), so |dy| <= sum_k |scale*(q_k-8)| * 0.5 * sx(k)."""
     M, K = x.shape
     Kp = -(-K // 32) * 32
     xp = torch.zeros(M, Kp, dtype=torch.float64)
@@ -288,7 +288,8 @@ def test_int4_int8_activations(ext, monkeypatch, isa, gs):
             bias = torch.randn(N, generator=g) if M == 5 else None
             y = kernels.int4_linear(x, p, bias)
             ref, mag = _ref(x, wd, bias)
-            sq = wd - mn.float().repeat_interleave(gs, dim=1)[:, :K]   # scale * q
+            s_k = sc.float().repeat_interleave(gs, dim=1)[:, :K]
+            sq = wd - mn.float().repeat_interleave(gs, dim=1)[:, :K] - 8 * s_k   # scale * (q - 8)
             bound = _act_q8_bound(x, sq) * 1.001 + 2e-6 * mag + 1e-6
             err = (y.double() - ref).abs()
             assert (err <= bound).all(), f"{isa} gs={gs} N={N} K={K} M={M}: {float((err / bound).max()):.3g}x bound"

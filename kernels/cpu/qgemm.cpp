@@ -163,7 +163,8 @@ torch::Tensor int4_gemm(torch::Tensor x, torch::Tensor w, torch::Tensor sm,
 bool has_vnni() { return avx512::compiled() && cpu_has("avx512vnni"); }
 
 // int4 weights x int8 activations (opt-in).  Activations are quantized here per
-// row and per block of 32 k: sx = max|x| / 127, xq = round(x / sx) (half to even).
+// row and per block of 32 k: sx = max|x| / 127, xq = round(x / sx) (half to even);
+// bsum = sum of xq per block (for the centred integer part, see qgemm_avx512.cpp).
 // isa 2 = AVX-512 VNNI kernel (needs has_vnni()), 0 = portable reference.
 torch::Tensor int4_gemm_q8(torch::Tensor x, torch::Tensor w, torch::Tensor sm,
                            c10::optional<torch::Tensor> bias, int64_t N, int64_t K, int64_t gs,
@@ -182,6 +183,7 @@ torch::Tensor int4_gemm_q8(torch::Tensor x, torch::Tensor w, torch::Tensor sm,
   const int64_t nbk = Kp / 32;
   std::vector<int8_t> xq((size_t)(M * Kp));
   std::vector<float> sx((size_t)(M * nbk)), xsum((size_t)(M * G));
+  std::vector<int32_t> bsum((size_t)(M * nbk));
   const float* xd = x.data_ptr<float>();
   for (int64_t m = 0; m < M; ++m) {
     const float* xr = xd + m * K;
@@ -192,11 +194,14 @@ torch::Tensor int4_gemm_q8(torch::Tensor x, torch::Tensor w, torch::Tensor sm,
       const float inv = amax > 0.f ? 127.f / amax : 0.f;
       sx[m * nbk + b] = amax / 127.f;
       int8_t* q = xq.data() + m * Kp;
+      int32_t bs = 0;
       for (int64_t k = k0; k < k0 + 32; ++k) {
         float v = k < k1 ? std::nearbyint(xr[k] * inv) : 0.f;
         v = std::min(127.f, std::max(-127.f, v));
         q[k] = (int8_t)v;
+        bs += (int32_t)v;
       }
+      bsum[m * nbk + b] = bs;
     }
     for (int64_t g = 0; g < G; ++g) {
       float s = 0.f;
@@ -207,7 +212,7 @@ torch::Tensor int4_gemm_q8(torch::Tensor x, torch::Tensor w, torch::Tensor sm,
   auto y = out_like(x, N);
   Int4Q8Params p{reinterpret_cast<const uint32_t*>(w.data_ptr<int32_t>()),
                  reinterpret_cast<const uint16_t*>(sm.data_ptr()), bias_ptr(bias, N), xq.data(),
-                 sx.data(), xsum.data(), y.data_ptr<float>(), M, N, K, Kp, G, gs};
+                 sx.data(), bsum.data(), xsum.data(), y.data_ptr<float>(), M, N, K, Kp, G, gs};
   auto fn = isa == 2 ? avx512::int4q8_tiles : scalar::int4q8_tiles;
   at::parallel_for(0, NT, 1, [&](int64_t tb, int64_t te) { fn(p, tb, te); });
   return y;

@@ -62,8 +62,9 @@ void int4_tiles(const Int4Params&, int64_t, int64_t) {}
 // One 64-byte load = 16 rows x 8 k; AND 0x0F gives 16 rows x k0..k3 as bytes,
 // (>>4) & 0x0F gives k4..k7; VPDPBUSD multiplies them (unsigned) with 4 int8
 // activations broadcast to all lanes (signed) and adds into int32 lanes.  Per
-// 32-k block the int32 sums are converted and scaled by the activation scale;
-// per group by the weight scale, plus min * sum(x).
+// 32-k block the int32 sums are centred (sum (q-8)*xq = sum q*xq - 8*sum xq, so
+// the activation-rounding error scales with |q-8|, not q), converted and scaled by
+// the activation scale; per group by the weight scale, plus (min + 8*scale)*sum(x).
 #if defined(__x86_64__) || defined(__i386__)
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")
@@ -74,8 +75,8 @@ constexpr int MBQ = 8;   // max m-rows per block (2*MBQ accumulators + temporari
 
 template <int MB>
 static inline void uk4q8(const uint32_t* __restrict w, int64_t nb, const int8_t* __restrict xq,
-                         int64_t ldq, const float* __restrict sx, int64_t ldsx,
-                         const float* __restrict xs, int64_t ldxs,
+                         int64_t ldq, const float* __restrict sx, const int32_t* __restrict bsum,
+                         int64_t ldsx, const float* __restrict xs, int64_t ldxs,
                          const uint16_t* __restrict sm, float* __restrict C) {
   const __m512i mask = _mm512_set1_epi8(0x0F);
   __m512 accg[MB];
@@ -100,12 +101,17 @@ static inline void uk4q8(const uint32_t* __restrict w, int64_t nb, const int8_t*
         acci[m] = _mm512_dpbusd_epi32(acci[m], hi, _mm512_set1_epi32(x1));
       }
     }
+    // centre the weights: sum (q - 8) * xq = sum q * xq - 8 * sum xq (exact int32)
 #pragma GCC unroll 16
-    for (int m = 0; m < MB; ++m)
-      accg[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acci[m]), _mm512_set1_ps(sx[m * ldsx + b]), accg[m]);
+    for (int m = 0; m < MB; ++m) {
+      const __m512i c = _mm512_sub_epi32(acci[m], _mm512_set1_epi32(8 * bsum[m * ldsx + b]));
+      accg[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(c), _mm512_set1_ps(sx[m * ldsx + b]), accg[m]);
+    }
   }
   const __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)sm));
-  const __m512 mn = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(sm + TILE)));
+  // min' = min + 8 * scale pairs with the centred integer part
+  const __m512 mn = _mm512_fmadd_ps(s, _mm512_set1_ps(8.f),
+                                    _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(sm + TILE))));
 #pragma GCC unroll 16
   for (int m = 0; m < MB; ++m) {
     float* c = C + m * TILE;
@@ -122,7 +128,7 @@ static void uk4q8_groups(const Int4Q8Params& p, const uint32_t* wt, const uint16
   for (int64_t g = g0; g < g1; ++g)
     for (int v = 0; v < TILE; v += 16)   // v outer: one group's slice stays in L1
       uk4q8<MB>(wt + g * no * TILE + v, nb, p.xq + m0 * p.Kp + g * p.gs, p.Kp,
-                p.sx + m0 * nbk + g * nb, nbk, p.xsum + m0 * p.G + g, p.G,
+                p.sx + m0 * nbk + g * nb, p.bsum + m0 * nbk + g * nb, nbk, p.xsum + m0 * p.G + g, p.G,
                 smt + g * 2 * TILE + v, C + m0 * TILE + v);
 }
 

@@ -69,6 +69,7 @@ struct Int4Q8Params {
   const float* bias;    // [N] or nullptr
   const int8_t* xq;     // [M][Kp] quantized activations, natural k order, 0 for k >= K
   const float* sx;      // [M][Kp/32] activation scales
+  const int32_t* bsum;  // [M][Kp/32] sum of xq over each 32-k block
   const float* xsum;    // [M][G] per-group sum of the (unquantized) activations
   float* y;             // [M][N]
   int64_t M, N, K, Kp, G, gs;

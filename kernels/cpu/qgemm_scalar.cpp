@@ -104,10 +104,11 @@ void int4q8_tiles(const Int4Q8Params& p, int64_t tb, int64_t te) {
                 acci += (int32_t)((d >> (8 * i + 4)) & 0xFu) * xq[oo * 8 + 4 + i];
               }
             }
+            acci -= 8 * p.bsum[m * nbk + g * nb + b];   // centred: sum (q - 8) * xq
             accg += (float)acci * p.sx[m * nbk + g * nb + b];
           }
           const float s = half_to_float(smt[g * 2 * TILE + r]);
-          const float mn = half_to_float(smt[g * 2 * TILE + TILE + r]);
+          const float mn = half_to_float(smt[g * 2 * TILE + TILE + r]) + 8.f * s;
           C[m * TILE + r] += accg * s + mn * p.xsum[m * G + g];
         }
       }

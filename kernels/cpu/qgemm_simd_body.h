@@ -24,7 +24,7 @@ constexpr int W = Ops::W;
 // hardware prefetcher alone leaves a single core well below its streaming
 // bandwidth because the loop is busy converting; one prefetch per 64-byte line.
 #ifndef SCL_PF_BYTES
-#define SCL_PF_BYTES 2048
+#define SCL_PF_BYTES 4096
 #endif
 static inline void pf(const void* p) { _mm_prefetch((const char*)p, _MM_HINT_T0); }
 
