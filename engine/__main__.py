@@ -8,17 +8,7 @@ import warnings
 warnings.filterwarnings("ignore", message="The pynvml package is deprecated")
 
 from .errors import UserError  # noqa: E402
-
-
-def _csv(s: str) -> list[str]:
-    return [x.strip() for x in s.split(",") if x.strip()]
-
-
-def _ints(s: str) -> list[int]:
-    try:
-        return [int(x) for x in _csv(s)]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got '{s}'") from None
+from .planner_cli import _csv, _ints  # noqa: E402  (one parser for comma lists)
 
 
 def add_run_args(p: argparse.ArgumentParser, many: bool = False):
@@ -193,12 +183,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=cmd_runs)
 
-    try:
-        from . import planner_cli
+    from . import planner_cli
 
-        planner_cli.add_parser(sub)
-    except ImportError:
-        pass
+    planner_cli.add_parser(sub)
     return ap
 
 
