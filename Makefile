@@ -9,7 +9,7 @@ PIP    := $(PY) -m pip
 TORCH_SPEC ?= torch==2.13.0
 PORT ?= 8501
 
-.PHONY: run test setup models browser test-fast bench clean-venv
+.PHONY: run test setup models browser test-fast bench peers bench-peers gpu-assets clean-venv
 
 run: setup models
 	$(VENV)/bin/streamlit run app.py --server.port $(PORT) --server.headless true --browser.gatherUsageStats false
@@ -54,6 +54,23 @@ browser:
 
 bench: setup models
 	$(PY) -m engine bench --model default --precisions fp32,bf16,int8,int4 --quality
+
+# Peers for bench/peers.py: llama-cpp-python compiled from PyPI for this CPU (about 8 minutes, once).
+peers: $(VENV)/.stamp-peers
+
+$(VENV)/.stamp-peers: $(VENV)/.stamp-models
+	$(PY) -c "import llama_cpp" 2>/dev/null || CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(PIP) install -q -e ".[peers]"
+	touch $@
+
+# Our engine against transformers, bitsandbytes and llama.cpp on the 1.5B, one run (~30 min on 2 cores).
+bench-peers: peers
+	$(PY) bench/peers.py
+
+# The tokenizer a GPU box needs for random-init models (bench/gpu_peers.sh); carry bench/.gpu-assets.
+gpu-assets: models
+	mkdir -p bench/.gpu-assets/tokenizer
+	d=$$($(PY) -c "from engine import catalog; print(catalog.resolve('default-draft'))"); \
+		cp $$d/tokenizer.json $$d/tokenizer_config.json $$d/chat_template.jinja bench/.gpu-assets/tokenizer/
 
 clean-venv:
 	rm -rf $(VENV)

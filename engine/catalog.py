@@ -230,6 +230,29 @@ def convert_to_cache(m: PackagedModel, progress=None) -> Path:
         shutil.rmtree(work, ignore_errors=True)
 
 
+def gguf_path(name: str, progress=None) -> Path:
+    """The joined, checksummed GGUF of a catalog model (for peers such as llama.cpp), kept in the cache.
+
+    Joined once (size and sha256 checked); later calls check the size and a sidecar stamp of the sha.
+    """
+    cname = canonical_name(name)
+    if cname not in CATALOG:
+        raise UserError(f"'{name}' is not a catalog model, so there is no packaged GGUF for it",
+                        f"use one of: {', '.join(sorted(list(ALIASES) + list(CATALOG)))}")
+    m = CATALOG[cname]
+    dest = cache_dir() / "gguf" / f"{m.name}.gguf"
+    stamp = dest.with_suffix(".sha256")
+    try:
+        if dest.stat().st_size == m.size and stamp.read_text().strip() == m.sha256:
+            return dest
+    except OSError:
+        pass
+    (progress or (lambda s: None))(f"joining {m.parts} parts of {m.hf_name} into {dest.name}")
+    assemble_gguf(m, dest)
+    stamp.write_text(m.sha256 + "\n")
+    return dest
+
+
 def resolve(name: str, progress=None) -> Path:
     """Return a local folder with config.json, safetensors and tokenizer for `name`.
 

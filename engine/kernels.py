@@ -27,6 +27,8 @@ Environment
 ``SCL_KERNEL_CACHE=dir``    build directory root (default ~/.cache/serving-cost-lab/kernels).
 ``SCL_KERNEL_ISA=scalar|avx2|avx512``  cap the CPU ISA (tests / benchmarks).
 ``SCL_KERNEL_SMALL_M=n``    largest M that uses the small-M CPU kernel (default 32, max 64).
+``SCL_KERNEL_PREFILL=dequant``  M above the small-M limit dequantizes weight blocks for torch
+                            matmul, as before; the default runs the small-M kernel in chunks.
 ``SCL_KERNEL_ACT=int8``     opt-in: int4 CPU kernels quantize activations to int8 per block of
                             32 k and use AVX-512 VNNI integer dot products (faster for M > 1,
                             adds activation-quantization error, see docs/KERNELS.md).
@@ -69,7 +71,8 @@ CUDA_HEADERS = ["qgemm_cuda.h"]
 
 TILE = 64              # output rows per packed CPU tile (must match kernels/cpu/qgemm_kernels.h)
 KERNEL_MAX_M = 64      # MAX_M in the C++ code
-DEFAULT_SMALL_M = 32   # M above this -> dequantize blocks + torch matmul (prefill path)
+DEFAULT_SMALL_M = 32   # M above this -> the small-M kernel in chunks, or (past the next) dequantize + matmul
+PREFILL_CHUNKS_MAX_M = 512
 CUDA_SMALL_M = 32      # same on CUDA: above this torch bf16 matmul on dequantized blocks wins
 PREFILL_BLOCK_ROWS = 4096
 ISA_NAMES = {0: "scalar", 1: "avx2", 2: "avx512"}
@@ -590,6 +593,11 @@ def _cpu_prefill(x2: torch.Tensor, prepared, bias: Optional[torch.Tensor], ext) 
     return y
 
 
+def _prefill_mode() -> str:
+    """SCL_KERNEL_PREFILL=dequant: large M dequantizes weight blocks for torch matmul (the old path)."""
+    return "dequant" if _env("SCL_KERNEL_PREFILL") == "dequant" else "chunks"
+
+
 def _linear(x: torch.Tensor, prepared, bias: Optional[torch.Tensor], is4: bool) -> torch.Tensor:
     K, N = prepared.K, prepared.N
     if x.shape[-1] != K:
@@ -637,14 +645,22 @@ def _linear(x: torch.Tensor, prepared, bias: Optional[torch.Tensor], is4: bool) 
     b32 = None if bias is None else bias.to(torch.float32).contiguous()
     ext = _cpu_ext_if_enabled() if prepared.layout == "cpu_tiled" else None
     if ext is not None:
-        if M <= _small_m():
-            isa = _cpu_isa(ext)
+        isa = _cpu_isa(ext)
+        sm = _small_m()
+
+        def small(xs):
             if is4:
-                y = _int4_call(ext, x32, prepared, b32, N, K, isa)
-            else:
-                y = ext.int8_gemm(x32, prepared.w, prepared.scale, b32, N, isa)
-        else:
+                return _int4_call(ext, xs, prepared, b32, N, K, isa)
+            return ext.int8_gemm(xs, prepared.w, prepared.scale, b32, N, isa)
+
+        if M <= sm:
+            y = small(x32)
+        elif _prefill_mode() == "dequant" or M > PREFILL_CHUNKS_MAX_M:
             y = _cpu_prefill(x32, prepared, b32, ext)
+        else:
+            # Prefill in chunks of small-M rows: dequantizing the whole weight to fp32 costs 3x
+            # more for a 57-token prompt; the two meet near 512 rows (bench: 8960x1536, 2 cores).
+            y = torch.cat([small(x32[i:i + sm].contiguous()) for i in range(0, M, sm)])
     else:
         y = _torch_linear(x32, prepared, b32)
     return y.to(out_dtype).reshape(*lead, N)

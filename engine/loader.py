@@ -61,6 +61,31 @@ def load_tokenizer(folder: Path):
     return AutoTokenizer.from_pretrained(str(folder))
 
 
+def _release_source(model) -> None:
+    """Copy the tensors that still live in the safetensors file's buffer (embedding, norms, biases).
+
+    While any of them points into it, the whole fp32 file stays resident: an int4 1.5B model held
+    8.3 GB instead of 2.3 GB. Copying the few kept tensors lets the buffer go.
+    """
+    import gc
+
+    with torch.no_grad():
+        for mod in model.modules():
+            for _, p in mod.named_parameters(recurse=False):
+                if p.device.type == "cpu":
+                    p.data = p.data.clone()
+            for n, b in list(mod.named_buffers(recurse=False)):
+                if b.device.type == "cpu":
+                    setattr(mod, n, b.clone())
+    gc.collect()
+    try:  # hand freed heap pages back to the OS (glibc); elsewhere this is a no-op
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 def load(name: str = "default", spec: QuantSpec | str = "fp32", device: str | None = None,
          progress=None) -> LoadedModel:
     """Resolve, build in fp32, convert to `spec`. Refuses unsupported combinations before loading."""
@@ -74,6 +99,8 @@ def load(name: str = "default", spec: QuantSpec | str = "fp32", device: str | No
     base_dtype = compute_dtype_for(spec, device) if spec.precision in ("fp32", "bf16", "fp16") else torch.float32
     model = build_model(folder, dtype=base_dtype, device="cpu")
     model = quantize_model(model, spec, device)
+    if spec.precision != "fp32":
+        _release_source(model)
     tok = load_tokenizer(folder)
     if device.startswith("cuda"):
         torch.cuda.synchronize()

@@ -86,6 +86,8 @@ class RMSNorm(nn.Module):
 
     def forward(self, x):
         dt = x.dtype
+        if dt == torch.float32:  # one fused op instead of five small ones (the same numbers in fp32)
+            return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x.to(dt)
@@ -196,6 +198,8 @@ class Transformer(nn.Module):
         # Query at slot s sees key j when j <= s and j is not one of its own pad slots.
         mask = (key_slots[None, None, :] <= slots[None, :, None]) & (key_slots[None, None, :] >= pad[:, None, None])
         mask = mask[:, None]  # [B, 1, T, end]
+        if t == 1 and not bool(pad.any()):
+            mask = None  # one new token, no padding: it sees every key; SDPA is faster without a mask
         x = self.model.embed_tokens(tokens).to(self.compute_dtype)
         for blk in self.model.layers:
             x = blk(x, cos, sin, cache, slots, mask, end)

@@ -66,6 +66,8 @@ class RunRecord:
     @property
     def label(self) -> str:
         c = self.config
+        if self.kind == "peer" and c.get("label"):
+            return c["label"] + ("" if c.get("model") in (None, "default") else f" ({c['model']})")
         draft = c.get("draft") or {}
         s = f"{c.get('model', '?')}@{c.get('precision', '?')}"
         if draft.get("kind"):

@@ -16,6 +16,8 @@ from .errors import UserError
 from .generate import SamplingParams, generate
 from .loader import LoadedModel, load, make_spec, resolve_device
 from .metrics import PeakMemory, bandwidth_gbs, make_record
+from .peers import PeerConfig
+from .peers import measure as measure_peer
 from .records import RunRecord
 from .speculative import DRAFT_KINDS, check_gamma, generate_speculative, make_proposer
 
@@ -215,6 +217,9 @@ def run_many(configs: list[RunConfig], pool: ModelPool, store=None, on_progress=
              progress=None) -> list[RunRecord]:
     """Run configs in order; each record is stored as it finishes, so a cancel keeps what is done.
 
+    A peers.PeerConfig in the list is measured by peers.measure (a fresh process); a peer that is
+    unavailable comes back as a record with notes and no metrics, and is not stored.
+
     on_progress(done, total, eta_s, record) is called after each run; eta_s extrapolates the mean
     time per run so far. should_cancel() is checked before each run.
     """
@@ -225,7 +230,10 @@ def run_many(configs: list[RunConfig], pool: ModelPool, store=None, on_progress=
     for i, c in enumerate(configs):
         if should_cancel and should_cancel():
             break
-        rec = execute(c, pool, store, progress)
+        if isinstance(c, PeerConfig):
+            rec = measure_peer(c, store, progress)
+        else:
+            rec = execute(c, pool, store, progress)
         out.append(rec)
         if on_progress:
             per = (time.perf_counter() - t0) / len(out)

@@ -23,6 +23,7 @@ def row(rec) -> dict:
     return {
         "run": rec.run_id,
         "config": rec.label,
+        "system": c.get("system") or "serving-cost-lab",
         "model": c.get("model"),
         "precision": c.get("precision"),
         "draft": draft.get("kind") or "none",

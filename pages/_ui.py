@@ -228,6 +228,7 @@ class Job:
         self.done = 0
         self.eta_s: float | None = None
         self.run_ids: list[str] = []
+        self.skipped: list[str] = []  # peers that could not run, with the reason
         self.message = "starting"
         self.error: str | None = None
         self.cancel_event = threading.Event()
@@ -249,7 +250,10 @@ class Job:
 
     def _progress(self, done, total, eta_s, rec):
         self.done, self.eta_s = done, eta_s
-        self.run_ids.append(rec.run_id)
+        if rec.notes.startswith("unavailable"):
+            self.skipped.append(f"{rec.label}: {rec.notes}")
+        else:
+            self.run_ids.append(rec.run_id)
 
     def _say(self, msg: str):
         if not self.cancelled:
@@ -336,6 +340,8 @@ def finish_job(key: str, source: str) -> Job | None:
             set_current(job.run_ids, source)
     if job.error:
         st.error(job.error)
+    for s in job.skipped:
+        st.warning(f"Not measured: {s}")
     if job.cancelled:
         st.warning(f"Cancelled: {job.done} of {job.total} runs finished and are kept.")
     elif not job.error:
@@ -345,7 +351,7 @@ def finish_job(key: str, source: str) -> Job | None:
 
 # ---------------------------------------------------------------- the comparison view
 
-TABLE_COLUMNS = ["config", "precision", "draft", "draft_precision", "gamma", "batch", "weights_total_MB",
+TABLE_COLUMNS = ["config", "system", "precision", "draft", "draft_precision", "gamma", "batch", "weights_total_MB",
                  "peak_rss_MB", "ttft_ms", "tok_ms_p50", "tok_ms_p90", "tok_s", "accept_rate", "accept_len",
                  "expected_len", "speedup", "quality_loss_kl", "top1", "ppl", "usd_per_1m_out", "bw_eff", "kernels",
                  "created_at", "run"]

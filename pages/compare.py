@@ -1,4 +1,4 @@
-"""Compare: sweep target precision × draft × draft precision × gamma × batch, or pick stored runs."""
+"""Compare: sweep target precision × draft × draft precision × gamma × batch (plus peer systems), or pick stored runs."""
 import sys
 from pathlib import Path
 
@@ -9,7 +9,7 @@ if ROOT not in sys.path:
 import streamlit as st  # noqa: E402
 
 from pages import _ui  # noqa: E402
-from engine import ui_data  # noqa: E402
+from engine import peers, ui_data  # noqa: E402
 from engine.quant import PRECISIONS  # noqa: E402
 from engine.runs import RunConfig, sweep_configs  # noqa: E402
 from engine.speculative import DRAFT_KINDS, MAX_GAMMA  # noqa: E402
@@ -42,10 +42,25 @@ with tab_sweep:
         quality = st.checkbox("Measure quality vs fp32", value=False, key="cmp-quality",
                               help="Adds a 256-token evaluation per run; needed for the cost-vs-quality frontier.")
 
+    with st.expander("Peer systems as rows (transformers, bitsandbytes, llama.cpp)"):
+        st.caption("Each peer runs on the same prompt and number of new tokens, greedy, in a fresh process, after a "
+                   "warm-up. Only installed peers are offered; `make peers` builds llama-cpp-python.")
+        peer_ok, peer_missing = [], {}
+        try:
+            peer_ok, peer_missing = peers.dashboard_peer_configs(model, draft_model, int(max_new))
+        except Exception as e:
+            _ui.show_error(e)
+        peer_labels = {c.label: c for c in peer_ok}
+        picked_peers = st.multiselect("Peers to measure", list(peer_labels), default=[], key="cmp-peers")
+        for label, why in peer_missing.items():
+            st.caption(f"Not offered: {_ui.md_escape(label)}: {_ui.md_escape(why)}")
+
     cfgs, problem = [], None
     try:
         base = RunConfig(model=model, draft_model=draft_model, max_new_tokens=int(max_new), quality=bool(quality))
-        if not precisions or not drafts or not batches:
+        if picked_peers and not precisions:
+            cfgs = [peer_labels[p].validate() for p in picked_peers]  # peers alone are a valid comparison
+        elif not precisions or not drafts or not batches:
             problem = "pick at least one target precision, one draft kind (none counts) and one batch size"
         elif any(d in ("model", "self") for d in drafts) and not draft_precisions:
             problem = "pick a draft precision for the model/self drafts"
@@ -54,6 +69,7 @@ with tab_sweep:
         else:
             cfgs = [x.validate() for x in sweep_configs(base, precisions, drafts, draft_precisions or ["int4"],
                                                         gammas or [4], batches)]
+            cfgs += [peer_labels[p].validate() for p in picked_peers]
     except Exception as e:
         _ui.show_error(e)
     if problem:

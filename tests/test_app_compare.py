@@ -121,3 +121,42 @@ def test_pick_stored_runs():
     at.number_input(key="price-cmp").set_value(0.2).run()
     after = frame(at, "config", "usd_per_1m_out")["usd_per_1m_out"].tolist()
     assert all(abs(b * 2 - a) < 1e-3 * max(1, a) for a, b in zip(after, before))
+
+
+def test_peer_rows_join_the_comparison(monkeypatch):
+    """A real peer (transformers fp32 on the 0.5B) measured from the page lands in the table beside our run."""
+    from pages import _ui
+
+    monkeypatch.delenv("SCL_CACHE_DIR")  # the real converted 0.5B, not the scratch cache of the tiny models
+    at = AppTest.from_file(PAGE, default_timeout=TIMEOUT).run()
+    at.selectbox(key="cmp-model").set_value("default-draft").run()
+    opts = at.multiselect(key="cmp-peers").options
+    assert "transformers fp32" in opts
+    at.multiselect(key="cmp-precisions").set_value([]).run()
+    at.multiselect(key="cmp-peers").set_value(["transformers fp32"])
+    at.number_input(key="cmp-tokens").set_value(4).run()
+    assert any("1 run(s) in this grid" in c.value for c in at.caption)
+    at.button(key="cmp-run").click().run()
+    job = at.session_state["sweep-job"]
+    assert job.wait(TIMEOUT)
+    at.run()
+    assert not problems(at)
+    t = frame(at, "config", "system", "tok_s")
+    assert list(t["system"]) == ["transformers"] and t["tok_s"].iloc[0] > 0
+    stored = _ui.get_store().list_runs()
+    assert [r.kind for r in stored] == ["peer"] and stored[0].metrics["new_tokens"] == 4
+
+
+def test_unavailable_peers_are_listed_with_the_reason(monkeypatch):
+    from engine import peers
+
+    real = peers._has
+    monkeypatch.setattr(peers, "_has", lambda m: False if m == "llama_cpp" else real(m))
+    at = AppTest.from_file(PAGE, default_timeout=TIMEOUT).run()
+    at.selectbox(key="cmp-model").set_value("default").run()
+    assert "llama.cpp Q4_K_M" not in at.multiselect(key="cmp-peers").options
+    shown = [c.value.replace("\\", "") for c in at.caption]  # captions are markdown-escaped
+    assert any("llama.cpp Q4_K_M" in c and "make peers" in c for c in shown)
+    at.selectbox(key="cmp-model").set_value("tiny").run()
+    assert at.multiselect(key="cmp-peers").options == []
+    assert any("catalog model" in c.value.replace("\\", "") for c in at.caption)

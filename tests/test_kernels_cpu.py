@@ -210,8 +210,11 @@ def test_kernel_max_m_and_offsets(ext, monkeypatch, isa):
         _assert_close(kernels.int4_linear(x, p4), ref, mag, what=f"int4 M={M}")
 
 
+@pytest.mark.parametrize("mode", ["chunks", "dequant"])
 @pytest.mark.parametrize("gs", GROUP_SIZES)
-def test_prefill_path_large_m(ext, gs):
+def test_prefill_path_large_m(ext, gs, mode, monkeypatch):
+    """Both prefill paths: the small-M kernel in chunks (default) and dequantize + matmul."""
+    monkeypatch.setenv("SCL_KERNEL_PREFILL", mode)
     N, K = 4200, 300            # > one 4096-row prefill block, K tail
     w = _weights(N, K, 9)
     q, s = kernels.quantize_int8(w)
@@ -219,7 +222,8 @@ def test_prefill_path_large_m(ext, gs):
     packed, sc, mn = kernels.quantize_int4(w, gs)
     p4 = kernels.prepare_int4(packed, sc, mn, K, gs)
     bias = torch.randn(N)
-    for M in (kernels.DEFAULT_SMALL_M + 1, 80):
+    sizes = (kernels.DEFAULT_SMALL_M + 1, 80) + ((kernels.PREFILL_CHUNKS_MAX_M + 1,) if mode == "chunks" else ())
+    for M in sizes:
         x = torch.randn(M, K)
         ref, mag = _ref(x, kernels.dequantize_int8(q, s), bias)
         _assert_close(kernels.int8_linear(x, p8, bias), ref, mag, rtol=2e-5, what=f"int8 prefill M={M}")

@@ -1,0 +1,149 @@
+"""Our engine against the tools people use instead, in one run on this machine.
+
+    .venv/bin/python bench/peers.py                      # the full CPU matrix on the 1.5B (~40 min on 2 cores)
+    .venv/bin/python bench/peers.py --only llama,int4    # configs whose label contains any of these
+    .venv/bin/python bench/peers.py --device cuda --random-init qwen2.5-coder-1.5b,llama-3.1-8b   # GPU box
+
+Each system runs in a fresh process on the same prompt token ids, greedy, the same number of new
+tokens (EOS ignored), one warm-up and --reps timed repetitions (medians). Peers that are not
+installed are listed with the reason. Writes <out>/peers.{md,csv,json,html} (and peers.png when
+Debian's chromium is there) and prints the table and the targets of issue 7.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from engine import peer_report, peers  # noqa: E402
+from engine.errors import UserError  # noqa: E402
+from engine.tables import format_rows  # noqa: E402
+
+
+def gpu_configs(shape: str, max_new: int, reps: int, device: str) -> list[peers.PeerConfig]:
+    """On a GPU with random weights: transformers fp16/bf16 and bitsandbytes, and our engine's precisions."""
+    import random
+
+    from engine import shapes
+
+    vocab = shapes.get_model(shape).vocab
+    rnd = random.Random(0)
+    ids = [rnd.randrange(2, min(vocab, 150000)) for _ in range(128)]
+    base = peers.PeerConfig(model=shape, random_init=shape, prompt_ids=ids, max_new_tokens=max_new, reps=reps,
+                            device=device, timeout_s=900)
+    hf, us = "transformers", peers.OURS
+    out = [replace(base, system=hf, precision=p) for p in ("bf16", "fp16", "bnb-int8", "bnb-nf4")]
+    out += [replace(base, system=hf, precision="bf16", draft="ngram")]
+    out += [replace(base, system=us, precision=p) for p in ("bf16", "fp16", "int8", "int4", "fp8")]
+    out += [replace(base, system=us, precision="bf16", draft="self", draft_precision="int4", gamma=4),
+            replace(base, system=us, precision="int8", draft="self", draft_precision="int4", gamma=4)]
+    return out
+
+
+def write_outputs(records, out: Path, title: str, command: str) -> list[dict]:
+    rows = peer_report.peer_rows(records)
+    out.mkdir(parents=True, exist_ok=True)
+    cols = ["config", "tok_s", "ttft_ms", "peak_rss_MB", "load_peak_MB", "vs_best_peer", "accept_rate",
+            "same_tokens_as_hf_fp32", "status"]
+    tg = peer_report.targets(records)
+    machine = next((r.machine for r in records if r.machine), {})
+    md = [f"# {title}", "", f"Command: `{command}`", "",
+          "Machine: " + ", ".join(f"{k}={machine.get(k)}" for k in ("cpu_model", "cores", "simd", "memory_bytes",
+                                                                     "gpu_name") if machine.get(k)), "",
+          format_rows(rows, "md", cols), "", "Targets (issue 7):", "", format_rows(tg, "md")]
+    (out / "peers.md").write_text("\n".join(md) + "\n")
+    (out / "peers.csv").write_text(format_rows(rows, "csv", cols + ["system", "best_peer"]))
+    (out / "peers.json").write_text(json.dumps({"command": command, "rows": rows, "targets": tg,
+                                                "records": [r.to_dict() for r in records]}, indent=1, default=str))
+    try:
+        fig = peer_report.peer_figure(rows, title)
+    except ImportError as e:  # the GPU image has no plotly; the table is the result
+        print(f"note: no chart ({e})", file=sys.stderr)
+        return rows
+    html = out / "peers.html"
+    fig.write_html(str(html), include_plotlyjs=True, full_html=True)
+    _png(html, out / "peers.png")
+    return rows
+
+
+def _png(html: Path, png: Path) -> None:
+    """A static image of the chart through Debian's chromium, when it is installed (never a download)."""
+    if not Path("/usr/bin/chromium").exists():
+        return
+    try:
+        from playwright.sync_api import sync_playwright
+
+        with sync_playwright() as p:
+            b = p.chromium.launch(executable_path="/usr/bin/chromium",
+                                  args=["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                                        "--disable-component-update", "--disable-sync", "--no-first-run"])
+            page = b.new_page(viewport={"width": 1200, "height": 800})
+            page.goto(html.resolve().as_uri())
+            page.wait_for_selector(".main-svg", timeout=30000)
+            page.locator(".plotly-graph-div").first.screenshot(path=str(png))
+            b.close()
+    except Exception as e:  # the HTML is the result; the picture is a convenience
+        print(f"note: no PNG ({type(e).__name__}: {e})", file=sys.stderr)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="default")
+    ap.add_argument("--draft-model", default="default-draft")
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--only", default="", help="comma list: keep configs whose label contains any of these")
+    ap.add_argument("--random-init", default="", help="comma list of data/models.json shapes (GPU runs)")
+    ap.add_argument("--timeout", type=int, default=1800, help="seconds per system")
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    ap.add_argument("--store", action="store_true", help="also save the records in the lab's store")
+    a = ap.parse_args(argv)
+    command = "python bench/peers.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    if a.random_init:
+        cfgs = [c for s in a.random_init.split(",") for c in gpu_configs(s.strip(), a.max_new_tokens, a.reps,
+                                                                          a.device)]
+    else:
+        cfgs = peers.default_peer_configs(a.model, a.draft_model, a.max_new_tokens, a.reps, a.device)
+    cfgs = [replace(c, timeout_s=a.timeout) for c in cfgs]
+    if a.only:
+        keys = [k.strip().lower() for k in a.only.split(",") if k.strip()]
+        cfgs = [c for c in cfgs if any(k in c.label.lower() for k in keys)]
+    if not cfgs:
+        print("no configuration matches --only", file=sys.stderr)
+        return 2
+    store = None
+    if a.store:
+        from engine.store import Store
+
+        store = Store()
+    records = []
+    t0 = time.time()
+    for i, c in enumerate(cfgs, 1):
+        try:
+            rec = peers.measure(c, store)
+        except UserError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        records.append(rec)
+        v = rec.metrics.get("decode_tok_s")
+        print(f"[{i}/{len(cfgs)} {time.time() - t0:5.0f}s] {c.label}: "
+              + (f"{v:.2f} tok/s, TTFT {rec.metrics['ttft_s'] * 1000:.0f} ms" if v else rec.notes), flush=True)
+    title = "Peers: " + (f"random-init {a.random_init} on {a.device}" if a.random_init else
+                         f"{a.model}, {a.max_new_tokens} new tokens, median of {a.reps}")
+    rows = write_outputs(records, Path(a.out), title, command)
+    print(format_rows(rows, "md", ["config", "tok_s", "ttft_ms", "peak_rss_MB", "vs_best_peer", "accept_rate",
+                                   "same_tokens_as_hf_fp32", "status"]))
+    print(format_rows(peer_report.targets(records), "md"))
+    print(f"wrote {a.out}/peers.{{md,csv,json,html}}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
