@@ -27,7 +27,8 @@ from engine.metrics import bandwidth_gbs  # noqa: E402
 from engine.runs import default_prompts  # noqa: E402
 from engine.tables import format_rows  # noqa: E402
 
-LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head")
+LINEARS = ("q_proj", "k_proj", "v_proj", "qkv_proj", "o_proj", "gate_proj", "up_proj", "gate_up_proj", "down_proj",
+           "lm_head")
 
 
 def _bytes(mod) -> int:
@@ -115,15 +116,17 @@ def main(argv=None) -> int:
         return 1000 * spent[cat] / steps if calls[cat] else 0.0
 
     lin_total = 0.0
-    for cat in LINEARS:
+    for cat in [c for c in LINEARS if calls[c]]:
         ms = per_step(cat)
         lin_total += ms
         floor = nbytes[cat] / (bw * 1e9) * 1000
         rows.append({"part": cat, "ms/step": round(ms, 2), "share": round(ms / total_ms, 3),
                      "MB read": round(nbytes[cat] / 1e6, 1), "GB/s": round(nbytes[cat] / (ms / 1000) / 1e9, 1)
                      if ms else None, "floor ms": round(floor, 2), "vs floor": round(ms / floor, 2) if floor else None})
-    attn_core = per_step("attention (whole)") - sum(per_step(c) for c in ("q_proj", "k_proj", "v_proj", "o_proj"))
-    mlp_rest = per_step("mlp (whole)") - sum(per_step(c) for c in ("gate_proj", "up_proj", "down_proj"))
+    attn_core = per_step("attention (whole)") - sum(per_step(c) for c in ("q_proj", "k_proj", "v_proj", "qkv_proj",
+                                                                          "o_proj"))
+    mlp_rest = per_step("mlp (whole)") - sum(per_step(c) for c in ("gate_proj", "up_proj", "gate_up_proj",
+                                                                   "down_proj"))
     norm = per_step("rmsnorm")
     blocks = per_step("attention (whole)") + per_step("mlp (whole)") + norm
     fwd_ms = 1000 * fwd_s / steps
@@ -139,7 +142,7 @@ def main(argv=None) -> int:
                  "MB read": round(all_bytes / 1e6, 1), "GB/s": round(all_bytes / (total_ms / 1000) / 1e9, 1),
                  "floor ms": round(floor_all, 2), "vs floor": round(total_ms / floor_all, 2)})
     print(f"# {lm.label}: decode step {plain_ms:.1f} ms without hooks ({1000 / plain_ms:.1f} tok/s), "
-          f"{total_ms:.1f} ms with hooks; bandwidth probe {bw:.1f} GB/s; {calls['q_proj'] // steps} layers")
+          f"{total_ms:.1f} ms with hooks; bandwidth probe {bw:.1f} GB/s; {lm.cfg.num_layers} layers")
     print(format_rows(rows, "md"))
     return 0
 

@@ -117,13 +117,19 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(cfg.hidden_size, kv * d, bias=cfg.qkv_bias)
         self.v_proj = nn.Linear(cfg.hidden_size, kv * d, bias=cfg.qkv_bias)
         self.o_proj = nn.Linear(h * d, cfg.hidden_size, bias=False)
+        self.qkv_proj = None  # quant.fuse_projections may replace q/k/v with one fused linear
 
     def forward(self, x, cos, sin, cache: KVCache, slots: torch.Tensor, mask: torch.Tensor, end: int):
         b, t, _ = x.shape
         c = self.cfg
-        q = self.q_proj(x).view(b, t, c.num_heads, c.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(b, t, c.num_kv_heads, c.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(b, t, c.num_kv_heads, c.head_dim).transpose(1, 2)
+        if self.qkv_proj is not None:
+            q, k, v = self.qkv_proj(x).split([c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim,
+                                              c.num_kv_heads * c.head_dim], dim=-1)
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q = q.reshape(b, t, c.num_heads, c.head_dim).transpose(1, 2)
+        k = k.reshape(b, t, c.num_kv_heads, c.head_dim).transpose(1, 2)
+        v = v.reshape(b, t, c.num_kv_heads, c.head_dim).transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         cache.k[self.layer, :, :, slots] = k.to(cache.k.dtype)
         cache.v[self.layer, :, :, slots] = v.to(cache.v.dtype)
@@ -139,8 +145,12 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.gate_up_proj = None  # quant.fuse_projections may replace gate/up with one fused linear
 
     def forward(self, x):
+        if self.gate_up_proj is not None:
+            g, u = self.gate_up_proj(x).chunk(2, dim=-1)
+            return self.down_proj(F.silu(g) * u)
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 

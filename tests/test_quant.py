@@ -105,3 +105,18 @@ def test_quantized_model_does_not_keep_the_fp32_file_resident():
     rss, weights = map(int, out.stdout.split()[-2:])
     assert weights < 0.45 * fp32_bytes
     assert rss < weights + 0.25 * fp32_bytes + 600e6, f"RSS {rss / 1e6:.0f} MB for {weights / 1e6:.0f} MB of weights"
+
+
+def test_fused_projections_give_the_same_logits(small_int4, monkeypatch):
+    """q/k/v and gate/up fused into one kernel call each: the same rows, so the same numbers."""
+    monkeypatch.setenv("SCL_FUSE", "0")
+    unfused = load("default-draft", make_spec("int4"), "cpu")
+    assert unfused.model.model.layers[0].self_attn.qkv_proj is None
+    assert small_int4.model.model.layers[0].self_attn.qkv_proj is not None
+    assert small_int4.weights == unfused.weights  # the same bytes, by layer type
+    ids = torch.tensor([[151644, 872, 198, 750, 374, 374, 11, 323, 1946]])
+    outs = []
+    for lm in (unfused, small_int4):
+        cache = lm.model.new_cache(1, 16)
+        outs.append(lm.model(ids, 0, cache))
+    torch.testing.assert_close(outs[1], outs[0], rtol=1e-5, atol=1e-4)
