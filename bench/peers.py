@@ -49,8 +49,9 @@ def gpu_configs(shape: str, max_new: int, reps: int, device: str) -> list[peers.
 def write_outputs(records, out: Path, title: str, command: str) -> list[dict]:
     rows = peer_report.peer_rows(records)
     out.mkdir(parents=True, exist_ok=True)
-    cols = ["config", "tok_s", "ttft_ms", "peak_rss_MB", "load_peak_MB", "vs_best_peer", "accept_rate",
+    cols = ["config", "tok_s", "ttft_ms", "peak_rss_MB", "load_peak_MB", "peak_gpu_MB", "vs_best_peer", "accept_rate",
             "same_tokens_as_hf_fp32", "status"]
+    cols = [c for c in cols if any(r.get(c) is not None for r in rows)] or cols
     tg = peer_report.targets(records)
     machine = next((r.machine for r in records if r.machine), {})
     md = [f"# {title}", "", f"Command: `{command}`", "",

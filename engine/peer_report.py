@@ -50,6 +50,8 @@ def peer_rows(records) -> list[dict]:
             "ttft_ms": None if m.get("ttft_s") is None else round(1000 * m["ttft_s"], 1),
             "peak_rss_MB": None if m.get("peak_rss_bytes") is None else round(m["peak_rss_bytes"] / 1e6),
             "load_peak_MB": None if m.get("load_peak_rss_bytes") is None else round(m["load_peak_rss_bytes"] / 1e6),
+            "peak_gpu_MB": None if m.get("peak_gpu_allocated_bytes") is None else
+            round(m["peak_gpu_allocated_bytes"] / 1e6),
             "vs_best_peer": None if v is None or not best_v else round(v / best_v, 2),
             "accept_rate": None if spec.get("acceptance_rate") is None else round(spec["acceptance_rate"], 2),
             "same_tokens_as_hf_fp32": None if agree is None else f"{agree}/{m.get('new_tokens')}",

@@ -168,25 +168,26 @@ def default_peer_configs(model="default", draft_model="default-draft", max_new_t
 def measure(cfg: PeerConfig, store=None, progress=None):
     """Run one peer in a subprocess and return its RunRecord (kind "peer").
 
-    An unavailable or failing peer still returns a record: metrics empty, notes saying why. Only
-    records with metrics are saved to `store`.
+    An unavailable or failing peer still returns a record: metrics empty, notes saying why
+    ("unavailable: ..." for a refusal or a missing package, "failed: ..." for a crash or a
+    timeout). Only records with metrics are saved to `store`.
     """
     from .records import RunRecord
 
     cfg.validate()
     say = progress or (lambda s: None)
     reason = unavailable_reason(cfg)
-    result = None
+    result, status = None, "unavailable"
     if reason is None:
         say(f"measuring {cfg.label} ({cfg.reps} reps of {cfg.max_new_tokens} tokens, in a fresh process)")
-        result, reason = _spawn(cfg)
+        result, reason, status = _spawn(cfg)
     config = _record_config(cfg, result)
     rec = RunRecord(kind="peer", config=config, metrics=(result or {}).get("metrics", {}),
                     machine=(result or {}).get("machine") or _machine(cfg.device),
                     versions=(result or {}).get("versions") or {},
                     kernels=(result or {}).get("kernels") or {},
                     output=(result or {}).get("output") or {},
-                    notes="" if reason is None else f"unavailable: {reason}")
+                    notes="" if reason is None else f"{status}: {reason}")
     if store is not None and reason is None:
         store.save_run(rec)
     return rec
@@ -213,7 +214,8 @@ def _machine(device: str) -> dict:
     return machine_facts(device if device.startswith("cuda") and torch.cuda.is_available() else "cpu")
 
 
-def _spawn(cfg: PeerConfig) -> tuple[dict | None, str | None]:
+def _spawn(cfg: PeerConfig) -> tuple[dict | None, str | None, str]:
+    """(result, None, "ok"), or (None, reason, "unavailable" | "failed")."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = dict(os.environ)
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
@@ -225,15 +227,16 @@ def _spawn(cfg: PeerConfig) -> tuple[dict | None, str | None]:
         p = subprocess.run([sys.executable, "-m", "engine.peers"], input=json.dumps(cfg.to_dict()), text=True,
                            capture_output=True, timeout=cfg.timeout_s, env=env, cwd=root)
     except subprocess.TimeoutExpired:
-        return None, f"did not finish within {cfg.timeout_s} s (raise timeout_s, or lower max_new_tokens/reps)"
+        return (None, f"did not finish within {cfg.timeout_s} s (raise timeout_s, or lower max_new_tokens/reps)",
+                "failed")
     for line in reversed(p.stdout.splitlines()):
         if line.startswith(RESULT_TAG):
             d = json.loads(line[len(RESULT_TAG):])
             if "error" in d:
-                return None, d["error"]
-            return d, None
+                return None, d["error"], d.get("status", "failed")
+            return d, None, "ok"
     tail = (p.stderr or p.stdout).strip().splitlines()[-3:]
-    return None, f"the worker exited with status {p.returncode}: {' | '.join(tail)[-400:]}"
+    return None, f"the worker exited with status {p.returncode}: {' | '.join(tail)[-400:]}", "failed"
 
 
 # ---------------------------------------------------------------- the worker side (in the subprocess)
@@ -496,10 +499,10 @@ def main() -> int:
     cfg = PeerConfig.from_dict(json.loads(sys.stdin.read()))
     try:
         d = run_worker(cfg)
-    except UserError as e:
-        d = {"error": str(e)}
+    except UserError as e:  # a refusal that names the fix: this peer cannot run here
+        d = {"error": str(e), "status": "unavailable"}
     except ImportError as e:
-        d = {"error": f"{type(e).__name__}: {e}"}
+        d = {"error": f"{type(e).__name__}: {e}", "status": "unavailable"}
     except Exception as e:  # the parent reports it as the reason this peer has no numbers
         import traceback
 

@@ -250,7 +250,7 @@ class Job:
 
     def _progress(self, done, total, eta_s, rec):
         self.done, self.eta_s = done, eta_s
-        if rec.notes.startswith("unavailable"):
+        if rec.kind == "peer" and not rec.metrics:  # a peer that could not run: said, not stored
             self.skipped.append(f"{rec.label}: {rec.notes}")
         else:
             self.run_ids.append(rec.run_id)
