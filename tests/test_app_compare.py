@@ -19,6 +19,17 @@ def setup_sweep(at, precisions=("fp32", "int8"), drafts=("none", "ngram"), gamma
     return at.run()
 
 
+def run_grid(at, n: int):
+    """Check the grid size, press Run, wait for the job, redraw; the page must show no error."""
+    assert any(f"{n} run(s) in this grid" in c.value for c in at.caption)
+    at.button(key="cmp-run").click().run()
+    job = at.session_state["sweep-job"]
+    assert job.wait(TIMEOUT)
+    at.run()
+    assert not problems(at)
+    return job
+
+
 def test_empty_page():
     at = AppTest.from_file(PAGE, default_timeout=TIMEOUT).run()
     assert not problems(at)
@@ -28,12 +39,7 @@ def test_empty_page():
 
 def test_sweep_runs_the_grid_and_draws_everything():
     at = setup_sweep(AppTest.from_file(PAGE, default_timeout=TIMEOUT).run(), quality=True)
-    assert any("4 run(s) in this grid" in c.value for c in at.caption)
-    at.button(key="cmp-run").click().run()
-    job = at.session_state["sweep-job"]
-    assert job.wait(TIMEOUT)
-    at.run()
-    assert not problems(at)
+    run_grid(at, 4)
     assert any("4 of 4 runs finished" in s.value for s in at.success)
     t = frame(at, "config", "tok_s", "usd_per_1m_out")
     assert len(t) == 4 and set(t["draft"]) == {"none", "ngram"}
@@ -135,12 +141,7 @@ def test_peer_rows_join_the_comparison(monkeypatch):
     at.multiselect(key="cmp-precisions").set_value([]).run()
     at.multiselect(key="cmp-peers").set_value(["transformers fp32"])
     at.number_input(key="cmp-tokens").set_value(4).run()
-    assert any("1 run(s) in this grid" in c.value for c in at.caption)
-    at.button(key="cmp-run").click().run()
-    job = at.session_state["sweep-job"]
-    assert job.wait(TIMEOUT)
-    at.run()
-    assert not problems(at)
+    run_grid(at, 1)
     t = frame(at, "config", "system", "tok_s")
     assert list(t["system"]) == ["transformers"] and t["tok_s"].iloc[0] > 0
     stored = _ui.get_store().list_runs()
