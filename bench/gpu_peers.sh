@@ -10,6 +10,9 @@
 #   - transformers + bitsandbytes int8 and NF4 (bitsandbytes is not in the GPU image: carry its
 #     wheel in .whl/, see /work/.library/device/README.md; without it the rows say "not installed");
 #   - our engine at bf16, fp16, int8, int4 (CUDA kernels) and fp8, and with an int4 self-draft.
+# The 8B shape runs the essentials only (transformers bf16 and NF4; ours bf16, int8, int4, fp8).
+# Not yet run on a GPU: the estimate is 6-9 minutes in all, most of it loading the 8B (give the
+# device call timeout_s 600, and REPS=2 if it runs long).
 # Shapes: SHAPES (default: the default target's shape, then an 8B-class shape). llama.cpp is not
 # run there: it needs the GGUF's trained weights. Results: $OUT/peers.{md,csv,json} (+html if plotly).
 # If torch sees no GPU the script writes that to $OUT/peers.md and exits 0.

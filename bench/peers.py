@@ -38,6 +38,10 @@ def gpu_configs(shape: str, max_new: int, reps: int, device: str) -> list[peers.
     base = peers.PeerConfig(model=shape, random_init=shape, prompt_ids=ids, max_new_tokens=max_new, reps=reps,
                             device=device, timeout_s=900)
     hf, us = "transformers", peers.OURS
+    if shapes.param_count(shapes.get_model(shape)) > 3e9:
+        # Big shapes load for 30-60 s each: the essentials only, so one device call (10 min) holds both shapes.
+        return ([replace(base, system=hf, precision=p) for p in ("bf16", "bnb-nf4")]
+                + [replace(base, system=us, precision=p) for p in ("bf16", "int8", "int4", "fp8")])
     out = [replace(base, system=hf, precision=p) for p in ("bf16", "fp16", "bnb-int8", "bnb-nf4")]
     out += [replace(base, system=hf, precision="bf16", draft="ngram")]
     out += [replace(base, system=us, precision=p) for p in ("bf16", "fp16", "int8", "int4", "fp8")]
