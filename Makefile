@@ -62,7 +62,7 @@ $(VENV)/.stamp-peers: $(VENV)/.stamp-models
 	$(PY) -c "import llama_cpp" 2>/dev/null || CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(PIP) install -q -e ".[peers]"
 	touch $@
 
-# Our engine against transformers, bitsandbytes and llama.cpp on the 1.5B, one run (~30 min on 2 cores).
+# Our engine against transformers, bitsandbytes and llama.cpp on the 1.5B, one run (~25 min on 2 cores).
 bench-peers: peers
 	$(PY) bench/peers.py
 

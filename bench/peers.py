@@ -1,6 +1,6 @@
 """Our engine against the tools people use instead, in one run on this machine.
 
-    .venv/bin/python bench/peers.py                      # the full CPU matrix on the 1.5B (~40 min on 2 cores)
+    .venv/bin/python bench/peers.py                      # the full CPU matrix on the 1.5B (~25 min on 2 cores)
     .venv/bin/python bench/peers.py --only llama,int4    # configs whose label contains any of these
     .venv/bin/python bench/peers.py --device cuda --random-init qwen2.5-coder-1.5b,llama-3.1-8b   # GPU box
 
