@@ -23,9 +23,15 @@ PAGES = [
     st.Page(ROOT / "pages" / "cost.py", title="Cost & capacity", icon=":material/payments:", url_path="cost"),
 ]
 
+from pages import _ui  # noqa: E402
+
 nav = st.navigation(PAGES)
 sidebar_note = st.sidebar.empty()
-nav.run()
+_ui.UNDER_APP.active = True
+try:
+    nav.run()
+finally:
+    _ui.UNDER_APP.active = False
 # After the page ran, so a comparison it just finished is counted.
 n = len(st.session_state.get("comparison", []))
 sidebar_note.caption(f"Current comparison: {n} run{'s' if n != 1 else ''}" if n else "No current comparison yet")

@@ -405,6 +405,27 @@ def comparison_view(records, key: str, price_where: str | None = None, usd: floa
     return rows
 
 
+# Set by app.py while st.navigation runs a page (per script thread).
+UNDER_APP = threading.local()
+
+
+def hand_over_to_app() -> None:
+    """Run app.py when Streamlit runs a page file as the main script, then stop this run.
+
+    On a server whose first session opens a deep link (/compare), Streamlit's pages/ discovery
+    runs pages/compare.py by itself: no page config, and a menu listing the files of pages/. app.py
+    then builds the real navigation, which runs the asked-for page inside it. AppTests run page
+    files directly on purpose and set SCL_PAGE_DIRECT=1.
+    """
+    if getattr(UNDER_APP, "active", False) or os.environ.get("SCL_PAGE_DIRECT") == "1":
+        return
+    import runpy
+
+    runpy.run_path(str(Path(__file__).resolve().parent.parent / "app.py"), run_name="__main__")
+    st.stop()
+
+
 def page_header(title: str, blurb: str) -> None:
+    hand_over_to_app()
     st.title(title)
     st.caption(blurb)

@@ -179,6 +179,24 @@ def pick(page, select_label: str, option_text: str) -> None:
 
 # ---------------------------------------------------------------- the test
 
+def test_deep_link_as_the_servers_first_session(server, browser):
+    """Opening /compare before anyone opened the app: the real menu and page, not pages/'s files.
+
+    Runs first in this module, so its session is the server's first (see _ui.hand_over_to_app).
+    """
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
+    try:
+        page.goto(f"{server['url']}/compare", timeout=90_000)
+        page.get_by_role("heading", name="Compare (sweep)").first.wait_for(timeout=90_000)
+        nav = page.locator('[data-testid="stSidebarNav"]')
+        nav.get_by_text("Cost & capacity").wait_for(timeout=30_000)
+        links = nav.locator("a").all_inner_texts()
+        assert not any(t.strip().endswith("ui") or t.strip() == "app" for t in links), links
+        assert page.get_by_role("heading", name="Compare (sweep)").count() == 1
+    finally:
+        page.close()
+
+
 def test_dashboard_in_a_browser(server, browser, tmp_path):
     t0 = time.time()
     timings = {}
