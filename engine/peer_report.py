@@ -1,7 +1,7 @@
 """Peer benchmark records as a table, target checks and a chart (bench/peers.py and the dashboard)."""
 from __future__ import annotations
 
-from .peers import OURS
+from .peers import OURS, token_agreement
 
 
 def _tok_s(rec) -> float | None:
@@ -33,8 +33,6 @@ def reference(records):
 
 def peer_rows(records) -> list[dict]:
     """One row per system: speed, TTFT, memory, ratio to the best peer, agreement with transformers fp32."""
-    from .peers import token_agreement
-
     best_peer, best_v = _best([r for r in records if (r.config or {}).get("system") != OURS])
     ref = reference(records)
     out = []
