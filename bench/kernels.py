@@ -37,7 +37,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from engine import kernels  # noqa: E402
+from engine.ops import kernels  # noqa: E402
 
 SHAPES = [  # name, N, K  (Qwen2.5-1.5B-style projections; q/o and k/v and gate/up share shapes)
     ("q_proj/o_proj", 1536, 1536),

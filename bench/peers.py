@@ -21,17 +21,18 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from engine import peer_report, peers  # noqa: E402
-from engine.errors import UserError  # noqa: E402
-from engine.tables import format_rows  # noqa: E402
+from engine.peers import report as peer_report
+
+from engine.peers import systems as peers  # noqa: E402
+from engine.common.errors import UserError  # noqa: E402
+from engine.present.tables import format_rows  # noqa: E402
 
 
 def gpu_configs(shape: str, max_new: int, reps: int, device: str) -> list[peers.PeerConfig]:
     """On a GPU with random weights: transformers fp16/bf16 and bitsandbytes, and our engine's precisions."""
     import random
 
-    from engine import shapes
-
+    from engine.planner import shapes
     vocab = shapes.get_model(shape).vocab
     rnd = random.Random(0)
     ids = [rnd.randrange(2, min(vocab, 150000)) for _ in range(128)]
@@ -125,7 +126,7 @@ def main(argv=None) -> int:
         return 2
     store = None
     if a.store:
-        from engine.store import Store
+        from engine.measure.store import Store
 
         store = Store()
     records = []

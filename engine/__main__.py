@@ -7,8 +7,8 @@ import warnings
 
 warnings.filterwarnings("ignore", message="The pynvml package is deprecated")
 
-from .errors import UserError  # noqa: E402
-from .planner_cli import _csv, _ints  # noqa: E402  (one parser for comma lists)
+from engine.common.errors import UserError  # noqa: E402
+from engine.planner.cli import _csv, _ints  # noqa: E402  (one parser for comma lists)
 
 
 def add_run_args(p: argparse.ArgumentParser, many: bool = False):
@@ -43,7 +43,7 @@ def add_run_args(p: argparse.ArgumentParser, many: bool = False):
 
 
 def config_from(a, **over):
-    from .runs import RunConfig
+    from engine.measure.runs import RunConfig
 
     kw = dict(model=a.model, group_size=a.group_size, quantize_embeddings=a.quantize_embeddings,
               quantize_head=not a.no_quantize_head, device=a.device, draft_model=a.draft_model,
@@ -54,21 +54,20 @@ def config_from(a, **over):
 
 
 def cmd_models(a) -> int:
-    from . import catalog
-
+    from engine.infer import catalog
     if a.fetch:
         for name in ("default-draft", "default"):
             path = catalog.resolve(name, progress=lambda s: print("  " + s, file=sys.stderr))
             print(f"{name}: {path}")
-    from .tables import format_rows
+    from engine.present.tables import format_rows
 
     print(format_rows(catalog.list_models(), "json" if a.json else "md"))
     return 0
 
 
 def cmd_generate(a) -> int:
-    from .runs import ModelPool, execute
-    from .store import Store
+    from engine.measure.runs import ModelPool, execute
+    from engine.measure.store import Store
 
     cfg = config_from(a, precision=a.precision, draft=a.draft, draft_precision=a.draft_precision, gamma=a.gamma,
                       batch_size=a.batch, warmup=False, baseline=False)
@@ -91,17 +90,17 @@ def cmd_generate(a) -> int:
 
 
 def _print_summary(recs, fmt="md"):
-    from .tables import format_rows, row
+    from engine.present.tables import format_rows, row
 
     print(format_rows([row(r) for r in recs], fmt))
 
 
 def cmd_bench(a) -> int:
-    from .runs import ModelPool, execute, sweep_configs
-    from .store import Store
+    from engine.measure.runs import ModelPool, execute, sweep_configs
+    from engine.measure.store import Store
 
-    from .loader import resolve_device
-    from .metrics import bandwidth_gbs
+    from engine.infer.loader import resolve_device
+    from engine.measure.metrics import bandwidth_gbs
 
     # Re-probe before measuring: the cached reading keeps the best seen, and a busy moment reads low.
     print(f"memory read bandwidth: {bandwidth_gbs(resolve_device(a.device), refresh=True):.1f} GB/s", file=sys.stderr)
@@ -119,9 +118,9 @@ def cmd_bench(a) -> int:
 
 
 def cmd_quality(a) -> int:
-    from .loader import load, make_spec
-    from .quality import evaluate
-    from .tables import format_rows
+    from engine.infer.loader import load, make_spec
+    from engine.measure.quality import evaluate
+    from engine.present.tables import format_rows
 
     rows = []
     for p in a.precisions:
@@ -136,7 +135,7 @@ def cmd_quality(a) -> int:
 
 
 def cmd_runs(a) -> int:
-    from .store import Store
+    from engine.measure.store import Store
 
     st = Store()
     if a.show:
@@ -183,8 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=cmd_runs)
 
-    from . import planner_cli
-
+    from engine.planner import cli as planner_cli
     planner_cli.add_parser(sub)
     return ap
 

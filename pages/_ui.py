@@ -24,10 +24,10 @@ if str(ROOT) not in sys.path:
 import pandas as pd  # noqa: E402
 import streamlit as st  # noqa: E402
 
-from engine import ui_data  # noqa: E402
-from engine.errors import UserError  # noqa: E402
-from engine.runs import ModelPool, run_many  # noqa: E402
-from engine.store import Store, data_dir  # noqa: E402
+from engine.present import ui_data  # noqa: E402
+from engine.common.errors import UserError  # noqa: E402
+from engine.measure.runs import ModelPool, run_many  # noqa: E402
+from engine.measure.store import Store, data_dir  # noqa: E402
 
 log = logging.getLogger("scl.dashboard")
 
@@ -50,7 +50,7 @@ def tiny_enabled() -> bool:
 # ---------------------------------------------------------------- pool and store
 
 def _make_tiny(name: str, spec, device: str):
-    from engine.quant import check_supported, quantize_model, weight_breakdown
+    from engine.quant.precisions import check_supported, quantize_model, weight_breakdown
     from tests.tiny import tiny_model
 
     check_supported(spec, device)
@@ -63,7 +63,7 @@ def _make_tiny(name: str, spec, device: str):
             model = quantize_model(model, replace(spec, group_size=32), device)
     extra = {}
     if "quantized" in type(lm).__dataclass_fields__:  # as engine.loader.load fills it
-        from engine.quant import quantized_fraction
+        from engine.quant.precisions import quantized_fraction
 
         extra["quantized"] = quantized_fraction(model)
     out = replace(lm, name=name, spec=spec, model=model, weights=weight_breakdown(model), **extra)
@@ -73,7 +73,7 @@ def _make_tiny(name: str, spec, device: str):
 
 def _tiny_reference(name: str, device: str) -> None:
     """Cache the tiny model's fp32 quality reference, as engine.quality would load it for a real model."""
-    from engine import quality
+    from engine.measure import quality
     from tests.tiny import tiny_model
 
     ref = replace(tiny_model(seed=TINY_MODELS[name]), name=name)

@@ -9,10 +9,11 @@ if ROOT not in sys.path:
 import streamlit as st  # noqa: E402
 
 from pages import _ui  # noqa: E402
-from engine import peers, ui_data  # noqa: E402
-from engine.quant import PRECISIONS  # noqa: E402
-from engine.runs import RunConfig, sweep_configs  # noqa: E402
-from engine.speculative import DRAFT_KINDS, MAX_GAMMA  # noqa: E402
+from engine.peers import systems as peers
+from engine.present import ui_data  # noqa: E402
+from engine.quant.precisions import PRECISIONS  # noqa: E402
+from engine.measure.runs import RunConfig, sweep_configs  # noqa: E402
+from engine.infer.speculative import DRAFT_KINDS, MAX_GAMMA  # noqa: E402
 
 JOB = "sweep-job"
 

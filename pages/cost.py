@@ -11,7 +11,7 @@ import plotly.graph_objects as go  # noqa: E402
 import streamlit as st  # noqa: E402
 
 from pages import _ui  # noqa: E402
-from engine import ui_data  # noqa: E402
+from engine.present import ui_data  # noqa: E402
 
 _ui.page_header("Cost & capacity", "What the measured speed costs on this machine, and what a workload would "
                 "cost on production GPUs.")
@@ -55,8 +55,9 @@ else:
 st.divider()
 st.subheader("Plan GPUs for a workload")
 try:
-    from engine import planner, shapes
-    from engine.hardware_catalog import load_gpus, price_table
+    from engine.planner import core as planner
+    from engine.planner import shapes
+    from engine.planner.gpus import load_gpus, price_table
 
     PLANNER = True
 except Exception as e:  # the planner is optional: the measured section above still stands

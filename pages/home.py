@@ -11,7 +11,7 @@ import pandas as pd  # noqa: E402
 import streamlit as st  # noqa: E402
 
 from pages import _ui  # noqa: E402
-from engine import ui_data  # noqa: E402
+from engine.present import ui_data  # noqa: E402
 
 JOB = "home-job"
 
@@ -29,8 +29,8 @@ st.markdown(
 
 @st.cache_data(show_spinner="Measuring memory bandwidth (once per machine)…", ttl=300)
 def _hardware():
-    from engine import kernels
-    from engine.metrics import bandwidth_gbs, machine_facts
+    from engine.ops import kernels
+    from engine.measure.metrics import bandwidth_gbs, machine_facts
 
     facts = machine_facts("cpu")
     try:
@@ -48,7 +48,7 @@ def _hardware():
 
 @st.cache_data(ttl=60, show_spinner=False)
 def _models():
-    from engine.catalog import list_models
+    from engine.infer.catalog import list_models
 
     return list_models()
 
@@ -99,7 +99,7 @@ with c3:
 running = _ui.job_running(JOB)
 if st.button("Run default comparison", type="primary", disabled=running, key="home-run"):
     try:
-        from engine.runs import default_comparison
+        from engine.measure.runs import default_comparison
 
         model, draft, self_draft, _ = PAIRS[pair]
         cfgs = [replace(c, quality=bool(quality)).validate()

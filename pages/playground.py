@@ -10,10 +10,10 @@ if ROOT not in sys.path:
 import streamlit as st  # noqa: E402
 
 from pages import _ui  # noqa: E402
-from engine import ui_data  # noqa: E402
-from engine.quant import PRECISIONS  # noqa: E402
-from engine.runs import RunConfig, default_prompts  # noqa: E402
-from engine.speculative import MAX_GAMMA  # noqa: E402
+from engine.present import ui_data  # noqa: E402
+from engine.quant.precisions import PRECISIONS  # noqa: E402
+from engine.measure.runs import RunConfig, default_prompts  # noqa: E402
+from engine.infer.speculative import MAX_GAMMA  # noqa: E402
 
 _ui.page_header("Speculative playground", "A draft proposes gamma tokens, the target checks them in one pass and "
                 "keeps the longest agreeing prefix plus one token of its own. The output is exactly what the "
@@ -76,7 +76,7 @@ if go:
             stream_box.markdown(ui_data.token_spans_html(pieces), unsafe_allow_html=True)
 
     try:
-        from engine.runs import execute
+        from engine.measure.runs import execute
 
         cfg.validate()
         with _ui.pool_turn("generating"):

@@ -10,8 +10,8 @@ import pandas as pd  # noqa: E402
 import streamlit as st  # noqa: E402
 
 from pages import _ui  # noqa: E402
-from engine import ui_data  # noqa: E402
-from engine.quant import DESCRIPTIONS, GROUP_SIZES, PRECISIONS  # noqa: E402
+from engine.present import ui_data  # noqa: E402
+from engine.quant.precisions import DESCRIPTIONS, GROUP_SIZES, PRECISIONS  # noqa: E402
 
 _ui.page_header("Precision", "Load a model at a precision: memory by layer type, KV cache for your context and "
                 "batch, load time, and what the precision costs in quality against fp32.")
@@ -45,7 +45,7 @@ def _facts(lm) -> dict:
 
 if st.button("Load", type="primary", key="prec-load"):
     try:
-        from engine.loader import make_spec, resolve_device
+        from engine.infer.loader import make_spec, resolve_device
 
         spec = make_spec(precision, int(group), q_emb, q_head)
         device = resolve_device("auto")
@@ -117,8 +117,8 @@ with q1:
                            "is computed once per model and cached.")
 if run_q:
     try:
-        from engine.loader import make_spec
-        from engine.quality import evaluate
+        from engine.infer.loader import make_spec
+        from engine.measure.quality import evaluate
 
         with _ui.pool_turn("measuring quality"), st.spinner("Measuring quality against fp32…"):
             pool = _ui.get_pool()

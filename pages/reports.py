@@ -10,7 +10,8 @@ import pandas as pd  # noqa: E402
 import streamlit as st  # noqa: E402
 
 from pages import _ui  # noqa: E402
-from engine import reports, ui_data  # noqa: E402
+from engine.present import reports
+from engine.present import ui_data  # noqa: E402
 
 _ui.page_header("Reports", "A report is a named set of runs with your notes. Share it as one HTML file that opens "
                 "offline, or as JSON another lab can import.")

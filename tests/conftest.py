@@ -15,13 +15,13 @@ os.environ.setdefault("SCL_DATA_DIR", tempfile.mkdtemp(prefix="scl-test-data-"))
 
 @pytest.fixture(scope="session")
 def pool():
-    from engine.runs import ModelPool
+    from engine.measure.runs import ModelPool
 
     return ModelPool(keep=8)
 
 
 def _get(pool, name, precision, **kw):
-    from engine.loader import make_spec
+    from engine.infer.loader import make_spec
 
     return pool.get(name, make_spec(precision, **kw), "cpu")
 
@@ -53,13 +53,12 @@ def hf_small():
     import torch
     from transformers import AutoModelForCausalLM
 
-    from engine import catalog
-
+    from engine.infer import catalog
     return AutoModelForCausalLM.from_pretrained(str(catalog.resolve("default-draft")), dtype=torch.float32).eval()
 
 
 @pytest.fixture()
 def store(tmp_path):
-    from engine.store import Store
+    from engine.measure.store import Store
 
     return Store(tmp_path / "lab.sqlite")

@@ -111,7 +111,7 @@ def test_invalid_grid_says_what_is_missing():
 
 
 def test_pick_stored_runs():
-    from engine.runs import RunConfig, execute
+    from engine.measure.runs import RunConfig, execute
     from pages import _ui
 
     ids = [execute(RunConfig(model="tiny", precision=p, max_new_tokens=4), _ui.get_pool(), _ui.get_store()).run_id
@@ -149,8 +149,7 @@ def test_peer_rows_join_the_comparison(monkeypatch):
 
 
 def test_unavailable_peers_are_listed_with_the_reason(monkeypatch):
-    from engine import peers
-
+    from engine.peers import systems as peers
     real = peers._has
     monkeypatch.setattr(peers, "_has", lambda m: False if m == "llama_cpp" else real(m))
     at = AppTest.from_file(PAGE, default_timeout=TIMEOUT).run()

@@ -10,7 +10,7 @@ PAGE = str(ROOT / "pages/cost.py")
 
 
 def with_runs():
-    from engine.runs import RunConfig, execute
+    from engine.measure.runs import RunConfig, execute
     from pages import _ui
 
     ids = [execute(RunConfig(model="tiny", precision=p, max_new_tokens=6), _ui.get_pool(), _ui.get_store()).run_id

@@ -71,7 +71,7 @@ def test_bad_model_pair_is_an_error_box_not_a_traceback(monkeypatch):
     from pages import _ui
 
     def boom(*a, **k):
-        from engine.errors import UserError
+        from engine.common.errors import UserError
 
         raise UserError("model 'tiny' is broken", "pick another model")
 

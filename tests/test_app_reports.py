@@ -11,7 +11,7 @@ EVIL = "<script>alert(1)</script>"
 
 
 def runs(precisions=("fp32", "int4")):
-    from engine.runs import RunConfig, execute
+    from engine.measure.runs import RunConfig, execute
     from pages import _ui
 
     return [execute(RunConfig(model="tiny", precision=p, max_new_tokens=4), _ui.get_pool(), _ui.get_store()).run_id
@@ -58,7 +58,7 @@ def test_save_without_name_is_refused():
 
 
 def test_compare_two_reports_shows_percent_differences():
-    from engine import reports
+    from engine.present import reports
     from pages import _ui
 
     store = _ui.get_store()
@@ -74,7 +74,7 @@ def test_compare_two_reports_shows_percent_differences():
 
 
 def test_import_json_and_refuse_hostile_files():
-    from engine import reports
+    from engine.present import reports
     from pages import _ui
 
     store = _ui.get_store()
@@ -100,7 +100,7 @@ def test_import_json_and_refuse_hostile_files():
 
 
 def test_open_as_current_comparison_and_delete():
-    from engine import reports
+    from engine.present import reports
     from pages import _ui
 
     store = _ui.get_store()

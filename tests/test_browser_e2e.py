@@ -49,7 +49,7 @@ def _skip_reason() -> str | None:
     except ImportError:
         return "the playwright package is missing: .venv/bin/pip install playwright"
     if not TINY:
-        from engine.catalog import CATALOG, _cache_valid
+        from engine.infer.catalog import CATALOG, _cache_valid
 
         if not _cache_valid(CATALOG["qwen2.5-coder-0.5b"]):
             return "the 0.5B model is not converted yet: run `make models`"

@@ -6,8 +6,8 @@ import shutil
 
 import pytest
 
-from engine import catalog
-from engine.errors import UserError
+from engine.infer import catalog
+from engine.common.errors import UserError
 
 SMALL = catalog.CATALOG["qwen2.5-coder-0.5b"]
 
@@ -82,9 +82,9 @@ def test_corrupted_cache_is_rebuilt_not_crashed_on(tmp_path, monkeypatch):
     assert any("rebuilding" in s for s in said)
     assert catalog._cache_valid(SMALL) and path == dst
     # The rebuilt folder is a working model.
-    from engine.loader import load
+    from engine.infer.loader import load
 
     lm = load("default-draft", "int4", "cpu")
-    from engine.generate import generate
+    from engine.infer.generate import generate
 
     assert generate(lm, "Say hello.", 4).n_new == 4

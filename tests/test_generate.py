@@ -2,8 +2,9 @@
 import pytest
 import torch
 
-from engine.errors import UserError
-from engine.generate import SamplingParams, generate, probs_from_logits
+from engine.common.errors import UserError
+from engine.infer.generate import generate
+from engine.infer.sampling import SamplingParams, probs_from_logits
 
 
 def test_streaming_callback_sees_every_token(small_int4):

@@ -17,7 +17,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from engine import kernels  # noqa: E402
+from engine.ops import kernels  # noqa: E402
 
 ISAS = ["scalar", "avx2", "avx512"]
 GROUP_SIZES = [32, 64, 128]

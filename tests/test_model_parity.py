@@ -1,7 +1,7 @@
 """Our model against transformers on the real 0.5B weights."""
 import torch
 
-from engine.generate import generate
+from engine.infer.generate import generate
 
 PROMPTS = [
     "def quicksort(arr):",

@@ -8,10 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from engine import peer_report, peers
-from engine.errors import UserError
-from engine.peers import PeerConfig
-from engine.records import RunRecord
+from engine.peers import report as peer_report
+
+from engine.peers import systems as peers
+from engine.common.errors import UserError
+from engine.peers.systems import PeerConfig
+from engine.measure.records import RunRecord
 
 ROOT = Path(__file__).resolve().parent.parent
 N = 8
@@ -46,8 +48,7 @@ def test_llama_cpp_runs_the_shipped_gguf(real_records):
     rec = peers.measure(PeerConfig(system="llama.cpp", model="default-draft", precision="Q4_K_M",
                                    max_new_tokens=N, reps=1))
     assert rec.notes == "", rec.notes
-    from engine import catalog
-
+    from engine.infer import catalog
     assert rec.metrics["weight_bytes"] == catalog.CATALOG["qwen2.5-coder-0.5b"].size
     assert rec.output["prompt_ids"] == real_records["transformers"].output["prompt_ids"]
     # Our fp32 model is the dequantized GGUF, so llama.cpp's first tokens match it.
@@ -55,7 +56,7 @@ def test_llama_cpp_runs_the_shipped_gguf(real_records):
 
 
 def test_unavailable_peer_is_reported_not_dropped(monkeypatch, tmp_path):
-    from engine.store import Store
+    from engine.measure.store import Store
 
     store = Store(tmp_path / "runs.db")
     monkeypatch.setattr(peers, "_has", lambda m: m != "llama_cpp")
@@ -114,8 +115,7 @@ def test_rows_and_targets_are_ratios_of_measured_numbers():
 
 def test_random_init_shape_loads_in_both_systems_and_agrees(tmp_path, monkeypatch):
     """The GPU script's path, on CPU with the smallest shape: random weights, fixed prompt ids."""
-    from engine import random_models
-
+    from engine.infer import random_models
     tok_dir = _real_tokenizer_dir()  # tokenizer files come from the real cache, as $SCL_TOKENIZER_DIR on a GPU box
     monkeypatch.setenv("SCL_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv(random_models.ASSETS_ENV, str(tok_dir))
@@ -135,8 +135,7 @@ def test_random_init_shape_loads_in_both_systems_and_agrees(tmp_path, monkeypatc
 
 def test_bench_cli_writes_table_chart_and_targets(tmp_path, monkeypatch):
     """bench/peers.py end to end on the random-init path: one unavailable peer (fp8 on CPU) is listed."""
-    from engine import random_models
-
+    from engine.infer import random_models
     monkeypatch.setenv(random_models.ASSETS_ENV, str(_real_tokenizer_dir()))
     monkeypatch.setenv("SCL_CACHE_DIR", str(tmp_path / "cache"))
     import importlib.util
@@ -159,6 +158,5 @@ def test_bench_cli_writes_table_chart_and_targets(tmp_path, monkeypatch):
 
 
 def _real_tokenizer_dir():
-    from engine import catalog
-
+    from engine.infer import catalog
     return catalog.resolve("default-draft")

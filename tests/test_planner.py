@@ -16,9 +16,11 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from engine import planner, shapes  # noqa: E402
-from engine.hardware_catalog import GPUS_PATH, CatalogError, load_gpus, probe_from_records  # noqa: E402
-from engine.planner import (Deployment, PlanError, SpecConfig, Workload, calibrate, decode_step,  # noqa: E402
+from engine.planner import core as planner
+
+from engine.planner import shapes  # noqa: E402
+from engine.planner.gpus import GPUS_PATH, CatalogError, load_gpus, probe_from_records  # noqa: E402
+from engine.planner.core import (Deployment, PlanError, SpecConfig, Workload, calibrate, decode_step,  # noqa: E402
                             evaluate_plan, expected_tokens_per_step, make_deployment, memory, plan, prefill_step,
                             serving_point, spec_speedup)
 
@@ -466,8 +468,7 @@ def test_published_predictions_are_reproducible_and_documented():
 # ---------------------------------------------------------------- CLI
 
 def _cli(argv):
-    from engine import planner_cli
-
+    from engine.planner import cli as planner_cli
     ap = argparse.ArgumentParser()
     sub = ap.add_subparsers(dest="cmd", required=True)
     planner_cli.add_parser(sub)

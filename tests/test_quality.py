@@ -1,7 +1,7 @@
 """Quality against fp32 on the shipped evaluation text."""
 import torch
 
-from engine.quality import compare, eval_ids, evaluate, logprobs
+from engine.measure.quality import compare, eval_ids, evaluate, logprobs
 
 
 def test_fp32_against_itself_is_exact(small_fp32):

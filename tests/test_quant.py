@@ -4,15 +4,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.errors import UserError
-from engine.loader import load, make_spec
-from engine.quant import parse_precision, quantize_model, quantized_fraction, weight_breakdown
-from engine.quality import compare, eval_ids, logprobs
+from engine.common.errors import UserError
+from engine.infer.loader import load, make_spec
+from engine.quant.precisions import parse_precision, quantize_model, quantized_fraction, weight_breakdown
+from engine.measure.quality import compare, eval_ids, logprobs
 from tests.tiny import tiny_model
 
 
 def test_fp32_bytes_equal_sum_over_tensors(small_fp32):
-    from engine.model import load_state_dict
+    from engine.infer.model import load_state_dict
 
     sd = load_state_dict(small_fp32.folder)
     assert small_fp32.weight_bytes == sum(t.numel() * 4 for t in sd.values())
@@ -36,7 +36,7 @@ def test_quantized_close_to_fp32(request, small_fp32, fixture, min_top1, max_kl)
 
 
 def test_group_sizes_trade_bytes_for_error():
-    from engine.quant import Int4Linear
+    from engine.quant.precisions import Int4Linear
 
     torch.manual_seed(0)
     w = torch.randn(256, 1024)
@@ -95,8 +95,7 @@ def test_quantized_model_does_not_keep_the_fp32_file_resident():
     import subprocess
     import sys
 
-    from engine import catalog
-
+    from engine.infer import catalog
     fp32_bytes = (catalog.resolve("default-draft") / "model.safetensors").stat().st_size
     code = ("import psutil; from engine.loader import load; lm = load('default-draft', 'int4', 'cpu'); "
             "print(psutil.Process().memory_info().rss, lm.weight_bytes)")

@@ -4,9 +4,9 @@ import sqlite3
 
 import pytest
 
-from engine.errors import UserError
-from engine.records import SCHEMA_VERSION, RunRecord, percentile
-from engine.runs import ModelPool, RunConfig, execute
+from engine.common.errors import UserError
+from engine.measure.records import SCHEMA_VERSION, RunRecord, percentile
+from engine.measure.runs import ModelPool, RunConfig, execute
 
 
 def _rec(**kw):

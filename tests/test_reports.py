@@ -5,11 +5,11 @@ import re
 
 import pytest
 
-from engine import reports
-from engine.errors import UserError
-from engine.loader import make_spec
-from engine.records import RunRecord
-from engine.runs import ModelPool, RunConfig, execute
+from engine.present import reports
+from engine.common.errors import UserError
+from engine.infer.loader import make_spec
+from engine.measure.records import RunRecord
+from engine.measure.runs import ModelPool, RunConfig, execute
 
 EVIL = "<script>alert('pwned')</script>"
 
@@ -24,7 +24,7 @@ def tiny_records(tmp_path_factory):
         spec = make_spec(p, 32)
         lm = tiny_model(0)
         if p != "fp32":
-            from engine.quant import quantize_model, weight_breakdown
+            from engine.quant.precisions import quantize_model, weight_breakdown
 
             lm.model = quantize_model(lm.model, spec, "cpu")
             lm.weights = weight_breakdown(lm.model)

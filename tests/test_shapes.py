@@ -12,8 +12,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine import shapes  # noqa: E402
-from engine.shapes import (decode_read_bytes, get_model, kv_bytes_per_token, linear_bytes,  # noqa: E402
+from engine.planner import shapes  # noqa: E402
+from engine.planner.shapes import (decode_read_bytes, get_model, kv_bytes_per_token, linear_bytes,  # noqa: E402
                            load_models, param_count, shape_from_hf_config, state_dict_bytes,
                            state_dict_param_count, weight_bytes, weight_bytes_breakdown)
 
@@ -297,8 +297,7 @@ def _safetensors_shapes(folder: Path) -> dict[str, tuple[int, ...]]:
 @pytest.mark.parametrize("name", ["qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"])
 def test_real_converted_checkpoint_param_count(name):
     """The lab's converted default models hold exactly the parameters the shapes predict."""
-    from engine import catalog
-
+    from engine.infer import catalog
     folder = catalog.resolve(name)
     cfg = json.loads((folder / "config.json").read_text())
     shapes_ = _safetensors_shapes(folder)
@@ -314,8 +313,7 @@ def test_real_converted_checkpoint_param_count(name):
 def test_weight_bytes_match_the_labs_converted_model(request, fixture, precision):
     """Byte-exact against engine/quant.py on the real 0.5B. The lab keeps norms, biases and the
     embedding in fp32 on CPU, and quantizes the head by default."""
-    from engine import quant
-
+    from engine.quant import precisions as quant
     lm = request.getfixturevalue(fixture)
     m = MODELS["qwen2.5-coder-0.5b"]
     got = sum(quant.weight_breakdown(lm.model).values())

@@ -4,10 +4,14 @@ import math
 import pytest
 import torch
 
-from engine import speculative
-from engine.errors import UserError
-from engine.generate import SamplingParams, generate, probs_from_logits
-from engine.speculative import SpecStats, expected_length, generate_speculative, make_proposer, verify
+from engine.infer import speculative
+from engine.common.errors import UserError
+from engine.infer.generate import generate
+from engine.infer.sampling import SamplingParams, probs_from_logits
+from engine.common.formulas import expected_length
+from engine.infer.spec_stats import SpecStats
+from engine.infer.speculative import generate_speculative, make_proposer
+from engine.infer.verify import verify
 from tests.tiny import tiny_model
 
 PROMPTS = ["Write a Python function that checks whether a number is prime.",
@@ -201,7 +205,7 @@ def test_draft_with_other_tokenizer_refused(small_fp32, small_int4):
 
 
 def test_draft_precision_device_cannot_run_refused():
-    from engine.loader import load
+    from engine.infer.loader import load
 
     with pytest.raises(UserError, match="fp8"):
         load("default-draft", "fp8", "cpu")

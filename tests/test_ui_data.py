@@ -3,9 +3,9 @@ import math
 
 import pytest
 
-from engine import ui_data
-from engine.errors import UserError
-from engine.records import RunRecord
+from engine.present import ui_data
+from engine.common.errors import UserError
+from engine.measure.records import RunRecord
 
 
 def rec(precision="fp32", tok_s=10.0, weight=1e9, kl=None, draft=None, spec=None, rss=2e9, **cfg):

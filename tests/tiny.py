@@ -1,9 +1,9 @@
 """A tiny random-init model of our architecture, for fast logic tests (never the only evidence)."""
 import torch
 
-from engine.loader import LoadedModel
-from engine.model import ModelConfig, Transformer
-from engine.quant import QuantSpec, weight_breakdown
+from engine.infer.loader import LoadedModel
+from engine.infer.model import ModelConfig, Transformer
+from engine.quant.precisions import QuantSpec, weight_breakdown
 
 
 class TinyTokenizer:

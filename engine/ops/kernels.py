@@ -61,7 +61,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+from engine.common.paths import REPO_ROOT, cache_dir  # noqa: E402
 CPU_SRC_DIR = REPO_ROOT / "kernels" / "cpu"
 CUDA_SRC_DIR = REPO_ROOT / "kernels" / "cuda"
 CPU_SOURCES = ["qgemm.cpp", "qgemm_scalar.cpp", "qgemm_avx2.cpp", "qgemm_avx512.cpp"]
@@ -168,12 +168,7 @@ def _cache_root() -> Path:
     env = os.environ.get("SCL_KERNEL_CACHE")
     if env:
         return Path(env).expanduser()
-    try:
-        import platformdirs  # type: ignore
-
-        return Path(platformdirs.user_cache_dir("serving-cost-lab")) / "kernels"
-    except Exception:
-        return Path(os.path.expanduser("~/.cache/serving-cost-lab/kernels"))
+    return cache_dir() / "kernels"
 
 
 def _build_dir(kind: str, files: list[Path]) -> Path:

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import torch
 
-from . import catalog
-from .errors import UserError
-from .model import Transformer, build_model
-from .quant import (QuantSpec, check_supported, compute_dtype_for, parse_precision, quantize_model,
+from engine.infer import catalog
+from engine.common.errors import UserError
+from engine.infer.model import Transformer, build_model
+from engine.quant.precisions import (QuantSpec, check_supported, compute_dtype_for, parse_precision, quantize_model,
                     quantized_fraction, weight_breakdown)
 
 

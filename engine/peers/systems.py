@@ -24,7 +24,8 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field, fields, replace
 
-from .errors import UserError
+from engine.common.errors import UserError
+from engine.common.paths import REPO_ROOT
 
 SYSTEMS = ("serving-cost-lab", "transformers", "llama.cpp")
 OURS = "serving-cost-lab"
@@ -77,7 +78,7 @@ class PeerConfig:
             raise UserError(f"activation mode '{self.act}' is not offered for {self.system}",
                             "use act='int8' only with serving-cost-lab (its int4 CPU kernels), else 'fp32'")
         if self.system == OURS:
-            from .loader import make_spec
+            from engine.infer.loader import make_spec
 
             make_spec(self.precision)
             if self.draft in ("model", "self"):
@@ -174,7 +175,7 @@ def measure(cfg: PeerConfig, store=None, progress=None):
     ("unavailable: ..." for a refusal or a missing package, "failed: ..." for a crash or a
     timeout). Only records with metrics are saved to `store`.
     """
-    from .records import RunRecord
+    from engine.measure.records import RunRecord
 
     cfg.validate()
     say = progress or (lambda s: None)
@@ -211,14 +212,14 @@ def _record_config(cfg: PeerConfig, result: dict | None) -> dict:
 def _machine(device: str) -> dict:
     import torch
 
-    from .metrics import machine_facts
+    from engine.measure.metrics import machine_facts
 
     return machine_facts(device if device.startswith("cuda") and torch.cuda.is_available() else "cpu")
 
 
 def _spawn(cfg: PeerConfig) -> tuple[dict | None, str | None, str]:
     """(result, None, "ok"), or (None, reason, "unavailable" | "failed")."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = str(REPO_ROOT)
     env = dict(os.environ)
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
     if cfg.act == "int8":
@@ -226,7 +227,7 @@ def _spawn(cfg: PeerConfig) -> tuple[dict | None, str | None, str]:
     else:
         env.pop("SCL_KERNEL_ACT", None)
     try:
-        p = subprocess.run([sys.executable, "-m", "engine.peers"], input=json.dumps(cfg.to_dict()), text=True,
+        p = subprocess.run([sys.executable, "-m", "engine.peers.systems"], input=json.dumps(cfg.to_dict()), text=True,
                            capture_output=True, timeout=cfg.timeout_s, env=env, cwd=root)
     except subprocess.TimeoutExpired:
         return (None, f"did not finish within {cfg.timeout_s} s (raise timeout_s, or lower max_new_tokens/reps)",
@@ -279,8 +280,8 @@ class _Clock:
 def _prompt_ids(cfg: PeerConfig, tokenizer) -> list[int]:
     if cfg.prompt_ids:
         return list(cfg.prompt_ids)
-    from .generate import encode_prompts
-    from .runs import default_prompts
+    from engine.infer.tokens import encode_prompts
+    from engine.measure.runs import default_prompts
 
     return encode_prompts(tokenizer, [cfg.prompt or default_prompts()[0]], chat=True)[0]
 
@@ -292,7 +293,7 @@ def _stats(runs: list[_Timed], n: int) -> dict:
     # Gaps between consecutive tokens as they reach Python; ~0 inside a batch of accepted drafts,
     # so there is no per-step median here (peers do not expose their steps): the mean, and the p90 gap.
     gaps = sorted(b - a for r in runs for a, b in zip(r.stamps[:n - 1], r.stamps[1:n]))
-    from .records import percentile
+    from engine.measure.records import percentile
 
     return {"ttft_s": statistics.median(ttft), "decode_tok_s": statistics.median(tok_s) if tok_s else None,
             "e2e_tok_s": n / statistics.median(total), "new_tokens": n,
@@ -303,7 +304,7 @@ def _stats(runs: list[_Timed], n: int) -> dict:
 
 def _run_reps(cfg: PeerConfig, one) -> tuple[list[_Timed], object]:
     """one(n_tokens) -> _Timed. Warm up once (8 tokens), then time cfg.reps runs of N tokens."""
-    from .metrics import PeakMemory
+    from engine.measure.metrics import PeakMemory
 
     one(min(8, cfg.max_new_tokens))
     runs = []
@@ -372,8 +373,8 @@ def _hf_worker(cfg: PeerConfig, folder, draft_folder) -> dict:
 def _llama_worker(cfg: PeerConfig) -> dict:
     import llama_cpp
 
-    from .catalog import gguf_path, resolve
-    from .loader import load_tokenizer
+    from engine.infer.catalog import gguf_path, resolve
+    from engine.infer.loader import load_tokenizer
 
     path = gguf_path(cfg.model)
     kw = {}
@@ -410,10 +411,10 @@ def _llama_worker(cfg: PeerConfig) -> dict:
 
 
 def _ours_worker(cfg: PeerConfig, folder, draft_folder) -> dict:
-    from . import kernels
-    from .generate import generate
-    from .loader import load, make_spec
-    from .speculative import generate_speculative, make_proposer
+    from engine.ops import kernels
+    from engine.infer.generate import generate
+    from engine.infer.loader import load, make_spec
+    from engine.infer.speculative import generate_speculative, make_proposer
 
     t = time.perf_counter()
     target = load(str(folder), make_spec(cfg.precision), cfg.device)
@@ -444,7 +445,7 @@ def _ours_worker(cfg: PeerConfig, folder, draft_folder) -> dict:
 
 
 def _versions(*pkgs) -> dict:
-    from .metrics import library_versions
+    from engine.measure.metrics import library_versions
 
     out = library_versions()
     import importlib.metadata as md
@@ -459,10 +460,10 @@ def _versions(*pkgs) -> dict:
 
 def _folders(cfg: PeerConfig):
     """HF folders for target and draft: the catalog's converted cache, or random weights of a shape."""
-    from .catalog import resolve
+    from engine.infer.catalog import resolve
 
     if cfg.random_init:
-        from .random_models import random_model_folder
+        from engine.infer.random_models import random_model_folder
 
         return random_model_folder(cfg.random_init), None
     return resolve(cfg.model), (resolve(cfg.draft_model) if cfg.draft == "model" else None)
@@ -474,7 +475,7 @@ def run_worker(cfg: PeerConfig) -> dict:
 
     import torch
 
-    from .metrics import machine_facts
+    from engine.measure.metrics import machine_facts
 
     cfg.validate()
     torch.manual_seed(0)
@@ -537,8 +538,7 @@ if __name__ == "__main__":
 def dashboard_peer_configs(model: str, draft_model: str, max_new_tokens: int, device: str = "cpu",
                            reps: int = 1) -> tuple[list[PeerConfig], dict[str, str]]:
     """Peer rows the Compare page offers for this model: (installed configs, {label: why not} for the rest)."""
-    from . import catalog
-
+    from engine.infer import catalog
     cname = catalog.canonical_name(model)
     base = PeerConfig(model=model, draft_model=draft_model, max_new_tokens=max(2, int(max_new_tokens)),
                       reps=reps, device=device)

@@ -11,8 +11,8 @@ import html
 import math
 from typing import Iterable, Mapping, Sequence
 
-from .costs import usd_per_million_tokens
-from .errors import UserError
+from engine.common.formulas import usd_per_million_tokens
+from engine.common.errors import UserError
 
 MB = 1e6
 
@@ -115,7 +115,7 @@ def _num(x) -> float | None:
 
 def comparison_row(rec, usd_per_hour: float) -> dict:
     """tables.row plus what the dashboard charts: memory, $/1M output tokens, quality loss."""
-    from .tables import row
+    from engine.present.tables import row
 
     r = row(rec)
     m = rec.metrics or {}
@@ -546,7 +546,7 @@ def capacity_rows(rows: Sequence[Mapping], usd_per_hour: float, tokens_per_day: 
     machines = ceil(tokens_per_day / (tok_s * 86400)); $/month = machines * $/hour * 730;
     $/1M output tokens assumes the machines are busy all the time (the floor on cost).
     """
-    from .costs import HOURS_PER_MONTH, check_price
+    from engine.common.formulas import HOURS_PER_MONTH, check_price
 
     check_price(usd_per_hour)
     t = _num(tokens_per_day)

@@ -40,7 +40,7 @@ class ModelConfig:
     def from_hf(cls, cfg: dict) -> "ModelConfig":
         mt = cfg.get("model_type", "llama")
         if mt not in ("llama", "qwen2", "mistral"):
-            from .errors import UserError
+            from engine.common.errors import UserError
 
             raise UserError(f"model type '{mt}' is not supported", "use a Llama, Mistral or Qwen2 family model")
         heads = cfg["num_attention_heads"]
@@ -236,7 +236,7 @@ def load_state_dict(folder: Path) -> dict[str, torch.Tensor]:
 
     files = sorted(Path(folder).glob("*.safetensors"))
     if not files:
-        from .errors import UserError
+        from engine.common.errors import UserError
 
         raise UserError(f"no *.safetensors files in {folder}", "convert the model to safetensors first")
     sd: dict[str, torch.Tensor] = {}

@@ -11,8 +11,9 @@ import uuid
 from datetime import datetime, timezone
 from pathlib import Path
 
-from .errors import UserError
-from .records import RunRecord
+from engine.common.errors import UserError
+from engine.common.paths import data_dir
+from engine.measure.records import RunRecord
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -38,14 +39,6 @@ CREATE TABLE IF NOT EXISTS gpu_overrides (
     fields TEXT NOT NULL
 );
 """
-
-
-def data_dir() -> Path:
-    env = os.environ.get("SCL_DATA_DIR")
-    if env:
-        return Path(env).expanduser()
-    base = os.environ.get("XDG_DATA_HOME") or os.path.expanduser("~/.local/share")
-    return Path(base) / "serving-cost-lab"
 
 
 def default_path() -> Path:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from .records import RunRecord, percentile
+from engine.measure.records import RunRecord, percentile
 
 
 def simd_level() -> str:
@@ -95,7 +95,7 @@ def library_versions() -> dict:
 # ---------------------------------------------------------------- bandwidth
 
 def _probe_file() -> Path:
-    from .catalog import cache_dir
+    from engine.common.paths import cache_dir
 
     return cache_dir() / "bandwidth.json"
 
@@ -241,8 +241,7 @@ def summarize(lm, res, mem: PeakMemory | None, bw_gbs: float) -> dict:
 
 def make_record(kind: str, lm, res, mem, bw_gbs, config_extra: dict | None = None, draft_lm=None,
                 quality: dict | None = None) -> RunRecord:
-    from . import kernels
-
+    from engine.ops import kernels
     cfg = {
         "model": lm.name,
         "precision": lm.spec.label,

@@ -28,14 +28,15 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
-from . import shapes
-from .errors import UserError
-from .hardware_catalog import GPU, HOURS_PER_MONTH, CatalogError, find_gpu, load_gpus
-from .shapes import ModelShape, PRECISIONS, ShapeError
+from engine.planner import shapes
+from engine.common.errors import UserError
+from engine.common.paths import DATA
+from engine.planner.gpus import GPU, HOURS_PER_MONTH, CatalogError, find_gpu, load_gpus
+from engine.planner.shapes import ModelShape, PRECISIONS, ShapeError
 
 GIB = 2 ** 30
 Z90 = 1.2816            # standard normal 90th percentile
-PUBLISHED_PATH = shapes.ROOT / "data" / "published_measurements.csv"
+PUBLISHED_PATH = DATA / "published_measurements.csv"
 
 
 # ============================================================ errors

@@ -25,8 +25,9 @@ from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 from typing import Iterable, Mapping
 
-ROOT = Path(__file__).resolve().parent.parent
-MODELS_PATH = ROOT / "data" / "models.json"
+from engine.common.paths import DATA
+
+MODELS_PATH = DATA / "models.json"
 
 PRECISIONS = ("fp32", "bf16", "fp16", "int8", "int4", "nf4", "llm.int8", "fp8")
 FLOAT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}

@@ -14,9 +14,11 @@ import math
 import sys
 from pathlib import Path
 
-from . import planner, shapes
-from .errors import UserError
-from .hardware_catalog import CatalogError, find_gpu, load_gpus, price_table
+from engine.planner import core as planner
+
+from engine.planner import shapes
+from engine.common.errors import UserError
+from engine.planner.gpus import CatalogError, find_gpu, load_gpus, price_table
 
 
 def _csv(s: str) -> list[str]:
@@ -115,7 +117,7 @@ def _load_records(paths: list[str], use_store: bool) -> list[dict]:
 
 def _store():
     try:
-        from . import store
+        from engine.measure import store
     except Exception:
         return None
     path = store.default_path()

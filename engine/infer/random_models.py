@@ -11,7 +11,8 @@ import os
 import shutil
 from pathlib import Path
 
-from .errors import UserError
+from engine.common.errors import UserError
+from engine.common.paths import cache_dir
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 # Where a GPU run finds the tokenizer when no catalog model is converted there (bench/gpu_peers.sh).
@@ -42,8 +43,7 @@ def _tokenizer_source() -> Path:
     env = os.environ.get(ASSETS_ENV)
     if env and (Path(env) / "tokenizer.json").exists():
         return Path(env)
-    from . import catalog
-
+    from engine.infer import catalog
     m = catalog.CATALOG[catalog.canonical_name("default-draft")]
     d = catalog._model_dir(m)
     if (d / "tokenizer.json").exists():
@@ -87,10 +87,11 @@ def random_model_folder(shape_name: str, root: Path | None = None, seed: int = 0
     """Build (once) and return a folder with random weights of `shape_name` from data/models.json."""
     from safetensors.torch import save_file
 
-    from . import catalog, shapes
+    from engine.infer import catalog
 
+    from engine.planner import shapes
     shape = shapes.get_model(shape_name)
-    base = Path(root) if root else catalog.cache_dir() / "random"
+    base = Path(root) if root else cache_dir() / "random"
     dest = base / f"{shape.name}-seed{seed}"
     if (dest / "model.safetensors").exists() and (dest / "config.json").exists():
         return dest

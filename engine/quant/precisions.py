@@ -12,8 +12,8 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import nn
 
-from . import kernels
-from .errors import UserError
+from engine.ops import kernels
+from engine.common.errors import UserError
 
 FLOAT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 PRECISIONS = ("fp32", "bf16", "fp16", "int8", "int4", "llm.int8", "nf4", "fp8")

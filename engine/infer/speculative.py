@@ -13,83 +13,18 @@ Each kept token is distributed exactly as the target's, so output stays lossless
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
 
 import torch
 
-from .errors import UserError
-from .generate import (GenerationResult, SamplingParams, _sync, check_length, encode_prompts, eos_ids, left_pad,
-                       make_generator, pad_id, probs_from_logits)
+from engine.common.errors import UserError
+from engine.infer.spec_stats import SpecStats
+from engine.infer.verify import verify
+from engine.infer.generate import GenerationResult, _sync
+from engine.infer.sampling import SamplingParams, make_generator, probs_from_logits
+from engine.infer.tokens import check_length, encode_prompts, eos_ids, left_pad, pad_id
 
-DRAFT_KINDS = ("none", "model", "self", "ngram")
+from engine.common.vocab import DRAFT_KINDS  # noqa: E402  (re-exported for the proposers below)
 MAX_GAMMA = 16
-
-
-@dataclass
-class SpecStats:
-    """Per-request acceptance statistics.
-
-    drafted/accepted: draft tokens proposed and kept, summed over sequences and rounds.
-    acceptance_rate: accepted / drafted.
-    mean_acceptance_length: tokens emitted per target verification pass, counting the bonus/resample
-      token (vLLM's definition: 1 + accepted / rounds), per sequence.
-    position_rate[i]: share of rounds in which draft position i (0-based) was accepted, of those
-      in which it was proposed.
-    expected_length: (1 - a^(g+1)) / (1 - a) for a = acceptance_rate and g = mean gamma: what an
-      i.i.d. acceptance model predicts for mean_acceptance_length.
-    draft_s / verify_s: wall time spent drafting and in target verification passes.
-    """
-
-    draft_kind: str
-    gamma: int
-    adaptive: bool
-    rounds: int = 0
-    drafted: int = 0
-    accepted: int = 0
-    emitted: int = 0
-    position_drafted: list[int] = field(default_factory=list)
-    position_accepted: list[int] = field(default_factory=list)
-    gamma_history: list[int] = field(default_factory=list)
-    draft_s: float = 0.0
-    verify_s: float = 0.0
-    baseline_tok_s: float | None = None
-    speedup: float | None = None
-
-    def to_dict(self) -> dict:
-        d = asdict(self)
-        a = self.acceptance_rate
-        d.update(acceptance_rate=a, mean_acceptance_length=self.mean_acceptance_length,
-                 expected_length=self.expected_length, position_rate=self.position_rate,
-                 mean_gamma=self.mean_gamma)
-        return d
-
-    @property
-    def acceptance_rate(self) -> float | None:
-        return self.accepted / self.drafted if self.drafted else None
-
-    @property
-    def mean_gamma(self) -> float:
-        return sum(self.gamma_history) / len(self.gamma_history) if self.gamma_history else float(self.gamma)
-
-    @property
-    def mean_acceptance_length(self) -> float | None:
-        return self.emitted / self.rounds if self.rounds else None
-
-    @property
-    def expected_length(self) -> float | None:
-        return expected_length(self.acceptance_rate, self.mean_gamma)
-
-    @property
-    def position_rate(self) -> list[float | None]:
-        return [a / d if d else None for a, d in zip(self.position_accepted, self.position_drafted)]
-
-
-def expected_length(a: float | None, g: float) -> float | None:
-    if a is None:
-        return None
-    if a >= 1.0:
-        return g + 1.0
-    return (1.0 - a ** (g + 1)) / (1.0 - a)
 
 
 # ---------------------------------------------------------------- proposers
@@ -172,41 +107,6 @@ def _fit_vocab(logits: torch.Tensor, vocab: int) -> torch.Tensor:
         return logits[..., :vocab]
     pad = torch.full((*logits.shape[:-1], vocab - logits.shape[-1]), float("-inf"), device=logits.device)
     return torch.cat([logits, pad], -1)
-
-
-# ---------------------------------------------------------------- verification
-
-def verify(p: torch.Tensor, q: torch.Tensor | None, d: torch.Tensor, sp: SamplingParams, gen):
-    """Accepted counts [B] and the target's token after them [B], per sequence.
-
-    p [B, g+1, V]: target probabilities; q [B, g, V] or None for a deterministic draft (q = 1 on d);
-    d [B, g]: draft tokens. Greedy: accept while d equals the target's argmax, then the argmax.
-    Sampling: accept d_i with probability min(1, p/q); at the first rejection sample from
-    normalize(max(0, p - q)); after g acceptances sample the bonus from p_{g+1}.
-    """
-    b, g = d.shape
-    if sp.greedy:
-        best = p.argmax(-1)  # [B, g+1]
-        ok = (best[:, :g] == d).int()
-        acc = ok.cumprod(1).sum(1)
-        return acc, best.gather(1, acc[:, None]).squeeze(1)
-    pd = p[:, :g].gather(2, d[:, :, None]).squeeze(2)
-    qd = torch.ones_like(pd) if q is None else q.gather(2, d[:, :, None]).squeeze(2)
-    u = torch.rand(pd.shape, generator=gen, device=p.device)
-    ok = (u * qd <= pd).int()  # u <= p/q without dividing by a zero q
-    acc = ok.cumprod(1).sum(1)
-    nxt = torch.empty(b, dtype=torch.long, device=p.device)
-    for i in range(b):
-        k = int(acc[i])
-        if k == g:
-            dist = p[i, g]
-        else:
-            qk = torch.nn.functional.one_hot(d[i, k], p.shape[-1]).float() if q is None else q[i, k]
-            dist = (p[i, k] - qk).clamp(min=0)
-            if float(dist.sum()) <= 0:  # p == q exactly: any rejection is measure-zero; fall back to p
-                dist = p[i, k]
-        nxt[i] = torch.multinomial(dist / dist.sum(), 1, generator=gen)
-    return acc, nxt
 
 
 # ---------------------------------------------------------------- compatibility

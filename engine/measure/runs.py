@@ -12,16 +12,18 @@ from collections import OrderedDict
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from .errors import UserError
-from .generate import SamplingParams, generate
-from .loader import LoadedModel, load, make_spec, resolve_device
-from .metrics import PeakMemory, bandwidth_gbs, make_record
-from .peers import PeerConfig
-from .peers import measure as measure_peer
-from .records import RunRecord
-from .speculative import DRAFT_KINDS, check_gamma, generate_speculative, make_proposer
+from engine.common.errors import UserError
+from engine.common.paths import DATA
+from engine.infer.generate import generate
+from engine.infer.sampling import SamplingParams
+from engine.infer.loader import LoadedModel, load, make_spec, resolve_device
+from engine.measure.metrics import PeakMemory, bandwidth_gbs, make_record
+from engine.peers.systems import PeerConfig
+from engine.peers.systems import measure as measure_peer
+from engine.measure.records import RunRecord
+from engine.infer.speculative import DRAFT_KINDS, check_gamma, generate_speculative, make_proposer
 
-PROMPTS_FILE = Path(__file__).resolve().parent.parent / "data" / "prompts.json"
+PROMPTS_FILE = DATA / "prompts.json"
 
 
 def default_prompts() -> list[str]:
@@ -159,7 +161,7 @@ def execute(cfg: RunConfig, pool: ModelPool, store=None, progress=None, on_token
             res = run(proposer is not None, cfg.max_new_tokens, on_token)
         quality = None
         if cfg.quality:
-            from .quality import evaluate, has_reference
+            from engine.measure.quality import evaluate, has_reference
 
             say("measuring quality against fp32")
             ref = None
@@ -175,7 +177,7 @@ def execute(cfg: RunConfig, pool: ModelPool, store=None, progress=None, on_token
                  "adaptive": cfg.adaptive_gamma}}
     rec = make_record("bench" if cfg.warmup else "generate", target, res, mem, bw, extra, draft, quality)
     if baseline is not None and res.spec:
-        from .metrics import summarize
+        from engine.measure.metrics import summarize
 
         b = summarize(target, baseline, None, bw)
         rec.metrics["spec"]["baseline_tok_s"] = b["decode_tok_s"]

@@ -11,7 +11,9 @@ from pathlib import Path
 
 import torch
 
-EVAL_TEXT = Path(__file__).resolve().parent.parent / "data" / "eval.txt"
+from engine.common.paths import DATA
+
+EVAL_TEXT = DATA / "eval.txt"
 
 
 def eval_ids(tokenizer, max_tokens: int = 512, path: Path = EVAL_TEXT) -> list[int]:
@@ -52,7 +54,7 @@ def compare(ref_lp: torch.Tensor, lp: torch.Tensor, ids: list[int]) -> dict:
 
 
 def _ref_path(model_name: str, ids: list[int]) -> Path:
-    from .catalog import cache_dir
+    from engine.common.paths import cache_dir
 
     h = hashlib.sha256(repr((model_name, ids)).encode()).hexdigest()[:16]
     return cache_dir() / "quality" / f"{model_name.replace('/', '_')}-{h}.safetensors"
@@ -74,7 +76,7 @@ def reference_logprobs(model_name: str, ids: list[int], ref_lm=None, progress=No
         except Exception:
             p.unlink(missing_ok=True)  # a torn write: recompute
     if ref_lm is None:
-        from .loader import load
+        from engine.infer.loader import load
 
         (progress or (lambda s: None))(f"computing the fp32 reference for {model_name} (once)")
         ref_lm = load(model_name, "fp32", "cpu", progress)

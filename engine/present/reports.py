@@ -21,8 +21,8 @@ import math
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
-from .errors import UserError
-from .records import SCHEMA_VERSION, RunRecord
+from engine.common.errors import UserError
+from engine.measure.records import SCHEMA_VERSION, RunRecord
 
 FORMAT = "serving-cost-lab-report"
 REPORT_VERSION = 1
@@ -134,7 +134,7 @@ def check_record(d, where: str = "run") -> RunRecord:
     if not isinstance(rec.kernels, dict) or not isinstance(rec.output, dict) or not isinstance(rec.versions, dict):
         raise UserError(f"{where}: kernels, output and versions should be objects", FIX)
     try:  # the last word: the row every table and chart is drawn from must build
-        from .ui_data import comparison_row
+        from engine.present.ui_data import comparison_row
 
         comparison_row(rec, DEFAULT_USD_PER_HOUR)
     except UserError:
@@ -308,8 +308,7 @@ def export_html(report: Report) -> str:
     """One self-contained HTML file: plotly.js inline, a CSP forbidding network loads, text escaped."""
     from plotly.offline import get_plotlyjs
 
-    from . import ui_data
-
+    from engine.present import ui_data
     rows = ui_data.comparison_rows(report.records, report.usd_per_hour)
     esc = html.escape
     first = report.records[0]

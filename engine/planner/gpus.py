@@ -12,8 +12,9 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Iterable, Mapping
 
-ROOT = Path(__file__).resolve().parent.parent
-GPUS_PATH = ROOT / "data" / "gpus.csv"
+from engine.common.paths import DATA
+
+GPUS_PATH = DATA / "gpus.csv"
 THIS_MACHINE = "this machine"
 HOURS_PER_MONTH = 730.0
 

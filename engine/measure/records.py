@@ -24,7 +24,7 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 
-from .errors import UserError
+from engine.common.errors import UserError
 
 SCHEMA_VERSION = 1
 KINDS = ("generate", "bench", "quality", "peer")

@@ -1,0 +1,48 @@
+"""The closed-form formulas every layer shares; each is defined here once and called everywhere else.
+
+- usd_per_million_tokens: $ / 1M tokens for a machine at $/hour producing tokens/s.
+- expected_length: tokens per target pass under i.i.d. acceptance (speculative decoding).
+- kv_bytes_per_token: bytes one token's K and V take in the cache.
+"""
+from __future__ import annotations
+
+import math
+
+from engine.common.errors import UserError
+
+HOURS_PER_MONTH = 730.0  # 365 * 24 / 12
+DEFAULT_USD_PER_HOUR = 0.10  # this machine's price until the user types one (a small cloud VM)
+SECONDS_PER_HOUR = 3600.0
+
+
+def check_price(usd_per_hour: float) -> float:
+    if isinstance(usd_per_hour, bool) or not isinstance(usd_per_hour, (int, float)) or math.isnan(usd_per_hour) \
+            or math.isinf(usd_per_hour) or usd_per_hour <= 0:
+        raise UserError(f"price {usd_per_hour!r} $/hour is not a positive number", "enter a price above 0")
+    return float(usd_per_hour)
+
+
+def usd_per_million_tokens(tokens_per_s: float | None, usd_per_hour: float) -> float | None:
+    """$ per 1M tokens for a machine at usd_per_hour producing tokens_per_s (None if unknown)."""
+    check_price(usd_per_hour)
+    if not tokens_per_s or tokens_per_s <= 0:
+        return None
+    return usd_per_hour / (tokens_per_s * SECONDS_PER_HOUR) * 1e6
+
+
+def expected_length(a: float | None, gamma: float | None) -> float | None:
+    """(1 - a^(g+1)) / (1 - a): tokens one verification pass emits when each of g draft tokens is
+    accepted independently with probability a, counting the bonus/resample token (g + 1 at a = 1).
+    """
+    if a is None or gamma is None or isinstance(a, bool) or not math.isfinite(a):
+        return None
+    if not 0.0 <= a <= 1.0:
+        raise UserError(f"acceptance rate {a} is outside [0, 1]", "give a share of accepted draft tokens")
+    if a >= 1.0 - 1e-12:
+        return gamma + 1.0
+    return (1.0 - a ** (gamma + 1)) / (1.0 - a)
+
+
+def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, bytes_per_value: float) -> float:
+    """2 (K and V) * layers * kv_heads * head_dim * bytes per value."""
+    return 2.0 * num_layers * num_kv_heads * head_dim * bytes_per_value

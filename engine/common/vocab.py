@@ -1,0 +1,53 @@
+"""The lab's shared names: precisions (with the aliases accepted on input), model aliases, draft kinds.
+
+One vocabulary for the live engine, the planner, the peers and the pages. Input may use an alias
+(`bnb-nf4`, `bfloat16`, `w4`); everything stored and printed uses the canonical name.
+"""
+from __future__ import annotations
+
+from engine.common.errors import UserError
+
+PRECISIONS = ("fp32", "bf16", "fp16", "int8", "int4", "llm.int8", "nf4", "fp8")
+FLOAT_PRECISIONS = ("fp32", "bf16", "fp16")
+BNB_PRECISIONS = ("llm.int8", "nf4")  # bitsandbytes' formats, in our engine and as a transformers peer
+GROUP_SIZES = (32, 64, 128)  # int4 group sizes our kernels support
+DESCRIPTIONS = {
+    "fp32": "32-bit float (the reference)",
+    "bf16": "bfloat16 weights and activations",
+    "fp16": "float16 weights and activations",
+    "int8": "int8 weight-only, per-output-channel symmetric scales (our kernels)",
+    "int4": "int4 weight-only, group-wise asymmetric, two per byte (our kernels)",
+    "llm.int8": "bitsandbytes LLM.int8 (int8 with fp16 outliers)",
+    "nf4": "bitsandbytes NF4 4-bit",
+    "fp8": "fp8 e4m3 weight-only with per-channel scales (Hopper/Ada GPUs)",
+}
+PRECISION_ALIASES = {
+    "float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "half": "fp16", "int8.bnb": "llm.int8",
+    "bnb-int8": "llm.int8", "bnb.int8": "llm.int8", "llmint8": "llm.int8", "bnb-nf4": "nf4", "bnb.nf4": "nf4",
+    "w8": "int8", "w4": "int4",
+}
+
+MODEL_ALIASES = {"default": "qwen2.5-coder-1.5b", "default-draft": "qwen2.5-coder-0.5b"}
+
+DRAFT_KINDS = ("none", "model", "self", "ngram")
+
+
+def parse_precision(p: str) -> str:
+    """The canonical precision for a name or alias; a UserError names the choices."""
+    q = (p or "").strip().lower().replace("_", ".")
+    q = PRECISION_ALIASES.get(q, q)
+    if q not in PRECISIONS:
+        raise UserError(f"unknown precision '{p}'", f"choose one of: {', '.join(PRECISIONS)}")
+    return q
+
+
+def canonical_model_name(name: str) -> str:
+    """'default' and 'default-draft' resolve to catalog names; other names are lower-cased and trimmed."""
+    n = (name or "").strip().lower()
+    return MODEL_ALIASES.get(n, n)
+
+
+def check_draft_kind(kind: str) -> str:
+    if kind not in DRAFT_KINDS:
+        raise UserError(f"unknown draft kind '{kind}'", f"use one of: {', '.join(DRAFT_KINDS)}")
+    return kind

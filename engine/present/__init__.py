@@ -1,0 +1,1 @@
+"""Presentation: records as rows, tables, figures and reports. Reads records; never runs a model."""

@@ -1,0 +1,1 @@
+"""Precisions: quantized layers, converting a model to a precision, and exact byte accounting."""
