@@ -6,16 +6,18 @@
 #
 # Needs a CUDA build of torch (and nvcc) on the GPU machine; the CPU-only venv of the
 # dev box is useless there.  What it does, in one python process:
-#   1. builds the CUDA extension through engine/kernels.py (torch.utils.cpp_extension);
+#   1. builds the CUDA extension through engine/ops/build.py (torch.utils.cpp_extension);
 #   2. correctness: every kernel (int8, int4 gs 32/64/128; fp32/fp16/bf16 activations;
 #      M = 1..32, odd N/K to hit tails and the non-vector path) against a bf16 reference
 #      (relative Frobenius error < 1e-2) and an fp32 reference; the output buffer is
 #      filled with NaN before every run, so unwritten outputs fail; also the engine API
-#      (3-D input, bias, the M > 32 torch path) and fused_verify CUDA vs torch reference;
+#      (3-D input, bias, the M > 32 torch path) and the verifier: ops.verify_drafts (the
+#      fused CUDA kernel) vs ops.verify_drafts_torch, with draft probs and deterministic
+#      (draft_probs None), and the engine's verify() on CUDA;
 #   3. timing with CUDA events, weights rotated through copies > 4x L2 (cold L2):
 #      ours (bf16 activations) vs torch bf16 F.linear and bitsandbytes int8 / nf4
 #      (if importable) for the 1.5B model's projection shapes at M = 1, 5, 16;
-#      fused_verify kernel vs the torch reference;
+#      the fused verify kernel vs the torch implementation;
 #   4. prints markdown tables and writes $OUT/gpu_kernels.{md,json,log}.
 # Exit status is non-zero if any correctness check fails.
 set -euo pipefail
@@ -34,7 +36,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, os.getcwd())
-from engine import kernels as K  # noqa: E402
+from engine import ops as K  # noqa: E402
 
 OUT = Path(sys.argv[1])
 assert torch.cuda.is_available(), "no CUDA device"
@@ -135,29 +137,52 @@ try:
 except Exception:
     traceback.print_exc(); failures.append(dict(api="exception"))
 
-# fused_verify: CUDA kernel vs torch reference
+# verification: the CUDA kernel (ops.verify_drafts on CUDA) vs the torch implementation of the same rule
 t0 = time.time()
 mism = total = 0
 for V in (1000, 32000, 151936):
     for gamma in (0, 1, 4, 8):
         for dtname in ("fp32", "bf16"):
-            B = 64
-            logits_t = torch.randn(B, gamma + 1, V, device=dev, generator=g) * 3
-            tp = torch.softmax(logits_t, -1)
-            dp = torch.softmax(logits_t[:, :gamma] + torch.randn(B, gamma, V, device=dev, generator=g), -1)
-            toks = (torch.multinomial(dp.reshape(-1, V).float(), 1, generator=g).view(B, gamma)
-                    if gamma else torch.zeros(B, 0, dtype=torch.int64, device=dev))
-            u = torch.rand(B, gamma + 1, device=dev, generator=g)
-            tp, dp = tp.to(DT[dtname]), dp.to(DT[dtname])
-            n_k, t_k = K.fused_verify(tp, dp, toks, u)
-            n_r, t_r = K.fused_verify_reference(tp, dp, toks, u)
-            mm = int(((n_k != n_r) | (t_k != t_r)).sum())
-            mism += mm; total += B
-            results["verify"].append(dict(V=V, gamma=gamma, dtype=dtname, B=B, mismatches=mm))
+            for deterministic in (False, True):
+                B = 64
+                logits_t = torch.randn(B, gamma + 1, V, device=dev, generator=g) * 3
+                tp = torch.softmax(logits_t, -1)
+                dp = torch.softmax(logits_t[:, :gamma] + torch.randn(B, gamma, V, device=dev, generator=g), -1)
+                toks = (torch.multinomial(dp.reshape(-1, V).float(), 1, generator=g).view(B, gamma)
+                        if gamma else torch.zeros(B, 0, dtype=torch.int64, device=dev))
+                u = torch.rand(B, gamma + 1, device=dev, generator=g)
+                tp, dp = tp.to(DT[dtname]), (None if deterministic else dp.to(DT[dtname]))
+                n_k, t_k = K.verify_drafts(tp, dp, toks, u)
+                n_r, t_r = K.verify_drafts_torch(tp, dp, toks, u)
+                mm = int(((n_k != n_r) | (t_k != t_r)).sum())
+                mism += mm; total += B
+                results["verify"].append(dict(V=V, gamma=gamma, dtype=dtname, deterministic=deterministic, B=B,
+                                              mismatches=mm))
 vok = mism == 0
 if not vok:
     failures.append(dict(verify_mismatches=mism))
-print(f"- fused_verify: {total - mism}/{total} identical to the torch reference ({time.time() - t0:.0f} s)")
+print(f"- verify_drafts: CUDA kernel {total - mism}/{total} identical to the torch implementation "
+      f"({time.time() - t0:.0f} s)")
+# the engine's verifier on CUDA (sampling and greedy) runs without error and agrees with the torch rule
+try:
+    from engine.infer.sampling import SamplingParams
+    from engine.infer.verify import verify
+    B, gamma, V = 4, 4, 151936
+    tp = torch.softmax(torch.randn(B, gamma + 1, V, device=dev, generator=g) * 3, -1)
+    dp = torch.softmax(torch.randn(B, gamma, V, device=dev, generator=g) * 3, -1)
+    toks = torch.multinomial(dp.reshape(-1, V), 1, generator=g).view(B, gamma)
+    for q in (dp, None):
+        a, nx = verify(tp, q, toks, SamplingParams(temperature=1.0, seed=1),
+                       torch.Generator(device="cuda").manual_seed(1))
+        u = torch.rand((B, gamma + 1), generator=torch.Generator(device="cuda").manual_seed(1), device=dev)
+        a_r, nx_r = K.verify_drafts_torch(tp, q, toks, u)
+        if not (torch.equal(a, a_r) and torch.equal(nx, nx_r)):
+            failures.append(dict(engine_verify="differs from the torch rule", deterministic=q is None))
+    verify(tp, None, toks, SamplingParams(), None)
+    print("- engine verify() on CUDA ok" if not any("engine_verify" in f for f in failures)
+          else "- engine verify() on CUDA FAILED")
+except Exception:
+    traceback.print_exc(); failures.append(dict(engine_verify="exception"))
 
 
 # ------------------------------------------------------------------ timing
@@ -259,23 +284,22 @@ for r in rows:
     lines.append(f"| {r['shape']} ({r['N']}x{r['K']}) | {r['M']} | " + " | ".join(cells) + " |")
 table = "\n".join(lines)
 
-# fused_verify timing: batch 1, gamma 4, V 151936
+# verification timing: batch 1, gamma 4, V 151936
 V, gamma = 151936, 4
-tp = torch.softmax(torch.randn(gamma + 1, V, device=dev, generator=g), -1)
-dp = torch.softmax(torch.randn(gamma, V, device=dev, generator=g), -1)
-toks = torch.multinomial(dp, 1, generator=g).squeeze(-1)
-u = torch.rand(gamma + 1, device=dev, generator=g)
-st = torch.cuda.current_stream().cuda_stream
-k_ms = bench(lambda: ext.fused_verify(tp[None], dp[None], toks[None], u[None], st), [()], 200)
-r_ms = bench(lambda: K.fused_verify_reference(tp, dp, toks, u), [()], 50)
-vline = (f"fused_verify (gamma={gamma}, V={V}, batch 1): CUDA kernel {k_ms * 1e3:.1f} us, "
-         f"torch reference {r_ms * 1e3:.1f} us (incl. host sync for python ints)")
-results["verify_timing"] = dict(kernel_us=k_ms * 1e3, reference_us=r_ms * 1e3)
+tp = torch.softmax(torch.randn(1, gamma + 1, V, device=dev, generator=g), -1)
+dp = torch.softmax(torch.randn(1, gamma, V, device=dev, generator=g), -1)
+toks = torch.multinomial(dp[0], 1, generator=g).view(1, gamma)
+u = torch.rand(1, gamma + 1, device=dev, generator=g)
+k_ms = bench(lambda: K.verify_drafts(tp, dp, toks, u), [()], 200)
+r_ms = bench(lambda: K.verify_drafts_torch(tp, dp, toks, u), [()], 50)
+vline = (f"verify_drafts (gamma={gamma}, V={V}, batch 1): CUDA kernel {k_ms * 1e3:.1f} us, "
+         f"torch implementation {r_ms * 1e3:.1f} us (the engine uses the kernel on CUDA; keep it only if faster)")
+results["verify_timing"] = dict(kernel_us=k_ms * 1e3, torch_us=r_ms * 1e3)
 
 md = [f"# GPU kernels on {props.name}", "",
       f"- correctness: {nchk - sum(1 for f in failures if 'fmt' in f)}/{nchk} gemm checks ok "
-      f"(worst rel err vs bf16 ref {worst16:.2e}, vs fp32 ref {worst32:.2e}); fused_verify "
-      f"{total - mism}/{total} identical to reference",
+      f"(worst rel err vs bf16 ref {worst16:.2e}, vs fp32 ref {worst32:.2e}); verify kernel "
+      f"{total - mism}/{total} identical to the torch implementation",
       f"- HBM read bandwidth (sum of 1 GiB bf16): {bw_read:.0f} GB/s; copy: {bw_copy:.0f} GB/s",
       f"- bf16 activations, weights rotated over >= {FLUSH / 2**20:.0f} MB (cold L2), CUDA events, median of 5",
       "", table, "", vline]

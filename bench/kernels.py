@@ -4,7 +4,7 @@
     .venv/bin/python bench/kernels.py --quick    # fewer reps / shapes subset for smoke runs
     .venv/bin/python bench/kernels.py --json out.json --isa avx2 --threads 1
 
-For each shape (N, K) and M in {1, 5, 16}: our int8 and int4 kernels (engine/kernels.py),
+For each shape (N, K) and M in {1, 5, 16}: our int8 and int4 kernels (engine.ops),
 fp32 torch matmul (MKL), torch.ops.aten._weight_int8pack_mm and dynamic int8 quantization
 (torch.ao.quantization.quantize_dynamic, fbgemm) when available.  Reports time, achieved
 GB/s = weight bytes read / time, the fraction of the machine's read bandwidth measured in
@@ -37,7 +37,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from engine.ops import kernels  # noqa: E402
+from engine import ops  # noqa: E402
 
 SHAPES = [  # name, N, K  (Qwen2.5-1.5B-style projections; q/o and k/v and gate/up share shapes)
     ("q_proj/o_proj", 1536, 1536),
@@ -120,9 +120,9 @@ def n_copies(nbytes: int, flush: int, cap: int = 4000) -> int:
 
 
 def clone_prepared(p):
-    if isinstance(p, kernels.PreparedInt8):
-        return kernels.PreparedInt8(p.N, p.K, p.layout, p.w.clone(), p.scale.clone())
-    return kernels.PreparedInt4(p.N, p.K, p.group_size, p.layout, p.w.clone(), p.sm.clone())
+    if isinstance(p, ops.PreparedInt8):
+        return ops.PreparedInt8(p.N, p.K, p.layout, p.w.clone(), p.scale.clone())
+    return ops.PreparedInt4(p.N, p.K, p.group_size, p.layout, p.w.clone(), p.sm.clone())
 
 
 def random_int8(N, K, g):
@@ -153,33 +153,27 @@ def bench_shape(name, N, K, Ms, args, g):
 
     # ---- ours: int8 / int4
     q, s = random_int8(N, K, g)
-    p8 = kernels.prepare_int8(q, s)
+    p8 = ops.prepare_int8(q, s)
     del q
     packed, sc, mn = random_int4(N, K, args.gs, g)
-    p4 = kernels.prepare_int4(packed, sc, mn, K, args.gs)
+    p4 = ops.prepare_int4(packed, sc, mn, K, args.gs)
     del packed
-    ext = kernels.load_cpu_extension()
+    ext = ops.load_cpu_extension()
     # the int8-activation kernel exists only for AVX-512 VNNI (else int4_linear would
     # silently run the fp32 kernel again)
     q8 = (args.act_int8 and ext is not None and ext.has_vnni()
-          and kernels.backend_info().get("cpu") == "avx512")
+          and ops.backend_info().get("cpu") == "avx512")
 
-    def int4_q8(x, p):
-        os.environ["SCL_KERNEL_ACT"] = "int8"
-        try:
-            return kernels.int4_linear(x, p)
-        finally:
-            del os.environ["SCL_KERNEL_ACT"]
-
-    for method, p, fn in (("int8", p8, kernels.int8_linear), ("int4", p4, kernels.int4_linear),
-                          ("int4_q8", p4, int4_q8)):
+    for method, p, fn, settings in (("int8", p8, ops.int8_linear, {}), ("int4", p4, ops.int4_linear, {}),
+                                    ("int4_q8", p4, ops.int4_linear, {"act_int8": True})):
         if method == "int4_q8" and not q8:
             continue
         nb = p.nbytes()
         cps = [p] + [clone_prepared(p) for _ in range(n_copies(nb, flush) - 1)]
-        for M in Ms:
-            sec = time_fn(fn, [(xs[M], c) for c in cps], nb / est_bw, args.rounds, args.target_s, args.stat)
-            record(method, M, sec, nb)
+        with ops.using(**settings):  # int4_q8: the same kernels with int8 activations
+            for M in Ms:
+                sec = time_fn(fn, [(xs[M], c) for c in cps], nb / est_bw, args.rounds, args.target_s, args.stat)
+                record(method, M, sec, nb)
         del cps
     del p8, p4
 
@@ -332,7 +326,7 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true", help="fewer reps and rounds (smoke run)")
     ap.add_argument("--json", metavar="PATH", help="also write all results as JSON")
     ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
-    ap.add_argument("--isa", choices=["scalar", "avx2", "avx512"], help="cap the kernel ISA (SCL_KERNEL_ISA)")
+    ap.add_argument("--isa", choices=["scalar", "avx2", "avx512"], help="cap the kernel ISA (ops.configure(isa=...))")
     ap.add_argument("--gs", type=int, default=64, choices=[32, 64, 128], help="int4 group size")
     ap.add_argument("--m", default="1,5,16", help="comma-separated M values")
     ap.add_argument("--shapes", default="", help="comma-separated subset of shape names (substring match)")
@@ -350,7 +344,7 @@ def main(argv=None):
         return merge(args.merge)
 
     if args.isa:
-        os.environ["SCL_KERNEL_ISA"] = args.isa
+        ops.configure(isa=args.isa)
     if args.threads:
         torch.set_num_threads(args.threads)
     args.rounds = args.rounds or (3 if args.quick else 5)
@@ -362,8 +356,8 @@ def main(argv=None):
         shapes = [s for s in SHAPES if any(k in s[0] for k in keys)]
 
     t0 = time.time()
-    kernels.load_cpu_extension(raise_errors=False)
-    info = kernels.backend_info()
+    ops.load_cpu_extension(raise_errors=False)
+    info = ops.backend_info()
     args.bw = measure_bandwidth()
     g = torch.Generator().manual_seed(0)
     rows = []
@@ -388,7 +382,7 @@ def main(argv=None):
     print(f"- measured read bandwidth (torch sum over cold 256 MiB fp32 slices, same threads; best of "
           f"{len(bws)} points through the run): **{args.bw:.1f} GB/s** "
           f"(points: {', '.join(f'{b:.1f}' for b in bws)})")
-    print("- int8/int4: our kernels, fp32 activations (default).  int4_q8: opt-in SCL_KERNEL_ACT=int8 "
+    print("- int8/int4: our kernels, fp32 activations (default).  int4_q8: opt-in act_int8 (SCL_KERNEL_ACT=int8) "
           "(activations quantized to int8 per 32-k block, AVX-512 VNNI).  fp32_mkl: torch F.linear.  "
           "aten_int8pack_mm: torch.ops.aten._weight_int8pack_mm.  dynamic_int8: quantize_dynamic (fbgemm; "
           "at most 120 weight copies, so small shapes partly hit the L3 cache)")

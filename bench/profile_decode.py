@@ -23,9 +23,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from engine.infer.generate import generate  # noqa: E402
 from engine.infer.loader import load, make_spec  # noqa: E402
-from engine.measure.metrics import bandwidth_gbs  # noqa: E402
+from engine.measure.bandwidth import bandwidth_gbs  # noqa: E402
 from engine.measure.runs import default_prompts  # noqa: E402
-from engine.present.tables import format_rows  # noqa: E402
+from engine.present import format_rows  # noqa: E402
 
 LINEARS = ("q_proj", "k_proj", "v_proj", "qkv_proj", "o_proj", "gate_proj", "up_proj", "gate_up_proj", "down_proj",
            "lm_head")

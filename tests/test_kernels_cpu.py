@@ -1,4 +1,4 @@
-"""CPU weight-only quantized kernels (kernels/cpu, engine/kernels.py).
+"""CPU weight-only quantized kernels (kernels/cpu, engine/ops), the kernel settings, and draft verification.
 
 The extension is built on first use (~45 s on 2 cores, then cached).  If it cannot
 be built, these tests FAIL (a compiler exists on the dev/CI machines); the engine
@@ -7,6 +7,7 @@ itself falls back to PyTorch, which test_graceful_fallback_when_build_fails chec
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import sys
@@ -17,7 +18,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from engine.ops import kernels  # noqa: E402
+from engine import ops  # noqa: E402
+from engine.ops import build, config, linear  # noqa: E402
 
 ISAS = ["scalar", "avx2", "avx512"]
 GROUP_SIZES = [32, 64, 128]
@@ -28,19 +30,21 @@ M_SMALL = list(range(1, 17))
 
 @pytest.fixture(scope="module")
 def ext():
-    return kernels.load_cpu_extension(raise_errors=True)
+    return ops.load_cpu_extension(raise_errors=True)
 
 
 @pytest.fixture(autouse=True)
-def _clean_env(monkeypatch):
-    for var in ("SCL_KERNELS", "SCL_KERNEL_ISA", "SCL_KERNEL_SMALL_M", "SCL_KERNEL_ACT"):
-        monkeypatch.delenv(var, raising=False)
+def _default_settings():
+    """Every test starts from the default kernel settings (whatever the environment says) and
+    leaves the process's settings as it found them."""
+    with ops.using(ops.KernelConfig()):
+        yield
 
 
-def _isa_or_skip(ext, isa, monkeypatch):
-    if not ext.isa_supported(kernels.ISA_IDS[isa]):
+def _isa_or_skip(ext, isa):
+    if not ext.isa_supported(config.ISA_IDS[isa]):
         pytest.skip(f"{isa} not supported by this CPU (cannot run here)")
-    monkeypatch.setenv("SCL_KERNEL_ISA", isa)
+    ops.configure(isa=isa)
 
 
 def _ref(x: torch.Tensor, w: torch.Tensor, bias=None):
@@ -72,7 +76,7 @@ def _weights(N, K, seed):
 # ---------------------------------------------------------------- build ----
 
 def test_extension_builds_and_reports_simd(ext):
-    info = kernels.backend_info()
+    info = ops.backend_info()
     assert info["cpu"] in ("avx512", "avx2", "scalar"), info
     assert info["threads"] == torch.get_num_threads()
     import platform
@@ -88,17 +92,17 @@ def test_int4_canonical_nibble_order():
     packed = torch.tensor([[0x21, 0xF0] + [0] * 14], dtype=torch.uint8)  # gs=32 -> 16 bytes
     scales = torch.tensor([[1.0]], dtype=torch.float16)
     mins = torch.tensor([[-1.0]], dtype=torch.float16)
-    w = kernels.dequantize_int4(packed, scales, mins, K=4)
+    w = ops.dequantize_int4(packed, scales, mins, K=4)
     assert w.tolist() == [[0.0, 1.0, -1.0, 14.0]]
 
 
 def test_quantize_int8_roundtrip():
     w = _weights(37, 91, 0)
     w[3] = 0.0
-    q, s = kernels.quantize_int8(w)
+    q, s = ops.quantize_int8(w)
     assert q.dtype == torch.int8 and s.dtype == torch.float32 and s.shape == (37,)
     assert int(q.abs().max()) == 127
-    wd = kernels.dequantize_int8(q, s)
+    wd = ops.dequantize_int8(q, s)
     assert (wd - w).abs().le(s[:, None] * 0.5 + 1e-7).all()
     assert (wd[3] == 0).all()
     assert float(((wd - w).norm() / w.norm())) < 0.01
@@ -109,14 +113,14 @@ def test_quantize_int4_roundtrip(gs):
     N, K = 19, 3 * gs + 5
     w = _weights(N, K, gs)
     w[2] = 0.25                      # constant row: scale guard, exact reconstruction
-    packed, scales, mins = kernels.quantize_int4(w, gs)
+    packed, scales, mins = ops.quantize_int4(w, gs)
     G = math.ceil(K / gs)
     assert packed.dtype == torch.uint8 and packed.shape == (N, G * gs // 2)
     assert scales.dtype == mins.dtype == torch.float16 and scales.shape == mins.shape == (N, G)
     assert (scales > 0).all()
-    q = kernels.unpack_int4(packed)
+    q = ops.unpack_int4(packed)
     assert (q[:, K:] == 0).all(), "padding must be q = 0"
-    wd = kernels.dequantize_int4(packed, scales, mins, K)
+    wd = ops.dequantize_int4(packed, scales, mins, K)
     assert wd.shape == (N, K)
     s_per_k = scales.float().repeat_interleave(gs, dim=1)[:, :K]
     err = (wd - w).abs()
@@ -130,21 +134,21 @@ def test_quantize_int4_roundtrip(gs):
 def test_prepared_layouts_roundtrip(ext, gs):
     N, K = 130, 1000
     w = _weights(N, K, 1)
-    q, s = kernels.quantize_int8(w)
-    p8 = kernels.prepare_int8(q, s)
+    q, s = ops.quantize_int8(w)
+    p8 = ops.prepare_int8(q, s)
     assert p8.layout == "cpu_tiled"
     q2, s2 = p8.canonical()
     assert torch.equal(q2, q) and torch.equal(s2, s)
-    assert torch.equal(p8.dequantize(), kernels.dequantize_int8(q, s))
+    assert torch.equal(p8.dequantize(), ops.dequantize_int8(q, s))
     assert p8.nbytes() == p8.w.numel() + 4 * p8.scale.numel()
     assert torch.equal(ext.int8_dequant(p8.w, p8.scale, N, 0, p8.w.shape[0]), p8.dequantize())
 
-    packed, sc, mn = kernels.quantize_int4(w, gs)
-    p4 = kernels.prepare_int4(packed, sc, mn, K, gs)
+    packed, sc, mn = ops.quantize_int4(w, gs)
+    p4 = ops.prepare_int4(packed, sc, mn, K, gs)
     assert p4.layout == "cpu_tiled"
     a, b, c = p4.canonical()
     assert torch.equal(a, packed) and torch.equal(b, sc) and torch.equal(c, mn)
-    ref = kernels.dequantize_int4(packed, sc, mn, K)
+    ref = ops.dequantize_int4(packed, sc, mn, K)
     assert torch.equal(p4.dequantize(), ref)
     assert torch.equal(p4.dequantize_rows(64, 130), ref[64:130])
     assert torch.equal(ext.int4_dequant(p4.w, p4.sm, N, K, gs, 1, 3), ref[64:130])
@@ -156,17 +160,17 @@ def test_prepared_layouts_roundtrip(ext, gs):
 
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("N,K", SHAPES)
-def test_int8_small_m(ext, monkeypatch, isa, N, K):
-    _isa_or_skip(ext, isa, monkeypatch)
+def test_int8_small_m(ext, isa, N, K):
+    _isa_or_skip(ext, isa)
     w = _weights(N, K, N * 7 + K)
-    q, s = kernels.quantize_int8(w)
-    p = kernels.prepare_int8(q, s)
-    wd = kernels.dequantize_int8(q, s)
+    q, s = ops.quantize_int8(w)
+    p = ops.prepare_int8(q, s)
+    wd = ops.dequantize_int8(q, s)
     g = torch.Generator().manual_seed(K)
     for M in M_SMALL:
         x = torch.randn(M, K, generator=g)
         bias = torch.randn(N, generator=g) if M % 3 == 0 else None
-        y = kernels.int8_linear(x, p, bias)
+        y = ops.int8_linear(x, p, bias)
         assert y.shape == (M, N) and y.dtype == torch.float32
         ref, mag = _ref(x, wd, bias)
         _assert_close(y, ref, mag, what=f"int8 {isa} N={N} K={K} M={M}")
@@ -175,72 +179,72 @@ def test_int8_small_m(ext, monkeypatch, isa, N, K):
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("gs", GROUP_SIZES)
 @pytest.mark.parametrize("N,K", SHAPES)
-def test_int4_small_m(ext, monkeypatch, isa, gs, N, K):
-    _isa_or_skip(ext, isa, monkeypatch)
+def test_int4_small_m(ext, isa, gs, N, K):
+    _isa_or_skip(ext, isa)
     w = _weights(N, K, N * 11 + K + gs)
-    packed, sc, mn = kernels.quantize_int4(w, gs)
-    p = kernels.prepare_int4(packed, sc, mn, K, gs)
-    wd = kernels.dequantize_int4(packed, sc, mn, K)
+    packed, sc, mn = ops.quantize_int4(w, gs)
+    p = ops.prepare_int4(packed, sc, mn, K, gs)
+    wd = ops.dequantize_int4(packed, sc, mn, K)
     g = torch.Generator().manual_seed(K + gs)
     for M in M_SMALL:
         x = torch.randn(M, K, generator=g)
         bias = torch.randn(N, generator=g) if M % 4 == 1 else None
-        y = kernels.int4_linear(x, p, bias)
+        y = ops.int4_linear(x, p, bias)
         assert y.shape == (M, N) and y.dtype == torch.float32
         ref, mag = _ref(x, wd, bias)
         _assert_close(y, ref, mag, what=f"int4 {isa} gs={gs} N={N} K={K} M={M}")
 
 
 @pytest.mark.parametrize("isa", ISAS)
-def test_kernel_max_m_and_offsets(ext, monkeypatch, isa):
-    """M up to the kernel limit (several m-blocks, k-blocking) via SCL_KERNEL_SMALL_M=64."""
-    _isa_or_skip(ext, isa, monkeypatch)
-    monkeypatch.setenv("SCL_KERNEL_SMALL_M", "64")
+def test_kernel_max_m_and_offsets(ext, isa):
+    """M up to the kernel limit (several m-blocks, k-blocking) via small_m=64."""
+    _isa_or_skip(ext, isa)
+    ops.configure(small_m=64)
     N, K = 70, 600
     w = _weights(N, K, 5)
-    q, s = kernels.quantize_int8(w)
-    p8 = kernels.prepare_int8(q, s)
-    packed, sc, mn = kernels.quantize_int4(w, 32)
-    p4 = kernels.prepare_int4(packed, sc, mn, K, 32)
+    q, s = ops.quantize_int8(w)
+    p8 = ops.prepare_int8(q, s)
+    packed, sc, mn = ops.quantize_int4(w, 32)
+    p4 = ops.prepare_int4(packed, sc, mn, K, 32)
     for M in (17, 31, 64):
         x = torch.randn(M, K)
-        ref, mag = _ref(x, kernels.dequantize_int8(q, s))
-        _assert_close(kernels.int8_linear(x, p8), ref, mag, what=f"int8 M={M}")
-        ref, mag = _ref(x, kernels.dequantize_int4(packed, sc, mn, K))
-        _assert_close(kernels.int4_linear(x, p4), ref, mag, what=f"int4 M={M}")
+        ref, mag = _ref(x, ops.dequantize_int8(q, s))
+        _assert_close(ops.int8_linear(x, p8), ref, mag, what=f"int8 M={M}")
+        ref, mag = _ref(x, ops.dequantize_int4(packed, sc, mn, K))
+        _assert_close(ops.int4_linear(x, p4), ref, mag, what=f"int4 M={M}")
 
 
 @pytest.mark.parametrize("mode", ["chunks", "dequant"])
 @pytest.mark.parametrize("gs", GROUP_SIZES)
-def test_prefill_path_large_m(ext, gs, mode, monkeypatch):
+def test_prefill_path_large_m(ext, gs, mode):
     """Both prefill paths: the small-M kernel in chunks (default) and dequantize + matmul."""
-    monkeypatch.setenv("SCL_KERNEL_PREFILL", mode)
+    ops.configure(prefill=mode)
     N, K = 4200, 300            # > one 4096-row prefill block, K tail
     w = _weights(N, K, 9)
-    q, s = kernels.quantize_int8(w)
-    p8 = kernels.prepare_int8(q, s)
-    packed, sc, mn = kernels.quantize_int4(w, gs)
-    p4 = kernels.prepare_int4(packed, sc, mn, K, gs)
+    q, s = ops.quantize_int8(w)
+    p8 = ops.prepare_int8(q, s)
+    packed, sc, mn = ops.quantize_int4(w, gs)
+    p4 = ops.prepare_int4(packed, sc, mn, K, gs)
     bias = torch.randn(N)
-    sizes = (kernels.DEFAULT_SMALL_M + 1, 80) + ((kernels.PREFILL_CHUNKS_MAX_M + 1,) if mode == "chunks" else ())
+    sizes = (config.DEFAULT_SMALL_M + 1, 80) + ((linear.PREFILL_CHUNKS_MAX_M + 1,) if mode == "chunks" else ())
     for M in sizes:
         x = torch.randn(M, K)
-        ref, mag = _ref(x, kernels.dequantize_int8(q, s), bias)
-        _assert_close(kernels.int8_linear(x, p8, bias), ref, mag, rtol=2e-5, what=f"int8 prefill M={M}")
-        ref, mag = _ref(x, kernels.dequantize_int4(packed, sc, mn, K), bias)
-        _assert_close(kernels.int4_linear(x, p4, bias), ref, mag, rtol=2e-5, what=f"int4 prefill M={M}")
+        ref, mag = _ref(x, ops.dequantize_int8(q, s), bias)
+        _assert_close(ops.int8_linear(x, p8, bias), ref, mag, rtol=2e-5, what=f"int8 prefill M={M}")
+        ref, mag = _ref(x, ops.dequantize_int4(packed, sc, mn, K), bias)
+        _assert_close(ops.int4_linear(x, p4, bias), ref, mag, rtol=2e-5, what=f"int4 prefill M={M}")
 
 
 def test_leading_dims_and_dtypes(ext):
     N, K = 96, 200
     w = _weights(N, K, 3)
-    q, s = kernels.quantize_int8(w)
-    p8 = kernels.prepare_int8(q, s)
-    packed, sc, mn = kernels.quantize_int4(w, 64)
-    p4 = kernels.prepare_int4(packed, sc, mn, K, 64)
+    q, s = ops.quantize_int8(w)
+    p8 = ops.prepare_int8(q, s)
+    packed, sc, mn = ops.quantize_int4(w, 64)
+    p4 = ops.prepare_int4(packed, sc, mn, K, 64)
     x = torch.randn(2, 3, K)
-    for fn, p, wd in ((kernels.int8_linear, p8, kernels.dequantize_int8(q, s)),
-                      (kernels.int4_linear, p4, kernels.dequantize_int4(packed, sc, mn, K))):
+    for fn, p, wd in ((ops.int8_linear, p8, ops.dequantize_int8(q, s)),
+                      (ops.int4_linear, p4, ops.dequantize_int4(packed, sc, mn, K))):
         y = fn(x, p)
         assert y.shape == (2, 3, N)
         ref, mag = _ref(x.reshape(6, K), wd)
@@ -252,7 +256,7 @@ def test_leading_dims_and_dtypes(ext):
             assert torch.allclose(yb.float().reshape(6, N), ref.float(), rtol=2e-2, atol=2e-2)
         assert fn(torch.randn(0, K), p).shape == (0, N)
     with pytest.raises(ValueError):
-        kernels.int8_linear(torch.randn(2, K + 1), p8)
+        ops.int8_linear(torch.randn(2, K + 1), p8)
 
 
 # ------------------------------------------- opt-in int8 activations ----
@@ -272,25 +276,25 @@ def _act_q8_bound(x, sq):
 
 @pytest.mark.parametrize("isa", ["scalar", "avx512"])
 @pytest.mark.parametrize("gs", GROUP_SIZES)
-def test_int4_int8_activations(ext, monkeypatch, isa, gs):
-    """SCL_KERNEL_ACT=int8: error within the activation-quantization bound; the VNNI
+def test_int4_int8_activations(ext, isa, gs):
+    """act_int8 (SCL_KERNEL_ACT=int8): error within the activation-quantization bound; the VNNI
     kernel and the portable reference agree to fp32 rounding."""
     if isa == "avx512" and not ext.has_vnni():
         pytest.skip("AVX-512 VNNI not supported by this CPU")
-    _isa_or_skip(ext, isa, monkeypatch)
-    monkeypatch.setenv("SCL_KERNEL_ACT", "int8")
-    assert "int8" in kernels.backend_info()["int4_activations"]
+    _isa_or_skip(ext, isa)
+    ops.configure(act_int8=True)
+    assert "int8" in ops.backend_info()["int4_activations"]
     g = torch.Generator().manual_seed(gs)
     for N, K in ((130, 1536 + 7), (64, 100), (33, 37)):
         w = _weights(N, K, N + K)
-        packed, sc, mn = kernels.quantize_int4(w, gs)
-        p = kernels.prepare_int4(packed, sc, mn, K, gs)
-        wd = kernels.dequantize_int4(packed, sc, mn, K)
+        packed, sc, mn = ops.quantize_int4(w, gs)
+        p = ops.prepare_int4(packed, sc, mn, K, gs)
+        wd = ops.dequantize_int4(packed, sc, mn, K)
         for M in (1, 2, 5, 8, 9, 16, 20):
             x = torch.randn(M, K, generator=g)
             x[:, 0] *= 30.0                                     # an outlier channel
             bias = torch.randn(N, generator=g) if M == 5 else None
-            y = kernels.int4_linear(x, p, bias)
+            y = ops.int4_linear(x, p, bias)
             ref, mag = _ref(x, wd, bias)
             s_k = sc.float().repeat_interleave(gs, dim=1)[:, :K]
             sq = wd - mn.float().repeat_interleave(gs, dim=1)[:, :K] - 8 * s_k   # scale * (q - 8)
@@ -305,80 +309,211 @@ def test_int4_int8_activations(ext, monkeypatch, isa, gs):
 
 # ----------------------------------------------------------- fallback ----
 
-def test_torch_fallback_matches_kernels(ext, monkeypatch):
+def test_torch_fallback_matches_kernels(ext):
     N, K = 150, 1000
     w = _weights(N, K, 4)
-    q, s = kernels.quantize_int8(w)
-    packed, sc, mn = kernels.quantize_int4(w, 128)
-    p8 = kernels.prepare_int8(q, s)
-    p4 = kernels.prepare_int4(packed, sc, mn, K, 128)
+    q, s = ops.quantize_int8(w)
+    packed, sc, mn = ops.quantize_int4(w, 128)
+    p8 = ops.prepare_int8(q, s)
+    p4 = ops.prepare_int4(packed, sc, mn, K, 128)
     bias = torch.randn(N)
     for M in (1, 5, 16, 50):
         x = torch.randn(M, K)
-        y8k = kernels.int8_linear(x, p8, bias)
-        y4k = kernels.int4_linear(x, p4, bias)
-        monkeypatch.setenv("SCL_KERNELS", "torch")
-        assert kernels.backend_info()["cpu"] == "torch-fallback"
-        # tiled layout through the torch path, and canonical layout prepared under the fallback
-        f8 = kernels.prepare_int8(q, s)
-        f4 = kernels.prepare_int4(packed, sc, mn, K, 128)
-        assert f8.layout == f4.layout == "canonical"
-        for y_kernel, outs in ((y8k, (kernels.int8_linear(x, p8, bias), kernels.int8_linear(x, f8, bias))),
-                               (y4k, (kernels.int4_linear(x, p4, bias), kernels.int4_linear(x, f4, bias)))):
-            for y_fb in outs:
-                assert torch.allclose(y_fb, y_kernel, rtol=1e-4, atol=1e-4)
-        monkeypatch.delenv("SCL_KERNELS")
+        y8k = ops.int8_linear(x, p8, bias)
+        y4k = ops.int4_linear(x, p4, bias)
+        with ops.using(enabled=False):
+            assert ops.backend_info()["cpu"] == "torch-fallback"
+            # tiled layout through the torch path, and canonical layout prepared under the fallback
+            f8 = ops.prepare_int8(q, s)
+            f4 = ops.prepare_int4(packed, sc, mn, K, 128)
+            assert f8.layout == f4.layout == "canonical"
+            for y_kernel, outs in ((y8k, (ops.int8_linear(x, p8, bias), ops.int8_linear(x, f8, bias))),
+                                   (y4k, (ops.int4_linear(x, p4, bias), ops.int4_linear(x, f4, bias)))):
+                for y_fb in outs:
+                    assert torch.allclose(y_fb, y_kernel, rtol=1e-4, atol=1e-4)
 
 
-def test_graceful_fallback_when_build_fails(ext, monkeypatch):
+def test_graceful_fallback_when_build_fails(ext):
     """No compiler / broken build: engine keeps working through PyTorch and says why."""
-    saved = dict(kernels._cpu_state)
+    saved = dict(build._cpu_state)
     try:
-        kernels._cpu_state.clear()
-        kernels._cpu_state.update(tried=True, ext=None, reason="simulated: no C++ compiler found")
-        info = kernels.backend_info()
+        build._cpu_state.clear()
+        build._cpu_state.update(tried=True, ext=None, reason="simulated: no C++ compiler found")
+        info = ops.backend_info()
         assert info["cpu"] == "torch-fallback" and "simulated" in info["cpu_reason"]
         N, K = 40, 70
         w = _weights(N, K, 8)
-        q, s = kernels.quantize_int8(w)
-        p = kernels.prepare_int8(q, s)
+        q, s = ops.quantize_int8(w)
+        p = ops.prepare_int8(q, s)
         assert p.layout == "canonical"
         x = torch.randn(3, K)
-        ref, mag = _ref(x, kernels.dequantize_int8(q, s))
-        _assert_close(kernels.int8_linear(x, p), ref, mag, rtol=1e-5)
+        ref, mag = _ref(x, ops.dequantize_int8(q, s))
+        _assert_close(ops.int8_linear(x, p), ref, mag, rtol=1e-5)
         with pytest.raises(RuntimeError, match="simulated"):
-            kernels.load_cpu_extension(raise_errors=True)
+            ops.load_cpu_extension(raise_errors=True)
     finally:
-        kernels._cpu_state.clear()
-        kernels._cpu_state.update(saved)
+        build._cpu_state.clear()
+        build._cpu_state.update(saved)
 
 
 def test_build_failure_is_caught(monkeypatch, tmp_path):
     """A real failed build (missing source) is caught and reported, not raised."""
-    saved = dict(kernels._cpu_state)
+    saved = dict(build._cpu_state)
     try:
-        kernels._cpu_state.clear()
-        kernels._cpu_state.update(tried=False, ext=None, reason="")
-        monkeypatch.setattr(kernels, "CPU_SRC_DIR", tmp_path)   # no sources there
-        assert kernels.load_cpu_extension() is None
-        assert kernels.backend_info()["cpu"] == "torch-fallback"
-        assert kernels._cpu_state["reason"]
+        build._cpu_state.clear()
+        build._cpu_state.update(tried=False, ext=None, reason="")
+        monkeypatch.setattr(build, "CPU_SRC_DIR", tmp_path)   # no sources there
+        assert ops.load_cpu_extension() is None
+        assert ops.backend_info()["cpu"] == "torch-fallback"
+        assert build._cpu_state["reason"]
     finally:
-        kernels._cpu_state.clear()
-        kernels._cpu_state.update(saved)
+        build._cpu_state.clear()
+        build._cpu_state.update(saved)
 
 
-# ------------------------------------------------------- fused_verify ----
+
+# ------------------------------------------------------------ settings ----
+
+def test_config_from_env_and_validation(monkeypatch):
+    env = {"SCL_KERNELS": "torch", "SCL_KERNEL_ISA": "AVX2", "SCL_KERNEL_SMALL_M": "99",
+           "SCL_KERNEL_PREFILL": "dequant", "SCL_KERNEL_ACT": "int8", "SCL_FUSE": "0"}
+    assert ops.KernelConfig.from_env(env) == ops.KernelConfig(enabled=False, isa="avx2", small_m=64,
+                                                              prefill="dequant", act_int8=True, fuse=False)
+    assert ops.KernelConfig.from_env({}) == ops.KernelConfig()
+    # unusable values are logged and left at their defaults
+    assert ops.KernelConfig.from_env({"SCL_KERNEL_ISA": "avx9", "SCL_KERNEL_SMALL_M": "many"}) == ops.KernelConfig()
+    for bad in (dict(isa="avx9"), dict(small_m=65), dict(small_m=-1), dict(prefill="x"), dict(act_int8="yes")):
+        with pytest.raises((ValueError, TypeError)):
+            ops.KernelConfig(**bad)
+    with pytest.raises(TypeError, match="unknown kernel setting"):
+        ops.configure(simd="avx2")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        ops.kernel_config().isa = "avx2"
+
+
+def test_configure_returns_previous_and_using_restores():
+    base = ops.kernel_config()
+    prev = ops.configure(isa="avx2", small_m=8)
+    assert prev == base and ops.kernel_config() == ops.KernelConfig(isa="avx2", small_m=8)
+    with ops.using(act_int8=True) as inner:
+        assert inner.act_int8 and inner.isa == "avx2" and ops.kernel_config() is inner
+    assert ops.kernel_config() == ops.KernelConfig(isa="avx2", small_m=8)
+    ops.configure(prev)
+    assert ops.kernel_config() == base
+
+
+def test_config_resolved_from_env_once(monkeypatch):
+    """The environment is read at first use and then never again; configure() is how to switch."""
+    monkeypatch.setattr(config, "_active", None)          # as in a fresh process
+    monkeypatch.setenv("SCL_KERNEL_ISA", "avx2")
+    monkeypatch.setenv("SCL_FUSE", "0")
+    cfg = ops.kernel_config()
+    assert cfg.isa == "avx2" and cfg.fuse is False
+    monkeypatch.setenv("SCL_KERNEL_ISA", "scalar")
+    monkeypatch.setenv("SCL_KERNELS", "torch")
+    assert ops.kernel_config() is cfg
+    ops.configure(ops.KernelConfig.from_env())            # re-reading it is explicit
+    assert ops.kernel_config().isa == "scalar" and not ops.kernel_config().enabled
+
+
+def test_backend_info_carries_the_config(ext):
+    if not ext.isa_supported(config.ISA_IDS["avx2"]):
+        pytest.skip("avx2 not supported by this CPU")
+    with ops.using(isa="avx2", small_m=16):
+        info = ops.backend_info()
+        assert info["config"] == ops.KernelConfig(isa="avx2", small_m=16).to_dict()
+        assert info["cpu"] == "avx2" and info["small_m"] == 16
+    info = ops.backend_info()
+    assert info["config"] == ops.KernelConfig().to_dict() and info["cpu"] == info["cpu_best"]
+
+
+def _env_reads_during(fn) -> list[str]:
+    """Every read of the process environment while fn() runs: Python frames of os.environ's
+    methods (get, __getitem__, __contains__, ...) or os.getenv, and C calls on os.environ or on
+    CPython's private bytes dict behind it (os.environ._data)."""
+    env_data = getattr(os.environ, "_data", None)
+    hits: list[str] = []
+
+    def prof(frame, event, arg):
+        if event == "call":
+            if frame.f_code.co_name == "getenv" and frame.f_code.co_filename == os.__file__:
+                hits.append("os.getenv")
+            elif frame.f_locals.get("self") is os.environ:
+                hits.append(f"os.environ.{frame.f_code.co_name}")
+        elif event == "c_call":
+            owner = getattr(arg, "__self__", None)
+            if owner is not None and (owner is os.environ or owner is env_data):
+                hits.append(f"{'os.environ._data' if owner is env_data else 'os.environ'}.{arg.__name__}")
+
+    sys.setprofile(prof)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return hits
+
+
+def _linear_calls(K):
+    """int8/int4 linear calls through a kernels module K: decode (M=1), verify (M=5), chunked
+    prefill (M=40), bf16 input, 3-D input with bias (the hot path and the general path)."""
+    N, Kd = 96, 200
+    w = _weights(N, Kd, 12)
+    p8 = K.prepare_int8(*K.quantize_int8(w))
+    p4 = K.prepare_int4(*K.quantize_int4(w, 64), Kd, 64)
+    bias = torch.randn(N)
+    xs = [torch.randn(1, Kd), torch.randn(5, Kd), torch.randn(40, Kd), torch.randn(2, Kd).bfloat16(),
+          torch.randn(2, 3, Kd)]
+
+    def run():
+        out = []
+        for x in xs:
+            out.append(K.int4_linear(x, p4, bias if x.dim() == 3 else None))
+            out.append(K.int8_linear(x, p8, bias if x.dim() == 3 else None))
+        return out
+    return run
+
+
+def test_linear_hot_path_reads_no_environment(ext):
+    """Regression: the kernel settings were re-read from os.environ._data on every GEMV. Now they are
+    resolved once; after the first call int4_linear/int8_linear never touch the environment.
+    (Against the pre-split engine/kernels.py this lists 4 os.environ._data.get calls per int4 call.)"""
+    run = _linear_calls(ops)
+    run()                                                   # first use: resolve settings, load the extension
+    assert ops.backend_info()["cpu"] != "torch-fallback"    # the kernels really ran
+    reads = _env_reads_during(run)
+    assert reads == [], f"the linear path read the environment {len(reads)} times: {sorted(set(reads))}"
+
+
+def test_env_changes_after_first_use_change_nothing(ext, monkeypatch):
+    """Regression, behaviourally: setting the env vars at run time no longer switches kernels
+    (the old module picked up SCL_KERNEL_ACT/SCL_KERNELS/SCL_KERNEL_ISA on the next call)."""
+    run = _linear_calls(ops)
+    before = run()
+    monkeypatch.setenv("SCL_KERNEL_ACT", "int8")
+    monkeypatch.setenv("SCL_KERNEL_ISA", "scalar")
+    monkeypatch.setenv("SCL_KERNELS", "torch")
+    after = run()
+    assert all(torch.equal(a, b) for a, b in zip(before, after))
+    if ext.has_vnni():
+        with ops.using(act_int8=True):                    # the explicit switch does change the int4 result
+            assert not torch.equal(run()[0], before[0])
+
+
+# ------------------------------------------------------- verification ----
 
 def _verify_loop(tp, dp, toks, u):
-    """Straightforward python transcription of the documented semantics."""
-    gamma = dp.shape[0]
-    tpl, dpl = tp.double().tolist(), dp.double().tolist()
+    """Straightforward python transcription of the documented rule (engine/ops/verify.py);
+    dp None: a deterministic draft (q one-hot on the drafted token)."""
+    gamma = toks.shape[0]
+    V = tp.shape[-1]
+    tpl = tp.double().tolist()
+    dpl = dp.double().tolist() if dp is not None else [[1.0 if j == int(toks[i]) else 0.0 for j in range(V)]
+                                                       for i in range(gamma)]
     ul = u.double().tolist()
     n = 0
     while n < gamma:
         t = int(toks[n])
-        if ul[n] * dpl[n][t] <= tpl[n][t]:
+        if 0 <= t < V and ul[n] * dpl[n][t] <= tpl[n][t]:
             n += 1
         else:
             break
@@ -397,14 +532,20 @@ def _verify_loop(tp, dp, toks, u):
     for j, c in enumerate(cdf):
         if c > target:
             return n, j
-    return n, max(j for j, v in enumerate(r) if v > 0)
+    return n, max((j for j, v in enumerate(r) if v > 0), default=V - 1)
 
 
 def _rand_probs(shape, g, temp=1.0):
     return torch.softmax(torch.randn(*shape, generator=g) * 3 / temp, dim=-1)
 
 
-def test_fused_verify_reference_matches_loop():
+def _one(tp, dp, toks, u):
+    n, nxt = ops.verify_drafts(tp[None], None if dp is None else dp[None], toks[None], u[None])
+    assert n.dtype == nxt.dtype == torch.int64 and n.shape == nxt.shape == (1,)
+    return int(n[0]), int(nxt[0])
+
+
+def test_verify_drafts_matches_loop():
     g = torch.Generator().manual_seed(0)
     for trial in range(300):
         gamma = trial % 6
@@ -414,32 +555,62 @@ def test_fused_verify_reference_matches_loop():
         dp = _rand_probs((gamma, V), g) if trial % 2 else 0.7 * tp[:gamma] + 0.3 * _rand_probs((gamma, V), g)
         toks = torch.multinomial(dp, 1, generator=g).squeeze(-1) if gamma else torch.zeros(0, dtype=torch.int64)
         u = torch.rand(gamma + 1, generator=g)
-        assert kernels.fused_verify(tp, dp, toks, u) == _verify_loop(tp, dp, toks, u), trial
+        assert _one(tp, dp, toks, u) == _verify_loop(tp, dp, toks, u), trial
+        # deterministic draft: the same tokens with q = one-hot on them
+        assert _one(tp, None, toks, u) == _verify_loop(tp, None, toks, u), trial
 
 
-def test_fused_verify_edge_cases():
-    V = 4
+def test_verify_drafts_batched_equals_rows_and_one_hot_equals_none():
+    g = torch.Generator().manual_seed(1)
+    B, gamma, V = 64, 4, 50
+    tp = _rand_probs((B, gamma + 1, V), g, temp=2.0)
+    dp = 0.5 * tp[:, :gamma] + 0.5 * _rand_probs((B, gamma, V), g)
+    toks = torch.multinomial(dp.reshape(-1, V), 1, generator=g).view(B, gamma)
+    u = torch.rand(B, gamma + 1, generator=g)
+    n, nxt = ops.verify_drafts(tp, dp, toks, u)
+    assert [(int(a), int(b)) for a, b in zip(n, nxt)] == [_one(tp[i], dp[i], toks[i], u[i]) for i in range(B)]
+    one_hot = torch.nn.functional.one_hot(toks, V).to(tp.dtype)
+    n1, x1 = ops.verify_drafts(tp, one_hot, toks, u)
+    n0, x0 = ops.verify_drafts(tp, None, toks, u)
+    assert torch.equal(n1, n0) and torch.equal(x1, x0)
+    assert 0 < int(n0.sum()) < B * gamma                    # both accepts and rejections happened
+    # the dispatcher and the torch implementation are one rule (on CPU they are the same code)
+    assert all(torch.equal(a, b) for a, b in zip(ops.verify_drafts_torch(tp, dp, toks, u), (n, nxt)))
+
+
+def test_verify_drafts_edge_cases():
     p = torch.tensor([[0.1, 0.2, 0.3, 0.4], [0.25, 0.25, 0.25, 0.25]])
     q = torch.tensor([[0.1, 0.2, 0.3, 0.4]])
     t = torch.tensor([2])
     # identical distributions: always accept, bonus from p_1 (inverse CDF with u=0.6 -> index 2)
-    assert kernels.fused_verify(p, q, t, torch.tensor([0.999, 0.6])) == (1, 2)
+    assert _one(p, q, t, torch.tensor([0.999, 0.6])) == (1, 2)
     # q puts zero mass on the drafted token -> accept
     q0 = torch.tensor([[0.5, 0.5, 0.0, 0.0]])
-    assert kernels.fused_verify(p, q0, t, torch.tensor([0.999, 0.0]))[0] == 1
+    assert _one(p, q0, t, torch.tensor([0.999, 0.0]))[0] == 1
     # certain rejection: p[t] = 0 -> resample from max(0, p - q) which is only token 3
     p2 = torch.tensor([[0.0, 0.0, 0.0, 1.0], [0.25] * 4])
     q2 = torch.tensor([[0.0, 0.0, 1.0, 0.0]])
-    assert kernels.fused_verify(p2, q2, t, torch.tensor([0.5, 0.99])) == (0, 3)
+    assert _one(p2, q2, t, torch.tensor([0.5, 0.99])) == (0, 3)
     # u -> 1: last token with positive residual mass
-    assert kernels.fused_verify(p2, q2, t, torch.tensor([0.5, 1.0])) == (0, 3)
-    # batched form returns tensors
-    n, nxt = kernels.fused_verify(p[None].repeat(3, 1, 1), q[None].repeat(3, 1, 1),
-                                  t[None].repeat(3, 1), torch.tensor([[0.0, 0.1]] * 3))
-    assert n.tolist() == [1, 1, 1] and nxt.tolist() == [0, 0, 0]
+    assert _one(p2, q2, t, torch.tensor([0.5, 1.0])) == (0, 3)
+    # deterministic draft rejected: the residual is p without the drafted token
+    p3 = torch.tensor([[0.5, 0.0, 0.5, 0.0], [0.25] * 4])
+    assert _one(p3, None, torch.tensor([2]), torch.tensor([0.6, 0.0])) == (0, 0)
+    assert _one(p3, None, torch.tensor([2]), torch.tensor([0.4, 0.0])) == (1, 0)
+    # a token outside the vocabulary is rejected, with and without draft probabilities
+    assert _one(p, q, torch.tensor([7]), torch.tensor([0.0, 0.0]))[0] == 0
+    assert _one(p, None, torch.tensor([-1]), torch.tensor([0.0, 0.99])) == (0, 3)
+    # p = q = 0 on the drafted token: accepted
+    p4 = torch.tensor([[0.0, 1.0, 0.0, 0.0], [0.25] * 4])
+    q4 = torch.tensor([[0.0, 1.0, 0.0, 0.0]])
+    assert _one(p4, q4, torch.tensor([0]), torch.tensor([0.5, 0.3])) == (1, 1)
+    # a rejection with max(0, p - q) = 0 everywhere: the degenerate residual falls back to p_n
+    assert _one(p4, q4 * 2, torch.tensor([1]), torch.tensor([0.9, 0.3])) == (0, 1)
+    with pytest.raises(ValueError):
+        ops.verify_drafts(p[None], q[None], t[None], torch.tensor([[0.5]]))
 
 
-def test_fused_verify_statistics():
+def test_verify_drafts_statistics():
     """Speculative sampling must reproduce the target distribution exactly.
 
     Emitted tokens: the first emitted token is t_0 if accepted else the resample;
@@ -455,7 +626,7 @@ def test_fused_verify_statistics():
                       [0.10, 0.40, 0.10, 0.20, 0.10, 0.10]])
     toks = torch.stack([torch.multinomial(q[i], B, replacement=True, generator=g) for i in range(gamma)], 1)
     u = torch.rand(B, gamma + 1, generator=g)
-    n, nxt = kernels.fused_verify(p.expand(B, -1, -1), q.expand(B, -1, -1), toks, u)
+    n, nxt = ops.verify_drafts(p.expand(B, -1, -1), q.expand(B, -1, -1), toks, u)
     first = torch.where(n > 0, toks[:, 0], nxt)
     counts = torch.bincount(first, minlength=V).double()
     expected = p[0].double() * B

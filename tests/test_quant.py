@@ -4,9 +4,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from engine import ops
 from engine.common.errors import UserError
 from engine.infer.loader import load, make_spec
-from engine.quant.precisions import parse_precision, quantize_model, quantized_fraction, weight_breakdown
+from engine.quant import parse_precision, quantize_model, quantized_fraction, weight_breakdown
 from engine.measure.quality import compare, eval_ids, logprobs
 from tests.tiny import tiny_model
 
@@ -36,7 +37,7 @@ def test_quantized_close_to_fp32(request, small_fp32, fixture, min_top1, max_kl)
 
 
 def test_group_sizes_trade_bytes_for_error():
-    from engine.quant.precisions import Int4Linear
+    from engine.quant import Int4Linear
 
     torch.manual_seed(0)
     w = torch.randn(256, 1024)
@@ -97,7 +98,7 @@ def test_quantized_model_does_not_keep_the_fp32_file_resident():
 
     from engine.infer import catalog
     fp32_bytes = (catalog.resolve("default-draft") / "model.safetensors").stat().st_size
-    code = ("import psutil; from engine.loader import load; lm = load('default-draft', 'int4', 'cpu'); "
+    code = ("import psutil; from engine.infer.loader import load; lm = load('default-draft', 'int4', 'cpu'); "
             "print(psutil.Process().memory_info().rss, lm.weight_bytes)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
                          cwd=str(Path(__file__).resolve().parent.parent))
@@ -106,10 +107,10 @@ def test_quantized_model_does_not_keep_the_fp32_file_resident():
     assert rss < weights + 0.25 * fp32_bytes + 600e6, f"RSS {rss / 1e6:.0f} MB for {weights / 1e6:.0f} MB of weights"
 
 
-def test_fused_projections_give_the_same_logits(small_int4, monkeypatch):
+def test_fused_projections_give_the_same_logits(small_int4):
     """q/k/v and gate/up fused into one kernel call each: the same rows, so the same numbers."""
-    monkeypatch.setenv("SCL_FUSE", "0")
-    unfused = load("default-draft", make_spec("int4"), "cpu")
+    with ops.using(fuse=False):  # SCL_FUSE=0 in the environment of a fresh process
+        unfused = load("default-draft", make_spec("int4"), "cpu")
     assert unfused.model.model.layers[0].self_attn.qkv_proj is None
     assert small_int4.model.model.layers[0].self_attn.qkv_proj is not None
     assert small_int4.weights == unfused.weights  # the same bytes, by layer type

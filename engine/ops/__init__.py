@@ -1,1 +1,23 @@
-"""Kernels: building and loading kernels/ (C++ and CUDA), the formats they read, dispatch, and the PyTorch reference path."""
+"""Kernels: the quantized formats, load-time packed layouts, int8/int4 linear dispatch (C++/CUDA kernels
+with a PyTorch path), speculative-sampling verification, and the kernel settings.
+
+Modules: ``formats`` (canonical int8/int4: quantize, dequantize, unpack), ``prepared`` (PreparedInt8 /
+PreparedInt4, prepare_*), ``linear`` (int8_linear / int4_linear), ``verify`` (verify_drafts),
+``build`` (building/loading kernels/cpu and kernels/cuda), ``config`` (KernelConfig, configure,
+using), ``info`` (backend_info for the run record). Imports only engine.common and torch.
+"""
+from engine.ops.build import load_cpu_extension, load_cuda_extension
+from engine.ops.config import KernelConfig, configure, kernel_config, using
+from engine.ops.formats import dequantize_int4, dequantize_int8, quantize_int4, quantize_int8, unpack_int4
+from engine.ops.info import backend_info
+from engine.ops.linear import int4_linear, int8_linear
+from engine.ops.prepared import TILE, PreparedInt4, PreparedInt8, prepare_int4, prepare_int8
+from engine.ops.verify import verify_drafts, verify_drafts_torch
+
+__all__ = [
+    "quantize_int8", "dequantize_int8", "quantize_int4", "dequantize_int4", "unpack_int4",
+    "PreparedInt8", "PreparedInt4", "prepare_int8", "prepare_int4", "TILE",
+    "int8_linear", "int4_linear", "verify_drafts", "verify_drafts_torch",
+    "KernelConfig", "kernel_config", "configure", "using",
+    "backend_info", "load_cpu_extension", "load_cuda_extension",
+]

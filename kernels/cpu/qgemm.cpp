@@ -1,6 +1,6 @@
 // Serving Cost Lab -- torch binding for the CPU weight-only quantized kernels.
 //
-// Built just-in-time by engine/kernels.py with torch.utils.cpp_extension.load
+// Built just-in-time by engine/ops/build.py with torch.utils.cpp_extension.load
 // (ninja, -O3 -fopenmp).  The SIMD code lives in qgemm_{scalar,avx2,avx512}.cpp
 // (no torch headers) and is chosen at run time:
 //   best_isa(): 2 = AVX-512F/BW (+FMA, F16C), 1 = AVX2+FMA+F16C, 0 = scalar,

@@ -4,7 +4,7 @@
 // (qgemm_scalar.cpp, qgemm_avx2.cpp, qgemm_avx512.cpp) and the torch binding
 // (qgemm.cpp).  No torch headers here so the SIMD files compile fast.
 //
-// Packed ("tiled") weight layouts -- produced by engine/kernels.py
+// Packed ("tiled") weight layouts -- produced by engine/ops/prepared.py
 // prepare_int8 / prepare_int4, see docs/KERNELS.md:
 //
 //   rows are grouped in tiles of TILE = 64 output rows (N padded to a multiple

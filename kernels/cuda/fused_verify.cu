@@ -1,17 +1,21 @@
 // Fused speculative-sampling verification (Leviathan et al. 2023), one block
-// per sequence.  Semantics identical to engine/kernels.py:fused_verify_reference:
+// per sequence: the CUDA fast path of engine/ops/verify.py:verify_drafts, exactly the
+// arithmetic of verify_drafts_torch there:
 //
-//   accept draft i  <=>  u_i * q_i[t_i] <= p_i[t_i]   (float64 compare)
-//   n = number of leading accepts (a token id outside [0, V) counts as rejected)
-//   r = max(0, p_n - q_n) if n < gamma else p_gamma        (float64)
-//   if sum(r) == 0: r = p_n
+//   q_i = draft_probs[i, t_i], or 1 when draft_probs is null (a deterministic draft:
+//         q is one-hot on the drafted token)
+//   accept draft i  <=>  t_i in [0, V) and u_i * q_i <= p_i[t_i]   (float64 compare)
+//   n = number of leading accepts
+//   r = max(0, p_n - q_n) if n < gamma else p_gamma        (float64; q_n one-hot on t_n
+//       when draft_probs is null)
+//   if sum(r) <= 0: r = p_n
 //   next = first j with cumsum(r)[j] > u_gamma * sum(r); if rounding leaves none,
 //          the last j with r[j] > 0 (V-1 if r is all zero).
 //
-// The residual is never materialised: pass 1 sums r over 32 contiguous per-warp
+// The residual is never materialised: pass 1 sums r over 16 contiguous per-warp
 // ranges (coalesced), thread 0 finds the warp whose range crosses the target,
 // and only that warp re-reads its range with a warp-shuffle inclusive scan.
-// Results agree with the torch reference except when u*sum(r) falls within
+// Results agree with the torch implementation except when u*sum(r) falls within
 // float64 rounding of a CDF boundary (summation order differs).
 #include "qgemm_cuda.h"
 
@@ -28,12 +32,14 @@ __device__ __forceinline__ double to_d(float v) { return (double)v; }
 __device__ __forceinline__ double to_d(__half v) { return (double)__half2float(v); }
 __device__ __forceinline__ double to_d(__nv_bfloat16 v) { return (double)__bfloat162float(v); }
 
+// r[j]: p[j], or max(0, p[j] - q[j]) for a residual; q == nullptr means q one-hot on tok.
 template <typename T>
 __device__ __forceinline__ double rval(const T* __restrict__ p, const T* __restrict__ q,
-                                       bool residual, int j) {
+                                       int64_t tok, bool residual, int j) {
   const double pv = to_d(p[j]);
   if (!residual) return pv;
-  const double d = pv - to_d(q[j]);
+  const double qv = q != nullptr ? to_d(q[j]) : (j == tok ? 1.0 : 0.0);
+  const double d = pv - qv;
   return d > 0.0 ? d : 0.0;
 }
 
@@ -44,6 +50,7 @@ fused_verify_kernel(const T* __restrict__ tp, const T* __restrict__ dp,
                     int64_t* __restrict__ n_out, int64_t* __restrict__ next_out, int gamma,
                     int V) {
   __shared__ int s_n;
+  __shared__ int64_t s_tok;
   __shared__ double s_part[kNW];
   __shared__ int s_owner;
   __shared__ double s_prefix;
@@ -54,7 +61,7 @@ fused_verify_kernel(const T* __restrict__ tp, const T* __restrict__ dp,
   const int b = blockIdx.x;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const T* P = tp + (size_t)b * (gamma + 1) * V;
-  const T* Q = dp + (size_t)b * gamma * V;
+  const T* Q = dp != nullptr ? dp + (size_t)b * gamma * V : nullptr;  // null: deterministic draft
   const int64_t* t = toks + (size_t)b * gamma;
   const float* u = uni + (size_t)b * (gamma + 1);
 
@@ -65,16 +72,18 @@ fused_verify_kernel(const T* __restrict__ tp, const T* __restrict__ dp,
       const int64_t tok = t[n];
       if (tok < 0 || tok >= V) break;
       const double pv = to_d(P[(size_t)n * V + tok]);
-      const double qv = to_d(Q[(size_t)n * V + tok]);
+      const double qv = Q != nullptr ? to_d(Q[(size_t)n * V + tok]) : 1.0;
       if (!((double)u[n] * qv <= pv)) break;
     }
     s_n = n;
+    s_tok = n < gamma ? t[n] : -1;
     s_result = -1;
   }
   __syncthreads();
   const int n = s_n;
   const T* pn = P + (size_t)n * V;
-  const T* qn = Q + (size_t)(n < gamma ? n : 0) * V;
+  const T* qn = Q != nullptr ? Q + (size_t)(n < gamma ? n : 0) * V : nullptr;
+  const int64_t tokn = s_tok;
   bool residual = n < gamma;
 
   // per-warp contiguous range [lo, hi), a multiple of 32 long
@@ -84,7 +93,7 @@ fused_verify_kernel(const T* __restrict__ tp, const T* __restrict__ dp,
   // 2. per-warp sums (second round only for a degenerate residual)
   for (int round = 0; round < 2; ++round) {
     double s = 0.0;
-    for (int j = lo + lane; j < hi; j += 32) s += rval(pn, qn, residual, j);
+    for (int j = lo + lane; j < hi; j += 32) s += rval(pn, qn, tokn, residual, j);
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
     if (lane == 0) s_part[warp] = s;
@@ -129,7 +138,7 @@ fused_verify_kernel(const T* __restrict__ tp, const T* __restrict__ dp,
     bool found = false;
     for (int base = lo; base < hi; base += 32) {
       const int j = base + lane;
-      const double rv = j < hi ? rval(pn, qn, residual, j) : 0.0;
+      const double rv = j < hi ? rval(pn, qn, tokn, residual, j) : 0.0;
       if (rv > 0.0) last = j;
       double v = rv;
 #pragma unroll
@@ -158,7 +167,7 @@ fused_verify_kernel(const T* __restrict__ tp, const T* __restrict__ dp,
   if (s_result < 0) {
     int last = -1;
     for (int j = threadIdx.x; j < V; j += kThreads)
-      if (rval(pn, qn, residual, j) > 0.0) last = j;
+      if (rval(pn, qn, tokn, residual, j) > 0.0) last = j;
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) last = max(last, __shfl_xor_sync(0xffffffffu, last, off));
     if (lane == 0) s_lastnz[warp] = last;

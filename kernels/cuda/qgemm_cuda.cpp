@@ -1,5 +1,5 @@
 // Torch binding for the CUDA kernels in qgemm_cuda.cu / fused_verify.cu.
-// Built lazily by engine/kernels.py (torch.utils.cpp_extension.load) when a CUDA
+// Built lazily by engine/ops/build.py (torch.utils.cpp_extension.load) when a CUDA
 // build of torch and a GPU are present.
 //
 // Only torch/extension.h + the CUDA runtime are included (no c10/cuda headers):
@@ -113,26 +113,33 @@ torch::Tensor int4_gemm(torch::Tensor x, torch::Tensor w, torch::Tensor sm,
   return y;
 }
 
-std::vector<torch::Tensor> fused_verify(torch::Tensor tp, torch::Tensor dp, torch::Tensor toks,
-                                        torch::Tensor u, int64_t stream) {
+// draft_probs None: a deterministic draft (q one-hot on the drafted token).
+std::vector<torch::Tensor> fused_verify(torch::Tensor tp, c10::optional<torch::Tensor> dp,
+                                        torch::Tensor toks, torch::Tensor u, int64_t stream) {
   check_cuda(tp, "target_probs");
-  check_cuda(dp, "draft_probs");
   check_cuda(toks, "draft_tokens");
   check_cuda(u, "uniforms");
   TORCH_CHECK(tp.dim() == 3, "target_probs must be [B, gamma+1, V]");
   const int64_t B = tp.size(0), gamma = tp.size(1) - 1, V = tp.size(2);
   TORCH_CHECK(gamma >= 0, "gamma must be >= 0");
-  TORCH_CHECK(dp.dim() == 3 && dp.size(0) == B && dp.size(1) == gamma && dp.size(2) == V &&
-                  dp.scalar_type() == tp.scalar_type(),
-              "draft_probs must be [B, gamma, V] with target_probs' dtype");
+  const void* dptr = nullptr;
+  if (dp.has_value() && dp->defined()) {
+    check_cuda(*dp, "draft_probs");
+    TORCH_CHECK(dp->dim() == 3 && dp->size(0) == B && dp->size(1) == gamma && dp->size(2) == V &&
+                    dp->scalar_type() == tp.scalar_type() && dp->device() == tp.device(),
+                "draft_probs must be [B, gamma, V] with target_probs' dtype and device");
+    dptr = dp->data_ptr();
+  }
   TORCH_CHECK(toks.scalar_type() == torch::kInt64 && toks.dim() == 2 && toks.size(0) == B &&
-                  toks.size(1) == gamma, "draft_tokens must be int64 [B, gamma]");
+                  toks.size(1) == gamma && toks.device() == tp.device(),
+              "draft_tokens must be int64 [B, gamma] on target_probs' device");
   TORCH_CHECK(u.scalar_type() == torch::kFloat32 && u.dim() == 2 && u.size(0) == B &&
-                  u.size(1) == gamma + 1, "uniforms must be float32 [B, gamma+1]");
+                  u.size(1) == gamma + 1 && u.device() == tp.device(),
+              "uniforms must be float32 [B, gamma+1] on target_probs' device");
   const DeviceGuard guard(tp);
   auto opts = torch::dtype(torch::kInt64).device(tp.device());
   auto n = torch::empty({B}, opts), nxt = torch::empty({B}, opts);
-  check_err(scl_cuda::fused_verify(tp.data_ptr(), dp.data_ptr(), toks.data_ptr<int64_t>(),
+  check_err(scl_cuda::fused_verify(tp.data_ptr(), dptr, toks.data_ptr<int64_t>(),
                                    u.data_ptr<float>(), n.data_ptr<int64_t>(),
                                    nxt.data_ptr<int64_t>(), (int)B, (int)gamma, (int)V,
                                    dtype_of(tp), as_stream(stream)),
@@ -150,6 +157,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("int4_gemm", &int4_gemm, "int4 group-wise weight-only GEMV / small-M GEMM", py::arg("x"),
         py::arg("w"), py::arg("sm"), py::arg("bias"), py::arg("K"), py::arg("gs"),
         py::arg("stream"), py::arg("out") = py::none());
-  m.def("fused_verify", &fused_verify, "speculative sampling verification");
+  m.def("fused_verify", &fused_verify, "speculative sampling verification (draft_probs may be None)",
+        py::arg("target_probs"), py::arg("draft_probs"), py::arg("draft_tokens"), py::arg("uniforms"),
+        py::arg("stream"));
   m.def("max_mt", []() { return (int64_t)scl_cuda::kMaxMT; });
 }

@@ -3,7 +3,8 @@
 // only CUDA headers so they compile fast with plain nvcc; the torch binding is
 // qgemm_cuda.cpp.
 //
-// Layouts (the canonical formats, see engine/kernels.py; prepared on device):
+// Layouts (the canonical formats, see engine/ops/formats.py; prepared on device by
+// engine/ops/prepared.py):
 //   int8: w [N, Kpad] int8 row-major, Kpad = K rounded up to 16 (zero padded)
 //         so each row is 16-byte aligned; scale [N] float32.
 //   int4: w [N, Kp/2] uint8 row-major (canonical nibble order: byte j = q[2j] |
@@ -27,8 +28,10 @@ cudaError_t int8_gemm(const void* x, const int8_t* w, const float* scale, const 
 cudaError_t int4_gemm(const void* x, const uint8_t* w, const void* sm, const void* bias,
                       void* y, int M, int N, int K, int gs, DType dt, cudaStream_t stream);
 
-// target_probs [B, gamma+1, V], draft_probs [B, gamma, V] (dtype dt), draft_tokens
-// [B, gamma] int64, uniforms [B, gamma+1] float32 -> accepted [B], next_token [B] int64.
+// target_probs [B, gamma+1, V], draft_probs [B, gamma, V] (dtype dt) or nullptr for a
+// deterministic draft (q one-hot on the drafted token), draft_tokens [B, gamma] int64,
+// uniforms [B, gamma+1] float32 -> accepted [B], next_token [B] int64.
+// The rule is engine/ops/verify.py's (see fused_verify.cu).
 cudaError_t fused_verify(const void* target_probs, const void* draft_probs,
                          const int64_t* draft_tokens, const float* uniforms,
                          int64_t* accepted, int64_t* next_token, int B, int gamma, int V,

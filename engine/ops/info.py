@@ -1,0 +1,55 @@
+"""``backend_info()``: what the kernels will run in this process, for the run record (record.kernels)."""
+from __future__ import annotations
+
+import torch
+
+from engine.ops import build as _build
+from engine.ops import config as _config
+from engine.ops.prepared import TILE
+
+__all__ = ["backend_info"]
+
+_DISABLED = "kernels disabled (SCL_KERNELS=torch or ops.configure(enabled=False))"
+
+
+def backend_info(build: bool = True) -> dict:
+    """{"cpu": "avx512"|"avx2"|"scalar"|"torch-fallback", "cpu_reason", "cpu_best", "cpu_vnni",
+    "int4_activations", "cuda": "built"|"unavailable: <reason>", "threads", "small_m", "tile_rows",
+    "config": the KernelConfig as a dict}. Builds the extensions lazily if build=True."""
+    cfg = _config.kernel_config()
+    info: dict = {"threads": torch.get_num_threads(), "small_m": cfg.small_m, "tile_rows": TILE,
+                  "config": cfg.to_dict()}
+    if not cfg.enabled:
+        info.update(cpu="torch-fallback", cpu_reason=_DISABLED)
+    else:
+        ext = _build.load_cpu_extension() if build else _build._cpu_state["ext"]
+        if ext is None:
+            st = _build._cpu_state
+            why = st["reason"] if st["tried"] else "not built yet (build=False)"
+            info.update(cpu="torch-fallback", cpu_reason=why)
+        else:
+            isa = _build.cpu_isa(ext, cfg)
+            best = int(ext.best_isa())
+            names = _config.ISA_NAMES
+            info.update(cpu=names[isa], cpu_best=names[best],
+                        cpu_reason="" if isa == best else f"capped by isa={cfg.isa} (SCL_KERNEL_ISA / ops.configure)",
+                        cpu_vnni=bool(ext.has_vnni()),
+                        cpu_build_dir=_build._cpu_state.get("build_dir", ""))
+            if not cfg.act_int8:
+                act = "fp32"
+            elif isa == 2 and ext.has_vnni():
+                act = "int8 per-32 block (AVX-512 VNNI)"
+            elif isa == 0:
+                act = "int8 per-32 block (scalar reference)"
+            else:
+                act = "fp32 (act_int8 needs AVX-512 VNNI or the scalar ISA)"
+            info["int4_activations"] = act
+    if not cfg.enabled:
+        info["cuda"] = "unavailable: " + _DISABLED
+    elif torch.version.cuda is None or not torch.cuda.is_available():
+        info["cuda"] = "unavailable: " + ("torch built without CUDA" if torch.version.cuda is None
+                                          else "no CUDA device visible")
+    else:
+        ext = _build.load_cuda_extension() if build else _build._cuda_state["ext"]
+        info["cuda"] = "built" if ext is not None else f"unavailable: {_build._cuda_state['reason']}"
+    return info

@@ -1,0 +1,148 @@
+"""Converting a model to a precision: the spec, what the device can run, and the conversion itself.
+
+Every precision is a real conversion of the weights. An unsupported combination is refused with
+a UserError; nothing is ever silently replaced by another precision.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+from torch import nn
+
+from engine import ops
+from engine.common.errors import UserError
+from engine.common.vocab import BNB_PRECISIONS, GROUP_SIZES, parse_precision
+from engine.quant.layers import Fp8Linear, Int4Linear, Int8Linear, QuantEmbedding, bnb_linear, is_bnb
+
+__all__ = ["FLOAT_DTYPES", "QuantSpec", "make_spec", "check_supported", "compute_dtype_for", "quantize_model",
+           "fuse_projections"]
+
+FLOAT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass(frozen=True)
+class QuantSpec:
+    precision: str = "fp32"
+    group_size: int = 64
+    quantize_embeddings: bool = False
+    quantize_head: bool = True
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @property
+    def label(self) -> str:
+        s = self.precision + (f"-g{self.group_size}" if self.precision == "int4" else "")
+        return s
+
+
+def make_spec(precision: str = "fp32", group_size: int = 64, quantize_embeddings: bool = False,
+              quantize_head: bool = True) -> QuantSpec:
+    """A QuantSpec from user input: the precision may be an alias (engine.common.vocab)."""
+    return QuantSpec(parse_precision(precision), int(group_size), bool(quantize_embeddings), bool(quantize_head))
+
+
+def check_supported(spec: QuantSpec, device: str) -> None:
+    """Refuse precisions the device cannot run, with the reason and the alternative."""
+    dev = torch.device(device)
+    if spec.precision == "int4" and spec.group_size not in GROUP_SIZES:
+        raise UserError(f"int4 group size {spec.group_size} is not supported", f"use one of {GROUP_SIZES}")
+    if spec.precision == "fp8":
+        if dev.type != "cuda":
+            raise UserError("fp8 needs an NVIDIA GPU with fp8 support (compute capability 8.9+, e.g. H100/H200/L40S); "
+                            f"this run is on {dev.type}", "pick int8 or int4 on this machine, or run on a Hopper/Ada GPU")
+        cap = torch.cuda.get_device_capability(dev)
+        if cap < (8, 9):
+            raise UserError(f"fp8 needs compute capability 8.9+, this GPU has {cap[0]}.{cap[1]}", "use int8 or int4")
+    if spec.precision in BNB_PRECISIONS:
+        try:
+            import bitsandbytes  # noqa: F401
+        except Exception as e:
+            raise UserError(f"{spec.precision} needs bitsandbytes, which failed to import ({e})",
+                            "pip install bitsandbytes, or use int8/int4") from None
+    if spec.precision == "fp16" and dev.type == "cpu":
+        pass  # allowed, just slow; the record shows it
+
+
+def compute_dtype_for(spec: QuantSpec, device) -> torch.dtype:
+    if spec.precision in FLOAT_DTYPES:
+        return FLOAT_DTYPES[spec.precision]
+    # Quantized weights: fp32 activations on CPU (no fast bf16 there), bf16 on GPU.
+    return torch.float32 if torch.device(device).type == "cpu" else torch.bfloat16
+
+
+def _make_linear(lin: nn.Linear, spec: QuantSpec, device) -> nn.Module:
+    w, b = lin.weight.data, None if lin.bias is None else lin.bias.data
+    p = spec.precision
+    if p == "int8":
+        return Int8Linear(w, b)
+    if p == "int4":
+        return Int4Linear(w, b, spec.group_size)
+    if p == "fp8":
+        return Fp8Linear(w, b)
+    if p in BNB_PRECISIONS:
+        return bnb_linear(w, b, p, device)
+    raise AssertionError(p)
+
+
+def quantize_model(model, spec: QuantSpec, device="cpu"):
+    """Convert an fp32 model in place to `spec`; returns it. Norms and biases stay in float."""
+    check_supported(spec, device)
+    p = spec.precision
+    cdtype = compute_dtype_for(spec, device)
+    if p in FLOAT_DTYPES:
+        return model.to(device=device, dtype=cdtype)
+    tied = model.cfg.tie_embeddings
+    if p in ("int8", "int4") and ops.kernel_config().fuse:  # fuse=False (SCL_FUSE=0): A/B benchmarks
+        fuse_projections(model)
+    for blk in model.model.layers:
+        for parent in (blk.self_attn, blk.mlp):
+            for name, child in list(parent.named_children()):
+                if isinstance(child, nn.Linear):
+                    setattr(parent, name, _make_linear(child.to(device), spec, device))
+    if spec.quantize_head:
+        # A tied head gets its own quantized copy; the embedding keeps its precision unless asked.
+        model.lm_head = _make_linear(model.lm_head.to(device), spec, device)
+    elif tied:
+        model.lm_head = nn.Linear(model.cfg.hidden_size, model.cfg.vocab_size, bias=False)
+        model.lm_head.weight = model.model.embed_tokens.weight
+    if spec.quantize_embeddings:
+        model.model.embed_tokens = QuantEmbedding(model.model.embed_tokens.weight.data, cdtype)
+    # Remaining float parameters (norms, biases, unquantized embedding/head) in the compute dtype.
+    for mod in model.modules():
+        if isinstance(mod, (nn.Embedding, nn.Linear)) and not is_bnb(mod):
+            mod.to(device=device, dtype=cdtype)
+        elif mod.__class__.__name__ == "RMSNorm":
+            mod.to(device=device, dtype=cdtype)
+    for mod in model.modules():
+        if isinstance(mod, (Int8Linear, Int4Linear)) and mod.bias is not None:
+            mod.bias.data = mod.bias.data.to(device)
+    return model
+
+
+def _stack(linears: list[nn.Linear]) -> nn.Linear:
+    w = torch.cat([m.weight.data for m in linears], 0)
+    has_bias = any(m.bias is not None for m in linears)
+    out = nn.Linear(w.shape[1], w.shape[0], bias=has_bias, device="meta")
+    out.weight = nn.Parameter(w, requires_grad=False)
+    if has_bias:
+        out.bias = nn.Parameter(torch.cat([m.bias.data if m.bias is not None else
+                                           torch.zeros(m.out_features, dtype=w.dtype) for m in linears]),
+                                requires_grad=False)
+    return out
+
+
+def fuse_projections(model) -> None:
+    """q/k/v into one linear and gate/up into one, before quantization.
+
+    Both our int formats quantize each output row on its own, so the fused weight holds exactly
+    the rows the separate ones would: the same numbers, in fewer and larger kernel calls (a
+    decode step's k and v calls were dominated by per-call overhead).
+    """
+    for blk in model.model.layers:
+        a, m = blk.self_attn, blk.mlp
+        a.qkv_proj = _stack([a.q_proj, a.k_proj, a.v_proj])
+        a.q_proj = a.k_proj = a.v_proj = None
+        m.gate_up_proj = _stack([m.gate_proj, m.up_proj])
+        m.gate_proj = m.up_proj = None
