@@ -313,7 +313,7 @@ def test_real_converted_checkpoint_param_count(name):
 def test_weight_bytes_match_the_labs_converted_model(request, fixture, precision):
     """Byte-exact against engine/quant.py on the real 0.5B. The lab keeps norms, biases and the
     embedding in fp32 on CPU, and quantizes the head by default."""
-    from engine.quant import precisions as quant
+    from engine import quant
     lm = request.getfixturevalue(fixture)
     m = MODELS["qwen2.5-coder-0.5b"]
     got = sum(quant.weight_breakdown(lm.model).values())

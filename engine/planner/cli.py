@@ -5,20 +5,27 @@ Thin layer over engine.planner: parse, call, print a table (or --json). Also:
   --sweep GPU         decode cost vs batch per precision, with/without speculation
   --packing GPU       replicas of the model that fit on one GPU per precision
   --gpus-table        the GPU catalog with prices and their spread
+
+The lab's store is the caller's: engine/__main__.py passes `stored_runs` (run records as plain
+dicts, RunRecord.to_dict()) and `stored_gpu_overrides` to `add_parser`; the planner never imports
+it. Without them (tests, `python -m engine.planner.cli`) only --records and --overrides files count.
 """
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import sys
 from pathlib import Path
+from typing import Callable
 
-from engine.planner import core as planner
-
-from engine.planner import shapes
+from engine import planner
 from engine.common.errors import UserError
+from engine.planner import shapes
 from engine.planner.gpus import CatalogError, find_gpu, load_gpus, price_table
+
+StoreReader = Callable[[], list]      # () -> list of plain dicts read from the lab's store
 
 
 def _csv(s: str) -> list[str]:
@@ -42,8 +49,10 @@ def _price(s: str) -> tuple[str, float]:
         raise argparse.ArgumentTypeError(f"price in '{s}' is not a number") from None
 
 
-def add_parser(subparsers) -> argparse.ArgumentParser:
-    """Register the `plan` subcommand on an argparse subparsers object."""
+def add_parser(subparsers, stored_runs: StoreReader | None = None,
+               stored_gpu_overrides: StoreReader | None = None) -> argparse.ArgumentParser:
+    """Register the `plan` subcommand on an argparse subparsers object. `stored_runs` and
+    `stored_gpu_overrides` read the lab's store (called only without --no-store)."""
     p = subparsers.add_parser(
         "plan", help="GPUs, precision and speculation for a workload, ranked by cost",
         description="Project the lab's measurements onto production GPUs: GPUs needed, $/1M tokens, $/month.")
@@ -85,13 +94,24 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--gpus-table", action="store_true", help="list the GPU catalog and prices")
     p.add_argument("--models-table", action="store_true", help="list catalog model shapes and sizes")
     p.add_argument("--calibration", action="store_true", help="print the fit from --records / the store")
-    p.set_defaults(fn=run)
+    p.set_defaults(fn=functools.partial(run, stored_runs=stored_runs, stored_gpu_overrides=stored_gpu_overrides))
     return p
 
 
 # ------------------------------------------------------------------ helpers
 
-def _load_records(paths: list[str], use_store: bool) -> list[dict]:
+def _from_store(read: StoreReader | None) -> list[dict]:
+    """What a store reader returns; nothing when there is none, or when the store is broken (a
+    broken store must not stop planning)."""
+    if read is None:
+        return []
+    try:
+        return list(read() or [])
+    except Exception:
+        return []
+
+
+def _load_records(paths: list[str], stored_runs: StoreReader | None = None) -> list[dict]:
     recs: list[dict] = []
     for path in paths:
         text = Path(path).read_text()
@@ -105,36 +125,11 @@ def _load_records(paths: list[str], use_store: bool) -> list[dict]:
                         recs.append(json.loads(line))
                     except ValueError:
                         raise UserError(f"{path} line {i} is not JSON", "pass a JSON list or JSONL of run records")
-    if use_store:
-        st = _store()
-        if st is not None:
-            try:
-                recs += [r.to_dict() for r in st.list_runs(1000)]
-            except Exception:  # a broken store must not stop planning
-                pass
-    return recs
+    return recs + _from_store(stored_runs)
 
 
-def _store():
-    try:
-        from engine.measure import store
-    except Exception:
-        return None
-    path = store.default_path()
-    if not path.exists():
-        return None
-    return store.Store(path)
-
-
-def _overrides(a) -> list[dict]:
-    ov: list[dict] = []
-    if not a.no_store:
-        st = _store()
-        if st is not None:
-            try:
-                ov += st.gpu_overrides()
-            except Exception:
-                pass
+def _overrides(a, stored_gpu_overrides: StoreReader | None = None) -> list[dict]:
+    ov: list[dict] = _from_store(None if a.no_store else stored_gpu_overrides)
     if a.overrides:
         data = json.loads(Path(a.overrides).read_text())
         if not isinstance(data, list):
@@ -180,11 +175,11 @@ _PLAN_COLS = [("plan", "plan"), ("GPUs", "gpus"), ("$/hr", "usd_hr"), ("$/month"
 
 # ------------------------------------------------------------------ entry
 
-def run(args) -> int:
+def run(args, stored_runs: StoreReader | None = None, stored_gpu_overrides: StoreReader | None = None) -> int:
     """Execute the `plan` subcommand; returns the exit status."""
     a = args
     try:
-        return _run(a)
+        return _run(a, stored_runs, stored_gpu_overrides)
     except planner.PlanError as e:
         if getattr(a, "json", False):
             print(json.dumps(e.to_dict(), indent=1))
@@ -200,7 +195,7 @@ def run(args) -> int:
         return 2
 
 
-def _run(a) -> int:
+def _run(a, stored_runs: StoreReader | None, stored_gpu_overrides: StoreReader | None) -> int:
     models = shapes.load_models()
     if a.models_table:
         rows = [{"model": m.name, "params": f"{shapes.param_count(m) / 1e9:.2f}B",
@@ -222,10 +217,10 @@ def _run(a) -> int:
             print(f"\n{len(rows)} measurements; median |error| {sorted(errs)[len(errs) // 2]:.0f}%, "
                   f"max {max(errs):.0f}%")
         return 0
-    records = _load_records(a.records, not a.no_store)
+    records = _load_records(a.records, None if a.no_store else stored_runs)
     cal = planner.calibrate(records) if records else None
     probe = {"mem_bw_gbs": cal.machine_bw_gbs} if cal and cal.machine_bw_gbs else None
-    gpus = load_gpus(_overrides(a), probe)
+    gpus = load_gpus(_overrides(a, stored_gpu_overrides), probe)
     if a.gpus_table:
         rows = price_table(gpus)
         if a.json:
@@ -301,7 +296,12 @@ def _sweep_or_packing(a, model, gpus, models, cal) -> int:
     g = find_gpu(name, gpus)
     if g is None:
         raise planner.PlanError("gpu", f"unknown GPU '{name}'; known: {', '.join(gpus)}")
-    precs = a.precisions or [p for p in shapes.PRECISIONS]
+    precs = a.precisions or list(shapes.PRECISIONS)
+    # The same checks as a plan's (lengths, precisions, TP, speculation), before any arithmetic.
+    w = planner.Workload(model=model.name, request_rate=1, input_tokens=a.input, output_tokens=a.output,
+                         precisions=a.precisions, tp_options=a.tp, acceptance_rate=a.acceptance, gamma=a.gamma,
+                         draft_kind=a.draft_kind, draft_model=a.draft_model, family=a.family)
+    w.validate(models, gpus)
     if a.packing:
         rows = planner.packing(model, g, precs, context_tokens=a.input + a.output)
         if a.json:
@@ -314,10 +314,7 @@ def _sweep_or_packing(a, model, gpus, models, cal) -> int:
                                 ("per replica GB", "per_replica_gb"), ("runnable", "runnable")]))
         return 0
     ctx = a.context or a.input + a.output // 2
-    w = planner.Workload(model=model.name, request_rate=1, input_tokens=a.input, output_tokens=a.output,
-                         acceptance_rate=a.acceptance, gamma=a.gamma, draft_kind=a.draft_kind,
-                         draft_model=a.draft_model)
-    sc, dm = planner._spec_config(w, model, models, cal) if a.spec != "off" else (None, None)
+    sc, dm = planner.choose_spec(w, model, models, cal) if a.spec != "off" else (None, None)
     rows = planner.batch_sweep(model, g, precs, a.batches, ctx, sc, dm, tp=(a.tp or [1])[0], family=a.family,
                                calibration=cal)
     summary = planner.crossovers(rows)
@@ -345,7 +342,7 @@ def _sweep_or_packing(a, model, gpus, models, cal) -> int:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m engine.planner_cli")
+    ap = argparse.ArgumentParser(prog="python -m engine.planner.cli")
     sub = ap.add_subparsers(dest="cmd", required=True)
     add_parser(sub)
     a = ap.parse_args(argv)

@@ -12,11 +12,11 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Iterable, Mapping
 
+from engine.common.formulas import HOURS_PER_MONTH
 from engine.common.paths import DATA
 
 GPUS_PATH = DATA / "gpus.csv"
 THIS_MACHINE = "this machine"
-HOURS_PER_MONTH = 730.0
 
 # Numeric fields, and whether 0/empty means "not supported" (None) rather than an error.
 _NUM_FIELDS = ("memory_gb", "mem_bw_tbs", "fp32_tflops", "fp16_tflops", "bf16_tflops", "fp8_tflops",

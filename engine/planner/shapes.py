@@ -8,7 +8,7 @@ planner shows can be traced back to a formula. Two checks against real checkpoin
 
 Byte formats per quantized linear of shape (out, in), n = out*in weights:
   fp32 4n | bf16/fp16 2n
-  fp8       n + 4*out          e4m3 weight, fp32 scale per output channel (engine/quant.py Fp8Linear)
+  fp8       n + 4*out          e4m3 weight, fp32 scale per output channel (engine/quant/layers.py Fp8Linear)
   int8      n + 4*out          symmetric, fp32 scale per output channel (our kernels)
   llm.int8  n + 4*out          bitsandbytes Int8Params: int8 CB + fp32 SCB per row
   int4      n/2 + 4*out*ceil(in/g)   two weights a byte, fp16 scale + fp16 min per group of g inputs
@@ -25,18 +25,16 @@ from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 from typing import Iterable, Mapping
 
+from engine.common.formulas import kv_bytes_per_token as _kv_base_bytes
 from engine.common.paths import DATA
+from engine.common.vocab import PRECISIONS, canonical_model_name
 
 MODELS_PATH = DATA / "models.json"
 
-PRECISIONS = ("fp32", "bf16", "fp16", "int8", "int4", "nf4", "llm.int8", "fp8")
 FLOAT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 KV_DTYPES = ("fp32", "bf16", "fp16", "fp8", "int8", "int4")
 NF4_BLOCKSIZE = 64          # bitsandbytes default blocksize for 4-bit (Params4bit)
 NF4_DQ_BLOCKSIZE = 256      # bitsandbytes blocksize of the second-level (double) quantization
-
-# The catalog's short aliases, matching engine/catalog.py.
-ALIASES = {"default": "qwen2.5-coder-1.5b", "default-draft": "qwen2.5-coder-0.5b"}
 
 
 class ShapeError(ValueError):
@@ -105,11 +103,6 @@ def load_models(path: str | Path | None = None) -> dict[str, ModelShape]:
         m = _shape_from_dict(d)
         out[m.name] = m
     return out
-
-
-def canonical_model_name(name: str) -> str:
-    n = (name or "").strip().lower()
-    return ALIASES.get(n, n)
 
 
 def get_model(name: str | ModelShape, models: Mapping[str, ModelShape] | None = None) -> ModelShape:
@@ -285,7 +278,7 @@ def linear_bytes(out: int, inp: int, precision: str, group_size: int = 64, doubl
 
 
 def _embedding_int8_rows_bytes(m: ModelShape) -> int:
-    # engine/quant.py QuantEmbedding: int8 rows + one fp32 scale per row, whatever the precision.
+    # engine/quant/layers.py QuantEmbedding: int8 rows + one fp32 scale per row, whatever the precision.
     return m.vocab * m.hidden + 4 * m.vocab
 
 
@@ -349,7 +342,7 @@ def weight_bytes(model: ModelShape, precision: str, quantize_embeddings: bool = 
     """Bytes held by the weights of `model` stored in `precision`.
 
     The block linears (q, k, v, o, MLP or experts) take the precision's format. The embedding is
-    quantized only with quantize_embeddings (int8 rows + fp32 row scales, as engine/quant.py does);
+    quantized only with quantize_embeddings (int8 rows + fp32 row scales, as engine/quant/layers.py does);
     the output head only with quantize_head. A tied head that is quantized gets its own copy (the
     embedding keeps its format), as the lab does. Norms, biases and the MoE router stay in
     `base_dtype` (default: fp32 for fp32, fp16 for fp16, bf16 otherwise; the lab's CPU runs keep
@@ -392,8 +385,8 @@ def kv_bytes_per_token(model: ModelShape, kv_dtype: str = "bf16") -> float:
     k = (kv_dtype or "").strip().lower()
     if k not in _KV_BYTES:
         raise ShapeError(f"unknown KV dtype '{kv_dtype}'; choose one of {', '.join(KV_DTYPES)}")
-    per = 2 * model.layers * model.kv_heads
-    b = per * model.head_dim * _KV_BYTES[k]
+    b = _kv_base_bytes(model.layers, model.kv_heads, model.head_dim, _KV_BYTES[k])
+    per = 2 * model.layers * model.kv_heads       # K and V scale entries per token (one per layer and head)
     if k == "int8":
         b += per * 2
     elif k == "int4":

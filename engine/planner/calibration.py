@@ -1,0 +1,312 @@
+"""What the lab's run records say: bandwidth fractions per (device, precision), prefill FLOP rates
+and measured acceptance rates.
+
+Records arrive as plain dicts (RunRecord.to_dict()); the planner never opens the store itself.
+Missing keys are tolerated: a record that cannot be used is listed in `Calibration.skipped` with
+the reason, and nothing raises.
+
+Acceptance transfers only between runs with the same target and draft relation: the same target
+model and draft kind (and, for a model draft, the same draft model). A run whose draft is its own
+target at the same precision accepts every token (1.0) and is ignored.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Iterable, Mapping
+
+from engine.common.vocab import PRECISIONS, canonical_model_name
+from engine.planner import shapes
+from engine.planner.shapes import ModelShape, ShapeError
+from engine.planner.speculation import acceptance_from_mean_length, relation
+
+IDENTICAL_DRAFT = ("draft identical to its target (same model and precision): its acceptance of 1.0 says "
+                   "nothing about drafting")
+
+
+@dataclass(frozen=True)
+class Fit:
+    """Least-squares fit of the effective bandwidth fraction for one precision."""
+
+    precision: str
+    mem_bw_frac: float
+    n: int
+    overhead_s: float
+    residuals: tuple[float, ...]      # (measured - fitted) / measured time per token, per record
+    run_ids: tuple[str, ...]
+
+    @property
+    def rmse_rel(self) -> float:
+        return math.sqrt(sum(r * r for r in self.residuals) / len(self.residuals)) if self.residuals else 0.0
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["rmse_rel"] = self.rmse_rel
+        return d
+
+
+@dataclass(frozen=True)
+class AcceptanceObs:
+    """One speculative run's acceptance, with the target/draft relation it was measured on."""
+
+    model: str
+    draft_kind: str
+    draft_model: str | None
+    acceptance_rate: float
+    gamma: float
+    mean_acceptance_length: float | None
+    run_id: str
+    drafted: int = 1                 # draft tokens behind the rate (the weight in averages)
+    draft_precision: str | None = None
+    precision: str | None = None     # the target's
+
+    @property
+    def identical(self) -> bool:
+        """Draft = target: a model draft of the same model at the target's precision (None = the
+        target's, as SpecConfig reads it), or a self draft at the target's precision."""
+        if self.draft_kind not in ("model", "self") or self.precision is None:
+            return False
+        if self.draft_kind == "model" and not _same_model(self.draft_model, self.model):
+            return False
+        default = self.precision if self.draft_kind == "model" else "int4"   # the lab's self-draft default
+        return (self.draft_precision or default) == self.precision
+
+    @property
+    def relation(self) -> str:
+        return relation(self.model, self.draft_kind, self.draft_model)
+
+    def matches(self, model: str | None, draft_kind: str | None, draft_model: str | None = None) -> bool:
+        """Same target and draft relation. A model draft must be the same draft model (when given)."""
+        if self.identical or not _same_model(self.model, model) or self.draft_kind != draft_kind:
+            return False
+        return draft_kind != "model" or draft_model is None or _same_model(self.draft_model, draft_model)
+
+
+def _same_model(a: str | None, b: str | None) -> bool:
+    return a is not None and b is not None and canonical_model_name(a) == canonical_model_name(b)
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """What the lab's records say: bandwidth fractions per (device, precision) and acceptance rates."""
+
+    fits: Mapping[tuple[str, str], Fit] = field(default_factory=dict)      # (device, precision) -> Fit
+    acceptance: tuple[AcceptanceObs, ...] = ()
+    skipped: tuple[tuple[str, str], ...] = ()                               # (run_id, reason)
+    machine_bw_gbs: float | None = None
+    # (device, precision) -> median prefill FLOP rate the lab achieved (TFLOP/s), from ttft records
+    prefill_tflops: Mapping[tuple[str, str], float] = field(default_factory=dict)
+
+    def fit_for(self, device: str, precision: str) -> Fit | None:
+        return self.fits.get((device, precision))
+
+    def acceptance_for(self, model: str | None = None, draft_kind: str | None = None,
+                       draft_model: str | None = None) -> tuple[float, float, int, str] | None:
+        """Mean measured acceptance (a, gamma, n, description) over the runs with the same target and
+        draft relation (weighted by drafted tokens); None when the lab has none (never a borrowed one)."""
+        t = [o for o in self.acceptance if o.matches(model, draft_kind, draft_model)]
+        if not t:
+            return None
+        wsum = sum(o.drafted for o in t)
+        a = sum(o.acceptance_rate * o.drafted for o in t) / wsum
+        g = sum(o.gamma * o.drafted for o in t) / wsum
+        kinds = sorted({o.relation for o in t})
+        return a, g, len(t), f"measured by the lab ({len(t)} run(s): {', '.join(kinds)})"
+
+    def why_no_acceptance(self, model: str | None, draft_kind: str | None, draft_model: str | None = None) -> str:
+        """Why acceptance_for found nothing, in words, for the plan's explanation."""
+        others = sorted({o.relation for o in self.acceptance if not o.identical})
+        ignored = sum(1 for _, r in self.skipped if r == IDENTICAL_DRAFT) + sum(o.identical for o in self.acceptance)
+        parts = []
+        if others:
+            parts.append(f"the lab measured {', '.join(others)}: acceptance transfers only to the same target "
+                         "and draft")
+        if ignored:
+            parts.append(f"{ignored} run(s) whose draft was the target itself ignored")
+        return "; ".join(parts) or "the lab's records hold no speculative run"
+
+    def draft_precision_for(self, model: str | None, draft_kind: str | None) -> str | None:
+        """The draft precision the lab measured most for this target and draft kind."""
+        ps = [o.draft_precision for o in self.acceptance if o.matches(model, draft_kind) and o.draft_precision]
+        return max(set(ps), key=ps.count) if ps else None
+
+    def to_dict(self) -> dict:
+        return {"fits": [{"device": d, **f.to_dict()} for (d, _), f in self.fits.items()],
+                "prefill_tflops": [{"device": d, "precision": p, "tflops": v}
+                                   for (d, p), v in self.prefill_tflops.items()],
+                "acceptance": [asdict(o) for o in self.acceptance],
+                "skipped": [{"run_id": r, "reason": w} for r, w in self.skipped],
+                "machine_bw_gbs": self.machine_bw_gbs}
+
+
+def _get(d, *keys, default=None):
+    for k in keys:
+        if not isinstance(d, Mapping) or k not in d:
+            return default
+        d = d[k]
+    return d
+
+
+def _finite_pos(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
+
+
+def _base_precision(label) -> str:
+    """'int4-g64' -> 'int4': a precision label without its group suffix."""
+    return str(label).lower().split("-g")[0]
+
+
+def _record_precision(cfg: Mapping) -> str:
+    """The precision of a record's config: config.quant.precision, else config.precision without
+    the label's group suffix ('int4-g64' -> 'int4')."""
+    return _base_precision(_get(cfg, "quant", "precision") or cfg.get("precision") or "")
+
+
+def _model_name(name, models: Mapping[str, ModelShape]) -> str:
+    """A record's model as the catalog names it (a hub id or alias resolves), else its canonical name."""
+    try:
+        return shapes.get_model(str(name), models).name
+    except ShapeError:
+        return canonical_model_name(str(name))
+
+
+def record_bytes_per_token(rec: Mapping, models: Mapping[str, ModelShape] | None = None) -> float | None:
+    """Bytes a decode token reads, from a run record: metrics.bytes_per_token if present, else
+    weight_bytes (or computed from the model shape) + KV bytes read (half the allocated cache,
+    the mean over a run that fills it)."""
+    m = rec.get("metrics") or {}
+    bpt = m.get("bytes_per_token")
+    if _finite_pos(bpt):
+        return float(bpt)
+    wb = m.get("weight_bytes")
+    if not _finite_pos(wb):
+        try:
+            shape = shapes.get_model(_get(rec, "config", "model") or "", models)
+        except ShapeError:
+            return None
+        cfg = rec.get("config") or {}
+        base = "fp32" if _get(rec, "machine", "device", default="cpu") == "cpu" else None
+        try:
+            wb = shapes.decode_read_bytes(shape, _record_precision(cfg), 1,
+                                          bool(cfg.get("quantize_embeddings", False)),
+                                          bool(cfg.get("quantize_head", True)), int(cfg.get("group_size", 64)),
+                                          base_dtype=base)
+        except ShapeError:
+            return None
+    kv = m.get("kv_bytes")
+    batch = _get(rec, "config", "batch_size", default=1) or 1
+    kv_read = 0.5 * float(kv) / batch if _finite_pos(kv) else 0.0
+    return float(wb) + kv_read
+
+
+def _acceptance_obs(rec: Mapping, rid: str, models) -> AcceptanceObs | str:
+    """The acceptance a speculative record measured, or why it has none usable."""
+    cfg, spec = rec.get("config") or {}, (rec.get("metrics") or {}).get("spec")
+    a = spec.get("acceptance_rate")
+    g = spec.get("gamma") or spec.get("mean_gamma") or _get(cfg, "draft", "gamma")
+    mal = spec.get("mean_acceptance_length")
+    if not _finite_pos(a) and _finite_pos(mal) and _finite_pos(g):
+        a = acceptance_from_mean_length(float(mal), float(g))
+    if not (isinstance(a, (int, float)) and 0 <= a <= 1 and _finite_pos(g)):
+        return "speculative record without a usable acceptance_rate/gamma"
+    dm, dp = _get(cfg, "draft", "model"), _get(cfg, "draft", "precision")
+    drafted = spec.get("drafted")
+    obs = AcceptanceObs(_model_name(cfg.get("model") or "?", models),
+                        str(spec.get("draft_kind") or _get(cfg, "draft", "kind") or "model"),
+                        _model_name(dm, models) if dm else None, float(a), float(g),
+                        float(mal) if _finite_pos(mal) else None, rid,
+                        int(drafted) if _finite_pos(drafted) else 1,
+                        _base_precision(dp) if dp else None, _record_precision(cfg) or None)
+    return IDENTICAL_DRAFT if obs.identical else obs
+
+
+def calibrate(records: Iterable[Mapping], fit_overhead: bool = False, overhead_s: float = 0.0,
+              models: Mapping[str, ModelShape] | None = None) -> Calibration:
+    """Fit the effective bandwidth fraction per (device, precision) from the lab's run records.
+
+    Model: seconds per token t_i = x_i / (f * BW_i) + c, with x_i the bytes a token reads and BW_i
+    the machine's measured read bandwidth. Least squares through the origin gives 1/f =
+    sum(z*y)/sum(z^2), z = x/BW, y = t - c; with fit_overhead (and >= 3 records of different sizes)
+    c is fitted too (clamped >= 0). Residuals are relative errors of the fitted time per token.
+    Speculative records are not used for bandwidth (drafting is in their time) but give acceptance
+    rates. Records missing what a fit needs are listed in `skipped` with the reason; nothing raises.
+    """
+    models = models if models is not None else shapes.load_models()
+    groups: dict[tuple[str, str], list[tuple[float, float, str]]] = {}
+    prefill: dict[tuple[str, str], list[float]] = {}
+    acc: list[AcceptanceObs] = []
+    skipped: list[tuple[str, str]] = []
+    bws: list[float] = []
+    for i, rec in enumerate(records or []):
+        if not isinstance(rec, Mapping):
+            skipped.append((f"#{i}", "not a record dict"))
+            continue
+        rid = str(rec.get("run_id") or f"#{i}")
+        cfg, met = rec.get("config") or {}, rec.get("metrics") or {}
+        device = str(_get(rec, "machine", "device") or cfg.get("device") or "cpu")
+        device = "cuda" if device.startswith("cuda") else device
+        prec = _record_precision(cfg)
+        if isinstance(met.get("spec"), Mapping):
+            obs = _acceptance_obs(rec, rid, models)
+            if isinstance(obs, str):
+                skipped.append((rid, obs))
+            else:
+                acc.append(obs)
+            continue
+        if prec not in PRECISIONS:
+            skipped.append((rid, f"unknown precision '{prec}'"))
+            continue
+        tok_s, bw = met.get("decode_tok_s"), met.get("mem_bw_gbs")
+        if not _finite_pos(tok_s):
+            skipped.append((rid, "no decode_tok_s"))
+            continue
+        if not _finite_pos(bw):
+            skipped.append((rid, "no mem_bw_gbs (the machine's measured read bandwidth)"))
+            continue
+        pf = _record_prefill_tflops(rec, models)
+        if pf:
+            prefill.setdefault((device, prec), []).append(pf)
+        x = record_bytes_per_token(rec, models)
+        if x is None:
+            skipped.append((rid, "cannot tell bytes per token (no bytes_per_token/weight_bytes, unknown model)"))
+            continue
+        if device == "cpu":
+            bws.append(float(bw))
+        groups.setdefault((device, prec), []).append((x / (bw * 1e9), 1.0 / tok_s, rid))
+    fits = {}
+    for key, pts in groups.items():
+        z = [p[0] for p in pts]
+        t = [p[1] for p in pts]
+        c = overhead_s
+        if fit_overhead and len(pts) >= 3 and max(z) > 1.05 * min(z):
+            n = len(pts)
+            zm, tm = sum(z) / n, sum(t) / n
+            szz = sum((a - zm) ** 2 for a in z)
+            slope = sum((a - zm) * (b - tm) for a, b in zip(z, t)) / szz
+            c = max(0.0, tm - slope * zm)
+        y = [b - c for b in t]
+        szz = sum(a * a for a in z)
+        inv_f = sum(a * b for a, b in zip(z, y)) / szz
+        if inv_f <= 0:
+            continue
+        f = 1.0 / inv_f
+        res = tuple((b - (a / f + c)) / b for a, b in zip(z, t))
+        fits[key] = Fit(key[1], f, len(pts), c, res, tuple(p[2] for p in pts))
+    bws.sort()
+    pf_med = {k: sorted(v)[len(v) // 2] for k, v in prefill.items()}
+    return Calibration(fits, tuple(acc), tuple(skipped), bws[len(bws) // 2] if bws else None, pf_med)
+
+
+def _record_prefill_tflops(rec: Mapping, models) -> float | None:
+    """Prefill FLOP rate a record achieved: batch * prefill_flops(prompt per sequence) / prefill_s."""
+    m, cfg = rec.get("metrics") or {}, rec.get("config") or {}
+    ps, pt = m.get("prefill_s"), m.get("prompt_tokens")
+    if not (_finite_pos(ps) and _finite_pos(pt)):
+        return None
+    try:
+        shape = shapes.get_model(cfg.get("model") or "", models)
+    except ShapeError:
+        return None
+    batch = cfg.get("batch_size") or 1
+    per_seq = max(1, int(round(pt / batch)))
+    return batch * shapes.prefill_flops(shape, per_seq) / ps / 1e12

@@ -1,0 +1,120 @@
+"""What real kernels reach: efficiency fractions per precision, kernel families, compute dtypes.
+
+An efficiency is the fraction of a datasheet peak (memory bandwidth, dense tensor FLOPS) that a
+software stack's kernels reach; a kernel family bundles them with the stack's fixed per-step
+costs. docs/PLANNER.md ("Efficiency defaults") gives the sources; `calibrate` replaces them with
+the lab's own fits where it has them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+from engine.planner.gpus import GPU
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    """Fractions of datasheet peak that real kernels reach.
+
+    mem_bw: of memory bandwidth, for the weight reads of a decode step (GEMV-like, batch small).
+    compute: of dense tensor peak, for GEMMs (prefill, large decode batches).
+    """
+
+    mem_bw: float
+    compute: float
+    source: str = ""
+
+
+@dataclass(frozen=True)
+class KernelFamily:
+    """A software stack: per-precision efficiencies and fixed per-step costs."""
+
+    name: str
+    description: str
+    efficiency: Mapping[str, Efficiency]
+    kv_mem_bw: float              # attention kernels reading the KV cache
+    step_overhead_ms: float       # per forward pass: scheduling, sampling, (graph) launch
+    per_layer_overhead_ms: float  # per layer per forward: kernel launches when not graph-captured
+    source: str
+
+
+_SRC_BF16 = ("decode GEMV at batch 1 reaches ~0.7-0.85 of datasheet bandwidth in tuned stacks "
+             "(gpt-fast README: 1397 GB/s of a power-limited A100's ~1700 GB/s = 0.82; vLLM/TensorRT-LLM "
+             "similar); large GEMMs reach ~0.6-0.75 of dense peak (H200 here: 790 of 989 TFLOP/s = 0.80 "
+             "for an 8192^3 matmul, less for serving shapes)")
+_SERVING_EFF = {
+    "fp32": Efficiency(0.80, 0.60, "as bf16; fp32 compute uses the non-tensor FP32 peak"),
+    "bf16": Efficiency(0.80, 0.60, _SRC_BF16),
+    "fp16": Efficiency(0.80, 0.60, _SRC_BF16),
+    "fp8": Efficiency(0.65, 0.55, "W8A8 fp8 GEMM (cutlass scaled_mm) adds per-token activation quantization; "
+                                  "small-M fp8 GEMMs stream weights less efficiently than bf16 GEMV: assumption"),
+    "int8": Efficiency(0.70, 0.45, "weight-only int8 GEMV dequantizes in registers (TensorRT-LLM/Marlin-class "
+                                   "kernels); at large batch the dequantization costs compute: assumption"),
+    "int4": Efficiency(0.65, 0.40, "Marlin (Frantar et al. 2024) keeps W4A16 near the bandwidth limit up to "
+                                   "batch 16-32, then dequantization makes it compute-heavy: assumption"),
+    "nf4": Efficiency(0.35, 0.25, "bitsandbytes 4-bit kernels are far from the bandwidth limit (dequantize "
+                                  "then GEMM): assumption, calibrate from the lab"),
+    "llm.int8": Efficiency(0.25, 0.25, "bitsandbytes LLM.int8 decomposes outliers into a second fp16 matmul; "
+                                       "slower than fp16 (Dettmers et al. 2022): assumption, calibrate from the lab"),
+}
+_CPU_EFF = {
+    "fp32": Efficiency(0.60, 0.50, "placeholder until calibrated from the lab's runs"),
+    "bf16": Efficiency(0.30, 0.20, "placeholder (CPUs without AMX convert bf16 in software)"),
+    "fp16": Efficiency(0.20, 0.10, "placeholder (fp16 on CPU is emulated)"),
+    "int8": Efficiency(0.50, 0.40, "placeholder until calibrated"),
+    "int4": Efficiency(0.40, 0.30, "placeholder until calibrated"),
+    "nf4": Efficiency(0.10, 0.10, "placeholder (bitsandbytes on CPU)"),
+    "llm.int8": Efficiency(0.10, 0.10, "placeholder (bitsandbytes on CPU)"),
+    "fp8": Efficiency(0.20, 0.10, "placeholder (fp8 is dequantized in software)"),
+}
+FAMILIES: dict[str, KernelFamily] = {
+    "serving": KernelFamily(
+        "serving", "production engines (vLLM, TensorRT-LLM, SGLang): CUDA graphs, Marlin int4, cutlass fp8",
+        _SERVING_EFF, 0.80, 0.5, 0.0,
+        "per-step overhead 0.5 ms: scheduler, sampling and detokenization of a CUDA-graph engine (assumption)"),
+    "torch-compile": KernelFamily(
+        "torch-compile", "PyTorch-native compiled decode (gpt-fast style): CUDA graphs, no scheduler",
+        _SERVING_EFF, 0.80, 0.15, 0.0, "per-step overhead 0.15 ms: one graph replay and argmax (assumption)"),
+    "hf-eager": KernelFamily(
+        "hf-eager", "Hugging Face transformers in eager mode (research code: Spec-Bench, Medusa, EAGLE)",
+        _SERVING_EFF, 0.80, 1.0, 0.43,
+        "per-layer overhead 0.43 ms: Medusa reports ~45 tok/s for Vicuna-7B on an A100 in eager HF (22 ms/token) "
+        "vs an 8.3 ms bandwidth floor; the 14 ms difference over 32 layers"),
+    "cpu": KernelFamily(
+        "cpu", "the lab's CPU kernels on this machine (replace with `calibrate`)", _CPU_EFF, 0.60, 1.0, 0.05,
+        "placeholders; calibrate from the lab's run records"),
+    "lab-cuda": KernelFamily(
+        "lab-cuda", "the lab's own CUDA kernels (defaults = serving until calibrated from cuda records)",
+        _SERVING_EFF, 0.80, 0.3, 0.02, "defaults; calibrate from the lab's cuda run records"),
+}
+
+
+def _half(gpu: GPU) -> str:
+    return "bf16" if gpu.bf16_tflops else "fp16"
+
+
+def compute_dtype(gpu: GPU, precision: str) -> tuple[str | None, str]:
+    """(dtype whose peak the matmuls run at, explanation); dtype None = not runnable on this GPU."""
+    if gpu.kind == "cpu":
+        d = precision if precision in ("bf16", "fp16") else "fp32"
+        return (d if gpu.peak_tflops(d) else "fp32"), "CPU: the lab computes in fp32 except bf16/fp16 runs"
+    if precision == "fp32":
+        return ("fp32" if gpu.fp32_tflops else None), "fp32 runs on the non-tensor FP32 units"
+    if precision == "fp16":
+        return ("fp16" if gpu.fp16_tflops else None), "fp16 tensor cores"
+    if precision == "bf16":
+        if not gpu.bf16_tflops:
+            return None, f"{gpu.name} has no bf16 support: use fp16"
+        return "bf16", "bf16 tensor cores"
+    if precision == "fp8":
+        if gpu.fp8_tflops:
+            return "fp8", "W8A8: fp8 weights and activations on fp8 tensor cores"
+        if not gpu.bf16_tflops:
+            return None, f"{gpu.name} is older than Ampere: fp8 weight-only kernels (Marlin) need sm80+; use int8/int4"
+        return _half(gpu), f"{gpu.name} has no fp8 tensor cores: fp8 weight-only, 16-bit compute"
+    if precision == "llm.int8":
+        if gpu.int8_tops:
+            return "int8", "LLM.int8: int8 tensor cores plus an fp16 outlier matmul"
+        return _half(gpu), "LLM.int8 without int8 tensor cores"
+    return _half(gpu), f"{precision} weight-only: weights dequantized in registers, {_half(gpu)} compute"

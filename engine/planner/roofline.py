@@ -1,0 +1,349 @@
+"""The roofline of one replica: a model on `tp` GPUs at one precision, maybe speculating.
+
+Times per GPU of a tensor-parallel group of `tp` GPUs:
+  decode step = max(W/(e_w*BW) + K/(e_kv*BW), F/(e_c*PEAK)) + 2*layers*allreduce(tp) + overhead
+                W weight bytes read (all but the embedding table), K KV bytes read, F FLOPs
+  prefill     = max(F_prefill/(e_c*PEAK), W/(e_w*BW)) + allreduces + overhead
+  allreduce   = latency + 2*(tp-1)/tp * bytes / (f_link * interconnect)        (ring)
+  speculation = verify(g+1 tokens per sequence) + g * draft step
+and the per-GPU memory budget (weights, reserve, KV). Efficiencies e_* come from efficiency.py
+or the lab's calibration.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+from engine.common.vocab import BNB_PRECISIONS
+from engine.planner import shapes
+from engine.planner.calibration import Calibration
+from engine.planner.efficiency import FAMILIES, Efficiency, KernelFamily, compute_dtype
+from engine.planner.errors import PlanError
+from engine.planner.gpus import GPU
+from engine.planner.shapes import ModelShape
+from engine.planner.speculation import SpecConfig
+
+GIB = 2 ** 30
+# Tensor-parallel all-reduce. NVLink/PCIe datasheet figures are bidirectional per GPU; NCCL ring
+# all-reduce bus bandwidth reaches ~40% of that (e.g. ~360 GB/s of H100's 900 GB/s) and small
+# messages cost a fixed latency of ~10 us over NVLink, ~25 us over PCIe (assumptions; see docs).
+ALLREDUCE_BW_FRACTION = 0.40
+ALLREDUCE_LATENCY_US = {"nvlink": 10.0, "pcie": 25.0}
+DEFAULT_MEM_UTIL = {"gpu": 0.90, "cpu": 0.75}   # vLLM's gpu_memory_utilization default is 0.90
+DEFAULT_MAX_BATCH = 256                          # vLLM's default max_num_seqs
+PREFILL_CHUNK_TOKENS = 8192                      # activation memory reserved for one prefill chunk
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """One model replica: a model on `tp` GPUs of one kind, at one precision, maybe speculating."""
+
+    model: ModelShape
+    gpu: GPU
+    precision: str
+    tp: int = 1
+    family: str = "serving"
+    kv_dtype: str = "bf16"
+    quantize_embeddings: bool = False
+    quantize_head: bool = False
+    group_size: int = 64
+    spec: SpecConfig | None = None
+    draft: ModelShape | None = None
+    mem_util: float | None = None
+    reserve_gib: float | None = None
+    max_batch: int = DEFAULT_MAX_BATCH
+    calibration: Calibration | None = field(default=None, compare=False, hash=False, repr=False)
+    # Per-instance memo of roofline coefficients: planning evaluates thousands of steps per plan.
+    # init=False: dataclasses.replace() must start a fresh memo, never share the original's.
+    _memo: dict = field(default_factory=dict, init=False, compare=False, hash=False, repr=False)
+
+    @property
+    def label(self) -> str:
+        s = f"{self.model.name} {self.precision} on {self.tp}x {self.gpu.name}"
+        if self.spec:
+            s += f" + spec ({self.spec.draft_kind}{' ' + self.draft.name if self.draft else ''}, g={self.spec.gamma})"
+        return s
+
+    def family_obj(self) -> KernelFamily:
+        if self.gpu.kind == "cpu":
+            return FAMILIES["cpu"]
+        if self.family not in FAMILIES:
+            raise PlanError("family", f"unknown kernel family '{self.family}'; known: {', '.join(FAMILIES)}")
+        return FAMILIES[self.family]
+
+    def efficiency(self, precision: str | None = None) -> tuple[Efficiency, str]:
+        """Efficiency for `precision` (default: the deployment's), and where it comes from."""
+        p = precision or self.precision
+        fam = self.family_obj()
+        dev = "cpu" if self.gpu.kind == "cpu" else "cuda"
+        fit = None
+        if self.calibration is not None and (dev == "cpu" or self.family == "lab-cuda"):
+            fit = self.calibration.fit_for(dev, p)
+        base = fam.efficiency[p]
+        comp, comp_src = base.compute, ""
+        if self.calibration is not None and (dev == "cpu" or self.family == "lab-cuda"):
+            achieved = self.calibration.prefill_tflops.get((dev, p))
+            cdt = compute_dtype(self.gpu, p)[0]
+            peak = self.gpu.peak_tflops(cdt) if cdt else None
+            if achieved and peak:
+                # For this machine the peak is a placeholder: only achieved = fraction * peak matters.
+                comp, comp_src = achieved / peak, f"; prefill {achieved:.3g} TFLOP/s measured"
+        if fit is not None:
+            return (Efficiency(fit.mem_bw_frac, comp, "calibrated"),
+                    f"calibrated from {fit.n} lab run(s) on {dev} (fit rmse {fit.rmse_rel:.0%}){comp_src}")
+        if comp_src:
+            return Efficiency(base.mem_bw, comp, "calibrated prefill"), f"{fam.name} default{comp_src}"
+        if p in BNB_PRECISIONS and fam.name == "serving":
+            return base, f"{fam.name} default for bitsandbytes kernels"
+        return base, f"{fam.name} default"
+
+
+@dataclass(frozen=True)
+class Step:
+    """Cost of one forward pass of a replica, per GPU, with the roofline terms."""
+
+    tokens: float
+    weight_bytes: float
+    kv_bytes: float
+    flops: float
+    t_weights: float
+    t_kv: float
+    t_compute: float
+    t_comm: float
+    t_overhead: float
+
+    @property
+    def t_memory(self) -> float:
+        return self.t_weights + self.t_kv
+
+    @property
+    def total(self) -> float:
+        return max(self.t_memory, self.t_compute) + self.t_comm + self.t_overhead
+
+    @property
+    def bound(self) -> str:
+        return "compute" if self.t_compute > self.t_memory else "memory"
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.update(t_memory=self.t_memory, total=self.total, bound=self.bound)
+        return d
+
+
+def allreduce_time(nbytes: float, tp: int, gpu: GPU) -> float:
+    """Ring all-reduce: latency + 2*(tp-1)/tp * bytes / (ALLREDUCE_BW_FRACTION * interconnect)."""
+    if tp <= 1:
+        return 0.0
+    link = "nvlink" if gpu.nvlink else "pcie"
+    bw = max(gpu.interconnect_gbs, 1e-3) * 1e9 * ALLREDUCE_BW_FRACTION
+    return ALLREDUCE_LATENCY_US[link] * 1e-6 + 2.0 * (tp - 1) / tp * nbytes / bw
+
+
+def kv_shard(model: ModelShape, tp: int) -> float:
+    """Fraction of a token's KV one GPU holds: KV heads are split over tp, replicated past kv_heads."""
+    return math.ceil(model.kv_heads / tp) / model.kv_heads
+
+
+@dataclass(frozen=True)
+class _Coef:
+    """Per-GPU roofline coefficients of one (model, precision) in a deployment."""
+
+    w_fixed: float        # bytes read every step whatever the batch (dense blocks, head, norms)
+    w_experts: float      # MoE expert bytes (a fraction is read, depending on tokens)
+    moe_keep: float       # 1 - active/experts (0 for dense)
+    row: float            # embedding row bytes per token
+    kv_tok: float         # KV bytes per cached token
+    f_lin: float          # FLOPs per token for the matmuls (incl. head)
+    f_attn: float         # FLOPs per token per cached token
+    inv_bw_w: float       # s/byte for weights
+    inv_bw_kv: float      # s/byte for KV
+    inv_flops: float      # s/FLOP
+    comm_lat: float       # s per step of all-reduce latency (2 per layer)
+    comm_tok: float       # s per token of all-reduce transfer
+    overhead: float       # s per forward pass
+
+
+def _coef(dep: Deployment, model: ModelShape, precision: str, layers_overhead: bool = True) -> _Coef:
+    key = (model.name, precision, layers_overhead)
+    c = dep._memo.get(key)
+    if c is not None:
+        return c
+    gpu, tp = dep.gpu, dep.tp
+    eff, _ = dep.efficiency(precision)
+    fam = dep.family_obj()
+    wb = shapes.weight_bytes_breakdown(model, precision, dep.quantize_embeddings, dep.quantize_head, dep.group_size)
+    head = wb.embedding if wb.head_shares_embedding else wb.head
+    cdt, _ = compute_dtype(gpu, precision)
+    peak = (gpu.peak_tflops(cdt) if cdt else None) or 1e-9
+    bw = gpu.mem_bw_tbs * 1e12
+    if tp > 1:
+        link_bw = max(gpu.interconnect_gbs, 1e-3) * 1e9 * ALLREDUCE_BW_FRACTION
+        lat = ALLREDUCE_LATENCY_US["nvlink" if gpu.nvlink else "pcie"] * 1e-6
+        comm_lat = 2 * model.layers * lat
+        comm_tok = 2 * model.layers * 2.0 * (tp - 1) / tp * model.hidden * 2 / link_bw
+    else:
+        comm_lat = comm_tok = 0.0
+    c = _Coef(
+        w_fixed=(wb.blocks - wb.experts + head + wb.small) / tp,
+        w_experts=wb.experts / tp,
+        moe_keep=(1.0 - model.active_experts / model.experts) if model.is_moe else 0.0,
+        row=wb.embedding / model.vocab / tp,
+        kv_tok=shapes.kv_bytes_per_token(model, dep.kv_dtype) * kv_shard(model, tp),
+        f_lin=2.0 * shapes.matmul_params_per_token(model) / tp,
+        f_attn=4.0 * model.layers * model.q_dim / tp,
+        inv_bw_w=1.0 / (eff.mem_bw * bw),
+        inv_bw_kv=1.0 / (fam.kv_mem_bw * bw),
+        inv_flops=1.0 / (eff.compute * peak * 1e12),
+        comm_lat=comm_lat,
+        comm_tok=comm_tok,
+        overhead=(fam.step_overhead_ms + (fam.per_layer_overhead_ms * model.layers if layers_overhead else 0)) / 1e3,
+    )
+    dep._memo[key] = c
+    return c
+
+
+def _step_parts(c: _Coef, batch: float, context: float, tokens_per_seq: float):
+    tokens = batch * tokens_per_seq
+    w = c.w_fixed + c.row * tokens
+    if c.w_experts:
+        w += c.w_experts * (1.0 - c.moe_keep ** max(1.0, tokens))
+    kv = batch * context * c.kv_tok
+    flops = tokens * (c.f_lin + c.f_attn * context)
+    t_comm = c.comm_lat + c.comm_tok * tokens if c.comm_lat else 0.0
+    return tokens, w, kv, flops, t_comm
+
+
+def _step_time(c: _Coef, batch: float, context: float, tokens_per_seq: float = 1.0) -> float:
+    tokens, w, kv, flops, t_comm = _step_parts(c, batch, context, tokens_per_seq)
+    return max(w * c.inv_bw_w + kv * c.inv_bw_kv, flops * c.inv_flops) + t_comm + c.overhead
+
+
+def forward_cost(dep: Deployment, model: ModelShape, precision: str, batch: float, context: float,
+                 tokens_per_seq: float = 1.0, layers_overhead: bool = True) -> Step:
+    """Roofline cost of one decode-style forward pass: `batch` sequences, each scoring
+    `tokens_per_seq` new tokens against `context` cached tokens (verify passes use > 1).
+    Weight bytes are all but the embedding table (its rows only), MoE experts as touched."""
+    c = _coef(dep, model, precision, layers_overhead)
+    tokens, w, kv, flops, t_comm = _step_parts(c, batch, context, tokens_per_seq)
+    return Step(tokens, w, kv, flops, w * c.inv_bw_w, kv * c.inv_bw_kv, flops * c.inv_flops, t_comm, c.overhead)
+
+
+def decode_step(dep: Deployment, batch: float, context: float, tokens_per_seq: float = 1.0) -> Step:
+    """One plain decode step of the target model (see module docstring)."""
+    return forward_cost(dep, dep.model, dep.precision, batch, context, tokens_per_seq)
+
+
+def prefill_step(dep: Deployment, tokens: int, batch: int = 1) -> Step:
+    """Prefill `batch` prompts of `tokens` tokens: compute-bound GEMMs, weights read once."""
+    key = ("prefill", tokens, batch)
+    hit = dep._memo.get(key)
+    if hit is not None:
+        return hit
+    gpu, tp, m = dep.gpu, dep.tp, dep.model
+    eff, _ = dep.efficiency()
+    fam = dep.family_obj()
+    wbytes = shapes.weight_bytes(m, dep.precision, dep.quantize_embeddings, dep.quantize_head, dep.group_size) / tp
+    kvw = batch * tokens * shapes.kv_bytes_per_token(m, dep.kv_dtype) * kv_shard(m, tp)
+    flops = batch * shapes.prefill_flops(m, tokens) / tp
+    cdt, _ = compute_dtype(gpu, dep.precision)
+    peak = (gpu.peak_tflops(cdt) if cdt else None) or 1e-9
+    bw = gpu.mem_bw_tbs * 1e12
+    t_comm = 2 * m.layers * allreduce_time(batch * tokens * m.hidden * 2, tp, gpu)
+    t_over = (fam.step_overhead_ms + fam.per_layer_overhead_ms * m.layers) / 1e3
+    st = Step(batch * tokens, wbytes, kvw, flops, wbytes / (eff.mem_bw * bw), kvw / (fam.kv_mem_bw * bw),
+              flops / (eff.compute * peak * 1e12), t_comm, t_over)
+    dep._memo[key] = st
+    return st
+
+
+@dataclass(frozen=True)
+class SpecStep:
+    """One speculative round for a batch: target verify + drafting, and tokens it yields."""
+
+    verify: Step
+    draft: Step | None
+    draft_steps: int
+    draft_time: float
+    expected_tokens: float
+
+    @property
+    def total(self) -> float:
+        return self.verify.total + self.draft_time
+
+
+def spec_step(dep: Deployment, batch: float, context: float) -> SpecStep:
+    """verify(g+1 tokens per sequence, or `verify_tokens`) + g * draft step (draft kinds: SpecConfig)."""
+    sp = dep.spec
+    assert sp is not None
+    vt = sp.verify_tokens or sp.gamma + 1
+    verify = forward_cost(dep, dep.model, dep.precision, batch, context, vt)
+    draft, dtime = None, 0.0
+    if sp.draft_cost_ratio is not None:
+        dtime = sp.gamma * sp.draft_cost_ratio * decode_step(dep, batch, context).total
+    elif sp.draft_kind in ("model", "self"):
+        dm = dep.draft or dep.model
+        dp = sp.draft_precision or ("int4" if sp.draft_kind == "self" else dep.precision)
+        draft = forward_cost(dep, dm, dp, batch, context, 1.0)
+        dtime = sp.gamma * draft.total
+    return SpecStep(verify, draft, sp.gamma if draft else 0, dtime, sp.expected_tokens)
+
+
+def per_token_step(dep: Deployment, batch: float, context: float) -> tuple[float, float]:
+    """(seconds per round, tokens per sequence per round) for plain or speculative decoding."""
+    sp = dep.spec
+    if sp is None:
+        return _step_time(_coef(dep, dep.model, dep.precision), batch, context), 1.0
+    # Same arithmetic as spec_step, without building dataclasses (this runs in the solver loops).
+    verify = _step_time(_coef(dep, dep.model, dep.precision), batch, context, sp.verify_tokens or sp.gamma + 1)
+    if sp.draft_cost_ratio is not None:
+        draft = sp.gamma * sp.draft_cost_ratio * _step_time(_coef(dep, dep.model, dep.precision), batch, context)
+    elif sp.draft_kind in ("model", "self"):
+        dp = sp.draft_precision or ("int4" if sp.draft_kind == "self" else dep.precision)
+        draft = sp.gamma * _step_time(_coef(dep, dep.draft or dep.model, dp), batch, context)
+    else:
+        draft = 0.0
+    return verify + draft, sp.expected_tokens
+
+
+@dataclass(frozen=True)
+class Memory:
+    """Per-GPU memory of a replica (bytes) and what the KV budget allows."""
+
+    usable: float
+    weights: float
+    draft_weights: float
+    reserve: float
+    kv_per_token: float          # per GPU, target + draft
+    kv_budget_tokens: float      # tokens of KV the replica can hold
+    fits: bool
+
+    def max_concurrency(self, tokens_per_request: int) -> int:
+        return max(0, int(self.kv_budget_tokens // max(1, tokens_per_request)))
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def activation_reserve(model: ModelShape, tp: int) -> float:
+    """Bytes held outside weights and KV: 1 GiB (CUDA context, graphs, workspaces; assumption) plus
+    the activations of one PREFILL_CHUNK_TOKENS chunk: tokens*(2*intermediate + 4*hidden + q + 2*kv)*2 B / tp."""
+    width = 2 * model.intermediate + 4 * model.hidden + model.q_dim + 2 * model.kv_dim
+    return GIB + PREFILL_CHUNK_TOKENS * width * 2 / tp
+
+
+def memory(dep: Deployment) -> Memory:
+    """Weights, reserve and KV budget of one GPU of the replica."""
+    g, m, tp = dep.gpu, dep.model, dep.tp
+    util = dep.mem_util if dep.mem_util is not None else DEFAULT_MEM_UTIL.get(g.kind, 0.9)
+    usable = g.memory_gb * GIB * util
+    w = shapes.weight_bytes(m, dep.precision, dep.quantize_embeddings, dep.quantize_head, dep.group_size) / tp
+    kvpt = shapes.kv_bytes_per_token(m, dep.kv_dtype) * kv_shard(m, tp)
+    dw = 0.0
+    if dep.spec is not None and dep.spec.draft_kind in ("model", "self") and dep.spec.draft_cost_ratio is None:
+        dm = dep.draft or m
+        dp = dep.spec.draft_precision or ("int4" if dep.spec.draft_kind == "self" else dep.precision)
+        dw = shapes.weight_bytes(dm, dp, dep.quantize_embeddings, dep.quantize_head, dep.group_size) / tp
+        kvpt += shapes.kv_bytes_per_token(dm, dep.kv_dtype) * kv_shard(dm, tp)
+    reserve = dep.reserve_gib * GIB if dep.reserve_gib is not None else activation_reserve(m, tp)
+    free = usable - w - dw - reserve
+    return Memory(usable, w, dw, reserve, kvpt, max(0.0, free / kvpt), free > 0)

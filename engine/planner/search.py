@@ -1,0 +1,381 @@
+"""Plans: GPU x precision x speculation x TP for a workload, each sized, priced and explained.
+
+`plan` enumerates the candidates and ranks them by cost; `evaluate_plan` sizes one (replicas from
+the per-replica capacity at the SLOs, then $/hr, $/month, $/1M tokens) or says why it cannot
+work; every feasible plan carries its `why` (the formula terms with their numbers) for the
+dashboard's expander and `python -m engine plan --why`.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Mapping
+
+from engine.common.formulas import HOURS_PER_MONTH, SECONDS_PER_HOUR
+from engine.common.vocab import PRECISIONS
+from engine.planner import shapes
+from engine.planner.calibration import Calibration
+from engine.planner.efficiency import compute_dtype
+from engine.planner.errors import PlanError
+from engine.planner.gpus import GPU, CatalogError, find_gpu, load_gpus
+from engine.planner.queueing import max_rate, serving_point
+from engine.planner.roofline import (GIB, Deployment, Memory, activation_reserve, decode_step, kv_shard, memory,
+                                     prefill_step, spec_step)
+from engine.planner.shapes import ModelShape
+from engine.planner.speculation import SpecConfig, choose_spec
+from engine.planner.workload import Workload
+
+TP_OPTIONS = (1, 2, 4, 8)
+# A plan needing more GPUs than any fleet holds is refused as infeasible rather than priced.
+MAX_GPUS_PER_PLAN = 1_000_000
+
+
+@dataclass(frozen=True)
+class Why:
+    """One term of a plan's explanation: what, the formula, its value."""
+
+    term: str
+    formula: str
+    value: float | str
+    unit: str = ""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class Plan:
+    """One candidate: GPU x precision x speculation x TP, with cost, SLO margins and the why."""
+
+    gpu: str
+    precision: str
+    spec: bool
+    tp: int
+    feasible: bool
+    replicas: int = 0
+    gpus_total: int = 0
+    reasons: list[str] = field(default_factory=list)
+    suggestions: list[str] = field(default_factory=list)
+    ttft_p90_s: float | None = None
+    tpot_p90_s: float | None = None
+    tpot_mean_s: float | None = None
+    ttft_margin: float | None = None       # SLO / predicted (> 1 = headroom)
+    tpot_margin: float | None = None
+    batch: float | None = None
+    max_rate_per_replica: float | None = None
+    max_concurrency: int | None = None      # per replica, KV-limited
+    utilization: float | None = None        # planned rate / capacity at the SLOs
+    output_tok_s_per_gpu: float | None = None
+    tok_s_per_gpu: float | None = None      # input + output
+    usd_per_hr: float | None = None
+    usd_per_month: float | None = None
+    usd_per_1m_input: float | None = None
+    usd_per_1m_output: float | None = None
+    usd_per_1m_tokens: float | None = None  # blended, input + output
+    weights_gb_per_gpu: float | None = None
+    kv_gb_per_gpu: float | None = None
+    bound: str = ""
+    spec_config: dict | None = None
+    assumptions: list[str] = field(default_factory=list)
+    why: list[Why] = field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        return f"{self.tp}x {self.gpu} {self.precision}" + (" +spec" if self.spec else "")
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["why"] = [w.to_dict() for w in self.why]
+        d["label"] = self.label
+        return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in d.items()}
+
+
+@dataclass
+class PlanResult:
+    workload: Workload
+    model: ModelShape
+    plans: list[Plan]
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def feasible(self) -> list[Plan]:
+        return [p for p in self.plans if p.feasible]
+
+    @property
+    def best(self) -> Plan | None:
+        f = self.feasible
+        return f[0] if f else None
+
+    def to_dict(self) -> dict:
+        w = asdict(self.workload)
+        return {"workload": w, "model": self.model.to_dict(), "notes": self.notes,
+                "best": self.best.to_dict() if self.best else None,
+                "plans": [p.to_dict() for p in self.plans]}
+
+
+def _ms(x: float) -> float:
+    return x * 1e3
+
+
+def _count(x: float) -> str:
+    return f"{x:,.0f}" if math.isfinite(x) else "infinitely many"
+
+
+def acceptance_words(sc: SpecConfig) -> str:
+    """'acceptance 0.72: measured by the lab (...)': the rate a plan uses and where it comes from."""
+    return f"acceptance {sc.acceptance_rate:.3g}: {sc.source}"
+
+
+def _price(gpu: GPU, w: Workload) -> float:
+    for k, v in (w.price_overrides or {}).items():
+        if find_gpu(str(k), {gpu.name: gpu}) is not None:
+            return float(v)
+    p = getattr(gpu, w.price_column)
+    return float(p if p is not None else gpu.price_usd_per_hr)
+
+
+def _fits_reason(dep: Deployment, mem: Memory, per_request: int) -> str:
+    need = (mem.weights + mem.draft_weights + mem.reserve + mem.kv_per_token * per_request) / GIB
+    draft = f" + draft {mem.draft_weights / GIB:.1f} GiB" if mem.draft_weights else ""
+    return (f"weights {mem.weights / GIB:.1f} GiB{draft} + reserve {mem.reserve / GIB:.1f} GiB + KV for one request "
+            f"{mem.kv_per_token * per_request / GIB:.2f} GiB per GPU = {need:.1f} GiB > {mem.usable / GIB:.1f} GiB "
+            f"usable on {dep.gpu.name} at TP {dep.tp}")
+
+
+def evaluate_plan(dep: Deployment, w: Workload) -> Plan:
+    """Size one candidate for the workload: replicas, latencies, cost, why; or why it cannot work."""
+    g, m = dep.gpu, dep.model
+    plan = Plan(g.name, dep.precision, dep.spec is not None, dep.tp, False,
+                spec_config=dep.spec.to_dict() if dep.spec else None)
+    I, O = w.input_tokens, w.output_tokens
+    eff, eff_src = dep.efficiency()
+    if g.placeholder:
+        plan.assumptions.append(f"{g.name}: figures are PLACEHOLDERS until a measured probe is given")
+    if dep.spec is not None and dep.spec.assumed:
+        plan.assumptions.append(f"speculation {acceptance_words(dep.spec)}")
+    cdt, cnote = compute_dtype(g, dep.precision)
+    if cdt is None:
+        plan.reasons.append(cnote)
+        return plan
+    if m.heads % dep.tp or (m.kv_heads % dep.tp and dep.tp % m.kv_heads):
+        plan.reasons.append(f"TP {dep.tp} does not divide {m.name}'s {m.heads} attention / {m.kv_heads} KV heads")
+        return plan
+    if dep.tp > g.max_gpus_per_node:
+        plan.reasons.append(f"{g.name} has at most {g.max_gpus_per_node} GPU(s) per node for tensor parallelism")
+        return plan
+    mem = memory(dep)
+    per_req = I + O
+    maxc = min(dep.max_batch, mem.max_concurrency(per_req))
+    plan.max_concurrency = maxc
+    plan.weights_gb_per_gpu = (mem.weights + mem.draft_weights) / 1e9
+    if maxc < 1:
+        plan.reasons.append("does not fit: " + _fits_reason(dep, mem, per_req))
+        return plan
+    rmax, sp = max_rate(dep, I, O, w.ttft_p90_s, w.tpot_p90_s, maxc)
+    if rmax <= 0:
+        # Floors = the p90s at vanishing load (batch 1, no queueing): the best this hardware can do.
+        if sp is None or not sp.stable:
+            plan.reasons.append(f"cannot serve even light load: {sp.limit if sp else 'unstable'}")
+            return plan
+        ftp, fttft = sp.tpot_p90_s, sp.ttft_p90_s
+        if ftp > w.tpot_p90_s:
+            plan.reasons.append(f"per-token latency floor is {_ms(ftp):.1f} ms on {dep.tp}x {g.name} at "
+                                f"{dep.precision} (batch 1); the SLO is {_ms(w.tpot_p90_s):.1f} ms")
+            plan.suggestions.append("more tensor parallelism, a GPU with more memory bandwidth, a smaller "
+                                    "precision" + ("" if dep.spec else ", or speculative decoding"))
+        if fttft > w.ttft_p90_s:
+            plan.reasons.append(f"time-to-first-token floor is {_ms(fttft):.0f} ms for {I} prompt tokens on "
+                                f"{dep.tp}x {g.name}; the SLO is {_ms(w.ttft_p90_s):.0f} ms")
+            plan.suggestions.append("more tensor parallelism or a GPU with more compute (prefill is compute-bound)")
+        if not plan.reasons:
+            plan.reasons.append(f"no load meets both SLOs ({sp.limit if sp else ''})")
+        return plan
+    need = w.request_rate / rmax
+    if not need * dep.tp <= MAX_GPUS_PER_PLAN:       # also catches an infinite need
+        plan.reasons.append(f"needs {_count(need * dep.tp)} GPUs ({rmax:.3g} req/s per replica of {dep.tp}): beyond "
+                            f"any fleet (a plan stops at {MAX_GPUS_PER_PLAN:,} GPUs)")
+        plan.suggestions.append("split the workload into smaller services, or lower its request rate")
+        return plan
+    replicas = max(1, math.ceil(need * (1 - 1e-12)))
+    at = serving_point(dep, w.request_rate / replicas, I, O, maxc)
+    price = _price(g, w)
+    n_gpu = replicas * dep.tp
+    usd_hr = price * n_gpu
+    out_tok_s = w.request_rate * O
+    in_tok_s = w.request_rate * I
+    plan.feasible = True
+    plan.replicas, plan.gpus_total = replicas, n_gpu
+    plan.ttft_p90_s, plan.tpot_p90_s, plan.tpot_mean_s = at.ttft_p90_s, at.tpot_p90_s, at.tpot_mean_s
+    plan.ttft_margin = w.ttft_p90_s / at.ttft_p90_s
+    plan.tpot_margin = w.tpot_p90_s / at.tpot_p90_s
+    plan.batch = at.batch
+    plan.max_rate_per_replica = rmax
+    plan.utilization = w.request_rate / (replicas * rmax)
+    plan.output_tok_s_per_gpu = out_tok_s / n_gpu
+    plan.tok_s_per_gpu = (out_tok_s + in_tok_s) / n_gpu
+    plan.usd_per_hr = usd_hr
+    plan.usd_per_month = usd_hr * HOURS_PER_MONTH
+    # GPU time splits into prefill (input tokens) and decode (output tokens); idle slack is shared
+    # in the same proportion, so the two prices add up to the whole bill.
+    usd_s = usd_hr / SECONDS_PER_HOUR
+    plan.usd_per_1m_input = usd_s * at.prefill_util / in_tok_s * 1e6
+    plan.usd_per_1m_output = usd_s * (1 - at.prefill_util) / out_tok_s * 1e6
+    plan.usd_per_1m_tokens = usd_s / (in_tok_s + out_tok_s) * 1e6
+    kv_used = at.batch * (I + O / 2) * mem.kv_per_token
+    plan.kv_gb_per_gpu = kv_used / 1e9
+    step = decode_step(dep, max(at.batch, 1.0), I + O / 2)
+    plan.bound = step.bound
+    plan.why = _why(dep, w, mem, at, step, rmax, replicas, price, eff, eff_src, cnote)
+    return plan
+
+
+def _why(dep, w, mem, at, step, rmax, replicas, price, eff, eff_src, cnote) -> list[Why]:
+    g, m = dep.gpu, dep.model
+    I, O = w.input_tokens, w.output_tokens
+    cdt, _ = compute_dtype(g, dep.precision)
+    pf = prefill_step(dep, I)
+    ys = [
+        Why("weights per GPU", f"weight_bytes({m.name}, {dep.precision}) / TP {dep.tp}", mem.weights / 1e9, "GB"),
+        Why("KV per token per GPU", f"2 * {m.layers} layers * {m.kv_heads} KV heads * {m.head_dim} * "
+            f"bytes({dep.kv_dtype}) (x draft, / TP shard)", mem.kv_per_token, "B"),
+        Why("KV budget", f"({g.memory_gb:g} GiB * mem_util {mem.usable / (g.memory_gb * GIB):.2f} - weights - "
+            f"reserve {mem.reserve / GIB:.1f} GiB) / KV per token", mem.kv_budget_tokens, "tokens"),
+        Why("max concurrency", f"KV budget / ({I} + {O}) tokens per request, capped at max_batch {dep.max_batch}",
+            min(dep.max_batch, mem.max_concurrency(I + O)), "requests"),
+        Why("efficiency", f"{eff_src}: weights at {eff.mem_bw:.2f} of {g.mem_bw_tbs:g} TB/s, GEMMs at "
+            f"{eff.compute:.2f} of {g.peak_tflops(cdt):g} {cdt} TFLOPS ({cnote})", eff.mem_bw, "fraction"),
+        Why("prefill time", f"max({pf.flops / 1e12:.2f} TFLOP / ({eff.compute:.2f} * {g.peak_tflops(cdt):g} TFLOPS), "
+            f"weights / bandwidth) + all-reduces + overhead, {I} tokens ({pf.bound}-bound)", _ms(pf.total), "ms"),
+        Why("decode batch", f"Little's law: B = rate {at.rate:.3g}/s * {O} tokens * TPOT", at.batch, "sequences"),
+        Why("decode step: weights", f"{step.weight_bytes / 1e9:.2f} GB / ({eff.mem_bw:.2f} * {g.mem_bw_tbs:g} TB/s)",
+            _ms(step.t_weights), "ms"),
+        Why("decode step: KV read", f"{step.kv_bytes / 1e9:.2f} GB / ({dep.family_obj().kv_mem_bw:.2f} * bandwidth)",
+            _ms(step.t_kv), "ms"),
+        Why("decode step: compute", f"{step.flops / 1e12:.2f} TFLOP / ({eff.compute:.2f} * {g.peak_tflops(cdt):g} TFLOPS)",
+            _ms(step.t_compute), "ms"),
+        Why("decode step: all-reduce", f"2 * {m.layers} layers * ring all-reduce over {g.interconnect or 'n/a'} (TP {dep.tp})",
+            _ms(step.t_comm), "ms"),
+        Why("decode step: overhead", f"{dep.family_obj().name}: fixed per step + per layer", _ms(step.t_overhead), "ms"),
+        Why("decode step", f"max(memory, compute) + all-reduce + overhead = {step.bound}-bound", _ms(step.total), "ms"),
+    ]
+    if dep.spec is not None:
+        ss = spec_step(dep, max(at.batch, 1.0), I + O / 2)
+        sp = dep.spec
+        ys += [
+            Why("speculation: tokens per round", f"E = (1 - a^(g+1)) / (1 - a), g={sp.gamma}, {acceptance_words(sp)}",
+                ss.expected_tokens, "tokens"),
+            Why("speculation: verify pass", f"target scores {sp.verify_tokens or sp.gamma + 1} tokens per sequence",
+                _ms(ss.verify.total), "ms"),
+            Why("speculation: drafting", f"{sp.gamma} x draft step ({sp.draft_kind})", _ms(ss.draft_time), "ms"),
+            Why("speculation: speedup at this batch", "E * plain step / (verify + drafting)",
+                ss.expected_tokens * step.total / ss.total, "x"),
+        ]
+    ys += [
+        Why("prefill share of GPU time", f"rho = rate * prefill = {at.rate:.3g} * {_ms(at.prefill_s):.1f} ms",
+            at.prefill_util, "fraction"),
+        Why("TPOT mean", "round / (E * (1 - rho))", _ms(at.tpot_mean_s), "ms"),
+        Why("TPOT p90", "mean + 1.2816 sd of a request's decode time (prefill interruptions ~ Poisson"
+            + (", rounds ~ acceptance" if dep.spec else "") + ") / output tokens", _ms(at.tpot_p90_s), "ms"),
+        Why("TTFT p90", "prefill + one decode round + M/D/1 wait p90 = (W/rho) ln(10 rho)", _ms(at.ttft_p90_s), "ms"),
+        Why("capacity per replica", f"largest rate with TTFT p90 <= {_ms(w.ttft_p90_s):.0f} ms and TPOT p90 <= "
+            f"{_ms(w.tpot_p90_s):.1f} ms", rmax, "req/s"),
+        Why("replicas", f"ceil({w.request_rate:g} req/s / {rmax:.3g})", replicas, ""),
+        Why("GPUs", f"{replicas} replicas * TP {dep.tp}", replicas * dep.tp, ""),
+        Why("price", f"{g.name}: {g.price_source[:120]}", price, "$/GPU-hr"),
+        Why("$/month", f"{replicas * dep.tp} GPUs * ${price:g}/hr * {HOURS_PER_MONTH:g} h",
+            replicas * dep.tp * price * HOURS_PER_MONTH, "$"),
+    ]
+    return ys
+
+
+def make_deployment(model: ModelShape, gpu: GPU, precision: str, tp: int = 1, w: Workload | None = None,
+                    spec: SpecConfig | None = None, draft: ModelShape | None = None,
+                    calibration: Calibration | None = None, **kw) -> Deployment:
+    """A Deployment with the workload's knobs (family, KV dtype, quantization flags...)."""
+    if w is not None:
+        kw.setdefault("family", w.family)
+        kw.setdefault("kv_dtype", w.kv_dtype)
+        kw.setdefault("quantize_embeddings", w.quantize_embeddings)
+        kw.setdefault("quantize_head", w.quantize_head)
+        kw.setdefault("group_size", w.group_size)
+        kw.setdefault("max_batch", w.max_batch)
+        kw.setdefault("mem_util", w.mem_util)
+    return Deployment(model, gpu, precision, tp, spec=spec, draft=draft, calibration=calibration, **kw)
+
+
+def plan(w: Workload, gpus: Mapping[str, GPU] | None = None, models: Mapping[str, ModelShape] | None = None,
+         calibration: Calibration | None = None, overrides: list[dict] | None = None,
+         probe: Mapping | None = None) -> PlanResult:
+    """Enumerate GPU x precision x speculation x TP for the workload and rank by cost.
+
+    Feasible plans come first, cheapest $/hr first (ties: more TPOT headroom); infeasible ones
+    follow with their reasons. Raises PlanError listing every invalid input field.
+    """
+    models = models if models is not None else shapes.load_models()
+    if gpus is None:
+        try:
+            if probe is None and calibration is not None and calibration.machine_bw_gbs:
+                probe = {"mem_bw_gbs": calibration.machine_bw_gbs}
+            gpus = load_gpus(overrides, probe)
+        except CatalogError as e:
+            raise PlanError([("gpu_overrides." + f, msg) for f, msg in e.problems]) from None
+    model = w.validate(models, gpus)
+    sel = [find_gpu(str(n), gpus) for n in w.gpus] if w.gpus else [g for g in gpus.values() if g.kind == "gpu"]
+    precs = list(w.precisions or PRECISIONS)
+    tps = sorted(set(w.tp_options or TP_OPTIONS))
+    notes = []
+    spec_opts: list[tuple[SpecConfig | None, ModelShape | None]] = []
+    if w.spec in ("auto", "off"):
+        spec_opts.append((None, None))
+    if w.spec in ("auto", "on"):
+        sc, dm = choose_spec(w, model, models, calibration)
+        spec_opts.append((sc, dm))
+        notes.append(f"speculation: {sc.draft_kind}" + (f" draft {sc.draft_model}" if sc.draft_model else "")
+                     + f", gamma {sc.gamma}, {acceptance_words(sc)}; "
+                     f"E = {sc.expected_tokens:.2f} tokens per target step")
+    plans = []
+    for g in sel:
+        for p in precs:
+            for sc, dm in spec_opts:
+                for tp in tps:
+                    dep = make_deployment(model, g, p, tp, w, sc, dm, calibration)
+                    plans.append(evaluate_plan(dep, w))
+    # Cheapest first; at equal cost, the plan with the most spare capacity at the SLOs.
+    plans.sort(key=lambda x: (not x.feasible, x.usd_per_hr if x.feasible else math.inf,
+                              x.utilization if x.feasible else 0, x.gpus_total))
+    if not any(p.feasible for p in plans):
+        notes.append(_global_suggestion(model, w, sel, precs, tps, gpus, plans))
+    notes.append("p90s: M/D/1 prefill queue + normal approximation of per-request decode time (docs/PLANNER.md)")
+    return PlanResult(w, model, plans, notes)
+
+
+def _need_gib(model: ModelShape, w: Workload, p: str, tp: int) -> float:
+    """GiB one GPU needs at TP `tp`: weights/tp + reserve + KV for one request, over mem_util 0.9."""
+    wb = shapes.weight_bytes(model, p, w.quantize_embeddings, w.quantize_head, w.group_size)
+    kv = shapes.kv_bytes_per_token(model, w.kv_dtype) * (w.input_tokens + w.output_tokens) * kv_shard(model, tp)
+    return (wb / tp + kv + activation_reserve(model, tp)) / (w.mem_util or 0.9) / GIB
+
+
+def _global_suggestion(model, w, sel, precs, tps, gpus, plans) -> str:
+    """When nothing is feasible: what would fit (a smaller precision, or how much GPU memory)."""
+    if any("beyond any fleet" in r for p in plans for r in p.reasons):
+        return (f"{w.request_rate:g} req/s of {model.name} needs over {MAX_GPUS_PER_PLAN:,} GPUs on every plan that "
+                "could serve it, more than any fleet holds: split the workload into smaller services")
+    tmax = max(tps)
+    need_sel = {p: _need_gib(model, w, p, tmax) for p in precs}
+    need_all = {p: _need_gib(model, w, p, tmax) for p in PRECISIONS}
+    biggest = max((g.memory_gb for g in sel), default=0)
+    p_sel = min(need_sel, key=need_sel.get)
+    if need_sel[p_sel] <= biggest:
+        return ("no plan meets the SLOs: see each plan's reasons (latency floors); relax the SLOs, allow more TP, "
+                "or add faster GPUs")
+    p_all = min(need_all, key=need_all.get)
+    bigger = [g.name for g in gpus.values() if g.kind == "gpu" and g.memory_gb >= need_sel[p_sel]]
+    msg = (f"{model.name} does not fit even at TP {tmax}: at {p_sel} one GPU needs >= {need_sel[p_sel]:.0f} GiB "
+           f"(largest selected GPU: {biggest:g} GiB)")
+    if need_all[p_all] <= biggest and p_all not in precs:
+        msg += f"; use {p_all} ({need_all[p_all]:.0f} GiB per GPU at TP {tmax})"
+    else:
+        msg += f"; even {p_all} needs {need_all[p_all]:.0f} GiB per GPU at TP {tmax}"
+    msg += f", or a GPU with >= {need_sel[p_sel]:.0f} GB" + (f" ({', '.join(bigger)})" if bigger else "")
+    return msg
