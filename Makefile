@@ -8,14 +8,19 @@ PIP    := $(PY) -m pip
 # The CPU wheel of torch. A CUDA torch already in the venv is kept (see the `torch` stamp).
 TORCH_SPEC ?= torch==2.13.0
 PORT ?= 8501
+# The dashboard listens on loopback only; HOST=0.0.0.0 serves the LAN (anyone there can load models).
+HOST ?= 127.0.0.1
 
 .PHONY: run test setup models browser test-fast bench peers bench-peers gpu-assets clean-venv
 
 run: setup models
-	$(VENV)/bin/streamlit run app.py --server.port $(PORT) --server.headless true --browser.gatherUsageStats false
+	@case "$(HOST)" in 127.*|localhost|::1) ;; *) echo "WARNING: serving the dashboard on $(HOST):$(PORT): anyone who can reach this machine can load models, start processes and write your store." >&2;; esac
+	$(VENV)/bin/streamlit run app.py --server.address $(HOST) --server.port $(PORT) --server.headless true --browser.gatherUsageStats false
 
 # pytest's exit 5 (no tests collected) is turned into a failure.
+# The architecture contract first (pyproject.toml [tool.importlinter]): a broken layer fails in seconds.
 test: setup models browser
+	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q tests; rc=$$?; [ $$rc -ne 5 ] || { echo "pytest collected no tests"; exit 1; }; exit $$rc
 
 test-fast: setup

@@ -23,9 +23,9 @@ sys.path.insert(0, str(ROOT))
 
 from engine.peers import report as peer_report
 
-from engine.peers import systems as peers  # noqa: E402
+from engine import peers  # noqa: E402
 from engine.common.errors import UserError  # noqa: E402
-from engine.present.tables import format_rows  # noqa: E402
+from engine.present import format_rows  # noqa: E402
 
 
 def gpu_configs(shape: str, max_new: int, reps: int, device: str) -> list[peers.PeerConfig]:
@@ -41,9 +41,9 @@ def gpu_configs(shape: str, max_new: int, reps: int, device: str) -> list[peers.
     hf, us = "transformers", peers.OURS
     if shapes.param_count(shapes.get_model(shape)) > 3e9:
         # Big shapes load for 30-60 s each: the essentials only, so one device call (10 min) holds both shapes.
-        return ([replace(base, system=hf, precision=p) for p in ("bf16", "bnb-nf4")]
+        return ([replace(base, system=hf, precision=p) for p in ("bf16", "nf4")]
                 + [replace(base, system=us, precision=p) for p in ("bf16", "int8", "int4", "fp8")])
-    out = [replace(base, system=hf, precision=p) for p in ("bf16", "fp16", "bnb-int8", "bnb-nf4")]
+    out = [replace(base, system=hf, precision=p) for p in ("bf16", "fp16", "llm.int8", "nf4")]
     out += [replace(base, system=hf, precision="bf16", draft="ngram")]
     out += [replace(base, system=us, precision=p) for p in ("bf16", "fp16", "int8", "int4", "fp8")]
     out += [replace(base, system=us, precision="bf16", draft="self", draft_precision="int4", gamma=4),

@@ -59,7 +59,7 @@ def cmd_models(a) -> int:
         for name in ("default-draft", "default"):
             path = catalog.resolve(name, progress=lambda s: print("  " + s, file=sys.stderr))
             print(f"{name}: {path}")
-    from engine.present.tables import format_rows
+    from engine.present import format_rows
 
     print(format_rows(catalog.list_models(), "json" if a.json else "md"))
     return 0
@@ -90,26 +90,31 @@ def cmd_generate(a) -> int:
 
 
 def _print_summary(recs, fmt="md"):
-    from engine.present.tables import format_rows, row
+    from engine.present import format_rows, rows, view_columns
 
-    print(format_rows([row(r) for r in recs], fmt))
+    table = rows(recs)
+    print(format_rows(table, fmt, view_columns(table, "cli")))
 
 
 def cmd_bench(a) -> int:
+    from tqdm import tqdm
+
     from engine.measure.runs import ModelPool, execute, sweep_configs
     from engine.measure.store import Store
 
     from engine.infer.loader import resolve_device
-    from engine.measure.metrics import bandwidth_gbs
+    from engine.measure.bandwidth import bandwidth_gbs
 
     # Re-probe before measuring: the cached reading keeps the best seen, and a busy moment reads low.
     print(f"memory read bandwidth: {bandwidth_gbs(resolve_device(a.device), refresh=True):.1f} GB/s", file=sys.stderr)
     base = config_from(a, warmup=True, baseline=True, quality=a.quality, quality_tokens=a.quality_tokens)
     cfgs = sweep_configs(base, a.precisions, a.drafts, a.draft_precisions, a.gammas, a.batch_sizes)
     pool, store, recs = ModelPool(keep=2), Store(), []
-    for i, c in enumerate(cfgs, 1):
-        print(f"[{i}/{len(cfgs)}] {c.model} {c.precision} draft={c.draft}", file=sys.stderr)
-        recs.append(execute(c, pool, store, progress=lambda s: print(f"  [{s}]", file=sys.stderr)))
+    bar = tqdm(cfgs, desc="bench", unit="config", file=sys.stderr, dynamic_ncols=True)
+    for c in bar:
+        bar.set_postfix_str(f"{c.model} {c.precision} draft={c.draft}")
+        recs.append(execute(c, pool, store, progress=lambda s: bar.write(f"  [{s}]", file=sys.stderr)))
+    bar.close()
     if a.json:
         print("[" + ",\n".join(r.to_json(indent=1) for r in recs) + "]")
     else:
@@ -120,7 +125,7 @@ def cmd_bench(a) -> int:
 def cmd_quality(a) -> int:
     from engine.infer.loader import load, make_spec
     from engine.measure.quality import evaluate
-    from engine.present.tables import format_rows
+    from engine.present import format_rows
 
     rows = []
     for p in a.precisions:
@@ -143,6 +148,25 @@ def cmd_runs(a) -> int:
         return 0
     _print_summary(st.list_runs(a.limit), "json" if a.json else "md")
     return 0
+
+
+def _lab_store():
+    """The lab's store when it exists (the planner must not create one just by looking)."""
+    from engine.measure.store import Store, default_path
+
+    path = default_path()
+    return Store(path) if path.exists() else None
+
+
+def _stored_runs() -> list[dict]:
+    """The store's runs as plain dicts, for the planner's calibration and measured acceptance."""
+    st = _lab_store()
+    return [r.to_dict() for r in st.list_runs(1000)] if st else []
+
+
+def _stored_gpu_overrides() -> list[dict]:
+    st = _lab_store()
+    return st.gpu_overrides() if st else []
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -183,7 +207,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_runs)
 
     from engine.planner import cli as planner_cli
-    planner_cli.add_parser(sub)
+    planner_cli.add_parser(sub, stored_runs=_stored_runs, stored_gpu_overrides=_stored_gpu_overrides)
     return ap
 
 

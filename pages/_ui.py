@@ -2,9 +2,9 @@
 and the comparison view (table + charts + Pareto). Pages only draw and collect input; every
 number comes from engine/.
 
-Test hook (documented in docs/DASHBOARD.md): with SCL_TEST_TINY=1 the pool also serves the models
-"tiny" and "tiny-draft", tiny random-init models from tests/tiny.py converted to the asked
-precision, so AppTests can drive every page in seconds. Without the variable nothing changes.
+Test hook (documented in docs/DASHBOARD.md): models registered with engine.measure.register_model
+(tests/conftest.py registers the tiny random-init models of tests/tiny.py) are offered beside the
+default pair, so AppTests can drive every page in seconds. Production code registers none.
 """
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ import sys
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -24,81 +23,27 @@ if str(ROOT) not in sys.path:
 import pandas as pd  # noqa: E402
 import streamlit as st  # noqa: E402
 
-from engine.present import ui_data  # noqa: E402
+from engine import present  # noqa: E402
 from engine.common.errors import UserError  # noqa: E402
-from engine.measure.runs import ModelPool, run_many  # noqa: E402
-from engine.measure.store import Store, data_dir  # noqa: E402
+from engine.common.paths import data_dir  # noqa: E402
+from engine.measure import ModelPool, Store, registered_models, run_many  # noqa: E402
 
 log = logging.getLogger("scl.dashboard")
 
-TINY_ENV = "SCL_TEST_TINY"
-TINY_MODELS = {"tiny": 0, "tiny-draft": 1}
 MACHINE_GPU_NAME = "this machine"  # the planner's row for this computer; its price is the user's
 DEFAULT_USD_PER_HOUR = 0.10
 MODEL_LABELS = {
     "default": "default: Qwen2.5-Coder-1.5B-Instruct (target)",
     "default-draft": "default-draft: Qwen2.5-Coder-0.5B-Instruct (draft, or a small target)",
-    "tiny": "tiny: random-init test model",
-    "tiny-draft": "tiny-draft: random-init test draft",
 }
-
-
-def tiny_enabled() -> bool:
-    return os.environ.get(TINY_ENV) == "1"
 
 
 # ---------------------------------------------------------------- pool and store
 
-def _make_tiny(name: str, spec, device: str):
-    from engine.quant.precisions import check_supported, quantize_model, weight_breakdown
-    from tests.tiny import tiny_model
-
-    check_supported(spec, device)
-    lm = tiny_model(seed=TINY_MODELS[name])
-    model = lm.model
-    if spec.precision != "fp32":
-        try:
-            model = quantize_model(model, spec, device)
-        except Exception:  # the tiny model's 32-wide layers are narrower than int4 groups of 64/128
-            model = quantize_model(model, replace(spec, group_size=32), device)
-    extra = {}
-    if "quantized" in type(lm).__dataclass_fields__:  # as engine.loader.load fills it
-        from engine.quant.precisions import quantized_fraction
-
-        extra["quantized"] = quantized_fraction(model)
-    out = replace(lm, name=name, spec=spec, model=model, weights=weight_breakdown(model), **extra)
-    _tiny_reference(name, device)
-    return out
-
-
-def _tiny_reference(name: str, device: str) -> None:
-    """Cache the tiny model's fp32 quality reference, as engine.quality would load it for a real model."""
-    from engine.measure import quality
-    from tests.tiny import tiny_model
-
-    ref = replace(tiny_model(seed=TINY_MODELS[name]), name=name)
-    for n in (128, 256, 512):
-        quality.reference_logprobs(name, quality.eval_ids(ref.tokenizer, n), ref_lm=ref)
-
-
-class TinyAwarePool(ModelPool):
-    """A ModelPool that serves the tiny test models by name (only used when SCL_TEST_TINY=1)."""
-
-    def get(self, name, spec, device, progress=None):
-        if name in TINY_MODELS:
-            key = (name, spec, device)
-            with self.lock:
-                if key not in self._models:
-                    self._models[key] = _make_tiny(name, spec, device)
-                self._models.move_to_end(key)
-                return self._models[key]
-        return super().get(name, spec, device, progress)
-
-
 @st.cache_resource(show_spinner=False)
 def get_pool() -> ModelPool:
     """One pool per server process: every tab shares the loaded models and the generation lock."""
-    return TinyAwarePool(keep=3) if tiny_enabled() else ModelPool(keep=3)
+    return ModelPool(keep=3)
 
 
 @st.cache_resource(show_spinner=False)
@@ -126,12 +71,19 @@ def pool_turn(what: str):
 
 
 def model_options() -> list[str]:
-    opts = ["default", "default-draft"]
-    return opts + list(TINY_MODELS) if tiny_enabled() else opts
+    """The default pair, plus any model a test registered (measure.register_model)."""
+    return ["default", "default-draft"] + list(registered_models())
+
+
+def registered_pairs() -> dict[str, tuple]:
+    """Registered models NAME with a NAME-draft beside them, as Home-page pairs (target, draft, self, label)."""
+    reg = registered_models()
+    return {n: (n, f"{n}-draft", False, f"{n} test pair (registered: {reg[n]})")
+            for n in reg if f"{n}-draft" in reg}
 
 
 def model_label(name: str) -> str:
-    return MODEL_LABELS.get(name, name)
+    return MODEL_LABELS.get(name) or registered_models().get(name, name)
 
 
 # ---------------------------------------------------------------- errors and text
@@ -308,7 +260,7 @@ def job_panel(key: str, poll_s: float = 1.0) -> None:
         if j.finished:
             st.rerun()
         frac = (j.done / j.total) if j.total else 1.0
-        st.progress(min(frac, 1.0), text=ui_data.eta_text(j.done, j.total, j.eta_s))
+        st.progress(min(frac, 1.0), text=present.eta_text(j.done, j.total, j.eta_s))
         st.caption(f"{md_escape(j.title)} · {md_escape(j.message)} · {time.time() - j.started:.0f} s elapsed")
         if st.button("Cancel", key=f"{key}-cancel", disabled=j.cancelled,
                      help="Stops after the run in progress; finished runs are already saved."):
@@ -379,25 +331,25 @@ def comparison_view(records, key: str, price_where: str | None = None, usd: floa
         return []
     if usd is None:
         usd = price_input(price_where or key)
-    rows = ui_data.comparison_rows(records, usd)
-    hl = ui_data.highlights(rows)
+    rows = present.comparison_rows(records, usd)
+    hl = present.highlights(rows)
     if hl:
         st.markdown("\n".join(f"- {md_escape(h)}" for h in hl))
     comparison_table(rows, key=f"{key}-table")
-    charts = ui_data.available_charts(rows)
+    charts = present.available_charts(rows)
     for i in range(0, len(charts), 2):
         cols = st.columns(2)
         for c, (col, title, unit, better) in zip(cols, charts[i:i + 2]):
             with c:
-                st.plotly_chart(ui_data.bar_figure(rows, col, title, unit, better), key=f"{key}-chart-{col}",
+                st.plotly_chart(present.bar_figure(rows, col, title, unit, better), key=f"{key}-chart-{col}",
                                 config={"displaylogo": False})
-    missing = ui_data.missing_charts(rows)
+    missing = present.missing_charts(rows)
     if missing:
         st.caption("Not measured in these runs: " + md_escape(", ".join(missing))
                    + ". Quality needs the quality option; acceptance needs a draft.")
-    pf = ui_data.pareto_figure(rows)
+    pf = present.pareto_figure(rows)
     if pf is not None:
-        axes = ui_data.pareto_axes(rows)
+        axes = present.pareto_axes(rows)
         st.plotly_chart(pf, key=f"{key}-pareto", config={"displaylogo": False})
         if axes and axes[1] != "quality_loss_kl":
             st.caption("Quality was not measured, so the frontier is cost vs memory. Tick 'measure quality' to see "

@@ -9,11 +9,10 @@ if ROOT not in sys.path:
 import streamlit as st  # noqa: E402
 
 from pages import _ui  # noqa: E402
-from engine.peers import systems as peers
-from engine.present import ui_data  # noqa: E402
-from engine.quant.precisions import PRECISIONS  # noqa: E402
-from engine.measure.runs import RunConfig, sweep_configs  # noqa: E402
-from engine.infer.speculative import DRAFT_KINDS, MAX_GAMMA  # noqa: E402
+from engine import peers  # noqa: E402
+from engine import present  # noqa: E402
+from engine.common.vocab import DRAFT_KINDS, MAX_GAMMA, PRECISIONS  # noqa: E402
+from engine.measure import RunConfig, sweep_configs  # noqa: E402
 
 JOB = "sweep-job"
 
@@ -92,7 +91,7 @@ with tab_pick:
     if not recs:
         st.info("No stored runs yet.")
     else:
-        labels = {r.run_id: ui_data.run_choice_label(r) for r in recs}
+        labels = {r.run_id: present.run_choice_label(r) for r in recs}
         picked = st.multiselect("Stored runs (newest first)", list(labels), format_func=labels.get,
                                 default=[i for i in _ui.current_ids() if i in labels], key="cmp-picked")
         if st.button("Use these as the current comparison", disabled=not picked, key="cmp-use"):

@@ -7,11 +7,10 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 import pandas as pd  # noqa: E402
-import plotly.graph_objects as go  # noqa: E402
 import streamlit as st  # noqa: E402
 
 from pages import _ui  # noqa: E402
-from engine.present import ui_data  # noqa: E402
+from engine import present  # noqa: E402
 
 _ui.page_header("Cost & capacity", "What the measured speed costs on this machine, and what a workload would "
                 "cost on production GPUs.")
@@ -38,13 +37,13 @@ if not recs:
     st.info("No measured runs yet: run the default comparison on Home or a sweep on Compare.")
 else:
     try:
-        rows = ui_data.comparison_rows(recs, usd)
-        cap = ui_data.capacity_rows(rows, usd, per_day)
+        rows = present.comparison_rows(recs, usd)
+        cap = present.capacity_rows(rows, usd, per_day)
         st.dataframe(pd.DataFrame(cap), hide_index=True, key="cost-capacity", column_config={
             "usd_per_1m_out": st.column_config.NumberColumn("$/1M out", format="$%.4f"),
             "usd_per_month": st.column_config.NumberColumn("$/month", format="$%.2f"),
             "utilization": st.column_config.ProgressColumn("busy", min_value=0.0, max_value=1.0, format="percent")})
-        fig = ui_data.bar_figure(rows, "usd_per_1m_out", "$ per 1M output tokens on this machine", "USD", "lower")
+        fig = present.bar_figure(rows, "usd_per_1m_out", "$ per 1M output tokens on this machine", "USD", "lower")
         st.plotly_chart(fig, key="cost-chart", config={"displaylogo": False})
         st.caption("$ per 1M output tokens = $/hour ÷ (tokens/s × 3600) × 10⁶ at the measured decode speed, with the "
                    "machine busy all the time. Machines = ⌈tokens per day ÷ (tokens/s × 86 400)⌉.")
@@ -55,9 +54,7 @@ else:
 st.divider()
 st.subheader("Plan GPUs for a workload")
 try:
-    from engine.planner import core as planner
-    from engine.planner import shapes
-    from engine.planner.gpus import load_gpus, price_table
+    from engine.present import planning
 
     PLANNER = True
 except Exception as e:  # the planner is optional: the measured section above still stands
@@ -67,16 +64,13 @@ except Exception as e:  # the planner is optional: the measured section above st
 
 if PLANNER:
     try:
-        models = shapes.load_models()
         overrides = store.gpu_overrides()
-        stored = [r.to_dict() for r in store.list_runs(limit=1000)]
-        cal = planner.calibrate(stored) if stored else None
-        probe = {"mem_bw_gbs": cal.machine_bw_gbs} if cal and cal.machine_bw_gbs else None
-        gpus = load_gpus(overrides, probe)
+        inputs = planning.planner_inputs([r.to_dict() for r in store.list_runs(limit=1000)], overrides)
+        models, gpus, cal = inputs["models"], inputs["gpus"], inputs["calibration"]
     except Exception as e:
         _ui.show_error(e)
         st.stop()
-    gpu_names = [g.name for g in gpus.values() if g.kind == "gpu"]
+    gpu_names = planning.gpu_names(inputs)
     model_names = list(models)
     default_model = "qwen2.5-coder-1.5b" if "qwen2.5-coder-1.5b" in models else model_names[0]
     with st.form("cost-plan"):
@@ -97,17 +91,14 @@ if PLANNER:
             tpot = st.number_input("Time per output token p90 SLO (ms)", min_value=0.1, value=50.0, step=5.0,
                                    key="plan-tpot")
             sel_gpus = st.multiselect("GPUs (empty = all)", gpu_names, key="plan-gpus")
-        precs = st.multiselect("Precisions (empty = all)", list(shapes.PRECISIONS), default=["bf16", "fp8", "int8",
+        precs = st.multiselect("Precisions (empty = all)", list(planning.PLAN_PRECISIONS), default=["bf16", "fp8", "int8",
                                                                                           "int4"],
                                key="plan-precisions")
         go_plan = st.form_submit_button("Plan", type="primary")
     if go_plan:
         try:
-            w = planner.Workload(model=model, request_rate=float(rate), input_tokens=int(inp), output_tokens=int(out),
-                                 ttft_p90_s=float(ttft) / 1e3, tpot_p90_s=float(tpot) / 1e3,
-                                 gpus=sel_gpus or None, precisions=precs or None, spec=spec)
-            res = planner.plan(w, gpus=gpus, models=models, calibration=cal if use_cal else None)
-            st.session_state["plan-result"] = res.to_dict()
+            st.session_state["plan-result"] = planning.plan_workload(
+                inputs, model, rate, inp, out, float(ttft) / 1e3, float(tpot) / 1e3, sel_gpus, precs, spec, use_cal)
         except Exception as e:
             st.session_state.pop("plan-result", None)
             _ui.show_error(e)
@@ -123,15 +114,10 @@ if PLANNER:
             m[3].metric("GPUs", best.get("gpus_total", "n/a"))
         else:
             st.warning("No plan meets these SLOs; the reasons are in the table.")
-        rows = ui_data.plan_rows(res["plans"])
+        rows = present.plan_rows(res["plans"])
         feas = [r for r in rows if r["feasible"]]
         if feas:
-            top = feas[:12]
-            fig = go.Figure(go.Bar(x=[ui_data._safe(r["plan"]) for r in top], y=[r["usd_per_month"] for r in top],
-                                   marker_color="#4c6ef5"))
-            fig.update_layout(title="Cheapest feasible plans ($/month)", height=340,
-                              margin=dict(l=40, r=10, t=50, b=110), xaxis=dict(tickangle=-30))
-            st.plotly_chart(fig, key="plan-chart", config={"displaylogo": False})
+            st.plotly_chart(planning.plans_figure(feas), key="plan-chart", config={"displaylogo": False})
         show_all = st.checkbox("Show infeasible plans too", value=not feas, key="plan-all")
         st.dataframe(pd.DataFrame(rows if show_all else feas), hide_index=True, key="plan-table")
         for n in res.get("notes") or []:
@@ -145,7 +131,7 @@ if PLANNER:
 
     st.subheader("GPU prices")
     try:
-        pt = pd.DataFrame(price_table(gpus))
+        pt = pd.DataFrame(planning.price_rows(inputs))
         st.dataframe(pt, hide_index=True, key="gpu-prices")
     except Exception as e:
         _ui.show_error(e)
@@ -157,7 +143,7 @@ if PLANNER:
         if st.form_submit_button("Save price"):
             try:
                 fields = {"price_usd_per_hr": float(op), "price_source": osrc}
-                load_gpus(overrides + [{"name": og, **fields}])  # refuse a bad override before storing it
+                planning.check_override(overrides, og, fields)  # refuse a bad override before storing it
                 store.set_gpu_override(og, fields)
                 if og == _ui.MACHINE_GPU_NAME:
                     st.session_state["usd_per_hour"] = float(op)

@@ -11,7 +11,7 @@ import pandas as pd  # noqa: E402
 import streamlit as st  # noqa: E402
 
 from pages import _ui  # noqa: E402
-from engine.present import ui_data  # noqa: E402
+from engine import present  # noqa: E402
 
 JOB = "home-job"
 
@@ -29,26 +29,23 @@ st.markdown(
 
 @st.cache_data(show_spinner="Measuring memory bandwidth (once per machine)…", ttl=300)
 def _hardware():
-    from engine.ops import kernels
-    from engine.measure.metrics import bandwidth_gbs, machine_facts
+    from engine.measure import bandwidth_gbs, kernel_info, machine_facts, nvml_gpus
 
     facts = machine_facts("cpu")
     try:
         bw = bandwidth_gbs("cpu")
     except Exception:
         bw = None
-    try:  # build=False: never compile just to draw this box; the first quantized run builds the kernels
-        kinfo = kernels.backend_info(build=False)
-        if kinfo.get("cpu") == "torch-fallback" and "not built yet" in str(kinfo.get("cpu_reason")):
-            kinfo["cpu"] = "built on the first int8/int4 run"
+    try:  # never compile just to draw this box; the first quantized run builds the kernels
+        kinfo = kernel_info(build=False)
     except Exception as e:
         kinfo = {"cpu": f"unavailable ({type(e).__name__})"}
-    return facts, bw, ui_data.nvml_gpus(), kinfo
+    return facts, bw, nvml_gpus(), kinfo
 
 
 @st.cache_data(ttl=60, show_spinner=False)
 def _models():
-    from engine.infer.catalog import list_models
+    from engine.measure import list_models
 
     return list_models()
 
@@ -58,7 +55,7 @@ with left:
     st.subheader("This machine")
     try:
         facts, bw, gpus, kinfo = _hardware()
-        st.table(pd.DataFrame(ui_data.machine_rows(facts, bw, gpus, kinfo)).set_index("what"))
+        st.table(pd.DataFrame(present.machine_rows(facts, bw, gpus, kinfo)).set_index("what"))
     except Exception as e:
         _ui.show_error(e)
 with right:
@@ -83,8 +80,7 @@ PAIRS = {
     "small": ("default-draft", "default-draft", True,
               "Small pair: 0.5B target with its own int4 weights as self-draft (faster)"),
 }
-if _ui.tiny_enabled():
-    PAIRS["tiny"] = ("tiny", "tiny-draft", False, "Tiny test pair (random weights)")
+PAIRS.update(_ui.registered_pairs())
 
 c1, c2, c3 = st.columns([3, 1, 1])
 with c1:
@@ -99,7 +95,7 @@ with c3:
 running = _ui.job_running(JOB)
 if st.button("Run default comparison", type="primary", disabled=running, key="home-run"):
     try:
-        from engine.measure.runs import default_comparison
+        from engine.measure import default_comparison
 
         model, draft, self_draft, _ = PAIRS[pair]
         cfgs = [replace(c, quality=bool(quality)).validate()

@@ -10,10 +10,9 @@ if ROOT not in sys.path:
 import streamlit as st  # noqa: E402
 
 from pages import _ui  # noqa: E402
-from engine.present import ui_data  # noqa: E402
-from engine.quant.precisions import PRECISIONS  # noqa: E402
-from engine.measure.runs import RunConfig, default_prompts  # noqa: E402
-from engine.infer.speculative import MAX_GAMMA  # noqa: E402
+from engine import present  # noqa: E402
+from engine.common.vocab import MAX_GAMMA, PRECISIONS  # noqa: E402
+from engine.measure import RunConfig, default_prompts  # noqa: E402
 
 _ui.page_header("Speculative playground", "A draft proposes gamma tokens, the target checks them in one pass and "
                 "keeps the longest agreeing prefix plus one token of its own. The output is exactly what the "
@@ -54,7 +53,7 @@ with st.form("pg-form"):
     prompt = st.text_area("Prompt", value=default_prompts()[0], height=100, key="pg-prompt")
     go = st.form_submit_button("Generate", type="primary")
 
-st.markdown(ui_data.legend_html(), unsafe_allow_html=True)
+st.markdown(present.legend_html(), unsafe_allow_html=True)
 stream_box = st.empty()
 status_box = st.empty()
 
@@ -73,10 +72,10 @@ if go:
         now = time.perf_counter()
         if now - last[0] > 0.1:  # redraw at most ~10 times a second
             last[0] = now
-            stream_box.markdown(ui_data.token_spans_html(pieces), unsafe_allow_html=True)
+            stream_box.markdown(present.token_spans_html(pieces), unsafe_allow_html=True)
 
     try:
-        from engine.measure.runs import execute
+        from engine.measure import execute
 
         cfg.validate()
         with _ui.pool_turn("generating"):
@@ -98,12 +97,12 @@ try:
 except Exception as e:
     _ui.show_error(e)
     st.stop()
-stream_box.markdown(ui_data.token_spans_html(last_run["pieces"]), unsafe_allow_html=True)
-counts = ui_data.origin_counts([o for _, o in last_run["pieces"]])
-st.caption(" · ".join(f"{ui_data.ORIGINS[k][0]}: {v}" for k, v in counts.items() if k in ui_data.ORIGINS))
+stream_box.markdown(present.token_spans_html(last_run["pieces"]), unsafe_allow_html=True)
+counts = present.origin_counts([o for _, o in last_run["pieces"]])
+st.caption(" · ".join(f"{present.ORIGINS[k][0]}: {v}" for k, v in counts.items() if k in present.ORIGINS))
 
 m = rec.metrics
-summary = ui_data.spec_summary(rec)
+summary = present.spec_summary(rec)
 c = st.columns(4)
 c[0].metric("Tokens/s", f"{m['decode_tok_s']:.2f}" if m.get("decode_tok_s") else "n/a")
 c[1].metric("TTFT", f"{m['ttft_s'] * 1000:.0f} ms" if m.get("ttft_s") is not None else "n/a")
@@ -122,13 +121,13 @@ if summary:
                 help="What i.i.d. acceptance at the measured rate a and the mean gamma g predicts.")
     d[2].metric("Draft vs verify time", f"{summary['draft_s']:.2f} s / {summary['verify_s']:.2f} s"
                 if summary["draft_s"] is not None else "n/a")
-    rows = ui_data.acceptance_rows(m.get("spec"))
+    rows = present.acceptance_rows(m.get("spec"))
     p1, p2 = st.columns(2)
     with p1:
         if rows:
-            st.plotly_chart(ui_data.acceptance_figure(rows), key="pg-accept", config={"displaylogo": False})
+            st.plotly_chart(present.acceptance_figure(rows), key="pg-accept", config={"displaylogo": False})
     with p2:
-        st.plotly_chart(ui_data.expected_length_figure(summary["acceptance_rate"], summary["mean_acceptance_length"],
+        st.plotly_chart(present.expected_length_figure(summary["acceptance_rate"], summary["mean_acceptance_length"],
                                                        summary["mean_gamma"]), key="pg-expected",
                         config={"displaylogo": False})
 else:

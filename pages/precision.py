@@ -10,8 +10,9 @@ import pandas as pd  # noqa: E402
 import streamlit as st  # noqa: E402
 
 from pages import _ui  # noqa: E402
-from engine.present import ui_data  # noqa: E402
-from engine.quant.precisions import DESCRIPTIONS, GROUP_SIZES, PRECISIONS  # noqa: E402
+from engine import present  # noqa: E402
+from engine.common.vocab import DESCRIPTIONS, GROUP_SIZES, PRECISIONS  # noqa: E402
+from engine.measure import load_into_pool, quality_in_pool  # noqa: E402
 
 _ui.page_header("Precision", "Load a model at a precision: memory by layer type, KV cache for your context and "
                 "batch, load time, and what the precision costs in quality against fp32.")
@@ -30,29 +31,12 @@ with st.expander("Advanced"):
     q_head = st.checkbox("Quantize the output head", value=True, key="prec-qhead")
 
 
-def _facts(lm) -> dict:
-    import torch
-
-    c = lm.cfg
-    return {"name": lm.name, "label": lm.label, "precision": lm.spec.label, "spec": lm.spec, "device": lm.device,
-            "weights": dict(lm.weights), "weight_bytes": lm.weight_bytes, "load_s": lm.load_s,
-            "num_layers": c.num_layers, "num_kv_heads": c.num_kv_heads, "head_dim": c.head_dim,
-            "num_heads": c.num_heads, "hidden": c.hidden_size, "intermediate": c.intermediate_size,
-            "vocab": c.vocab_size, "max_position": c.max_position,
-            "dtype_bytes": torch.finfo(lm.model.compute_dtype).bits // 8, "dtype": str(lm.model.compute_dtype),
-            "quantized": dict(getattr(lm, "quantized", None) or {})}
-
-
 if st.button("Load", type="primary", key="prec-load"):
     try:
-        from engine.infer.loader import make_spec, resolve_device
-
-        spec = make_spec(precision, int(group), q_emb, q_head)
-        device = resolve_device("auto")
-        with _ui.pool_turn("loading"), st.status(f"Loading {model} at {spec.label}…", expanded=False) as status:
-            lm = _ui.get_pool().get(model, spec, device, progress=lambda s: status.update(label=s))
-            status.update(label=f"Loaded {lm.label}", state="complete")
-        facts = _facts(lm)
+        with _ui.pool_turn("loading"), st.status(f"Loading {model} at {precision}…", expanded=False) as status:
+            facts = load_into_pool(_ui.get_pool(), model, precision, int(group), q_emb, q_head,
+                                   progress=lambda s: status.update(label=s))
+            status.update(label=f"Loaded {facts['label']}", state="complete")
         st.session_state["prec-loaded"] = facts
         hist = [h for h in st.session_state.get("prec-history", []) if h["label"] != facts["label"]]
         hist.append({"label": facts["label"], "weights": facts["weights"], "weights_MB": facts["weight_bytes"] / 1e6,
@@ -88,12 +72,12 @@ with k1:
 with k2:
     batch = st.select_slider("Batch", [1, 2, 4, 8, 16, 32, 64], value=1, key="prec-batch")
 try:
-    kv = ui_data.kv_cache_bytes(f["num_layers"], f["num_kv_heads"], f["head_dim"], int(context), int(batch),
+    kv = present.kv_cache_bytes(f["num_layers"], f["num_kv_heads"], f["head_dim"], int(context), int(batch),
                                 f["dtype_bytes"])
-    act = ui_data.activation_bytes(f["hidden"], f["intermediate"], f["vocab"], f["num_heads"], int(context),
+    act = present.activation_bytes(f["hidden"], f["intermediate"], f["vocab"], f["num_heads"], int(context),
                                    int(batch), f["dtype_bytes"])
-    breakdown = ui_data.memory_breakdown(f["weights"], kv, act)
-    st.plotly_chart(ui_data.memory_figure(breakdown, f"{f['label']}, context {context}, batch {batch}"),
+    breakdown = present.memory_breakdown(f["weights"], kv, act)
+    st.plotly_chart(present.memory_figure(breakdown, f"{f['label']}, context {context}, batch {batch}"),
                     key="prec-mem-chart", config={"displaylogo": False})
     st.dataframe(pd.DataFrame(breakdown)[["part", "MB", "share"]], hide_index=True, key="prec-mem-table",
                  column_config={"share": st.column_config.ProgressColumn("share", min_value=0.0, max_value=1.0,
@@ -101,10 +85,10 @@ try:
     st.caption("KV cache = 2 × layers × KV heads × head dim × context × batch × bytes per value "
                f"({f['dtype_bytes']} here). Activations: an upper-bound estimate of one prefill's workspace (hidden "
                "states and projections per token, one layer's attention matrix, the last logits).")
-    grid = ui_data.kv_grid(f["num_layers"], f["num_kv_heads"], f["head_dim"], ctx_opts, [1, 4, 16, 64],
+    grid = present.kv_grid(f["num_layers"], f["num_kv_heads"], f["head_dim"], ctx_opts, [1, 4, 16, 64],
                            f["dtype_bytes"])
     with st.expander("KV cache for every context × batch"):
-        st.plotly_chart(ui_data.kv_figure(grid), key="prec-kv-chart", config={"displaylogo": False})
+        st.plotly_chart(present.kv_figure(grid), key="prec-kv-chart", config={"displaylogo": False})
 except Exception as e:
     _ui.show_error(e)
 
@@ -117,14 +101,8 @@ with q1:
                            "is computed once per model and cached.")
 if run_q:
     try:
-        from engine.infer.loader import make_spec
-        from engine.measure.quality import evaluate
-
         with _ui.pool_turn("measuring quality"), st.spinner("Measuring quality against fp32…"):
-            pool = _ui.get_pool()
-            lm = pool.get(f["name"], f["spec"], f["device"])
-            ref = pool.get(f["name"], make_spec("fp32"), f["device"]) if f["name"] in _ui.TINY_MODELS else None
-            qres = evaluate(lm, int(q_tokens), ref_lm=ref)
+            qres = quality_in_pool(_ui.get_pool(), f, int(q_tokens))
         st.session_state["prec-qres"] = {"label": f["label"], **qres}
         for h in st.session_state.get("prec-history", []):
             if h["label"] == f["label"]:

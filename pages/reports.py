@@ -11,7 +11,7 @@ import streamlit as st  # noqa: E402
 
 from pages import _ui  # noqa: E402
 from engine.present import reports
-from engine.present import ui_data  # noqa: E402
+from engine import present  # noqa: E402
 
 _ui.page_header("Reports", "A report is a named set of runs with your notes. Share it as one HTML file that opens "
                 "offline, or as JSON another lab can import.")
@@ -118,11 +118,11 @@ else:
         try:
             base, other = reports.load(store, base_id), reports.load(store, other_id)
             price = _ui.usd_per_hour()
-            diff = ui_data.report_diff(ui_data.comparison_rows(base.records, price),
-                                       ui_data.comparison_rows(other.records, price))
-            st.dataframe(pd.DataFrame(ui_data.diff_table(diff)), hide_index=True, key="rep-diff",
+            diff = present.report_diff(present.comparison_rows(base.records, price),
+                                       present.comparison_rows(other.records, price))
+            st.dataframe(pd.DataFrame(present.diff_table(diff)), hide_index=True, key="rep-diff",
                          column_config={f"{m} %": st.column_config.NumberColumn(f"{m} %", format="%+.1f%%")
-                                        for m, _ in ui_data.DIFF_METRICS})
+                                        for m, _ in present.DIFF_METRICS})
             st.caption("Runs matched by configuration label; % = (compared − baseline) / baseline. Both priced at "
                        f"${price:.4g}/hour. For tokens/s and acceptance higher is better; for the rest lower is.")
         except Exception as e:

@@ -9,8 +9,7 @@ TIMEOUT = 180
 
 @pytest.fixture(autouse=True)
 def app_env(tmp_path, tmp_path_factory, monkeypatch):
-    """Tiny models (SCL_TEST_TINY=1), a fresh store per test, one scratch model cache per session."""
-    monkeypatch.setenv("SCL_TEST_TINY", "1")
+    """A fresh store per test and one scratch model cache per session (the tiny models are registered by conftest)."""
     monkeypatch.setenv("SCL_PAGE_DIRECT", "1")  # run the page file itself (see _ui.hand_over_to_app)
     monkeypatch.setenv("SCL_DATA_DIR", str(tmp_path / "data"))
     monkeypatch.setenv("SCL_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "scl-app-cache"))

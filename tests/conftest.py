@@ -12,6 +12,10 @@ import pytest
 warnings.filterwarnings("ignore", message="The pynvml package is deprecated")
 os.environ.setdefault("SCL_DATA_DIR", tempfile.mkdtemp(prefix="scl-test-data-"))
 
+from tests.tiny import register as _register_tiny_models  # noqa: E402
+
+_register_tiny_models()  # "tiny" and "tiny-draft" in engine.measure's model registry, for the pages' tests
+
 
 @pytest.fixture(scope="session")
 def pool():

@@ -149,9 +149,9 @@ def test_peer_rows_join_the_comparison(monkeypatch):
 
 
 def test_unavailable_peers_are_listed_with_the_reason(monkeypatch):
-    from engine.peers import systems as peers
-    real = peers._has
-    monkeypatch.setattr(peers, "_has", lambda m: False if m == "llama_cpp" else real(m))
+    from engine.peers import peer
+    real = peer._has
+    monkeypatch.setattr(peer, "_has", lambda m: False if m == "llama_cpp" else real(m))
     at = AppTest.from_file(PAGE, default_timeout=TIMEOUT).run()
     at.selectbox(key="cmp-model").set_value("default").run()
     assert "llama.cpp Q4_K_M" not in at.multiselect(key="cmp-peers").options

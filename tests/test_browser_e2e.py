@@ -71,11 +71,10 @@ def server(tmp_path_factory):
     data = tmp_path_factory.mktemp("e2e-data")
     log = data / "streamlit.log"
     env = dict(os.environ, SCL_DATA_DIR=str(data), PYTHONUNBUFFERED="1")
-    env.pop("SCL_TEST_TINY", None)
     if TINY:
-        env["SCL_TEST_TINY"] = "1"
         env["SCL_CACHE_DIR"] = str(data / "cache")
-    cmd = [sys.executable, "-m", "streamlit", "run", str(ROOT / "app.py"), "--server.headless", "true",
+    launcher = ["-m", "tests.tiny_app"] if TINY else ["-m", "streamlit"]  # tiny_app registers the test models
+    cmd = [sys.executable, *launcher, "run", str(ROOT / "app.py"), "--server.headless", "true",
            "--server.port", str(port), "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false",
            "--server.fileWatcherType", "none"]
     with open(log, "wb") as out:
@@ -220,7 +219,7 @@ def test_dashboard_in_a_browser(server, browser, tmp_path):
 
     # the default comparison on the real small pair
     go_to(page, "Home", "Serving Cost Lab")
-    pair = "Tiny test pair" if TINY else "Small pair: 0.5B target"
+    pair = "tiny test pair" if TINY else "Small pair: 0.5B target"
     page.get_by_text(pair).first.click()
     tokens = page.get_by_label("New tokens per run")
     tokens.fill("4")

@@ -6,6 +6,8 @@ import sys
 
 import pytest
 
+from engine.measure.records import SCHEMA_VERSION
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -19,7 +21,7 @@ def test_generate_json_record():
             "--prompt", "Say hi.", "--draft", "ngram", "--json")
     assert r.returncode == 0, r.stderr
     rec = json.loads(r.stdout)
-    assert rec["schema_version"] == 1 and rec["config"]["precision"] == "int4-g64"
+    assert rec["schema_version"] == SCHEMA_VERSION and rec["config"]["precision"] == "int4-g64"
     assert rec["metrics"]["new_tokens"] >= 1
     runs = cli("runs", "--json")
     assert rec["run_id"] in runs.stdout

@@ -10,9 +10,10 @@ import pytest
 
 from engine.peers import report as peer_report
 
-from engine.peers import systems as peers
+from engine import peers
+from engine.peers import peer as peer_mod
 from engine.common.errors import UserError
-from engine.peers.systems import PeerConfig
+from engine.peers import PeerConfig
 from engine.measure.records import RunRecord
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -43,7 +44,7 @@ def test_transformers_and_our_engine_agree_on_real_weights(real_records):
 
 
 def test_llama_cpp_runs_the_shipped_gguf(real_records):
-    if not peers._has("llama_cpp"):
+    if not peer_mod._has("llama_cpp"):
         pytest.skip("llama-cpp-python is not installed here (`make peers` builds it)")
     rec = peers.measure(PeerConfig(system="llama.cpp", model="default-draft", precision="Q4_K_M",
                                    max_new_tokens=N, reps=1))
@@ -59,7 +60,7 @@ def test_unavailable_peer_is_reported_not_dropped(monkeypatch, tmp_path):
     from engine.measure.store import Store
 
     store = Store(tmp_path / "runs.db")
-    monkeypatch.setattr(peers, "_has", lambda m: m != "llama_cpp")
+    monkeypatch.setattr(peer_mod, "_has", lambda m: m != "llama_cpp")
     rec = peers.measure(PeerConfig(system="llama.cpp", precision="Q4_K_M"), store)
     assert rec.notes.startswith("unavailable: llama-cpp-python is not installed") and "make peers" in rec.notes
     assert rec.metrics == {}
@@ -76,7 +77,7 @@ def test_a_failing_peer_says_why():
 @pytest.mark.parametrize("kw, match", [
     (dict(system="llama.cpp", precision="bf16"), "Q4_K_M"),
     (dict(system="transformers", draft="self"), "no 'self' draft"),
-    (dict(system="transformers", precision="int4"), "bnb-nf4"),
+    (dict(system="transformers", precision="int4"), "llm.int8, nf4"),
     (dict(system="vllm"), "unknown peer system"),
     (dict(system="llama.cpp", precision="Q4_K_M", random_init="vicuna-68m"), "random weights"),
     (dict(max_new_tokens=1), "max_new_tokens"),
@@ -88,7 +89,7 @@ def test_bad_configs_name_the_fix(kw, match):
 
 def _rec(system, precision, tok_s, draft=None, notes=""):
     cfg = PeerConfig(system=system, precision=precision, draft=draft or "none")
-    return RunRecord(kind="peer", config=peers._record_config(cfg, None),
+    return RunRecord(kind="peer", config=peer_mod._record_config(cfg, None),
                      metrics={} if tok_s is None else {"decode_tok_s": tok_s, "ttft_s": 0.1, "new_tokens": 64},
                      machine={}, notes=notes)
 
@@ -115,7 +116,7 @@ def test_rows_and_targets_are_ratios_of_measured_numbers():
 
 def test_random_init_shape_loads_in_both_systems_and_agrees(tmp_path, monkeypatch):
     """The GPU script's path, on CPU with the smallest shape: random weights, fixed prompt ids."""
-    from engine.infer import random_models
+    from engine.peers import random_models
     tok_dir = _real_tokenizer_dir()  # tokenizer files come from the real cache, as $SCL_TOKENIZER_DIR on a GPU box
     monkeypatch.setenv("SCL_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv(random_models.ASSETS_ENV, str(tok_dir))
@@ -135,7 +136,7 @@ def test_random_init_shape_loads_in_both_systems_and_agrees(tmp_path, monkeypatc
 
 def test_bench_cli_writes_table_chart_and_targets(tmp_path, monkeypatch):
     """bench/peers.py end to end on the random-init path: one unavailable peer (fp8 on CPU) is listed."""
-    from engine.infer import random_models
+    from engine.peers import random_models
     monkeypatch.setenv(random_models.ASSETS_ENV, str(_real_tokenizer_dir()))
     monkeypatch.setenv("SCL_CACHE_DIR", str(tmp_path / "cache"))
     import importlib.util

@@ -5,7 +5,8 @@ import sqlite3
 import pytest
 
 from engine.common.errors import UserError
-from engine.measure.records import SCHEMA_VERSION, RunRecord, percentile
+from engine.measure.records import SCHEMA_VERSION, RunRecord
+from engine.measure.stats import percentile
 from engine.measure.runs import ModelPool, RunConfig, execute
 
 
@@ -26,7 +27,7 @@ def test_json_round_trip():
     (lambda d: d.pop("metrics"), "lacks the field 'metrics'"),
     (lambda d: d.update(schema_version=99), "schema version 99"),
     (lambda d: d.update(kind="evil"), "kind 'evil'"),
-    (lambda d: d.update(config="x"), "should be dict"),
+    (lambda d: d.update(config="x"), "field config should be an object, got str"),
 ])
 def test_invalid_records_refused(mutate, msg):
     d = _rec().to_dict()

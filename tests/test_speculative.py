@@ -171,6 +171,48 @@ def test_verify_rejection_resamples_from_residual():
     assert (counts / n - p[0, 0]).abs().max() < 0.015
 
 
+def test_verify_deterministic_draft_resamples_without_the_draft_token():
+    """n-gram drafts (q None: q one-hot on d), exact in distribution: P(out = x) = p(x)."""
+    p = torch.tensor([[0.5, 0.3, 0.2], [1 / 3, 1 / 3, 1 / 3]])
+    n = 40000
+    gen = torch.Generator().manual_seed(1)
+    sp = SamplingParams(temperature=1.0, seed=1)
+    d = torch.full((n, 1), 2)
+    acc, nxt = verify(p.expand(n, -1, -1), None, d, sp, gen)
+    out = torch.where(acc == 1, d[:, 0], nxt)
+    assert (torch.bincount(out, minlength=3) / n - p[0]).abs().max() < 0.01
+    assert not bool((nxt[acc == 0] == 2).any())  # a rejected draft token is never resampled
+    assert abs(float((acc == 1).double().mean()) - 0.2) < 0.01
+
+
+def test_verify_is_the_ops_rule_with_uniforms_from_gen():
+    """One verifier: verify() draws u [B, g+1] from gen and applies engine.ops.verify_drafts; a
+    deterministic draft gives exactly what its one-hot q gives."""
+    from engine import ops
+
+    g = torch.Generator().manual_seed(3)
+    b, k, v = 32, 4, 40
+    p = torch.softmax(torch.randn(b, k + 1, v, generator=g) * 2, -1)
+    q = torch.softmax(torch.randn(b, k, v, generator=g) * 2, -1)
+    d = torch.multinomial(q.reshape(-1, v), 1, generator=g).view(b, k)
+    sp = SamplingParams(temperature=1.0, seed=5)
+    got = verify(p, q, d, sp, torch.Generator().manual_seed(5))
+    u = torch.rand((b, k + 1), generator=torch.Generator().manual_seed(5))
+    want = ops.verify_drafts(p, q, d, u)
+    assert all(torch.equal(a, w) for a, w in zip(got, want))
+    one_hot = torch.nn.functional.one_hot(d, v).float()
+    a0, n0 = verify(p, None, d, sp, torch.Generator().manual_seed(9))
+    a1, n1 = verify(p, one_hot, d, sp, torch.Generator().manual_seed(9))
+    assert torch.equal(a0, a1) and torch.equal(n0, n1)
+    # greedy: the argmax-prefix rule, the draws untouched
+    best = p.argmax(-1)
+    d2 = best[:, :k].clone()
+    d2[::2, 1] = (d2[::2, 1] + 1) % v  # every other sequence diverges at position 1
+    acc, nxt = verify(p, None, d2, SamplingParams(), None)
+    assert acc.tolist() == [1 if i % 2 == 0 else k for i in range(b)]
+    assert torch.equal(nxt, best.gather(1, acc[:, None]).squeeze(1))
+
+
 def test_expected_length_formula():
     assert expected_length(0.0, 4) == 1.0
     assert expected_length(1.0, 4) == 5.0

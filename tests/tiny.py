@@ -1,9 +1,17 @@
-"""A tiny random-init model of our architecture, for fast logic tests (never the only evidence)."""
+"""A tiny random-init model of our architecture, for fast logic tests (never the only evidence).
+
+`register()` (called by conftest.py) offers "tiny" and "tiny-draft" through engine.measure's model
+registry, converted to any precision, so AppTests drive every page in seconds.
+"""
+from dataclasses import replace
+
 import torch
 
 from engine.infer.loader import LoadedModel
 from engine.infer.model import ModelConfig, Transformer
-from engine.quant.precisions import QuantSpec, weight_breakdown
+from engine.quant import QuantSpec, check_supported, quantize_model, quantized_fraction, weight_breakdown
+
+TINY_MODELS = {"tiny": (0, "tiny: random-init test model"), "tiny-draft": (1, "tiny-draft: random-init test draft")}
 
 
 class TinyTokenizer:
@@ -38,3 +46,34 @@ def tiny_model(seed=0, vocab=16, layers=2, hidden=32, temp=1.0) -> LoadedModel:
     m.eval().requires_grad_(False)
     return LoadedModel(name=f"tiny-{seed}", folder=f"/tiny/{seed}", spec=QuantSpec("fp32"), device="cpu", model=m,
                        tokenizer=TinyTokenizer(vocab), load_s=0.0, weights=weight_breakdown(m))
+
+
+def make_tiny(name: str, spec, device: str) -> LoadedModel:
+    """A registered tiny model at `spec`, its fp32 quality reference cached as for a real model."""
+    check_supported(spec, device)
+    lm = tiny_model(seed=TINY_MODELS[name][0])
+    model = lm.model
+    if spec.precision != "fp32":
+        try:
+            model = quantize_model(model, spec, device)
+        except Exception:  # the tiny model's 32-wide layers are narrower than int4 groups of 64/128
+            model = quantize_model(model, replace(spec, group_size=32), device)
+    _cache_reference(name)
+    return replace(lm, name=name, spec=spec, model=model, weights=weight_breakdown(model),
+                   quantized=quantized_fraction(model))
+
+
+def _cache_reference(name: str) -> None:
+    """engine.measure.quality loads an fp32 reference by name from the catalog; tiny models have none there."""
+    from engine.measure import quality
+
+    ref = replace(tiny_model(seed=TINY_MODELS[name][0]), name=name)
+    for n in (128, 256, 512):
+        quality.reference_logprobs(name, quality.eval_ids(ref.tokenizer, n), ref_lm=ref)
+
+
+def register() -> None:
+    from engine.measure.runs import register_model
+
+    for name, (_, label) in TINY_MODELS.items():
+        register_model(name, lambda spec, device, name=name: make_tiny(name, spec, device), label)

@@ -30,6 +30,7 @@ PRECISION_ALIASES = {
 MODEL_ALIASES = {"default": "qwen2.5-coder-1.5b", "default-draft": "qwen2.5-coder-0.5b"}
 
 DRAFT_KINDS = ("none", "model", "self", "ngram")
+MAX_GAMMA = 16  # draft tokens per round, at most
 
 
 def parse_precision(p: str) -> str:

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import torch
 
 from engine.infer.sampling import SamplingParams, pick, make_generator
-from engine.infer.tokens import check_length, encode_prompts, eos_ids, left_pad, pad_id
+from engine.infer.tokens import StreamDecoder, check_length, encode_prompts, eos_ids, left_pad, pad_id
 
 
 @dataclass
@@ -22,6 +22,7 @@ class GenerationResult:
     finish: list[str]
     spec: dict | None = None  # speculative stats, see speculative.SpecStats
     trace: list[list[str]] = field(default_factory=list)  # per token: "target", "accepted", "bonus", "resample"
+    kv_bytes: int = 0  # bytes of the KV cache allocated for this generation (KVCache.nbytes)
 
     @property
     def n_new(self) -> int:
@@ -53,6 +54,7 @@ def generate(lm, prompts: list[str] | str, max_new_tokens: int = 64, sampling: S
     done = [False] * b
     finish = ["length"] * b
     steps: list[float] = []
+    streams = [StreamDecoder(lm.tokenizer) for _ in range(b)]
 
     t0 = time.perf_counter()
     logits = model(toks, 0, cache, pad, last_only=True)[:, -1]
@@ -67,7 +69,7 @@ def generate(lm, prompts: list[str] | str, max_new_tokens: int = 64, sampling: S
                 continue
             out[i].append(t)
             if on_token:
-                on_token(i, t, lm.tokenizer.decode([t]), "target")
+                on_token(i, t, streams[i].push(t), "target")
             if t in eos:
                 done[i], finish[i] = True, "eos"
             elif len(out[i]) >= max_new_tokens:
@@ -83,4 +85,4 @@ def generate(lm, prompts: list[str] | str, max_new_tokens: int = 64, sampling: S
     total = time.perf_counter() - t0
     texts = [lm.tokenizer.decode(o, skip_special_tokens=True) for o in out]
     return GenerationResult(ids, out, texts, ttft, steps, prefill_s, total, finish,
-                            trace=[["target"] * len(o) for o in out])
+                            trace=[["target"] * len(o) for o in out], kv_bytes=cache.nbytes())

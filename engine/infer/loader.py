@@ -10,8 +10,8 @@ import torch
 from engine.infer import catalog
 from engine.common.errors import UserError
 from engine.infer.model import Transformer, build_model
-from engine.quant.precisions import (QuantSpec, check_supported, compute_dtype_for, parse_precision, quantize_model,
-                    quantized_fraction, weight_breakdown)
+from engine.quant import (QuantSpec, check_supported, compute_dtype_for, make_spec, quantize_model,
+                          quantized_fraction, weight_breakdown)
 
 
 @dataclass
@@ -48,11 +48,6 @@ def resolve_device(device: str | None) -> str:
     if device.split(":")[0] not in ("cpu", "cuda"):
         raise UserError(f"unknown device '{device}'", "use cpu, cuda or auto")
     return device
-
-
-def make_spec(precision: str = "fp32", group_size: int = 64, quantize_embeddings: bool = False,
-              quantize_head: bool = True) -> QuantSpec:
-    return QuantSpec(parse_precision(precision), int(group_size), bool(quantize_embeddings), bool(quantize_head))
 
 
 def load_tokenizer(folder: Path):

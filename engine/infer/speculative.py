@@ -21,10 +21,9 @@ from engine.infer.spec_stats import SpecStats
 from engine.infer.verify import verify
 from engine.infer.generate import GenerationResult, _sync
 from engine.infer.sampling import SamplingParams, make_generator, probs_from_logits
-from engine.infer.tokens import check_length, encode_prompts, eos_ids, left_pad, pad_id
+from engine.infer.tokens import StreamDecoder, check_length, encode_prompts, eos_ids, left_pad, pad_id
 
-from engine.common.vocab import DRAFT_KINDS  # noqa: E402  (re-exported for the proposers below)
-MAX_GAMMA = 16
+from engine.common.vocab import DRAFT_KINDS, MAX_GAMMA  # noqa: E402
 
 
 # ---------------------------------------------------------------- proposers
@@ -58,6 +57,9 @@ class ModelProposer:
             feed = d[:, None]
         self.valid = slot  # the last draft token was not fed
         return torch.stack(toks, 1), torch.stack(probs, 1)
+
+    def kv_bytes(self) -> int:
+        return self.cache.nbytes()
 
     def rollback(self, n: int):
         # Committed tokens at slots < n-1 are in the cache iff they were fed; keep what matches.
@@ -184,13 +186,22 @@ def generate_speculative(target, proposer, prompts, max_new_tokens: int = 64, ga
     steps: list[float] = []
     vocab = cfg.vocab_size
 
+    streams = [StreamDecoder(tok) for _ in range(b)]
+    pending: list[tuple[int, int, str]] = []  # tokens of this round, streamed after its timer stops
+
+    def stream():
+        # Outside the timed round, as in generate(): detokenizing and redrawing a UI are not decoding.
+        if on_token:
+            for i, t, origin in pending:
+                on_token(i, t, streams[i].push(t), origin)
+        pending.clear()
+
     def emit(i, t, origin):
         if done[i]:
             return
         out[i].append(t)
         trace[i].append(origin)
-        if on_token:
-            on_token(i, t, tok.decode([t]), origin)
+        pending.append((i, t, origin))
         if t in eos:
             done[i], finish[i] = True, "eos"
         elif len(out[i]) >= max_new_tokens:
@@ -206,6 +217,7 @@ def generate_speculative(target, proposer, prompts, max_new_tokens: int = 64, ga
     n = longest + 1
     for i, t in enumerate(first.tolist()):
         emit(i, t, "target")
+    stream()
 
     while not all(done):
         ts = time.perf_counter()
@@ -257,11 +269,13 @@ def generate_speculative(target, proposer, prompts, max_new_tokens: int = 64, ga
         n += k + 1
         proposer.rollback(n)
         steps.append(time.perf_counter() - ts)
+        stream()
         if adaptive and gd:
             g = min(g + 2, g_max) if k == gd else max(g - 1, 1)
     total = time.perf_counter() - t0
     texts = [tok.decode(o, skip_special_tokens=True) for o in out]
-    res = GenerationResult(ids, out, texts, ttft, steps, ttft, total, finish, spec=None, trace=trace)
+    res = GenerationResult(ids, out, texts, ttft, steps, ttft, total, finish, spec=None, trace=trace,
+                           kv_bytes=cache.nbytes() + getattr(proposer, "kv_bytes", lambda: 0)())
     res.spec = stats.to_dict()
     res.spec_stats = stats
     return res

@@ -1,1 +1,17 @@
-"""Measurement: run configs become records (timers, memory, machine facts, quality), the SQLite store, sweeps."""
+"""Measurement: run configs become records (timers, memory, machine facts, quality), the SQLite store, sweeps.
+
+The API the CLI, the pages and the benchmarks call; each name below is defined in one module here.
+"""
+from engine.measure.bandwidth import bandwidth_gbs
+from engine.measure.loaded import list_models, load_into_pool, model_facts, quality_in_pool
+from engine.measure.machine import kernel_info, machine_facts, nvml_gpus
+from engine.measure.records import SCHEMA_VERSION, RunRecord
+from engine.measure.runs import (ModelPool, RunConfig, default_prompts, execute, register_model, registered_models,
+                                 unregister_model)
+from engine.measure.store import Store
+from engine.measure.sweep import default_comparison, run_many, sweep_configs
+
+__all__ = ["bandwidth_gbs", "list_models", "load_into_pool", "model_facts", "quality_in_pool", "machine_facts", "kernel_info",
+           "nvml_gpus", "SCHEMA_VERSION", "RunRecord", "ModelPool", "RunConfig", "default_prompts", "execute",
+           "register_model", "registered_models", "unregister_model", "Store", "default_comparison", "run_many",
+           "sweep_configs"]

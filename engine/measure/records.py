@@ -1,20 +1,16 @@
 """The run record: one versioned type that engine, store, dashboard and reports all agree on.
 
-Definitions (units in the names):
-- ttft_s: wall time from the start of prefill to the first new token being chosen.
-- decode latencies: wall time of each decode step after the first token. With speculation a step
-  emits several tokens, so per-token latency is step time divided by the tokens it emitted.
-- decode_tok_s: new tokens after the first, over the time spent producing them.
-- prefill_tok_s: prompt tokens (all sequences) over prefill time.
-- weight_bytes: bytes held by the weights as converted (tied storage counted once).
-- quantized_layers: bytes of the quantized layers against the same layers in fp32 (ratio).
-- kv_bytes: bytes of the KV cache allocated for the run.
-- peak_rss_bytes: the process's peak resident memory during the run (all loaded models included);
-  run_rss_delta_bytes: that peak minus the resident memory when the run started.
-- bytes_per_token: weight bytes read per decode step plus KV bytes read, divided by tokens per step.
-- bw_floor_ms: bytes_per_token / measured read bandwidth: the fastest a token can be on this machine.
-- bw_efficiency: bw_floor_ms / measured per-token latency (1.0 = at the memory-bandwidth limit).
-- spec: see speculative.SpecStats; mean_acceptance_length counts the bonus token, as vLLM does.
+`RunRecord{schema_version, run_id, created_at, kind, config, metrics, machine, versions, kernels,
+output, notes}`. The metric names, units and definitions are declared once in fields.py; this
+module checks a record against them (pydantic, field by field) and reads older versions.
+
+Schema versions:
+- 1: the first record.
+- 2: metrics declared in fields.py; two batch > 1 defects fixed. Version 1 divided a per-token
+  median by the batch size again, overstating bw_efficiency b times, and its per-token latencies
+  were step time over the tokens of all b sequences (1/b of what one user sees). A version-1
+  record is read as version 2 with bw_efficiency divided by, and the token latencies multiplied
+  by, its batch size; its notes say so. The stored row is never rewritten.
 """
 from __future__ import annotations
 
@@ -23,11 +19,18 @@ import math
 import uuid
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
+from typing import Annotated, Any, Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field as PField, PlainValidator, StrictInt, StrictStr
+from pydantic import ValidationError, create_model
 
 from engine.common.errors import UserError
+from engine.measure import fields as F
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 KINDS = ("generate", "bench", "quality", "peer")
+FIX = "import a file exported by the lab"
 
 
 @dataclass
@@ -52,8 +55,9 @@ class RunRecord:
 
     @classmethod
     def from_dict(cls, d: dict) -> "RunRecord":
+        """Validate (any readable version) and return the record as the current version."""
         validate(d)
-        return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
+        return cls(**{k: v for k, v in upgrade(d).items() if k in cls.__dataclass_fields__})
 
     @classmethod
     def from_json(cls, s: str) -> "RunRecord":
@@ -88,38 +92,117 @@ def _jsonable(o):
     return str(o)
 
 
-_REQUIRED = {"schema_version": int, "kind": str, "config": dict, "metrics": dict, "machine": dict,
-             "run_id": str, "created_at": str}
+# ---------------------------------------------------------------- reading older versions
+
+def upgrade(d: dict) -> dict:
+    """A record dict of any readable version as the current version (a new dict; `d` is untouched)."""
+    v = d.get("schema_version")
+    if v == SCHEMA_VERSION:
+        return d
+    out = json.loads(json.dumps(d))
+    if v == 1:
+        b = out.get("config", {}).get("batch_size") or 1
+        m = out.get("metrics", {})
+        if b > 1 and out.get("kind") != "peer":
+            if isinstance(m.get("bw_efficiency"), (int, float)):
+                m["bw_efficiency"] = m["bw_efficiency"] / b
+            for k in ("token_latency_ms_median", "token_latency_ms_p90", "token_latency_ms_p99"):
+                if isinstance(m.get(k), (int, float)):
+                    m[k] = m[k] * b
+            out["notes"] = ((out.get("notes") or "") + f" [read from schema 1 at batch {b}: bw_efficiency divided "
+                            f"by {b} and per-token latencies multiplied by {b}, as version 1 mis-stated them]").strip()
+        out["schema_version"] = SCHEMA_VERSION
+    return out
+
+
+# ---------------------------------------------------------------- validation (pydantic, from fields.py)
+
+def _number(x):
+    if x is None:
+        return x
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        raise ValueError("should be a number or null")
+    if not math.isfinite(x):
+        raise ValueError("should be a finite number")
+    return x
+
+
+Num = Annotated[Any, PlainValidator(_number)]
+_TYPES = {"number": Num, "count": Num, "text": Optional[StrictStr], "list": Optional[list[Optional[Any]]],
+          "object": Optional[dict]}
+_OPEN = ConfigDict(extra="allow")  # records carry more than the declared fields (peers' settings, new metrics)
+
+
+def _model(name: str, flds, overrides: dict | None = None):
+    spec = {f.name: (_TYPES[f.kind], None) for f in flds}
+    spec.update(overrides or {})
+    return create_model(name, __config__=_OPEN, **spec)
+
+
+_NumList = Optional[list[Num]]
+SpecModel = _model("SpecMetrics", F.SPEC, {"position_rate": (_NumList, None)})
+QualityModel = _model("QualityMetrics", F.QUALITY)
+MetricsModel = _model("Metrics", F.METRICS, {
+    "spec": (Optional[SpecModel], None), "quality": (Optional[QualityModel], None),
+    "weight_breakdown": (Optional[dict[str, Num]], None)})
+
+
+class ConfigModel(BaseModel):
+    model_config = _OPEN
+    model: Optional[StrictStr] = None
+    precision: Optional[StrictStr] = None
+    device: Optional[StrictStr] = None
+    batch_size: StrictInt = 1
+    draft: Optional[dict] = None
+
+
+class RecordModel(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    schema_version: int
+    run_id: Annotated[StrictStr, PField(min_length=1, max_length=64)]
+    created_at: StrictStr
+    kind: Literal[KINDS]  # type: ignore[valid-type]
+    config: ConfigModel
+    metrics: MetricsModel
+    machine: dict
+    versions: dict = {}
+    kernels: dict = {}
+    output: dict = {}
+    notes: StrictStr = ""
+
+
+def _where(loc) -> str:
+    return ".".join(str(p) for p in loc)
 
 
 def validate(d) -> None:
-    """Check a record's shape; raise UserError naming the first problem."""
+    """Check a record's shape against the declared fields; a UserError names the first bad field."""
     if not isinstance(d, dict):
-        raise UserError(f"a run record must be a JSON object, got {type(d).__name__}", "import a file exported by the lab")
-    for k, t in _REQUIRED.items():
-        if k not in d:
-            raise UserError(f"run record lacks the field '{k}'", "import a file exported by the lab")
-        if not isinstance(d[k], t) or (t is int and isinstance(d[k], bool)):
-            raise UserError(f"run record field '{k}' should be {t.__name__}, got {type(d[k]).__name__}",
-                            "import a file exported by the lab")
-    if d["schema_version"] != SCHEMA_VERSION:
-        raise UserError(f"run record has schema version {d['schema_version']}, this lab reads version {SCHEMA_VERSION}",
-                        "export it again with this version of the lab")
-    if d["kind"] not in KINDS:
-        raise UserError(f"run record kind '{d['kind']}' is unknown", f"kinds are {', '.join(KINDS)}")
-    for k, v in d["metrics"].items():
-        if isinstance(v, float) and not math.isfinite(v):
-            raise UserError(f"metric '{k}' is {v}", "metrics must be finite numbers")
-    if len(d["run_id"]) > 64:
-        raise UserError("run_id is longer than 64 characters", "import a file exported by the lab")
+        raise UserError(f"a run record must be a JSON object, got {type(d).__name__}", FIX)
+    v = d.get("schema_version")
+    if isinstance(v, int) and not isinstance(v, bool) and v not in READABLE_VERSIONS:
+        raise UserError(f"run record has schema version {v}, this lab reads versions "
+                        f"{', '.join(map(str, READABLE_VERSIONS))}", "export it again with this version of the lab")
+    try:
+        RecordModel.model_validate(d)
+    except ValidationError as e:
+        raise _user_error(e.errors()[0]) from None
 
 
-def percentile(xs: list[float], q: float) -> float | None:
-    """Linear-interpolated percentile; None for no samples."""
-    if not xs:
-        return None
-    s = sorted(xs)
-    pos = (len(s) - 1) * q / 100
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+_WANT = {"dict_type": "an object", "model_type": "an object", "int_type": "a whole number", "float_type": "a number",
+         "string_type": "text", "list_type": "a list", "bool_type": "true or false"}
+
+
+def _user_error(err: dict) -> UserError:
+    where, got, typ = _where(err["loc"]), err.get("input"), err["type"]
+    if typ == "missing":
+        return UserError(f"run record lacks the field '{where}'", FIX)
+    if typ == "extra_forbidden":
+        return UserError(f"run record has an unknown field '{where}'", FIX)
+    if typ == "string_too_long":
+        return UserError(f"run record field {where} is longer than {err['ctx']['max_length']} characters", FIX)
+    if where == "kind" and typ == "literal_error":
+        return UserError(f"run record kind {got!r} is unknown", f"kinds are {', '.join(KINDS)}")
+    want = _WANT.get(typ)
+    what = f"should be {want}" if want else err["msg"].removeprefix("Value error, ")
+    return UserError(f"run record field {where} {what}, got {type(got).__name__} {str(got)[:40]!r}", FIX)

@@ -9,17 +9,16 @@ import gc
 import json
 import threading
 from collections import OrderedDict
-from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
+from dataclasses import asdict, dataclass
 
 from engine.common.errors import UserError
 from engine.common.paths import DATA
 from engine.infer.generate import generate
 from engine.infer.sampling import SamplingParams
 from engine.infer.loader import LoadedModel, load, make_spec, resolve_device
-from engine.measure.metrics import PeakMemory, bandwidth_gbs, make_record
-from engine.peers.systems import PeerConfig
-from engine.peers.systems import measure as measure_peer
+from engine.measure.bandwidth import bandwidth_gbs
+from engine.measure.memory import PeakMemory
+from engine.measure.summary import make_record
 from engine.measure.records import RunRecord
 from engine.infer.speculative import DRAFT_KINDS, check_gamma, generate_speculative, make_proposer
 
@@ -90,6 +89,29 @@ class RunConfig:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    def measure(self, pool: "ModelPool", store=None, progress=None) -> RunRecord:
+        """Run this configuration (the interface sweep.run_many calls; peers.PeerConfig has the same)."""
+        return execute(self, pool, store, progress)
+
+
+# Extra models by name: factory(spec, device) -> LoadedModel. Tests register small random-init models
+# here (tests/tiny.py); production code registers none, so the catalog is all a user sees.
+_REGISTERED: dict[str, tuple] = {}
+
+
+def register_model(name: str, factory, label: str | None = None) -> None:
+    """Serve `name` from `factory(spec, device)` instead of the catalog (a test hook)."""
+    _REGISTERED[name] = (factory, label or name)
+
+
+def unregister_model(name: str) -> None:
+    _REGISTERED.pop(name, None)
+
+
+def registered_models() -> dict[str, str]:
+    """Registered model names and their labels."""
+    return {n: lbl for n, (_, lbl) in _REGISTERED.items()}
+
 
 class ModelPool:
     """Loaded models keyed by (name, spec, device); least recently used ones are dropped past `keep`."""
@@ -108,9 +130,14 @@ class ModelPool:
             while len(self._models) >= self.keep:
                 self._models.popitem(last=False)
                 gc.collect()
-            lm = load(name, spec, device, progress)
+            lm = _REGISTERED[name][0](spec, device) if name in _REGISTERED else load(name, spec, device, progress)
             self._models[key] = lm
             return lm
+
+    def peek(self, name, spec, device) -> LoadedModel | None:
+        """The model if the pool holds it, without loading it."""
+        with self.lock:
+            return self._models.get((name, spec, device))
 
     def loaded(self) -> list[str]:
         return [lm.label for lm in self._models.values()]
@@ -177,7 +204,7 @@ def execute(cfg: RunConfig, pool: ModelPool, store=None, progress=None, on_token
                  "adaptive": cfg.adaptive_gamma}}
     rec = make_record("bench" if cfg.warmup else "generate", target, res, mem, bw, extra, draft, quality)
     if baseline is not None and res.spec:
-        from engine.measure.metrics import summarize
+        from engine.measure.summary import summarize
 
         b = summarize(target, baseline, None, bw)
         rec.metrics["spec"]["baseline_tok_s"] = b["decode_tok_s"]
@@ -187,57 +214,3 @@ def execute(cfg: RunConfig, pool: ModelPool, store=None, progress=None, on_token
     if store is not None:
         store.save_run(rec)
     return rec
-
-
-def sweep_configs(base: RunConfig, precisions, drafts, draft_precisions, gammas, batch_sizes=(1,)) -> list[RunConfig]:
-    """The grid target precision x draft x draft precision x gamma x batch, without duplicates."""
-    out, seen = [], set()
-    for p in precisions:
-        for d in drafts:
-            for dp in (draft_precisions if d in ("model", "self") else [None]):
-                for g in (gammas if d != "none" else [None]):
-                    for bsz in batch_sizes:
-                        c = replace(base, precision=p, draft=d, draft_precision=dp or base.draft_precision,
-                                    gamma=g or base.gamma, batch_size=bsz)
-                        key = json.dumps(c.to_dict(), sort_keys=True)
-                        if key not in seen:
-                            seen.add(key)
-                            out.append(c)
-    return out
-
-
-def default_comparison(model: str = "default", draft_model: str = "default-draft", max_new_tokens: int = 48,
-                       self_draft: bool = False) -> list[RunConfig]:
-    """fp32 vs int8 vs int4 vs int4 with speculative decoding, the Home page's one-click comparison."""
-    base = RunConfig(model=model, draft_model=draft_model, max_new_tokens=max_new_tokens, baseline=False)
-    spec = replace(base, precision="int4", draft="self" if self_draft else "model", draft_precision="int4",
-                   gamma=4, baseline=True)
-    return [replace(base, precision="fp32"), replace(base, precision="int8"), replace(base, precision="int4"), spec]
-
-
-def run_many(configs: list[RunConfig], pool: ModelPool, store=None, on_progress=None, should_cancel=None,
-             progress=None) -> list[RunRecord]:
-    """Run configs in order; each record is stored as it finishes, so a cancel keeps what is done.
-
-    A peers.PeerConfig in the list is measured by peers.measure (a fresh process); a peer that is
-    unavailable comes back as a record with notes and no metrics, and is not stored.
-
-    on_progress(done, total, eta_s, record) is called after each run; eta_s extrapolates the mean
-    time per run so far. should_cancel() is checked before each run.
-    """
-    import time
-
-    out: list[RunRecord] = []
-    t0 = time.perf_counter()
-    for i, c in enumerate(configs):
-        if should_cancel and should_cancel():
-            break
-        if isinstance(c, PeerConfig):
-            rec = measure_peer(c, store, progress)
-        else:
-            rec = execute(c, pool, store, progress)
-        out.append(rec)
-        if on_progress:
-            per = (time.perf_counter() - t0) / len(out)
-            on_progress(len(out), len(configs), per * (len(configs) - len(out)), rec)
-    return out

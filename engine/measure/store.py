@@ -5,8 +5,8 @@ Rows are only ever inserted or deleted on the user's request; a saved record is 
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
+from contextlib import contextmanager
 import uuid
 from datetime import datetime, timezone
 from pathlib import Path
@@ -56,11 +56,17 @@ class Store:
         with self._conn() as c:
             c.executescript(SCHEMA)
 
-    def _conn(self) -> sqlite3.Connection:
-        # One short-lived connection per call: safe across Streamlit's threads.
+    @contextmanager
+    def _conn(self):
+        """One short-lived connection per call (safe across Streamlit's threads): committed or rolled
+        back, then closed. `with sqlite3.connect()` alone commits but never closes."""
         c = sqlite3.connect(self.path, timeout=30)
-        c.execute("PRAGMA journal_mode=WAL")
-        return c
+        try:
+            c.execute("PRAGMA journal_mode=WAL")
+            with c:
+                yield c
+        finally:
+            c.close()
 
     # ---- runs
     def save_run(self, rec: RunRecord) -> str:

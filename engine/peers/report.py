@@ -1,7 +1,7 @@
 """Peer benchmark records as a table, target checks and a chart (bench/peers.py and the dashboard)."""
 from __future__ import annotations
 
-from engine.peers.systems import OURS, token_agreement
+from engine.peers.peer import OURS, token_agreement
 
 
 def _tok_s(rec) -> float | None:

@@ -8,21 +8,23 @@ JSON) is:
      "runs": [RunRecord.to_dict(), ...]}
 
 Imports are untrusted: `parse_report` refuses anything that is not that shape (bad JSON, another
-format or version, a run record that fails `records.validate`, wrong types in the fields the lab
-reads) with a UserError naming the problem and the fix. The HTML export is one self-contained
-file: plotly.js is inlined (no CDN, no network), a Content-Security-Policy forbids every external
-load, and all user-written or imported text is passed through html.escape.
+format or version, a run record that fails `records.validate`, which checks every declared field's
+type with pydantic) with a UserError naming the field, the problem and the fix. The HTML export is one self-contained
+file rendered from templates/report.html.j2 by Jinja2 with autoescape: plotly.js is inlined (no CDN,
+no network), a Content-Security-Policy forbids every external load, and all user-written or
+imported text is escaped by the template engine.
 """
 from __future__ import annotations
 
-import html
 import json
 import math
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
 from engine.common.errors import UserError
-from engine.measure.records import SCHEMA_VERSION, RunRecord
+from engine.common.formulas import DEFAULT_USD_PER_HOUR
+from engine.measure.records import READABLE_VERSIONS, SCHEMA_VERSION, RunRecord
+from engine.present.rows import row
 
 FORMAT = "serving-cost-lab-report"
 REPORT_VERSION = 1
@@ -30,7 +32,6 @@ MAX_IMPORT_BYTES = 25 * 1024 * 1024
 MAX_RUNS = 1000
 MAX_NAME = 200
 MAX_NOTES = 20_000
-DEFAULT_USD_PER_HOUR = 0.10
 FIX = "import a .json file exported by the Reports page of this lab"
 
 
@@ -75,70 +76,14 @@ def _is_num(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
-# Fields the dashboard reads from a record, and the types they must have when present.
-_NUMERIC_METRICS = ("ttft_s", "decode_tok_s", "token_latency_ms_median", "token_latency_ms_p90", "weight_bytes",
-                    "draft_weight_bytes", "peak_rss_bytes", "kv_bytes", "bw_efficiency", "load_s", "mem_bw_gbs")
-_NUMERIC_SPEC = ("acceptance_rate", "mean_acceptance_length", "expected_length", "speedup", "baseline_tok_s",
-                 "mean_gamma")
-_NUMERIC_QUALITY = ("kl_mean", "kl_p99", "top1_agreement", "perplexity")
-
-
 def check_record(d, where: str = "run") -> RunRecord:
-    """records.validate plus the types of every field the dashboard and exports read."""
+    """records.validate (every declared field, field by field), then the row every view draws must build."""
     try:
         rec = RunRecord.from_dict(d)
     except UserError as e:
         raise UserError(f"{where}: {e.problem}", e.fix or FIX) from None
-    except TypeError as e:
-        raise UserError(f"{where}: unexpected fields ({e})", FIX) from None
-
-    def bad(what, v):
-        raise UserError(f"{where}: {what} should be a number or null, got {type(v).__name__}", FIX)
-
-    for k in _NUMERIC_METRICS:
-        v = rec.metrics.get(k)
-        if v is not None and not _is_num(v):
-            bad(f"metrics.{k}", v)
-    for sub, keys in (("spec", _NUMERIC_SPEC), ("quality", _NUMERIC_QUALITY)):
-        s = rec.metrics.get(sub)
-        if s is None:
-            continue
-        if not isinstance(s, dict):
-            raise UserError(f"{where}: metrics.{sub} should be an object or null, got {type(s).__name__}", FIX)
-        for k in keys:
-            if s.get(k) is not None and not _is_num(s[k]):
-                bad(f"metrics.{sub}.{k}", s[k])
-        if sub == "spec" and s.get("position_rate") is not None:
-            pr = s["position_rate"]
-            if not isinstance(pr, list) or any(x is not None and not _is_num(x) for x in pr):
-                raise UserError(f"{where}: metrics.spec.position_rate should be a list of numbers", FIX)
-    ql = rec.metrics.get("quantized_layers")
-    if ql is not None and not isinstance(ql, dict):
-        raise UserError(f"{where}: metrics.quantized_layers should be an object or null", FIX)
-    wb = rec.metrics.get("weight_breakdown")
-    if wb is not None and (not isinstance(wb, dict) or any(not _is_num(v) for v in wb.values())):
-        raise UserError(f"{where}: metrics.weight_breakdown should map layer types to byte counts", FIX)
-    draft = rec.config.get("draft")
-    if draft is not None and not isinstance(draft, dict):
-        raise UserError(f"{where}: config.draft should be an object or null, got {type(draft).__name__}", FIX)
-    bs = rec.config.get("batch_size", 1)
-    if isinstance(bs, bool) or not isinstance(bs, int):
-        raise UserError(f"{where}: config.batch_size should be a whole number", FIX)
-    for k in ("model", "precision", "device"):
-        v = rec.config.get(k)
-        if v is not None and not isinstance(v, str):
-            raise UserError(f"{where}: config.{k} should be text, got {type(v).__name__}", FIX)
-    for k in ("notes",):
-        if not isinstance(getattr(rec, k), str):
-            raise UserError(f"{where}: {k} should be text", FIX)
-    if not isinstance(rec.kernels, dict) or not isinstance(rec.output, dict) or not isinstance(rec.versions, dict):
-        raise UserError(f"{where}: kernels, output and versions should be objects", FIX)
-    try:  # the last word: the row every table and chart is drawn from must build
-        from engine.present.ui_data import comparison_row
-
-        comparison_row(rec, DEFAULT_USD_PER_HOUR)
-    except UserError:
-        raise
+    try:
+        row(rec, DEFAULT_USD_PER_HOUR)
     except (TypeError, ValueError, AttributeError, KeyError) as e:
         raise UserError(f"{where}: a field has the wrong type ({type(e).__name__}: {str(e)[:120]})", FIX) from None
     return rec
@@ -181,9 +126,9 @@ def from_body(body, name: str | None = None, notes: str | None = None, report_id
                         f"(it reads version {REPORT_VERSION})",
                         "export the report again with this version of the lab")
     rsv = body.get("record_schema_version", SCHEMA_VERSION)
-    if rsv != SCHEMA_VERSION:
-        raise UserError(f"the report's runs use record schema version {str(rsv)[:20]}, this lab reads version "
-                        f"{SCHEMA_VERSION}", "export the report again with this version of the lab")
+    if rsv not in READABLE_VERSIONS:
+        raise UserError(f"the report's runs use record schema version {str(rsv)[:20]}, this lab reads versions "
+                        f"{', '.join(map(str, READABLE_VERSIONS))}", "export the report again with this version of the lab")
     runs = body.get("runs")
     if not isinstance(runs, list):
         raise UserError("the report has no list of runs", FIX)
@@ -284,19 +229,18 @@ h1{margin-bottom:4px} .meta{color:#666;font-size:0.9em}
 table{border-collapse:collapse;font-size:0.85em;margin:12px 0;width:100%}
 th,td{border:1px solid #dee2e6;padding:4px 6px;text-align:right} th{background:#f1f3f5}
 td.l,th.l{text-align:left} .grid{display:grid;grid-template-columns:1fr 1fr;gap:12px}
-.chart{border:1px solid #eee;min-height:340px} ul.hl li{margin:2px 0}
+.chart{border:1px solid #eee;min-height:340px} ul.hl li{margin:2px 0} dt{font-weight:600} dd{margin:0 0 4px 12px}
 """
-TABLE_COLUMNS = ["config", "precision", "draft", "draft_precision", "gamma", "batch", "weights_total_MB",
-                 "peak_rss_MB", "ttft_ms", "tok_ms_p50", "tok_s", "accept_rate", "accept_len", "speedup",
-                 "quality_loss_kl", "top1", "ppl", "usd_per_1m_out", "run"]
+_DEFINITIONS_EXTRA = [("quality loss", "mean KL divergence of each configuration's next-token distribution from "
+                       "fp32's on the lab's eval text")]
 
 
 def _cell(v) -> str:
     if v is None:
         return ""
     if isinstance(v, float):
-        return html.escape(f"{v:.4g}")
-    return html.escape(str(v))
+        return f"{v:.4g}"
+    return str(v)
 
 
 def _figure_div(fig) -> str:
@@ -304,59 +248,34 @@ def _figure_div(fig) -> str:
                        default_height="340px")
 
 
+def _env():
+    from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
+
+    env = Environment(loader=PackageLoader("engine.present", "templates"), autoescape=select_autoescape(["j2"]),
+                      undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+    env.filters["cell"] = _cell
+    return env
+
+
 def export_html(report: Report) -> str:
     """One self-contained HTML file: plotly.js inline, a CSP forbidding network loads, text escaped."""
+    from markupsafe import Markup
     from plotly.offline import get_plotlyjs
 
-    from engine.present import ui_data
-    rows = ui_data.comparison_rows(report.records, report.usd_per_hour)
-    esc = html.escape
-    first = report.records[0]
-    mach = first.machine or {}
+    from engine import present
+
+    table = present.comparison_rows(report.records, report.usd_per_hour)
+    mach = report.records[0].machine or {} if report.records else {}
     machine = ", ".join(str(x) for x in (mach.get("cpu_model"), mach.get("simd"), mach.get("gpu_name")) if x)
-    head = (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-            f"<meta http-equiv=\"Content-Security-Policy\" content=\"{_CSP}\">"
-            f"<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
-            f"<title>{esc(report.name)} · Serving Cost Lab report</title><style>{_STYLE}</style>"
-            f"<script type=\"text/javascript\">window.PlotlyConfig = {{MathJaxConfig: 'local'}};</script>\n"
-            f"<script type=\"text/javascript\" id=\"plotly-inline\">{get_plotlyjs()}</script></head><body>")
-    parts = [head,
-             f"<h1 id=\"report-name\">{esc(report.name)}</h1>",
-             f"<div class=\"meta\">Serving Cost Lab report · created {esc(report.created_at)} · "
-             f"{len(report.records)} runs · machine: {esc(machine) or 'unknown'} · "
-             f"priced at ${report.usd_per_hour:.4g}/hour</div>"]
-    if report.notes:
-        parts.append(f"<h3>Notes</h3><div class=\"notes\" id=\"report-notes\">{esc(report.notes)}</div>")
-    hl = ui_data.highlights(rows)
-    if hl:
-        parts.append("<h3>Answer</h3><ul class=\"hl\">" + "".join(f"<li>{esc(h)}</li>" for h in hl) + "</ul>")
-    cols = [c for c in TABLE_COLUMNS if any(r.get(c) is not None for r in rows)]
-    left = ("config", "precision", "draft", "draft_precision", "run")
-    parts.append("<h3>Runs</h3><table id=\"runs\"><thead><tr>"
-                 + "".join(f"<th class=\"{'l' if c in left else ''}\">{esc(c)}</th>" for c in cols)
-                 + "</tr></thead><tbody>")
-    for r in rows:
-        parts.append("<tr>" + "".join(f"<td class=\"{'l' if c in left else ''}\">{_cell(r.get(c))}</td>"
-                                      for c in cols) + "</tr>")
-    parts.append("</tbody></table>")
-    parts.append("<h3>Charts</h3><div class=\"grid\">")
-    for col, title, unit, better in ui_data.available_charts(rows):
-        parts.append(f"<div class=\"chart\">{_figure_div(ui_data.bar_figure(rows, col, title, unit, better))}</div>")
-    parts.append("</div>")
-    pf = ui_data.pareto_figure(rows)
-    if pf is not None:
-        parts.append(f"<h3>Cost vs quality</h3><div class=\"chart\">{_figure_div(pf)}</div>")
-    missing = ui_data.missing_charts(rows)
-    if missing:
-        parts.append("<p class=\"meta\">Not measured in these runs: " + esc(", ".join(missing)) + ".</p>")
-    parts.append("<h3>Definitions</h3><p class=\"meta\">TTFT: prefill until the first new token. Per-token latency: "
-                 "decode step time divided by the tokens it emitted. Tokens/s: new tokens after the first over the "
-                 "time spent producing them. $ per 1M output tokens: $/hour ÷ (tokens/s × 3600) × 10⁶. "
-                 "Quality loss: "
-                 "mean KL divergence of each configuration's next-token distribution from fp32 on the lab's eval text."
-                 "</p>")
-    parts.append("</body></html>")
-    return "\n".join(parts)
+    names = present.view_columns(table, "report")
+    pf = present.pareto_figure(table)
+    return _env().get_template("report.html.j2").render(
+        report=report, csp=Markup(_CSP), style=Markup(_STYLE), plotly_js=Markup(get_plotlyjs()), machine=machine,
+        highlights=present.highlights(table), rows=table, columns=[present.COLUMNS_BY_NAME[n] for n in names],
+        charts=[_figure_div(present.bar_figure(table, col, title, unit, better))
+                for col, title, unit, better in present.available_charts(table)],
+        pareto=_figure_div(pf) if pf is not None else None, missing=present.missing_charts(table),
+        definitions=present.definitions(names) + _DEFINITIONS_EXTRA)
 
 
 def html_filename(report: Report, ext: str = "html") -> str:

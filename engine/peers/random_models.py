@@ -87,7 +87,6 @@ def random_model_folder(shape_name: str, root: Path | None = None, seed: int = 0
     """Build (once) and return a folder with random weights of `shape_name` from data/models.json."""
     from safetensors.torch import save_file
 
-    from engine.infer import catalog
 
     from engine.planner import shapes
     shape = shapes.get_model(shape_name)

@@ -1,0 +1,56 @@
+"""The memory read-bandwidth probe: the floor a decode step cannot beat on this machine."""
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import torch
+
+from engine.common.paths import cache_dir
+from engine.measure.machine import cpu_model, gpu_facts
+
+
+def _probe_file() -> Path:
+    return cache_dir() / "bandwidth.json"
+
+
+def measure_bandwidth(device: str = "cpu", mb: int = 256, reps: int = 10) -> float:
+    """Read bandwidth in GB/s: best of `reps` full reductions over a buffer much larger than cache.
+
+    Best-of, because other processes can only slow a reading down, never speed it up.
+    """
+    dev = torch.device(device)
+    x = torch.ones(mb * (1 << 20) // 4, dtype=torch.float32, device=dev)
+    best = float("inf")
+    for _ in range(reps + 1):
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+        t = time.perf_counter()
+        x.sum()
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - t)
+    return x.numel() * 4 / best / 1e9
+
+
+def bandwidth_gbs(device: str = "cpu", refresh: bool = False) -> float:
+    """Measured once per machine and device, then read from the cache.
+
+    refresh=True measures again and keeps the higher of old and new: a busy machine reads low.
+    """
+    f = _probe_file()
+    key = f"{torch.device(device).type}|{cpu_model()}|{os.cpu_count()}|{gpu_facts().get('gpu_name', '')}"
+    data = {}
+    try:
+        data = json.loads(f.read_text())
+    except (OSError, ValueError):
+        pass
+    if not refresh and isinstance(data.get(key), (int, float)):
+        return float(data[key])
+    gbs = max(measure_bandwidth(device), float(data.get(key) or 0.0))
+    data[key] = gbs
+    f.parent.mkdir(parents=True, exist_ok=True)
+    f.write_text(json.dumps(data, indent=1))
+    return gbs

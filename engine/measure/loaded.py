@@ -1,0 +1,41 @@
+"""What the pages ask of a loaded model: load it into the pool, describe it, score its quality.
+
+Pages never touch the live engine; they call these with names and precisions and draw the dicts.
+"""
+from __future__ import annotations
+
+import torch
+
+from engine.infer.catalog import list_models
+from engine.infer.loader import make_spec, resolve_device
+from engine.measure.quality import evaluate
+
+
+def model_facts(lm) -> dict:
+    """Plain facts about a loaded model: sizes, shape, dtype, the quantized layers' share."""
+    c = lm.cfg
+    return {"name": lm.name, "label": lm.label, "precision": lm.spec.label, "spec": lm.spec, "device": lm.device,
+            "weights": dict(lm.weights), "weight_bytes": lm.weight_bytes, "load_s": lm.load_s,
+            "num_layers": c.num_layers, "num_kv_heads": c.num_kv_heads, "head_dim": c.head_dim,
+            "num_heads": c.num_heads, "hidden": c.hidden_size, "intermediate": c.intermediate_size,
+            "vocab": c.vocab_size, "max_position": c.max_position,
+            "dtype_bytes": torch.finfo(lm.model.compute_dtype).bits // 8, "dtype": str(lm.model.compute_dtype),
+            "quantized": dict(getattr(lm, "quantized", None) or {})}
+
+
+def load_into_pool(pool, model: str, precision: str, group_size: int = 64, quantize_embeddings: bool = False,
+                   quantize_head: bool = True, device: str = "auto", progress=None) -> dict:
+    """Load (or reuse) `model` at a precision in the pool; returns model_facts."""
+    spec = make_spec(precision, group_size, quantize_embeddings, quantize_head)
+    lm = pool.get(model, spec, resolve_device(device), progress=progress)
+    return model_facts(lm)
+
+
+def quality_in_pool(pool, facts: dict, tokens: int, progress=None) -> dict:
+    """Quality of the model `facts` describes against fp32, reusing the pool's fp32 copy when it holds one."""
+    lm = pool.get(facts["name"], facts["spec"], facts["device"])
+    ref = pool.peek(facts["name"], make_spec("fp32"), facts["device"])
+    return evaluate(lm, int(tokens), ref_lm=ref, progress=progress)
+
+
+__all__ = ["list_models", "model_facts", "load_into_pool", "quality_in_pool"]
