@@ -115,3 +115,30 @@ def test_open_as_current_comparison_and_delete():
     assert not problems(at)
     assert store.list_reports() == []
     assert any("Deleted report" in s.value for s in at.success)
+
+
+def test_a_saved_version_1_report_still_opens():
+    """A report saved before schema 2 (its records at version 1, one at batch 4) opens and is drawn."""
+    import json
+
+    from engine.measure.records import RunRecord
+    from engine.present import reports
+    from pages import _ui
+
+    store = _ui.get_store()
+    recs = [store.get_run(i) for i in runs(("fp32", "int8"))]
+    body = json.loads(reports.export_json(reports.Report("v1 study", "saved by schema 1", recs, 0.2)))
+    body["record_schema_version"] = 1
+    for r in body["runs"]:
+        r["schema_version"] = 1
+    body["runs"][1]["config"]["batch_size"] = 4
+    body["runs"][1]["metrics"]["bw_efficiency"] = 2.0
+    rid = store.save_report("v1 study", "saved by schema 1", body)
+    at = AppTest.from_file(PAGE, default_timeout=TIMEOUT).run()
+    at.selectbox(key="rep-select").set_value(rid).run()
+    assert not problems(at)
+    t = frame(at, "config", "tok_s")
+    assert len(t) == 2
+    assert sorted(t["bw_eff"].dropna().tolist())[-1] == 0.5  # read as 2.0 / batch 4, the v1 defect corrected
+    assert store.get_report(rid)["body"]["runs"][1]["metrics"]["bw_efficiency"] == 2.0  # the stored body is untouched
+    assert RunRecord.from_dict(body["runs"][0]).schema_version == 2
