@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # One prepared GPU check for the CUDA kernels (kernels/cuda), for an H100/H200 session.
 #
-#   OUT=/some/dir bash bench/gpu_kernels.sh            # ~3-5 min incl. the extension build
+#   OUT=/some/dir bash bench/gpu_kernels.sh            # ~6-8 min incl. the extension build
 #   PYTHON=/path/to/python OUT=... bash bench/gpu_kernels.sh
+#   PART=decode OUT=... bash bench/gpu_kernels.sh      # only part 2 (decode-step kernels, graph; ~3 min)
 #
 # Needs a CUDA build of torch (and nvcc) on the GPU machine; the CPU-only venv of the
-# dev box is useless there.  What it does, in one python process:
+# dev box is useless there.  Part 1 (PART=gemm or all), in one python process:
 #   1. builds the CUDA extension through engine/ops/build.py (torch.utils.cpp_extension);
 #   2. correctness: every kernel (int8, int4 gs 32/64/128; fp32/fp16/bf16 activations;
 #      M = 1..32, odd N/K to hit tails and the non-vector path) against a bf16 reference
@@ -19,6 +20,19 @@
 #      (if importable) for the 1.5B model's projection shapes at M = 1, 5, 16;
 #      the fused verify kernel vs the torch implementation;
 #   4. prints markdown tables and writes $OUT/gpu_kernels.{md,json,log}.
+# Part 2 (PART=decode or all), a second process: the decode step's kernels and its CUDA graph
+#   5. decode_attention (ragged lengths, GQA 6/7/4/1 query heads per kv head, head_dim 64/128,
+#      fp32/fp16/bf16, caches up to 4096 positions, slots permuted, NaN-poisoned output) against
+#      a per-sequence fp32 SDPA; rmsnorm_residual against the model's RMSNorm (residual updated
+#      in place, the rounding of the activation dtype);
+#   6. timings (CUDA events): decode_attention vs torch (a loop of per-sequence SDPA, and one
+#      masked SDPA over the whole cache) at B = 1, 8, 32 and 2k positions; rmsnorm_residual vs
+#      torch add + RMSNorm;
+#   7. the decode step of a random-init 1.5B shape (engine/peers/random_models.py) at bf16 and
+#      int4: engine.ops.cuda_graph.decode_step (kernels) and its CUDA-graph replay against the
+#      model's eager forward_rows (same logits to bf16 rounding, same argmax), then ms per step
+#      of each at B = 1 and 8, and generate() tok/s with KernelConfig.cuda_graph off and on;
+#   8. writes $OUT/gpu_decode.{md,json} (log: gpu_decode.log).
 # Exit status is non-zero if any correctness check fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,7 +43,11 @@ export SCL_KERNEL_CACHE="${SCL_KERNEL_CACHE:-/tmp/scl_kernel_cache}"
 export MAX_JOBS="${MAX_JOBS:-8}"
 (nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.mem --format=csv || true) \
   > "$OUT/nvidia_smi.txt" 2>&1
-"$PY" - "$OUT" <<'PYEOF' 2>&1 | tee "$OUT/gpu_kernels.log"
+PART="${PART:-all}"
+rc1=0
+rc2=0
+if [ "$PART" = all ] || [ "$PART" = gemm ]; then
+"$PY" - "$OUT" <<'PYEOF' 2>&1 | tee "$OUT/gpu_kernels.log" || rc1=$?
 import json, math, os, sys, time, traceback
 from pathlib import Path
 
@@ -312,3 +330,279 @@ if failures:
     sys.exit(1)
 print("\nALL CHECKS PASSED")
 PYEOF
+fi
+if [ "$PART" = all ] || [ "$PART" = decode ]; then
+"$PY" - "$OUT" <<'PYEOF' 2>&1 | tee "$OUT/gpu_decode.log" || rc2=$?
+# Part 2: the decode step's kernels (decode_attention, rmsnorm_residual) and its CUDA graph.
+# DRYRUN=1 runs the same code on CPU with tiny shapes and the torch forms (checks this script).
+import json, os, statistics, sys, time, traceback
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.getcwd())
+from engine import ops  # noqa: E402
+
+OUT = Path(sys.argv[1])
+DRY = os.environ.get("DRYRUN") == "1"
+dev = torch.device("cpu" if DRY else "cuda")
+if not DRY:
+    assert torch.cuda.is_available(), "no CUDA device"
+    props = torch.cuda.get_device_properties(dev)
+    name = f"{props.name}, sm_{props.major}{props.minor}"
+    ext = ops.load_cuda_extension(raise_errors=True)
+    stream = lambda: torch.cuda.current_stream().cuda_stream  # noqa: E731
+else:
+    name, ext, stream = "CPU dry run", None, (lambda: 0)
+print(f"# decode-step kernels on {name}, torch {torch.__version__}")
+g = torch.Generator(device=dev).manual_seed(0)
+DT = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+res = {"device": name, "attention": [], "rmsnorm": [], "timing": [], "step": []}
+failures = []
+
+
+def relerr(a, b):
+    a, b = a.float(), b.float()
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+def sync():
+    if not DRY:
+        torch.cuda.synchronize()
+
+
+def bench(fn, iters=50):
+    """ms per call: CUDA events (wall clock in a dry run), median of 5."""
+    fn(); fn(); sync()
+    ts = []
+    for _ in range(5):
+        if DRY:
+            t = time.perf_counter()
+            for _ in range(iters):
+                fn()
+            ts.append(1000 * (time.perf_counter() - t) / iters)
+        else:
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            for _ in range(iters):
+                fn()
+            e.record(); torch.cuda.synchronize()
+            ts.append(s.elapsed_time(e) / iters)
+    return sorted(ts)[2]
+
+
+def attn_ref(q, k, v, slots, lens):
+    """per sequence, fp32: softmax(q k^T / sqrt(D)) v over its own positions (GQA)."""
+    B, H, D = q.shape
+    out = torch.empty(B, H, D, dtype=torch.float32, device=q.device)
+    for b in range(B):
+        L = int(lens[b])
+        ks, vs = k[int(slots[b]), :, :L].float(), v[int(slots[b]), :, :L].float()
+        out[b] = F.scaled_dot_product_attention(q[b].float()[None, :, None], ks[None], vs[None],
+                                                enable_gqa=True)[0, :, 0]
+    return out
+
+
+def attn_masked(q, k, v, slots, lens):
+    ks, vs = k[slots], v[slots]
+    keep = torch.arange(k.shape[2], device=q.device)[None] < lens[:, None]
+    return F.scaled_dot_product_attention(q[:, :, None], ks, vs, attn_mask=keep[:, None, None],
+                                          enable_gqa=True)[:, :, 0]
+
+
+# ------------------------------------------------------------ 5. correctness
+t0 = time.time()
+SHAPES = [(12, 2, 128), (14, 2, 64), (32, 8, 128), (8, 8, 64)] if not DRY else [(4, 2, 64)]
+CASES = [(1, 64), (3, 1000), (8, 4096), (32, 512)] if not DRY else [(3, 40)]
+if ext is not None:
+    for H, KV, D in SHAPES:
+        for dtn, dt in DT.items():
+            for B, cap in CASES:
+                S = B + 2
+                k = torch.randn(S, KV, cap, D, device=dev, generator=g).to(dt)
+                v = torch.randn(S, KV, cap, D, device=dev, generator=g).to(dt)
+                q = (torch.randn(B, H, D, device=dev, generator=g) * 2).to(dt)
+                slots = torch.randperm(S, device=dev, generator=g)[:B].contiguous()
+                lens = torch.randint(1, cap + 1, (B,), device=dev, generator=g)
+                lens[0] = cap
+                lens[-1] = 1 if B > 1 else lens[-1]
+                out = torch.full_like(q, float("nan"))
+                ext.decode_attention(q, k, v, slots, lens, D ** -0.5, stream(), out)
+                sync()
+                ref = attn_ref(q, k, v, slots, lens)
+                e = relerr(out, ref)
+                ok = bool(torch.isfinite(out).all()) and e < (1e-4 if dtn == "fp32" else 2e-2)
+                rec = dict(H=H, KV=KV, D=D, dtype=dtn, B=B, cap=cap, rel_err=e, ok=ok)
+                res["attention"].append(rec)
+                if not ok:
+                    failures.append(rec); print("FAIL attention", rec)
+    from engine.infer.model import RMSNorm
+    for dtn, dt in DT.items():
+        for rows, n in ((1, 896), (7, 1536), (64, 4096)):
+            norm = RMSNorm(n, 1e-6).to(dev)
+            with torch.no_grad():
+                norm.weight.copy_(torch.rand(n, device=dev, generator=g) + 0.5)
+            norm = norm.to(dt)
+            r0 = (torch.randn(rows, n, device=dev, generator=g) * 3).to(dt)
+            x = torch.randn(rows, n, device=dev, generator=g).to(dt)
+            want_r = r0 + x
+            want = norm(want_r)
+            r = r0.clone()
+            out = torch.full_like(r, float("nan"))
+            ext.rmsnorm_residual(x, r, norm.weight, 1e-6, stream(), out)
+            sync()
+            e_r, e = relerr(r, want_r), relerr(out, want)
+            only = norm(r0)
+            r2 = r0.clone()
+            o2 = ext.rmsnorm_residual(None, r2, norm.weight, 1e-6, stream())
+            e2 = relerr(o2, only)
+            tol = 1e-5 if dtn == "fp32" else 1e-2
+            ok = e_r == 0.0 and e < tol and e2 < tol and torch.equal(r2, r0)
+            rec = dict(dtype=dtn, rows=rows, n=n, residual_err=e_r, out_err=e, norm_only_err=e2, ok=ok)
+            res["rmsnorm"].append(rec)
+            if not ok:
+                failures.append(rec); print("FAIL rmsnorm", rec)
+    na = len(res["attention"]); nr = len(res["rmsnorm"])
+    print(f"- decode_attention: {sum(r['ok'] for r in res['attention'])}/{na} ok, worst rel err "
+          f"{max(r['rel_err'] for r in res['attention']):.2e}; rmsnorm_residual: "
+          f"{sum(r['ok'] for r in res['rmsnorm'])}/{nr} ok ({time.time() - t0:.0f} s)")
+
+# ------------------------------------------------------------ 6. kernel timings
+if ext is not None:
+    H, KV, D = 12, 2, 128
+    for B in (1, 8, 32):
+        cap = 2048
+        k = torch.randn(B, KV, cap, D, device=dev, generator=g).bfloat16()
+        v = torch.randn(B, KV, cap, D, device=dev, generator=g).bfloat16()
+        q = torch.randn(B, H, D, device=dev, generator=g).bfloat16()
+        slots = torch.arange(B, device=dev)
+        lens = torch.full((B,), cap, device=dev)
+        ours = bench(lambda: ext.decode_attention(q, k, v, slots, lens, D ** -0.5, stream()))
+        loop = bench(lambda: [F.scaled_dot_product_attention(q[b][None, :, None], k[b][None], v[b][None],
+                                                             enable_gqa=True) for b in range(B)], 20)
+        masked = bench(lambda: attn_masked(q, k, v, slots, lens), 20)
+        kv_bytes = 2 * B * KV * cap * D * 2
+        res["timing"].append(dict(kernel="decode_attention", B=B, positions=cap, ours_us=ours * 1e3,
+                                  torch_loop_us=loop * 1e3, torch_masked_us=masked * 1e3,
+                                  ours_gbps=kv_bytes / (ours / 1e3) / 1e9))
+    for rows, n in ((1, 1536), (8, 1536), (32, 4096)):
+        from engine.infer.model import RMSNorm
+        norm = RMSNorm(n, 1e-6).to(dev).bfloat16()
+        r = torch.randn(rows, n, device=dev, generator=g).bfloat16()
+        x = torch.randn(rows, n, device=dev, generator=g).bfloat16()
+        ours = bench(lambda: ext.rmsnorm_residual(x, r, norm.weight, 1e-6, stream()), 200)
+        ref = bench(lambda: norm(r + x), 200)
+        res["timing"].append(dict(kernel="rmsnorm_residual", rows=rows, n=n, ours_us=ours * 1e3, torch_us=ref * 1e3))
+
+# ------------------------------------------------------------ 7. the decode step and its graph
+from engine.infer.generate import generate  # noqa: E402
+from engine.infer.loader import load, make_spec  # noqa: E402
+from engine.infer.model import Rows  # noqa: E402
+from engine.ops import cuda_graph  # noqa: E402
+
+shape = "qwen2.5-coder-1.5b"
+if DRY:
+    import tests.tiny as tiny  # noqa: E402
+try:
+    if DRY:
+        lms = {"fp32": tiny.tiny_model(0, vocab=64, layers=2, hidden=256)}
+        lms["fp32"].model.cfg.head_dim = 64
+    else:
+        from engine.peers.random_models import random_model_folder
+        folder = random_model_folder(shape)
+        lms = {p: load(str(folder), make_spec(p), "cuda") for p in ("bf16", "int4")}
+    for prec, lm in lms.items():
+        m = lm.model
+        V = m.cfg.vocab_size
+        for B in (1, 8):
+            cap = 512
+            base = m.new_cache(B, cap)
+            gen = torch.Generator(device="cpu").manual_seed(B)
+            ids = torch.randint(2, V, (B, 100), generator=gen).to(dev)
+            with torch.inference_mode(), ops.using(cuda_graph=False):
+                for b in range(B):
+                    m.forward_rows(ids[b], Rows.of([(b, 0, 100)], dev), base, logits_at=torch.tensor([99], device=dev))
+            toks = torch.randint(2, V, (B,), generator=gen).to(dev)
+            pos = torch.full((B,), 100, device=dev) - torch.arange(B, device=dev) % 3   # ragged positions
+            slots = torch.arange(B, device=dev)
+            rows = Rows.of([(b, int(pos[b]), 1) for b in range(B)], dev)
+            caches = [type(base).__new__(type(base)) for _ in range(3)]
+            for c in caches:
+                torch.nn.Module.__init__(c)
+                c.register_buffer("k", base.k.clone(), persistent=False)
+                c.register_buffer("v", base.v.clone(), persistent=False)
+                c.slots, c.capacity = base.slots, base.capacity
+            with torch.inference_mode(), ops.using(cuda_graph=False, fused=False):
+                ref = m.forward_rows(toks, rows, caches[0])
+                eager = cuda_graph.decode_step(m, toks, slots, pos, caches[1], use_kernels=not DRY)
+                step = {"precision": prec, "B": B, "eager_err": relerr(eager, ref),
+                        "eager_same_argmax": float((eager.argmax(-1) == ref.argmax(-1)).float().mean())}
+                if not DRY:
+                    gd = cuda_graph.GraphedDecode(m, caches[2], B)
+                    graphed = gd(toks, slots, pos)
+                    step.update(graph_err=relerr(graphed, ref),
+                                graph_same_argmax=float((graphed.argmax(-1) == ref.argmax(-1)).float().mean()),
+                                graph_vs_eager_err=relerr(graphed, eager))
+                    step["ms_forward_rows"] = bench(lambda: m.forward_rows(toks, rows, caches[0]), 20)
+                    step["ms_decode_step"] = bench(lambda: cuda_graph.decode_step(m, toks, slots, pos, caches[1]), 20)
+                    step["ms_graph"] = bench(lambda: gd(toks, slots, pos), 50)
+                    step["graph_speedup"] = step["ms_forward_rows"] / step["ms_graph"]
+            ok = step["eager_err"] < 3e-2 and step.get("graph_err", 0.0) < 3e-2 and step["eager_same_argmax"] >= 0.99
+            step["ok"] = ok
+            res["step"].append(step)
+            print(f"- decode step {prec} B={B}: " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                                                          for k, v in step.items()))
+            if not ok:
+                failures.append(step)
+        if not DRY:
+            tok_s = {}
+            for on in (False, True):
+                with ops.using(cuda_graph=on):
+                    r = generate(lm, ["def fibonacci(n):"], 64, stop_at_eos=False)
+                tok_s[on] = 1 / statistics.median(r.step_s)   # median: the first step captures the graph
+            res["step"].append({"precision": prec, "generate_tok_s_eager": tok_s[False],
+                                "generate_tok_s_graph": tok_s[True], "speedup": tok_s[True] / tok_s[False],
+                                "fused_info": ops.fused_info()})
+            print(f"- generate {prec}: {tok_s[False]:.1f} tok/s eager, {tok_s[True]:.1f} with the CUDA graph")
+        del lm, m
+        if not DRY:
+            torch.cuda.empty_cache()
+except Exception:
+    traceback.print_exc()
+    failures.append({"step": "exception", "trace": traceback.format_exc()[-2000:]})
+
+lines = [f"# Decode-step kernels on {name}", ""]
+if res["attention"]:
+    lines.append(f"- decode_attention: {sum(r['ok'] for r in res['attention'])}/{len(res['attention'])} checks ok "
+                 f"(worst rel err {max(r['rel_err'] for r in res['attention']):.2e} vs a per-sequence fp32 SDPA)")
+    lines.append(f"- rmsnorm_residual: {sum(r['ok'] for r in res['rmsnorm'])}/{len(res['rmsnorm'])} checks ok")
+lines += ["", "| kernel | shape | ours us | torch us | note |", "|---|---|---|---|---|"]
+for t in res["timing"]:
+    if t["kernel"] == "decode_attention":
+        lines.append(f"| decode_attention | B={t['B']}, {t['positions']} positions, 12/2 heads, d128, bf16 | "
+                     f"{t['ours_us']:.1f} | loop {t['torch_loop_us']:.1f}, masked {t['torch_masked_us']:.1f} | "
+                     f"{t['ours_gbps']:.0f} GB/s of K/V |")
+    else:
+        lines.append(f"| rmsnorm_residual | {t['rows']} x {t['n']}, bf16 | {t['ours_us']:.1f} | {t['torch_us']:.1f} | |")
+lines += ["", "| step | B | eager err | graph err | forward_rows ms | decode_step ms | graph ms | speedup |",
+          "|---|---|---|---|---|---|---|---|"]
+for s in res["step"]:
+    if "B" in s:
+        lines.append(f"| {s['precision']} | {s['B']} | {s['eager_err']:.2e} | {s.get('graph_err', float('nan')):.2e} | "
+                     f"{s.get('ms_forward_rows', float('nan')):.2f} | {s.get('ms_decode_step', float('nan')):.2f} | "
+                     f"{s.get('ms_graph', float('nan')):.2f} | {s.get('graph_speedup', float('nan')):.2f}x |")
+    else:
+        lines.append(f"| generate() {s['precision']} | 1 | | | {1000 / s['generate_tok_s_eager']:.2f} | | "
+                     f"{1000 / s['generate_tok_s_graph']:.2f} | {s['speedup']:.2f}x |")
+text = "\n".join(lines)
+print(text)
+(OUT / "gpu_decode.md").write_text(text + "\n")
+(OUT / "gpu_decode.json").write_text(json.dumps(dict(res, failures=failures), indent=1, default=str))
+if failures:
+    print(f"\n{len(failures)} FAILURES (see gpu_decode.json)")
+    sys.exit(1)
+print("\nALL DECODE CHECKS PASSED")
+PYEOF
+fi
+exit $(( rc1 > rc2 ? rc1 : rc2 ))

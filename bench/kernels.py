@@ -159,12 +159,10 @@ def bench_shape(name, N, K, Ms, args, g):
     p4 = ops.prepare_int4(packed, sc, mn, K, args.gs)
     del packed
     ext = ops.load_cpu_extension()
-    # the int8-activation kernel exists only for AVX-512 VNNI (else int4_linear would
-    # silently run the fp32 kernel again)
-    q8 = (args.act_int8 and ext is not None and ext.has_vnni()
-          and ops.backend_info().get("cpu") == "avx512")
+    # int8 activations: AVX-512 VNNI, AVX2 vpmaddubsw or the scalar reference, by ISA
+    q8 = args.act_int8 and ext is not None
 
-    for method, p, fn, settings in (("int8", p8, ops.int8_linear, {}), ("int4", p4, ops.int4_linear, {}),
+    for method, p, fn, settings in (("int8", p8, ops.int8_linear, {}), ("int4", p4, ops.int4_linear, {"act_int8": False}),
                                     ("int4_q8", p4, ops.int4_linear, {"act_int8": True})):
         if method == "int4_q8" and not q8:
             continue
@@ -321,6 +319,35 @@ def merge(paths):
     return rows
 
 
+def act_kl(models, tokens: int, json_path=None):
+    """What int8 activations cost in quality: int4 with fp32 and with int8 activations, each against
+    the fp32 model (llama.cpp-style KL statistics, engine.measure.quality), same text and tokens."""
+    from engine.infer.loader import load, make_spec
+    from engine.measure import quality
+    from engine.measure.eval_text import eval_docs
+    from engine.present import format_rows
+
+    rows = []
+    for name in models:
+        lm = load(name, make_spec("int4"), "cpu")
+        docs = eval_docs(lm.tokenizer, tokens)
+        for act in (False, True):
+            with ops.using(act_int8=act):
+                t0 = time.time()
+                q = quality.evaluate(lm, tokens, docs=docs)
+                kern = ops.backend_info()["int4_activations"]
+            keys = ("kl_mean", "kl_mean_err", "kld_median", "kld_p95", "kl_p99", "kl_max", "top1_agreement",
+                    "perplexity", "ref_perplexity", "ppl_ratio")
+            rows.append({"model": lm.label, "activations": kern, "tokens": q.get("tokens"),
+                         **{k: q.get(k) for k in keys}, "s": round(time.time() - t0)})
+            print(rows[-1], flush=True)
+        del lm
+    print(format_rows(rows, "md"))
+    if json_path:
+        Path(json_path).write_text(json.dumps(rows, indent=1, default=str))
+    return rows
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="fewer reps and rounds (smoke run)")
@@ -332,7 +359,11 @@ def main(argv=None):
     ap.add_argument("--shapes", default="", help="comma-separated subset of shape names (substring match)")
     ap.add_argument("--no-baselines", action="store_true", help="only our kernels")
     ap.add_argument("--no-act-int8", dest="act_int8", action="store_false",
-                    help="skip the opt-in int4 x int8-activation (VNNI) column")
+                    help="skip the int4 x int8-activation column")
+    ap.add_argument("--act-kl", metavar="MODELS", default="",
+                    help="do not time kernels: KL against fp32 of int4 with fp32 vs int8 activations "
+                         "(engine.measure.quality) for these models, e.g. default-draft,default")
+    ap.add_argument("--kl-tokens", type=int, default=2048, help="scored tokens for --act-kl")
     ap.add_argument("--flush-mb", type=int, default=768, help="working set per measurement (MB)")
     ap.add_argument("--rounds", type=int, default=None, help="time budget per cell in units of ~80 ms")
     ap.add_argument("--stat", choices=["min", "median"], default="min",
@@ -342,6 +373,8 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if args.merge:
         return merge(args.merge)
+    if args.act_kl:
+        return act_kl([m.strip() for m in args.act_kl.split(",") if m.strip()], args.kl_tokens, args.json)
 
     if args.isa:
         ops.configure(isa=args.isa)
@@ -382,8 +415,8 @@ def main(argv=None):
     print(f"- measured read bandwidth (torch sum over cold 256 MiB fp32 slices, same threads; best of "
           f"{len(bws)} points through the run): **{args.bw:.1f} GB/s** "
           f"(points: {', '.join(f'{b:.1f}' for b in bws)})")
-    print("- int8/int4: our kernels, fp32 activations (default).  int4_q8: opt-in act_int8 (SCL_KERNEL_ACT=int8) "
-          "(activations quantized to int8 per 32-k block, AVX-512 VNNI).  fp32_mkl: torch F.linear.  "
+    print("- int8/int4: our kernels, fp32 activations.  int4_q8: act_int8 (SCL_KERNEL_ACT) "
+          f"(activations quantized to int8 per 32-k block, {info.get('int4_q8_kernel', '')}).  fp32_mkl: torch F.linear.  "
           "aten_int8pack_mm: torch.ops.aten._weight_int8pack_mm.  dynamic_int8: quantize_dynamic (fbgemm; "
           "at most 120 weight copies, so small shapes partly hit the L3 cache)")
     print(f"- int4 group size {args.gs}; cold weights (working set >= {args.flush_mb} MB per measurement); "

@@ -33,11 +33,15 @@ def ext():
     return ops.load_cpu_extension(raise_errors=True)
 
 
+BASE = ops.KernelConfig(act_int8=False)
+
+
 @pytest.fixture(autouse=True)
 def _default_settings():
-    """Every test starts from the default kernel settings (whatever the environment says) and
-    leaves the process's settings as it found them."""
-    with ops.using(ops.KernelConfig()):
+    """Every test starts from the default kernel settings with fp32 activations (the exact weight-only
+    kernels these tests bound to fp32 rounding; int8 activations, the default, are tested on their own),
+    whatever the environment says, and leaves the process's settings as it found them."""
+    with ops.using(BASE):
         yield
 
 
@@ -274,13 +278,11 @@ def _act_q8_bound(x, sq):
     return 0.5 * sxk @ sq.double().abs().T                  # [M, N]
 
 
-@pytest.mark.parametrize("isa", ["scalar", "avx512"])
+@pytest.mark.parametrize("isa", ["scalar", "avx2", "avx512"])
 @pytest.mark.parametrize("gs", GROUP_SIZES)
 def test_int4_int8_activations(ext, isa, gs):
     """act_int8 (SCL_KERNEL_ACT=int8): error within the activation-quantization bound; the VNNI
-    kernel and the portable reference agree to fp32 rounding."""
-    if isa == "avx512" and not ext.has_vnni():
-        pytest.skip("AVX-512 VNNI not supported by this CPU")
+    kernel, the AVX2 vpmaddubsw kernel and the portable reference agree to fp32 rounding."""
     _isa_or_skip(ext, isa)
     ops.configure(act_int8=True)
     assert "int8" in ops.backend_info()["int4_activations"]
@@ -305,6 +307,47 @@ def test_int4_int8_activations(ext, isa, gs):
             assert float(err.max()) > 1e-4 * float(ref.abs().max())
             y_ref_kernel = ext.int4_gemm_q8(x, p.w, p.sm, bias, N, K, gs, 0)
             assert torch.allclose(y, y_ref_kernel, rtol=1e-5, atol=1e-5 * float(ref.abs().max()))
+
+
+def test_int8_activation_kernels_agree_bitwise(ext):
+    """VNNI (vpdpbusd) and AVX2 (vpmaddubsw + vpmaddwd) compute the same integers, then the same
+    float steps: bit-identical outputs, so the AVX2 path is the VNNI path on CPUs without VNNI."""
+    if not (ext.has_vnni() and ext.isa_supported(1)):
+        pytest.skip("needs AVX-512 VNNI and AVX2 to compare")
+    g = torch.Generator().manual_seed(3)
+    for N, K, gs in ((130, 1536 + 7, 64), (64, 100, 32), (200, 1024, 128)):
+        w = _weights(N, K, N)
+        packed, sc, mn = ops.quantize_int4(w, gs)
+        p = ops.prepare_int4(packed, sc, mn, K, gs)
+        for M in (1, 3, 5, 8, 16):
+            x = torch.randn(M, K, generator=g)
+            x[:, 1] *= 40.0
+            y2 = ext.int4_gemm_q8(x, p.w, p.sm, None, N, K, gs, 2)
+            y1 = ext.int4_gemm_q8(x, p.w, p.sm, None, N, K, gs, 1)
+            assert torch.equal(y1, y2), (N, K, gs, M)
+    assert ext.q8_kernel(2) == "avx512-vnni" and ext.q8_kernel(1) == "avx2-maddubs"
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_kernel_rows_are_independent(ext, isa):
+    """A row's output does not depend on the other rows of the call (bit-identical alone and
+    with 1..20 others), for int8, int4 and int4 with int8 activations: the server's "a request's
+    tokens do not depend on its neighbours" and the fused step rest on it."""
+    _isa_or_skip(ext, isa)
+    g = torch.Generator().manual_seed(11)
+    N, K = 200, 1543
+    w = _weights(N, K, 5)
+    q, s = ops.quantize_int8(w)
+    p8 = ops.prepare_int8(q, s)
+    packed, sc, mn = ops.quantize_int4(w, 64)
+    p4 = ops.prepare_int4(packed, sc, mn, K, 64)
+    x = torch.randn(20, K, generator=g)
+    for act in (False, True):
+        with ops.using(act_int8=act):
+            for fn, p in ((ops.int8_linear, p8), (ops.int4_linear, p4)):
+                alone = torch.cat([fn(x[i:i + 1], p) for i in range(20)])
+                for M in (2, 5, 7, 13, 20):
+                    assert torch.equal(fn(x[:M], p), alone[:M]), (isa, act, fn.__name__, M)
 
 
 # ----------------------------------------------------------- fallback ----
@@ -376,10 +419,14 @@ def test_build_failure_is_caught(monkeypatch, tmp_path):
 
 def test_config_from_env_and_validation(monkeypatch):
     env = {"SCL_KERNELS": "torch", "SCL_KERNEL_ISA": "AVX2", "SCL_KERNEL_SMALL_M": "99",
-           "SCL_KERNEL_PREFILL": "dequant", "SCL_KERNEL_ACT": "int8", "SCL_FUSE": "0"}
+           "SCL_KERNEL_PREFILL": "dequant", "SCL_KERNEL_ACT": "fp32", "SCL_FUSE": "0", "SCL_FUSED": "0",
+           "SCL_CUDA_GRAPH": "1"}
     assert ops.KernelConfig.from_env(env) == ops.KernelConfig(enabled=False, isa="avx2", small_m=64,
-                                                              prefill="dequant", act_int8=True, fuse=False)
+                                                              prefill="dequant", act_int8=False, fuse=False,
+                                                              fused=False, cuda_graph=True)
     assert ops.KernelConfig.from_env({}) == ops.KernelConfig()
+    assert ops.KernelConfig().act_int8 and ops.KernelConfig().fused and not ops.KernelConfig().cuda_graph
+    assert ops.KernelConfig.from_env({"SCL_KERNEL_ACT": "int8"}).act_int8
     # unusable values are logged and left at their defaults
     assert ops.KernelConfig.from_env({"SCL_KERNEL_ISA": "avx9", "SCL_KERNEL_SMALL_M": "many"}) == ops.KernelConfig()
     for bad in (dict(isa="avx9"), dict(small_m=65), dict(small_m=-1), dict(prefill="x"), dict(act_int8="yes")):
@@ -394,10 +441,11 @@ def test_config_from_env_and_validation(monkeypatch):
 def test_configure_returns_previous_and_using_restores():
     base = ops.kernel_config()
     prev = ops.configure(isa="avx2", small_m=8)
-    assert prev == base and ops.kernel_config() == ops.KernelConfig(isa="avx2", small_m=8)
+    changed = dataclasses.replace(base, isa="avx2", small_m=8)
+    assert prev == base and ops.kernel_config() == changed
     with ops.using(act_int8=True) as inner:
         assert inner.act_int8 and inner.isa == "avx2" and ops.kernel_config() is inner
-    assert ops.kernel_config() == ops.KernelConfig(isa="avx2", small_m=8)
+    assert ops.kernel_config() == changed
     ops.configure(prev)
     assert ops.kernel_config() == base
 
@@ -421,10 +469,11 @@ def test_backend_info_carries_the_config(ext):
         pytest.skip("avx2 not supported by this CPU")
     with ops.using(isa="avx2", small_m=16):
         info = ops.backend_info()
-        assert info["config"] == ops.KernelConfig(isa="avx2", small_m=16).to_dict()
+        assert info["config"] == dataclasses.replace(BASE, isa="avx2", small_m=16).to_dict()
         assert info["cpu"] == "avx2" and info["small_m"] == 16
     info = ops.backend_info()
-    assert info["config"] == ops.KernelConfig().to_dict() and info["cpu"] == info["cpu_best"]
+    assert info["config"] == BASE.to_dict() and info["cpu"] == info["cpu_best"]
+    assert info["fused"].startswith("on") and "fused_steps" in info and info["int4_activations"] == "fp32"
 
 
 def _env_reads_during(fn) -> list[str]:

@@ -1,6 +1,8 @@
 """Compile-only checks for the CUDA kernels (no GPU needed).
 
-* every kernels/cuda/*.cu is compiled with nvcc -c for sm_80 and sm_90;
+* every kernels/cuda/*.cu (GEMV, fused verify, ragged decode attention, RMSNorm + residual) is
+  compiled with nvcc -c for sm_80 and sm_90, with ptxas reporting spills (the decode-step kernels
+  must not spill: a spill in their per-key loop would cost more than the kernel saves);
 * the torch binding kernels/cuda/qgemm_cuda.cpp is syntax-checked with the host
   compiler against the installed torch headers (it deliberately avoids c10/cuda
   headers, which a CPU-only torch does not ship complete).
@@ -59,6 +61,7 @@ def _cuda_include(nvcc: str) -> Path | None:
 
 
 NVCC = _nvcc()
+NO_SPILL = ("decode_attention.cu", "rmsnorm_residual.cu")
 CU_FILES = sorted(CUDA_DIR.glob("*.cu"))
 
 
@@ -79,7 +82,7 @@ def _run_all(jobs: dict[str, list[str]], timeout: int = 170) -> dict[str, subpro
 
 def test_cuda_sources_present():
     names = {p.name for p in CU_FILES}
-    assert {"qgemm_cuda.cu", "fused_verify.cu"} <= names, names
+    assert {"qgemm_cuda.cu", "fused_verify.cu", "decode_attention.cu", "rmsnorm_residual.cu"} <= names, names
     assert (CUDA_DIR / "qgemm_cuda.cpp").is_file()
     # kernels stay torch-free so nvcc compiles them quickly and without torch headers
     for p in CU_FILES:
@@ -124,5 +127,7 @@ def test_cuda_kernels_and_binding_compile(tmp_path):
     for cu in CU_FILES:
         obj = tmp_path / (cu.stem + ".o")
         assert obj.is_file() and obj.stat().st_size > 0
+    for name in NO_SPILL:
+        assert "spilled" not in results[name].stdout, f"{name} spills registers:\n{results[name].stdout[-2000:]}"
     if binding_note:
         print(binding_note, file=sys.stderr)

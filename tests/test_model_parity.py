@@ -21,17 +21,26 @@ def test_fp32_logits_match_transformers(small_fp32, hf_small):
     assert (ours - ref).abs().max().item() < 1e-3
 
 
-def test_left_padded_batch_matches_single(small_fp32, hf_small):
+def test_ragged_rows_match_each_sequence_alone(small_fp32, hf_small):
+    """Two sequences of different lengths in one pass (each in its own cache slot) match transformers."""
+    from engine.infer.model import Rows
+
     tok = small_fp32.tokenizer
-    a = tok("import numpy as np\nimport pandas as pd\n", return_tensors="pt").input_ids
-    b = tok("x = 1", return_tensors="pt").input_ids
-    pad = a.shape[1] - b.shape[1]
-    toks = torch.cat([a, torch.cat([torch.full((1, pad), 0), b], 1)])
+    a = tok("import numpy as np\nimport pandas as pd\n", return_tensors="pt").input_ids[0]
+    b = tok("x = 1", return_tensors="pt").input_ids[0]
+    m = small_fp32.model
     with torch.inference_mode():
-        cache = small_fp32.model.new_cache(2, a.shape[1])
-        ours = small_fp32.model(toks, 0, cache, torch.tensor([0, pad]))
-        ref_b = hf_small(b).logits
-    assert (ours[1, pad:] - ref_b[0]).abs().max().item() < 1e-3
+        cache = m.new_cache(3, 64)
+        rows = Rows.of([(2, 0, len(a)), (0, 0, len(b))], "cpu")  # slots need not be in order
+        ours = m.forward_rows(torch.cat([a, b]), rows, cache)
+        # then one decode row each, at their own positions, in the same pass
+        nxt = torch.tensor([int(ours[len(a) - 1].argmax()), int(ours[-1].argmax())])
+        step = m.forward_rows(nxt, Rows.of([(2, len(a), 1), (0, len(b), 1)], "cpu"), cache)
+        ref_a = hf_small(torch.cat([a, nxt[:1]])[None]).logits[0]
+        ref_b = hf_small(torch.cat([b, nxt[1:]])[None]).logits[0]
+    assert (ours[:len(a)] - ref_a[:-1]).abs().max().item() < 1e-3
+    assert (ours[len(a):] - ref_b[:-1]).abs().max().item() < 1e-3
+    assert (step[0] - ref_a[-1]).abs().max().item() < 1e-3 and (step[1] - ref_b[-1]).abs().max().item() < 1e-3
 
 
 def test_greedy_64_tokens_identical_to_transformers(small_fp32, hf_small):

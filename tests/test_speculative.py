@@ -134,7 +134,7 @@ def test_speculative_sampling_reproduces_target_distribution_with_good_and_bad_d
     joint = _target_two_token_dist(target, prompt, SamplingParams(**SP))
     bound = _tv_bound(joint, N_SEEDS)
     for draft in (good, bad):
-        counts = _spec_counts(target, lambda d=draft: speculative.ModelProposer(d, "model"), prompt, SP, N_SEEDS)
+        counts = _spec_counts(target, lambda d=draft: speculative.ProposerSpec("model", d), prompt, SP, N_SEEDS)
         assert _tv(counts, joint) < bound, draft.name
     counts = _spec_counts(target, lambda: speculative.NgramProposer(), [1, 2, 3, 1, 2], SP, N_SEEDS)
     assert _tv(counts, _target_two_token_dist(target, [1, 2, 3, 1, 2], SamplingParams(**SP))) < bound
@@ -151,8 +151,10 @@ def test_statistical_test_catches_a_wrong_verifier(monkeypatch, one_thread):
         g = d.shape[1]
         return torch.full((d.shape[0],), g), torch.multinomial(p[:, g], 1, generator=gen)[:, 0]
 
-    monkeypatch.setattr(speculative, "verify", accept_all)
-    counts = _spec_counts(target, lambda: speculative.ModelProposer(bad, "model"), prompt, SP, N_SEEDS)
+    from engine.infer import batch
+
+    monkeypatch.setattr(batch, "verify", accept_all)  # the verifier the batch step calls
+    counts = _spec_counts(target, lambda: speculative.ProposerSpec("model", bad), prompt, SP, N_SEEDS)
     assert _tv(counts, joint) > _tv_bound(joint, N_SEEDS)
 
 

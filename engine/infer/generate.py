@@ -1,4 +1,9 @@
-"""Prefill, then decode: greedy or sampled, with a per-token callback for streaming."""
+"""Generation of a static batch: prefill, then decode, greedy or sampled, streaming tokens.
+
+The requests run through the same continuous-batching scheduler as the server (scheduler.py), with
+the policy a benchmark wants: every prompt is prefilled before decoding starts, so the decode steps
+time decoding alone. Speculative generation is the same with a proposer (speculative.py).
+"""
 from __future__ import annotations
 
 import time
@@ -6,8 +11,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine.infer.sampling import SamplingParams, pick, make_generator
-from engine.infer.tokens import StreamDecoder, check_length, encode_prompts, eos_ids, left_pad, pad_id
+from engine.infer.batch import Request
+from engine.infer.sampling import SamplingParams
+from engine.infer.scheduler import BatchSettings, Scheduler
+from engine.infer.spec_stats import SpecStats
+from engine.infer.tokens import check_length, encode_prompts, eos_ids
+
+PREFILL_CHUNK = 512  # rows per prefill segment in a static batch (the kernels' chunked-prefill limit)
 
 
 @dataclass
@@ -15,23 +25,88 @@ class GenerationResult:
     prompt_tokens: list[list[int]]
     new_tokens: list[list[int]]
     texts: list[str]
-    ttft_s: float
+    ttft_s: float  # start until every sequence has its first token (one sequence: its TTFT)
     step_s: list[float]  # wall time of each decode step after the first token
     prefill_s: float
     total_s: float
     finish: list[str]
-    spec: dict | None = None  # speculative stats, see speculative.SpecStats
+    spec: dict | None = None  # speculative stats, see spec_stats.SpecStats
     trace: list[list[str]] = field(default_factory=list)  # per token: "target", "accepted", "bonus", "resample"
-    kv_bytes: int = 0  # bytes of the KV cache allocated for this generation (KVCache.nbytes)
+    kv_bytes: int = 0  # bytes of the KV caches allocated for this generation
+    spec_stats: SpecStats | None = None
+    settings: dict | None = None  # the scheduler settings it ran with
 
     @property
     def n_new(self) -> int:
         return sum(len(t) for t in self.new_tokens)
 
 
-def _sync(device):
-    if str(device).startswith("cuda"):
-        torch.cuda.synchronize()
+def run_static(lm, ids: list[list[int]], max_new_tokens: int, sp: SamplingParams, on_token=None,
+               stop_at_eos: bool = True, proposer_spec=None, gamma: int = 0, adaptive: bool = False) -> GenerationResult:
+    """Run a static batch of already-encoded prompts to completion and time it."""
+    b, longest = len(ids), max(len(x) for x in ids)
+    headroom = gamma + 1 if proposer_spec else 0
+    settings = BatchSettings(max_seqs=b, max_model_len=longest + max_new_tokens + headroom + 1,
+                             max_batched_tokens=max(sum(len(x) for x in ids), b * (gamma + 1)) + PREFILL_CHUNK,
+                             prefill_chunk=PREFILL_CHUNK, max_waiting=b, policy="prefill-first")
+    sched = Scheduler(lm, settings, proposer_spec, gamma, adaptive, eos=eos_ids(lm) if stop_at_eos else set())
+    index = {}
+
+    def cb(seq, tok, piece, origin):
+        on_token(index[id(seq.req)], tok, piece, origin)
+
+    reqs = []
+    for i, x in enumerate(ids):
+        r = Request(list(x), max_new_tokens, sp, stop_at_eos, on_token=cb if on_token else None, request_id=str(i))
+        index[id(r)] = i
+        reqs.append(sched.submit(r))
+    seqs = [None] * b
+    steps, draft_s, verify_s = [], 0.0, 0.0
+    t0 = time.perf_counter()
+    ttft = None
+    while sched.has_work():
+        for s in sched.running:
+            seqs[index[id(s.req)]] = s
+        st, _ = sched.step()
+        for s in sched.running:
+            seqs[index[id(s.req)]] = s
+        if st is None:
+            continue
+        if st.decode_seqs:
+            steps.append(st.wall_s)
+            draft_s += st.draft_s
+            verify_s += st.verify_s
+        if ttft is None and all(s is not None and s.out for s in seqs):
+            ttft = time.perf_counter() - t0
+    total = time.perf_counter() - t0
+    ttft = ttft if ttft is not None else total
+    tok = lm.tokenizer
+    res = GenerationResult(ids, [s.out for s in seqs], [tok.decode(s.out, skip_special_tokens=True) for s in seqs],
+                           ttft, steps, ttft, total, [s.finish for s in seqs], trace=[s.trace for s in seqs],
+                           kv_bytes=sched.batch.kv_bytes(), settings=settings.to_dict())
+    if proposer_spec is not None:
+        stats = SpecStats(proposer_spec.kind, gamma, adaptive, position_drafted=[0] * gamma,
+                          position_accepted=[0] * gamma, draft_s=draft_s, verify_s=verify_s)
+        for s in seqs:
+            stats.rounds += s.rounds
+            stats.drafted += s.drafted
+            stats.accepted += s.accepted
+            stats.emitted += s.emitted
+            stats.gamma_history += s.gamma_history
+            for j in range(gamma):
+                stats.position_drafted[j] += s.position_drafted[j]
+                stats.position_accepted[j] += s.position_accepted[j]
+        res.spec, res.spec_stats = stats.to_dict(), stats
+    return res
+
+
+def prepare(lm, prompts, max_new_tokens: int, sampling: SamplingParams | None, chat: bool, prompt_ids,
+            extra: int = 0) -> tuple[list[list[int]], SamplingParams]:
+    sp = (sampling or SamplingParams()).validate()
+    prompts = [prompts] if isinstance(prompts, str) else list(prompts or [])
+    ids = prompt_ids if prompt_ids is not None else encode_prompts(lm.tokenizer, prompts, chat)
+    check_length(lm.cfg, max(len(x) for x in ids), max_new_tokens, extra=extra)
+    return [list(x) for x in ids], sp
 
 
 @torch.inference_mode()
@@ -39,50 +114,5 @@ def generate(lm, prompts: list[str] | str, max_new_tokens: int = 64, sampling: S
              on_token=None, chat: bool = True, prompt_ids: list[list[int]] | None = None,
              stop_at_eos: bool = True) -> GenerationResult:
     """Plain autoregressive decoding. on_token(batch_index, token_id, text_piece, origin) streams tokens."""
-    sp = (sampling or SamplingParams()).validate()
-    prompts = [prompts] if isinstance(prompts, str) else list(prompts)
-    ids = prompt_ids if prompt_ids is not None else encode_prompts(lm.tokenizer, prompts, chat)
-    model, dev, cfg = lm.model, lm.device, lm.cfg
-    longest = max(len(x) for x in ids)
-    check_length(cfg, longest, max_new_tokens)
-    eos = eos_ids(lm) if stop_at_eos else set()
-    toks, pad = left_pad(ids, pad_id(lm.tokenizer), dev)
-    b = len(ids)
-    cache = model.new_cache(b, longest + max_new_tokens)
-    gen = make_generator(sp, dev)
-    out: list[list[int]] = [[] for _ in range(b)]
-    done = [False] * b
-    finish = ["length"] * b
-    steps: list[float] = []
-    streams = [StreamDecoder(lm.tokenizer) for _ in range(b)]
-
-    t0 = time.perf_counter()
-    logits = model(toks, 0, cache, pad, last_only=True)[:, -1]
-    nxt = pick(logits, sp, gen)
-    _sync(dev)
-    ttft = time.perf_counter() - t0
-    prefill_s = ttft
-    slot = longest
-    while True:
-        for i, t in enumerate(nxt.tolist()):
-            if done[i]:
-                continue
-            out[i].append(t)
-            if on_token:
-                on_token(i, t, streams[i].push(t), "target")
-            if t in eos:
-                done[i], finish[i] = True, "eos"
-            elif len(out[i]) >= max_new_tokens:
-                done[i] = True
-        if all(done):
-            break
-        ts = time.perf_counter()
-        logits = model(nxt[:, None], slot, cache, pad)[:, -1]
-        nxt = pick(logits, sp, gen)
-        _sync(dev)
-        steps.append(time.perf_counter() - ts)
-        slot += 1
-    total = time.perf_counter() - t0
-    texts = [lm.tokenizer.decode(o, skip_special_tokens=True) for o in out]
-    return GenerationResult(ids, out, texts, ttft, steps, prefill_s, total, finish,
-                            trace=[["target"] * len(o) for o in out], kv_bytes=cache.nbytes())
+    ids, sp = prepare(lm, prompts, max_new_tokens, sampling, chat, prompt_ids)
+    return run_static(lm, ids, max_new_tokens, sp, on_token, stop_at_eos)

@@ -1,12 +1,15 @@
 """Our Llama/Qwen2 transformer with a static KV cache written at explicit positions.
 
-Read top to bottom: config, cache, blocks, model, weight loading. Linear layers are plain
-nn.Linear here; engine/quant.py swaps them for quantized versions.
+Read top to bottom: config, cache, rows, blocks, model, weight loading. Linear layers are plain
+nn.Linear here; engine/quant swaps them for quantized versions.
 
-Batching: all sequences share one slot counter (slot = index into the cache). Shorter prompts are
-left-padded; `pad[b]` counts sequence b's pad slots, its RoPE position is slot - pad[b], and pad
-slots are masked out as keys. Rolling back the cache after a rejected draft is just using a smaller
-slot next time: stale entries past the current slot are never attended to.
+Batching is ragged: a forward pass takes a flat list of token rows, each belonging to one sequence
+(its cache slot) at its own position. A decode step of 8 sequences is 8 rows; speculative
+verification of gamma drafts is gamma + 1 rows of one sequence; a prefill chunk is many rows of one
+sequence. The linear layers see all rows at once (the weights are read once per step); attention
+runs per sequence over that sequence's own cached keys, so a row's numbers do not depend on which
+other sequences share the step. Rolling back after a rejected draft is a shorter length next time:
+stale entries past it are overwritten before anything attends to them.
 """
 from __future__ import annotations
 
@@ -17,6 +20,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from engine.ops import fused_forward_rows
 
 
 @dataclass
@@ -65,17 +70,53 @@ class ModelConfig:
 
 
 class KVCache(nn.Module):
-    """Per-layer K/V buffers [B, Hkv, S, D], written at explicit slots."""
+    """K/V for `slots` sequences of up to `capacity` positions each: [layers, slots, Hkv, capacity, D].
 
-    def __init__(self, cfg: ModelConfig, batch: int, max_slots: int, dtype, device):
+    A sequence owns one slot for its lifetime and writes each token's K/V at the token's position.
+    """
+
+    def __init__(self, cfg: ModelConfig, slots: int, capacity: int, dtype, device):
         super().__init__()
-        shape = (cfg.num_layers, batch, cfg.num_kv_heads, max_slots, cfg.head_dim)
+        shape = (cfg.num_layers, slots, cfg.num_kv_heads, capacity, cfg.head_dim)
         self.register_buffer("k", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
         self.register_buffer("v", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
-        self.max_slots = max_slots
+        self.slots, self.capacity = slots, capacity
+
+    @property
+    def max_slots(self) -> int:  # positions per sequence (the name older callers use)
+        return self.capacity
 
     def nbytes(self) -> int:
         return self.k.numel() * self.k.element_size() * 2
+
+
+@dataclass
+class Rows:
+    """Which sequence and position each row of a forward pass is.
+
+    segments: (slot, first row, rows, first position) per sequence, rows contiguous and in order;
+    a sequence's rows are consecutive positions. slot/pos: per-row tensors for the cache writes.
+    """
+
+    segments: list[tuple[int, int, int, int]]
+    slot: torch.Tensor
+    pos: torch.Tensor
+
+    @classmethod
+    def of(cls, segments: list[tuple[int, int, int]], device) -> "Rows":
+        """From (slot, first position, rows) per sequence, in row order."""
+        segs, slots, pos, r = [], [], [], 0
+        for slot, p0, n in segments:
+            segs.append((slot, r, n, p0))
+            slots += [slot] * n
+            pos += range(p0, p0 + n)
+            r += n
+        return cls(segs, torch.tensor(slots, dtype=torch.long, device=device),
+                   torch.tensor(pos, dtype=torch.long, device=device))
+
+    @property
+    def n(self) -> int:
+        return int(self.pos.shape[0])
 
 
 class RMSNorm(nn.Module):
@@ -94,7 +135,7 @@ class RMSNorm(nn.Module):
 
 
 def rope_tables(cfg: ModelConfig, positions: torch.Tensor):
-    """cos/sin for positions [B, T] -> [B, 1, T, D], computed in fp32 like the reference."""
+    """cos/sin for positions [N] -> [N, 1, D] (broadcast over heads), computed in fp32 like the reference."""
     d = cfg.head_dim
     inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64, device=positions.device).float() / d))
     freqs = positions.float()[..., None] * inv
@@ -119,24 +160,33 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(h * d, cfg.hidden_size, bias=False)
         self.qkv_proj = None  # quant.fuse_projections may replace q/k/v with one fused linear
 
-    def forward(self, x, cos, sin, cache: KVCache, slots: torch.Tensor, mask: torch.Tensor, end: int):
-        b, t, _ = x.shape
+    def forward(self, x, cos, sin, cache: KVCache, rows: Rows):
+        """x [N, hidden]: one row per token; writes each row's K/V at its slot and position."""
         c = self.cfg
+        h, kv, d = c.num_heads, c.num_kv_heads, c.head_dim
         if self.qkv_proj is not None:
-            q, k, v = self.qkv_proj(x).split([c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim,
-                                              c.num_kv_heads * c.head_dim], dim=-1)
+            q, k, v = self.qkv_proj(x).split([h * d, kv * d, kv * d], dim=-1)
         else:
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        q = q.reshape(b, t, c.num_heads, c.head_dim).transpose(1, 2)
-        k = k.reshape(b, t, c.num_kv_heads, c.head_dim).transpose(1, 2)
-        v = v.reshape(b, t, c.num_kv_heads, c.head_dim).transpose(1, 2)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        cache.k[self.layer, :, :, slots] = k.to(cache.k.dtype)
-        cache.v[self.layer, :, :, slots] = v.to(cache.v.dtype)
-        keys = cache.k[self.layer, :, :, :end].to(q.dtype)
-        vals = cache.v[self.layer, :, :, :end].to(q.dtype)
-        out = F.scaled_dot_product_attention(q, keys, vals, attn_mask=mask, enable_gqa=True)
-        return self.o_proj(out.transpose(1, 2).reshape(b, t, c.num_heads * c.head_dim))
+        q = apply_rope(q.reshape(-1, h, d), cos, sin)
+        k = apply_rope(k.reshape(-1, kv, d), cos, sin)
+        ck, cv = cache.k[self.layer], cache.v[self.layer]
+        ck[rows.slot, :, rows.pos] = k.to(ck.dtype)
+        cv[rows.slot, :, rows.pos] = v.reshape(-1, kv, d).to(cv.dtype)
+        outs = []
+        for slot, r0, n, p0 in rows.segments:
+            end = p0 + n
+            qs = q[r0:r0 + n].transpose(0, 1)[None]  # [1, H, n, D]
+            ks, vs = ck[slot, :, :end][None].to(q.dtype), cv[slot, :, :end][None].to(q.dtype)
+            if n == 1:  # one new token sees every cached key; SDPA is fastest without a mask
+                o = F.scaled_dot_product_attention(qs, ks, vs, enable_gqa=True)
+            elif p0 == 0:
+                o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, enable_gqa=True)
+            else:  # row i (position p0 + i) sees keys 0..p0 + i
+                mask = torch.arange(end, device=x.device)[None] <= torch.arange(p0, end, device=x.device)[:, None]
+                o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, enable_gqa=True)
+            outs.append(o[0].transpose(0, 1).reshape(n, h * d))
+        return self.o_proj(outs[0] if len(outs) == 1 else torch.cat(outs))
 
 
 class MLP(nn.Module):
@@ -162,8 +212,8 @@ class Block(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, cos, sin, cache, slots, mask, end):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, slots, mask, end)
+    def forward(self, x, cos, sin, cache, rows):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, rows)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -189,34 +239,32 @@ class Transformer(nn.Module):
     def device(self) -> torch.device:
         return self.model.norm.weight.device
 
-    def new_cache(self, batch: int, max_slots: int, dtype=None) -> KVCache:
-        return KVCache(self.cfg, batch, max_slots, dtype or self.compute_dtype, self.device)
+    def new_cache(self, slots: int, capacity: int, dtype=None) -> KVCache:
+        return KVCache(self.cfg, slots, capacity, dtype or self.compute_dtype, self.device)
 
-    def forward(self, tokens: torch.Tensor, start: int, cache: KVCache, pad: torch.Tensor | None = None,
-                last_only: bool = False) -> torch.Tensor:
-        """Run tokens [B, T] written at slots start..start+T-1; returns logits [B, T, V] (fp32)."""
-        b, t = tokens.shape
-        end = start + t
-        if end > cache.max_slots:
-            raise ValueError(f"cache holds {cache.max_slots} slots, step needs {end}")
-        dev = tokens.device
-        slots = torch.arange(start, end, device=dev)
-        pad = torch.zeros(b, dtype=torch.long, device=dev) if pad is None else pad.to(dev)
-        positions = (slots[None, :] - pad[:, None]).clamp(min=0)
-        cos, sin = rope_tables(self.cfg, positions)
-        key_slots = torch.arange(end, device=dev)
-        # Query at slot s sees key j when j <= s and j is not one of its own pad slots.
-        mask = (key_slots[None, None, :] <= slots[None, :, None]) & (key_slots[None, None, :] >= pad[:, None, None])
-        mask = mask[:, None]  # [B, 1, T, end]
-        if t == 1 and not bool(pad.any()):
-            mask = None  # one new token, no padding: it sees every key; SDPA is faster without a mask
+    def forward_rows(self, tokens: torch.Tensor, rows: Rows, cache: KVCache,
+                     logits_at: torch.Tensor | None = None) -> torch.Tensor:
+        """tokens [N], one per row; returns fp32 logits [len(logits_at), V] (all rows when None)."""
+        if rows.n and int(rows.pos.max()) >= cache.capacity:
+            raise ValueError(f"cache holds {cache.capacity} positions per sequence, a row needs "
+                             f"{int(rows.pos.max()) + 1}")
+        fused = fused_forward_rows(self, tokens, rows, cache, logits_at)  # one C++ call, or None: the path below
+        if fused is not None:
+            return fused
+        cos, sin = rope_tables(self.cfg, rows.pos)
         x = self.model.embed_tokens(tokens).to(self.compute_dtype)
         for blk in self.model.layers:
-            x = blk(x, cos, sin, cache, slots, mask, end)
-        x = self.model.norm(x)
-        if last_only:
-            x = x[:, -1:]
-        return self.lm_head(x).float()
+            x = blk(x, cos, sin, cache, rows)
+        if logits_at is not None:
+            x = x[logits_at]
+        return self.lm_head(self.model.norm(x)).float()
+
+    def forward(self, tokens: torch.Tensor, start: int, cache: KVCache, last_only: bool = False) -> torch.Tensor:
+        """tokens [B, T]: sequence b (cache slot b) at positions start..start+T-1; logits [B, T, V] (fp32)."""
+        b, t = tokens.shape
+        rows = Rows.of([(i, start, t) for i in range(b)], tokens.device)
+        at = torch.arange(t - 1, b * t, t, device=tokens.device) if last_only else None
+        return self.forward_rows(tokens.reshape(-1), rows, cache, at).reshape(b, 1 if last_only else t, -1)
 
 
 def load_config(folder: Path) -> ModelConfig:

@@ -7,6 +7,8 @@ compiler). A failed build is caught: the engine runs on PyTorch and `backend_inf
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import logging
 import os
@@ -27,9 +29,11 @@ log = logging.getLogger(__name__)
 
 CPU_SRC_DIR = REPO_ROOT / "kernels" / "cpu"
 CUDA_SRC_DIR = REPO_ROOT / "kernels" / "cuda"
-CPU_SOURCES = ["qgemm.cpp", "qgemm_scalar.cpp", "qgemm_avx2.cpp", "qgemm_avx512.cpp"]
-CPU_HEADERS = ["qgemm_kernels.h", "qgemm_simd_body.h"]
-CUDA_SOURCES = ["qgemm_cuda.cpp", "qgemm_cuda.cu", "fused_verify.cu"]
+CPU_SOURCES = ["qgemm.cpp", "qgemm_scalar.cpp", "qgemm_avx2.cpp", "qgemm_avx512.cpp",
+               "fused_plan.cpp", "fused_cpu.cpp", "fused_scalar.cpp", "fused_avx2.cpp", "fused_avx512.cpp"]
+CPU_HEADERS = ["qgemm_kernels.h", "qgemm_simd_body.h", "act_prep_body.h", "fused_kernels.h", "fused_simd_body.h",
+               "fused_plan.h"]
+CUDA_SOURCES = ["qgemm_cuda.cpp", "qgemm_cuda.cu", "fused_verify.cu", "decode_attention.cu", "rmsnorm_residual.cu"]
 CUDA_HEADERS = ["qgemm_cuda.h"]
 
 _lock = threading.RLock()
@@ -68,6 +72,26 @@ def _make_build_dir(kind: str, files: list[Path]) -> Path:
     return alt
 
 
+@contextlib.contextmanager
+def _build_lock(bdir: Path):
+    """Hold an OS lock on the build dir while building, and clear torch's stale baton.
+
+    torch's FileBaton (``<bdir>/lock``) is a plain file: a build killed mid-way (Ctrl-C, a stopped
+    test) leaves it behind, and every later build waits on it forever. The OS lock dies with its
+    process, so whoever holds it knows any baton left is stale.
+    """
+    with open(bdir / ".scl-build.lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            baton = bdir / "lock"
+            if baton.exists():
+                log.warning("removing a stale build lock left by an interrupted build: %s", baton)
+                baton.unlink(missing_ok=True)
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def _short(e: BaseException) -> str:
     msg = f"{type(e).__name__}: {e}".strip()
     lines = [ln for ln in msg.splitlines() if ln.strip()]
@@ -93,14 +117,15 @@ def load_cpu_extension(raise_errors: bool = False):
                 raise RuntimeError("no C++ compiler found (c++/g++ not on PATH)")
             sources = [CPU_SRC_DIR / s for s in CPU_SOURCES]
             bdir = _make_build_dir("cpu", sources + [CPU_SRC_DIR / h for h in CPU_HEADERS])
-            ext = cpp_extension.load(
-                name="scl_qgemm_cpu",
-                sources=[str(s) for s in sources],
-                extra_cflags=["-O3", "-fopenmp", f"-I{CPU_SRC_DIR}"],
-                extra_ldflags=["-fopenmp"],
-                build_directory=str(bdir),
-                verbose=bool(os.environ.get("SCL_KERNEL_VERBOSE")),
-            )
+            with _build_lock(bdir):
+                ext = cpp_extension.load(
+                    name="scl_qgemm_cpu",
+                    sources=[str(s) for s in sources],
+                    extra_cflags=["-O3", "-fopenmp", f"-I{CPU_SRC_DIR}"],
+                    extra_ldflags=["-fopenmp"],
+                    build_directory=str(bdir),
+                    verbose=bool(os.environ.get("SCL_KERNEL_VERBOSE")),
+                )
             _cpu_state.update(ext=ext, reason="", build_dir=str(bdir))
         except BaseException as e:  # noqa: BLE001 - never crash the engine
             if isinstance(e, KeyboardInterrupt):
@@ -132,16 +157,17 @@ def load_cuda_extension(raise_errors: bool = False):
             bdir = _make_build_dir("cuda", sources + [CUDA_SRC_DIR / h for h in CUDA_HEADERS])
             major, minor = torch.cuda.get_device_capability()
             arch = f"{major}{minor}"
-            ext = cpp_extension.load(
-                name="scl_qgemm_cuda",
-                sources=[str(s) for s in sources],
-                extra_cflags=["-O3"],
-                extra_cuda_cflags=["-O3",
-                                   f"-gencode=arch=compute_{arch},code=sm_{arch}"],
-                extra_include_paths=[str(CUDA_SRC_DIR)],
-                build_directory=str(bdir),
-                verbose=bool(os.environ.get("SCL_KERNEL_VERBOSE")),
-            )
+            with _build_lock(bdir):
+                ext = cpp_extension.load(
+                    name="scl_qgemm_cuda",
+                    sources=[str(s) for s in sources],
+                    extra_cflags=["-O3"],
+                    extra_cuda_cflags=["-O3",
+                                       f"-gencode=arch=compute_{arch},code=sm_{arch}"],
+                    extra_include_paths=[str(CUDA_SRC_DIR)],
+                    build_directory=str(bdir),
+                    verbose=bool(os.environ.get("SCL_KERNEL_VERBOSE")),
+                )
             _cuda_state.update(ext=ext, reason="", build_dir=str(bdir))
         except BaseException as e:  # noqa: BLE001
             if isinstance(e, KeyboardInterrupt):

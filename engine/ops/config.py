@@ -8,9 +8,15 @@ The environment is the initial source, read once at first use (the first prepare
 ``SCL_KERNEL_SMALL_M=n``         ``small_m``: largest M for the small-M CPU kernel (default 32, 0..64).
 ``SCL_KERNEL_PREFILL=dequant``   ``prefill="dequant"``: M above ``small_m`` dequantizes weight blocks for a
                                  torch matmul; the default ``"chunks"`` runs the small-M kernel in chunks.
-``SCL_KERNEL_ACT=int8``          ``act_int8=True``: int4 CPU kernels quantize activations to int8 per
-                                 32-k block (AVX-512 VNNI; adds activation error, docs/KERNELS.md).
+``SCL_KERNEL_ACT=fp32|int8``     ``act_int8``: int4 CPU kernels quantize activations to int8 per 32-k block
+                                 (AVX-512 VNNI, AVX2 vpmaddubsw, scalar). Default int8: measured against
+                                 fp32 it adds no KL on the 1.5B and ~2% of int4's own on the 0.5B
+                                 (docs/KERNELS.md); ``fp32`` gives exact weight-only semantics.
 ``SCL_FUSE=0``                   ``fuse=False``: engine.quant does not fuse q/k/v and gate/up at load.
+``SCL_FUSED=0``                  ``fused=False``: no fused forward pass (engine/ops/fused.py); every step runs
+                                 the model's PyTorch path (the reference).
+``SCL_CUDA_GRAPH=1``             ``cuda_graph=True``: on CUDA, plain decode steps replay a captured CUDA graph
+                                 (engine/ops/cuda_graph.py); off by default until checked on a GPU.
 
 After that the environment is never read again. Code and tests that switch settings say so:
 ``prev = configure(isa="avx2")`` (returns the previous config; ``configure(prev)`` restores it), or
@@ -37,7 +43,7 @@ KERNEL_MAX_M = 64      # MAX_M in the C++ code
 DEFAULT_SMALL_M = 32   # M above this -> the small-M kernel in chunks, or (past PREFILL_CHUNKS_MAX_M) dequantize
 PREFILL_MODES = ("chunks", "dequant")
 _OFF_VALUES = ("torch", "fallback", "off", "0", "none")
-_ACT_INT8_VALUES = ("int8", "q8", "i8")
+_ACT_FP32_VALUES = ("fp32", "f32", "float", "float32", "0", "off")   # anything else (int8, unset): int8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,11 +54,13 @@ class KernelConfig:
     isa: Optional[str] = None          # CPU ISA cap: None (best available), "scalar", "avx2", "avx512"
     small_m: int = DEFAULT_SMALL_M     # largest M for the small-M CPU kernel
     prefill: str = "chunks"            # M > small_m on CPU: "chunks" (small-M kernel) or "dequant"
-    act_int8: bool = False             # int4 CPU kernels: int8 activations (VNNI / scalar reference)
+    act_int8: bool = True              # int4 CPU kernels: int8 activations (VNNI / AVX2 maddubs / scalar)
     fuse: bool = True                  # engine.quant fuses q/k/v and gate/up before quantizing
+    fused: bool = True                 # CPU forward passes run as one fused C++ call per 64 rows (ops.fused)
+    cuda_graph: bool = False           # CUDA plain decode steps replay a captured graph (ops.cuda_graph)
 
     def __post_init__(self):
-        for name in ("enabled", "act_int8", "fuse"):
+        for name in ("enabled", "act_int8", "fuse", "fused", "cuda_graph"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"KernelConfig.{name} must be a bool, got {getattr(self, name)!r}")
         if self.isa is not None and self.isa not in ISA_IDS:
@@ -85,8 +93,10 @@ class KernelConfig:
                    isa=isa,
                    small_m=small_m,
                    prefill="dequant" if get("SCL_KERNEL_PREFILL") == "dequant" else "chunks",
-                   act_int8=get("SCL_KERNEL_ACT") in _ACT_INT8_VALUES,
-                   fuse=get("SCL_FUSE") != "0")
+                   act_int8=get("SCL_KERNEL_ACT") not in _ACT_FP32_VALUES,
+                   fuse=get("SCL_FUSE") != "0",
+                   fused=get("SCL_FUSED") not in ("0", "off", "false", "no"),
+                   cuda_graph=get("SCL_CUDA_GRAPH") in ("1", "on", "true", "yes"))
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

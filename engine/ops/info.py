@@ -5,6 +5,7 @@ import torch
 
 from engine.ops import build as _build
 from engine.ops import config as _config
+from engine.ops.fused import fused_info
 from engine.ops.prepared import TILE
 
 __all__ = ["backend_info"]
@@ -15,7 +16,9 @@ _DISABLED = "kernels disabled (SCL_KERNELS=torch or ops.configure(enabled=False)
 def backend_info(build: bool = True) -> dict:
     """{"cpu": "avx512"|"avx2"|"scalar"|"torch-fallback", "cpu_reason", "cpu_best", "cpu_vnni",
     "int4_activations", "cuda": "built"|"unavailable: <reason>", "threads", "small_m", "tile_rows",
-    "config": the KernelConfig as a dict}. Builds the extensions lazily if build=True."""
+    "config": the KernelConfig as a dict, "fused": on/off and why, "fused_steps" / "reference_steps":
+    forward passes that took each path in this process, "last_step", "reference_reasons"}.
+    Builds the extensions lazily if build=True."""
     cfg = _config.kernel_config()
     info: dict = {"threads": torch.get_num_threads(), "small_m": cfg.small_m, "tile_rows": TILE,
                   "config": cfg.to_dict()}
@@ -35,15 +38,11 @@ def backend_info(build: bool = True) -> dict:
                         cpu_reason="" if isa == best else f"capped by isa={cfg.isa} (SCL_KERNEL_ISA / ops.configure)",
                         cpu_vnni=bool(ext.has_vnni()),
                         cpu_build_dir=_build._cpu_state.get("build_dir", ""))
-            if not cfg.act_int8:
-                act = "fp32"
-            elif isa == 2 and ext.has_vnni():
-                act = "int8 per-32 block (AVX-512 VNNI)"
-            elif isa == 0:
-                act = "int8 per-32 block (scalar reference)"
-            else:
-                act = "fp32 (act_int8 needs AVX-512 VNNI or the scalar ISA)"
-            info["int4_activations"] = act
+            kern = {"avx512-vnni": "AVX-512 VNNI", "avx2-maddubs": "AVX2 vpmaddubsw",
+                    "scalar": "scalar reference"}[ext.q8_kernel(isa)]
+            info["int4_activations"] = f"int8 per-32 block ({kern})" if cfg.act_int8 else "fp32"
+            info["int4_q8_kernel"] = kern
+    info.update(fused_info())
     if not cfg.enabled:
         info["cuda"] = "unavailable: " + _DISABLED
     elif torch.version.cuda is None or not torch.cuda.is_available():

@@ -28,13 +28,11 @@ PREFILL_BLOCK_ROWS = 4096
 
 
 def _int4_call(ext, x, prepared, bias, N, K, isa, act_int8: bool):
-    """int4 small-M kernel call: fp32 activations, or int8 activations (VNNI) if asked."""
+    """int4 small-M kernel call: fp32 activations, or int8 activations if asked (AVX-512 VNNI,
+    AVX2 vpmaddubsw, or the scalar reference, by ISA)."""
     gs = prepared.group_size
     if act_int8:
-        if isa == 2 and ext.has_vnni():
-            return ext.int4_gemm_q8(x, prepared.w, prepared.sm, bias, N, K, gs, 2)
-        if isa == 0:
-            return ext.int4_gemm_q8(x, prepared.w, prepared.sm, bias, N, K, gs, 0)
+        return ext.int4_gemm_q8(x, prepared.w, prepared.sm, bias, N, K, gs, isa)
     return ext.int4_gemm(x, prepared.w, prepared.sm, bias, N, K, gs, isa)
 
 

@@ -91,28 +91,13 @@ torch::Tensor out_like(const torch::Tensor& x, int64_t N) {
 // octet: byte i = q[8o+i] | q[8o+4+i] << 4  ->  pos(j) = 2j (j<4), 2(j-4)+1 (j>=4).
 inline int nib_pos(int j) { return j < 4 ? 2 * j : 2 * (j - 4) + 1; }
 
-// xp[m][8o+p] = x[m][8o+k(p)] * 16^-p  (p < 7; p = 7 uses a shift, factor 1),
-// zero for k >= K;  xsum[m][g] = sum of x[m][k] over group g.
-void prep_int4_x(const float* xd, int64_t M, int64_t K, int64_t Kp, int64_t gs, float* xp,
-                 float* xsum) {
-  static const float f16[8] = {1.f, 1.f / 16, 1.f / 256, 1.f / 4096, 1.f / 65536,
-                               1.f / 1048576, 1.f / 16777216, 1.f};
-  const int64_t G = Kp / gs;
-  for (int64_t m = 0; m < M; ++m) {
-    const float* xr = xd + m * K;
-    float* xpr = xp + m * Kp;
-    for (int64_t k = K & ~int64_t(7); k < Kp; ++k) xpr[k] = 0.f;
-    for (int64_t k = 0; k < K; ++k) {
-      const int p = nib_pos((int)(k & 7));
-      xpr[(k & ~int64_t(7)) + p] = xr[k] * f16[p];
-    }
-    for (int64_t g = 0; g < G; ++g) {
-      float s = 0.f;
-      const int64_t k1 = std::min(K, (g + 1) * gs);
-      for (int64_t k = g * gs; k < k1; ++k) s += xr[k];
-      xsum[m * G + g] = s;
-    }
-  }
+using PrepXp = void (*)(const float*, int64_t, int64_t, int64_t, float*, float*);
+using PrepQ8 = void (*)(const float*, int64_t, int64_t, int64_t, int8_t*, float*, int32_t*, float*);
+PrepXp pick_prep_xp(int64_t isa) {
+  return isa == 2 ? avx512::prep_xp : isa == 1 ? avx2::prep_xp : scalar::prep_xp;
+}
+PrepQ8 pick_prep_q8(int64_t isa) {
+  return isa == 2 ? avx512::prep_q8 : isa == 1 ? avx2::prep_q8 : scalar::prep_q8;
 }
 
 // y[..., N] = x[..., K] @ (w8 * scale)^T + bias   (M = rows of x <= MAX_M)
@@ -147,25 +132,40 @@ torch::Tensor int4_gemm(torch::Tensor x, torch::Tensor w, torch::Tensor sm,
                   sm.is_contiguous() && sm.numel() == NT * G * 2 * TILE,
               "sm must be float16 [NT, G, 2, 64]");
   const int64_t M = check_x(x, K);
+  Fn4 fn = pick4(isa);
   // Pre-scaled, zero-padded, nibble-ordered activations and per-group sums (O(M*K)).
-  std::vector<float> xp((size_t)(M * Kp)), xsum((size_t)(M * G));
-  prep_int4_x(x.data_ptr<float>(), M, K, Kp, gs, xp.data(), xsum.data());
+  const int64_t nbk = Kp / 32;
+  std::vector<float> xp((size_t)(M * Kp)), xsum((size_t)(M * G)), fsum((size_t)(M * nbk));
+  const PrepXp prep = pick_prep_xp(isa);
+  const float* xd = x.data_ptr<float>();
+  for (int64_t m = 0; m < M; ++m) {
+    prep(xd + m * K, K, 0, Kp, xp.data() + m * Kp, fsum.data() + m * nbk);
+    xsum_from_fsum(fsum.data() + m * nbk, G, gs, xsum.data() + m * G);
+  }
   auto y = out_like(x, N);
   Int4Params p{reinterpret_cast<const uint32_t*>(w.data_ptr<int32_t>()),
                reinterpret_cast<const uint16_t*>(sm.data_ptr()),
                bias_ptr(bias, N), xp.data(), xsum.data(), y.data_ptr<float>(),
                M, N, K, Kp, G, gs};
-  Fn4 fn = pick4(isa);
   at::parallel_for(0, NT, 1, [&](int64_t tb, int64_t te) { fn(p, tb, te); });
   return y;
 }
 
 bool has_vnni() { return avx512::compiled() && cpu_has("avx512vnni"); }
 
-// int4 weights x int8 activations (opt-in).  Activations are quantized here per
-// row and per block of 32 k: sx = max|x| / 127, xq = round(x / sx) (half to even);
-// bsum = sum of xq per block (for the centred integer part, see qgemm_avx512.cpp).
-// isa 2 = AVX-512 VNNI kernel (needs has_vnni()), 0 = portable reference.
+using FnQ8 = void (*)(const Int4Q8Params&, int64_t, int64_t);
+// int8-activation int4 kernel for an ISA level: 2 = AVX-512 VNNI (or, on an AVX-512 CPU without
+// VNNI, the AVX2 vpmaddubsw kernel), 1 = AVX2 vpmaddubsw, 0 = the portable reference.
+FnQ8 pick_q8(int64_t isa) {
+  TORCH_CHECK(isa_supported(isa), "scl_qgemm: ISA ", isa, " not supported on this CPU/build");
+  if (isa == 2 && has_vnni()) return avx512::int4q8_tiles;
+  if (isa >= 1) return avx2::int4q8_tiles;
+  return scalar::int4q8_tiles;
+}
+
+// int4 weights x int8 activations.  Activations are quantized per row and per block of 32 k:
+// sx = max|x| / 127, xq = round(x / sx) (half to even); bsum = sum of xq per block (for the
+// centred integer part, see qgemm_avx512.cpp); xsum = per-group sums of x (qgemm_kernels.h).
 torch::Tensor int4_gemm_q8(torch::Tensor x, torch::Tensor w, torch::Tensor sm,
                            c10::optional<torch::Tensor> bias, int64_t N, int64_t K, int64_t gs,
                            int64_t isa) {
@@ -178,42 +178,23 @@ torch::Tensor int4_gemm_q8(torch::Tensor x, torch::Tensor w, torch::Tensor sm,
   TORCH_CHECK((sm.scalar_type() == torch::kFloat16 || sm.scalar_type() == torch::kInt16) &&
                   sm.is_contiguous() && sm.numel() == NT * G * 2 * TILE,
               "sm must be float16 [NT, G, 2, 64]");
-  TORCH_CHECK(isa == 0 || (isa == 2 && has_vnni()), "int4_gemm_q8: isa must be 0 or 2 (VNNI)");
+  const FnQ8 fn = pick_q8(isa);
   const int64_t M = check_x(x, K);
   const int64_t nbk = Kp / 32;
   std::vector<int8_t> xq((size_t)(M * Kp));
-  std::vector<float> sx((size_t)(M * nbk)), xsum((size_t)(M * G));
+  std::vector<float> sx((size_t)(M * nbk)), xsum((size_t)(M * G)), fsum((size_t)(M * nbk));
   std::vector<int32_t> bsum((size_t)(M * nbk));
   const float* xd = x.data_ptr<float>();
+  const PrepQ8 prep = pick_prep_q8(isa);
   for (int64_t m = 0; m < M; ++m) {
-    const float* xr = xd + m * K;
-    for (int64_t b = 0; b < nbk; ++b) {
-      const int64_t k0 = b * 32, k1 = std::min(K, k0 + 32);
-      float amax = 0.f;
-      for (int64_t k = k0; k < k1; ++k) amax = std::max(amax, std::fabs(xr[k]));
-      const float inv = amax > 0.f ? 127.f / amax : 0.f;
-      sx[m * nbk + b] = amax / 127.f;
-      int8_t* q = xq.data() + m * Kp;
-      int32_t bs = 0;
-      for (int64_t k = k0; k < k0 + 32; ++k) {
-        float v = k < k1 ? std::nearbyint(xr[k] * inv) : 0.f;
-        v = std::min(127.f, std::max(-127.f, v));
-        q[k] = (int8_t)v;
-        bs += (int32_t)v;
-      }
-      bsum[m * nbk + b] = bs;
-    }
-    for (int64_t g = 0; g < G; ++g) {
-      float s = 0.f;
-      for (int64_t k = g * gs; k < std::min(K, (g + 1) * gs); ++k) s += xr[k];
-      xsum[m * G + g] = s;
-    }
+    prep(xd + m * K, K, 0, Kp, xq.data() + m * Kp, sx.data() + m * nbk, bsum.data() + m * nbk,
+         fsum.data() + m * nbk);
+    xsum_from_fsum(fsum.data() + m * nbk, G, gs, xsum.data() + m * G);
   }
   auto y = out_like(x, N);
   Int4Q8Params p{reinterpret_cast<const uint32_t*>(w.data_ptr<int32_t>()),
                  reinterpret_cast<const uint16_t*>(sm.data_ptr()), bias_ptr(bias, N), xq.data(),
                  sx.data(), bsum.data(), xsum.data(), y.data_ptr<float>(), M, N, K, Kp, G, gs};
-  auto fn = isa == 2 ? avx512::int4q8_tiles : scalar::int4q8_tiles;
   at::parallel_for(0, NT, 1, [&](int64_t tb, int64_t te) { fn(p, tb, te); });
   return y;
 }
@@ -279,6 +260,8 @@ torch::Tensor int4_dequant(torch::Tensor w, torch::Tensor sm, int64_t N, int64_t
 
 }  // namespace
 
+namespace scl { void register_fused(pybind11::module& m); }  // fused_cpu.cpp
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "Serving Cost Lab weight-only int8/int4 CPU kernels";
   m.def("best_isa", &best_isa, "best ISA this CPU supports: 2=avx512, 1=avx2, 0=scalar");
@@ -290,10 +273,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("int4_gemm", &int4_gemm, "int4 group-wise weight-only GEMV/small-M GEMM", py::arg("x"),
         py::arg("w"), py::arg("sm"), py::arg("bias"), py::arg("N"), py::arg("K"),
         py::arg("gs"), py::arg("isa"));
-  m.def("has_vnni", &has_vnni, "AVX-512 VNNI int4 x int8-activation kernel available");
+  m.def("has_vnni", &has_vnni, "AVX-512 VNNI (the fastest int4 x int8-activation kernel) available");
   m.def("int4_gemm_q8", &int4_gemm_q8, "int4 weights x int8 (per-32-block) activations",
         py::arg("x"), py::arg("w"), py::arg("sm"), py::arg("bias"), py::arg("N"), py::arg("K"),
         py::arg("gs"), py::arg("isa"));
   m.def("int8_dequant", &int8_dequant, "dequantise int8 tiles [t0, t1) to fp32 rows");
   m.def("int4_dequant", &int4_dequant, "dequantise int4 tiles [t0, t1) to fp32 rows");
+  m.def("q8_kernel", [](int64_t isa) -> std::string {
+    if (isa == 2 && has_vnni()) return "avx512-vnni";
+    return isa >= 1 ? "avx2-maddubs" : "scalar";
+  }, "which int8-activation int4 kernel an ISA level runs");
+  scl::register_fused(m);
 }

@@ -41,6 +41,112 @@ struct Ops {
 bool compiled() { return true; }
 
 #include "qgemm_simd_body.h"
+#include "act_prep_body.h"
+
+// ---------------------------------------------------------------------------
+// int4 weights x int8 activations without VNNI (any AVX2 CPU).  One 32-byte load = 8 rows x 8 k;
+// AND 0x0F / (>>4) AND 0x0F give 8 rows x 4 consecutive k as unsigned bytes (the layout's nibble
+// order), vpmaddubsw multiplies them with 4 broadcast int8 activations and adds pairs into int16.
+// A 32-k block is 16 products per int16 lane, at most 16 * 15 * 127 = 30480 < 2^15: exact, so the
+// int16 sums run over the whole block and one vpmaddwd (x 1) widens them to int32 per block.
+// Then the same centring and scaling as the VNNI kernel (qgemm_avx512.cpp): identical integers.
+constexpr int MBQ = 5;   // 2*MBQ accumulators + 5 temporaries fit the 16 ymm registers
+
+template <int MB>
+static inline void uk4q8(const uint32_t* __restrict w, int64_t nb, const int8_t* __restrict xq,
+                         int64_t ldq, const float* __restrict sx, const int32_t* __restrict bsum,
+                         int64_t ldsx, const float* __restrict xs, int64_t ldxs,
+                         const uint16_t* __restrict sm, float* __restrict C) {
+  const __m256i mask = _mm256_set1_epi8(0x0F);
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256 accg[MB];
+  for (int m = 0; m < MB; ++m) accg[m] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    __m256i acc16[MB];
+    for (int m = 0; m < MB; ++m) acc16[m] = _mm256_setzero_si256();
+#pragma GCC unroll 4
+    for (int o = 0; o < 4; ++o) {
+      const uint32_t* wo = w + (b * 4 + o) * TILE;
+      _mm_prefetch((const char*)wo + SCL_PF_BYTES, _MM_HINT_T0);
+      const __m256i q = _mm256_loadu_si256((const __m256i*)wo);
+      const __m256i lo = _mm256_and_si256(q, mask);
+      const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), mask);
+      const int8_t* xo = xq + (b * 4 + o) * 8;
+#pragma GCC unroll 8
+      for (int m = 0; m < MB; ++m) {
+        int32_t x0, x1;
+        __builtin_memcpy(&x0, xo + m * ldq, 4);
+        __builtin_memcpy(&x1, xo + m * ldq + 4, 4);
+        const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_set1_epi32(x0)),
+                                           _mm256_maddubs_epi16(hi, _mm256_set1_epi32(x1)));
+        acc16[m] = _mm256_add_epi16(acc16[m], p);
+      }
+    }
+#pragma GCC unroll 8
+    for (int m = 0; m < MB; ++m) {
+      const __m256i i32 = _mm256_madd_epi16(acc16[m], ones);
+      const __m256i c = _mm256_sub_epi32(i32, _mm256_set1_epi32(8 * bsum[m * ldsx + b]));
+      accg[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(c), _mm256_set1_ps(sx[m * ldsx + b]), accg[m]);
+    }
+  }
+  const __m256 s = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)sm));
+  const __m256 mn = _mm256_fmadd_ps(s, _mm256_set1_ps(8.f),
+                                    _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(sm + TILE))));
+#pragma GCC unroll 8
+  for (int m = 0; m < MB; ++m) {
+    float* c = C + m * TILE;
+    __m256 cv = _mm256_fmadd_ps(accg[m], s, _mm256_loadu_ps(c));
+    cv = _mm256_fmadd_ps(mn, _mm256_set1_ps(xs[m * ldxs]), cv);
+    _mm256_storeu_ps(c, cv);
+  }
+}
+
+template <int MB>
+static void uk4q8_groups(const Int4Q8Params& p, const uint32_t* wt, const uint16_t* smt,
+                         int64_t g0, int64_t g1, int64_t m0, float* C) {
+  const int64_t no = p.gs / 8, nb = p.gs / 32, nbk = p.Kp / 32;
+  for (int64_t g = g0; g < g1; ++g)
+    for (int v = 0; v < TILE; v += 8)
+      uk4q8<MB>(wt + g * no * TILE + v, nb, p.xq + m0 * p.Kp + g * p.gs, p.Kp,
+                p.sx + m0 * nbk + g * nb, p.bsum + m0 * nbk + g * nb, nbk, p.xsum + m0 * p.G + g, p.G,
+                smt + g * 2 * TILE + v, C + m0 * TILE + v);
+}
+
+void int4q8_tiles(const Int4Q8Params& p, int64_t tb, int64_t te) {
+  alignas(64) float C[MAX_M * TILE];
+  const int64_t M = p.M, G = p.G;
+  const int64_t nblk = (M + MBQ - 1) / MBQ;
+  int64_t gb = KB4 / p.gs;
+  if (gb < 1) gb = 1;
+  if (nblk == 1) gb = G;
+  for (int64_t t = tb; t < te; ++t) {
+    for (int64_t i = 0; i < M * TILE; ++i) C[i] = 0.f;
+    const uint32_t* wt = p.w + t * (p.Kp / 8) * TILE;
+    const uint16_t* smt = p.sm + t * G * 2 * TILE;
+    for (int64_t g0 = 0; g0 < G; g0 += gb) {
+      const int64_t g1 = (G - g0 < gb) ? G : g0 + gb;
+      for (int64_t bi = 0; bi < nblk; ++bi) {
+        int64_t m0; int mb;
+        mblock(M, MBQ, bi, &m0, &mb);
+        switch (mb) {
+          case 1: uk4q8_groups<1>(p, wt, smt, g0, g1, m0, C); break;
+          case 2: uk4q8_groups<2>(p, wt, smt, g0, g1, m0, C); break;
+          case 3: uk4q8_groups<3>(p, wt, smt, g0, g1, m0, C); break;
+          case 4: uk4q8_groups<4>(p, wt, smt, g0, g1, m0, C); break;
+          case 5: uk4q8_groups<5>(p, wt, smt, g0, g1, m0, C); break;
+          default: break;
+        }
+      }
+    }
+    const int64_t n0 = t * TILE;
+    const int64_t nr = (p.N - n0 < TILE) ? p.N - n0 : TILE;
+    for (int64_t m = 0; m < M; ++m) {
+      float* y = p.y + m * p.N + n0;
+      const float* c = C + m * TILE;
+      for (int64_t r = 0; r < nr; ++r) y[r] = c[r] + (p.bias ? p.bias[n0 + r] : 0.f);
+    }
+  }
+}
 
 }  // namespace avx2
 }  // namespace scl
@@ -54,6 +160,9 @@ namespace avx2 {
 bool compiled() { return false; }
 void int8_tiles(const Int8Params&, int64_t, int64_t) {}
 void int4_tiles(const Int4Params&, int64_t, int64_t) {}
+void int4q8_tiles(const Int4Q8Params&, int64_t, int64_t) {}
+void prep_xp(const float*, int64_t, int64_t, int64_t, float*, float*) {}
+void prep_q8(const float*, int64_t, int64_t, int64_t, int8_t*, float*, int32_t*, float*) {}
 }  // namespace avx2
 }  // namespace scl
 #endif

@@ -40,6 +40,7 @@ struct Ops {
 bool compiled() { return true; }
 
 #include "qgemm_simd_body.h"
+#include "act_prep_body.h"
 
 }  // namespace avx512
 }  // namespace scl
@@ -53,6 +54,8 @@ namespace avx512 {
 bool compiled() { return false; }
 void int8_tiles(const Int8Params&, int64_t, int64_t) {}
 void int4_tiles(const Int4Params&, int64_t, int64_t) {}
+void prep_xp(const float*, int64_t, int64_t, int64_t, float*, float*) {}
+void prep_q8(const float*, int64_t, int64_t, int64_t, int8_t*, float*, int32_t*, float*) {}
 }  // namespace avx512
 }  // namespace scl
 #endif
@@ -73,63 +76,83 @@ namespace avx512 {
 
 constexpr int MBQ = 8;   // max m-rows per block (2*MBQ accumulators + temporaries)
 
-template <int MB>
+// NV vectors of 16 rows per call: every broadcast activation feeds NV weight vectors (fewer
+// broadcast loads per multiply-add; NV = 4 at M <= 2 also reads each octet's 256 bytes as one
+// contiguous run).  The arithmetic of each row is the same for every NV (bit-identical outputs).
+template <int MB, int NV>
 static inline void uk4q8(const uint32_t* __restrict w, int64_t nb, const int8_t* __restrict xq,
                          int64_t ldq, const float* __restrict sx, const int32_t* __restrict bsum,
                          int64_t ldsx, const float* __restrict xs, int64_t ldxs,
                          const uint16_t* __restrict sm, float* __restrict C) {
   const __m512i mask = _mm512_set1_epi8(0x0F);
-  __m512 accg[MB];
-  for (int m = 0; m < MB; ++m) accg[m] = _mm512_setzero_ps();
+  __m512 accg[MB][NV];
+  for (int m = 0; m < MB; ++m)
+    for (int v = 0; v < NV; ++v) accg[m][v] = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
-    __m512i acci[MB];
-    for (int m = 0; m < MB; ++m) acci[m] = _mm512_setzero_si512();
+    __m512i acci[MB][NV];
+    for (int m = 0; m < MB; ++m)
+      for (int v = 0; v < NV; ++v) acci[m][v] = _mm512_setzero_si512();
 #pragma GCC unroll 4
     for (int o = 0; o < 4; ++o) {
       const uint32_t* wo = w + (b * 4 + o) * TILE;
-      _mm_prefetch((const char*)wo + SCL_PF_BYTES, _MM_HINT_T0);
-      const __m512i q = _mm512_loadu_si512((const void*)wo);
-      const __m512i lo = _mm512_and_si512(q, mask);
-      const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), mask);
+      __m512i lo[NV], hi[NV];
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) {
+        _mm_prefetch((const char*)(wo + 16 * v) + SCL_PF_BYTES, _MM_HINT_T0);
+        const __m512i q = _mm512_loadu_si512((const void*)(wo + 16 * v));
+        lo[v] = _mm512_and_si512(q, mask);
+        hi[v] = _mm512_and_si512(_mm512_srli_epi16(q, 4), mask);
+      }
       const int8_t* xo = xq + (b * 4 + o) * 8;
 #pragma GCC unroll 16
       for (int m = 0; m < MB; ++m) {
         int32_t x0, x1;
         __builtin_memcpy(&x0, xo + m * ldq, 4);
         __builtin_memcpy(&x1, xo + m * ldq + 4, 4);
-        acci[m] = _mm512_dpbusd_epi32(acci[m], lo, _mm512_set1_epi32(x0));
-        acci[m] = _mm512_dpbusd_epi32(acci[m], hi, _mm512_set1_epi32(x1));
+        const __m512i b0 = _mm512_set1_epi32(x0), b1 = _mm512_set1_epi32(x1);
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; ++v) {
+          acci[m][v] = _mm512_dpbusd_epi32(acci[m][v], lo[v], b0);
+          acci[m][v] = _mm512_dpbusd_epi32(acci[m][v], hi[v], b1);
+        }
       }
     }
     // centre the weights: sum (q - 8) * xq = sum q * xq - 8 * sum xq (exact int32)
 #pragma GCC unroll 16
     for (int m = 0; m < MB; ++m) {
-      const __m512i c = _mm512_sub_epi32(acci[m], _mm512_set1_epi32(8 * bsum[m * ldsx + b]));
-      accg[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(c), _mm512_set1_ps(sx[m * ldsx + b]), accg[m]);
+      const __m512i c8 = _mm512_set1_epi32(8 * bsum[m * ldsx + b]);
+      const __m512 sxv = _mm512_set1_ps(sx[m * ldsx + b]);
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v)
+        accg[m][v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acci[m][v], c8)), sxv, accg[m][v]);
     }
   }
-  const __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)sm));
-  // min' = min + 8 * scale pairs with the centred integer part
-  const __m512 mn = _mm512_fmadd_ps(s, _mm512_set1_ps(8.f),
-                                    _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(sm + TILE))));
+#pragma GCC unroll 4
+  for (int v = 0; v < NV; ++v) {
+    const __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(sm + 16 * v)));
+    // min' = min + 8 * scale pairs with the centred integer part
+    const __m512 mn = _mm512_fmadd_ps(s, _mm512_set1_ps(8.f),
+                                      _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(sm + TILE + 16 * v))));
 #pragma GCC unroll 16
-  for (int m = 0; m < MB; ++m) {
-    float* c = C + m * TILE;
-    __m512 cv = _mm512_fmadd_ps(accg[m], s, _mm512_loadu_ps(c));
-    cv = _mm512_fmadd_ps(mn, _mm512_set1_ps(xs[m * ldxs]), cv);
-    _mm512_storeu_ps(c, cv);
+    for (int m = 0; m < MB; ++m) {
+      float* c = C + m * TILE + 16 * v;
+      __m512 cv = _mm512_fmadd_ps(accg[m][v], s, _mm512_loadu_ps(c));
+      cv = _mm512_fmadd_ps(mn, _mm512_set1_ps(xs[m * ldxs]), cv);
+      _mm512_storeu_ps(c, cv);
+    }
   }
 }
 
 template <int MB>
 static void uk4q8_groups(const Int4Q8Params& p, const uint32_t* wt, const uint16_t* smt,
                          int64_t g0, int64_t g1, int64_t m0, float* C) {
+  constexpr int NV = MB <= 2 ? 4 : (MB <= 5 ? 2 : 1);   // 2*MB*NV accumulators fit the 32 zmm
   const int64_t no = p.gs / 8, nb = p.gs / 32, nbk = p.Kp / 32;
   for (int64_t g = g0; g < g1; ++g)
-    for (int v = 0; v < TILE; v += 16)   // v outer: one group's slice stays in L1
-      uk4q8<MB>(wt + g * no * TILE + v, nb, p.xq + m0 * p.Kp + g * p.gs, p.Kp,
-                p.sx + m0 * nbk + g * nb, p.bsum + m0 * nbk + g * nb, nbk, p.xsum + m0 * p.G + g, p.G,
-                smt + g * 2 * TILE + v, C + m0 * TILE + v);
+    for (int v = 0; v < TILE; v += 16 * NV)   // v outer: one group's slice stays in L1
+      uk4q8<MB, NV>(wt + g * no * TILE + v, nb, p.xq + m0 * p.Kp + g * p.gs, p.Kp,
+                    p.sx + m0 * nbk + g * nb, p.bsum + m0 * nbk + g * nb, nbk, p.xsum + m0 * p.G + g, p.G,
+                    smt + g * 2 * TILE + v, C + m0 * TILE + v);
 }
 
 void int4q8_tiles(const Int4Q8Params& p, int64_t tb, int64_t te) {

@@ -94,6 +94,38 @@ void int4q8_tiles(const Int4Q8Params& p, int64_t tile_begin, int64_t tile_end); 
 namespace scalar {
 void int4q8_tiles(const Int4Q8Params& p, int64_t tile_begin, int64_t tile_end);  // reference
 }
+namespace avx2 {
+// int8 activations without VNNI: vpmaddubsw (u8 x s8 pairs -> int16, exact for q <= 15 and
+// |xq| <= 127: 8 products per 32-k block per lane stay below 2^15) + vpmaddwd into int32.
+void int4q8_tiles(const Int4Q8Params& p, int64_t tile_begin, int64_t tile_end);
+}
+
+// ---- activation preparation (one implementation, used by the per-op kernels and the fused step)
+// Over k in [k0, k1) (multiples of 32) of one activation row x holding K valid values (zero
+// beyond K, up to the padded Kp):
+//   prep_xp: xp[k] = the nibble-ordered, 16^-p pre-scaled copy the fp32 int4 kernels read;
+//   prep_q8: xq[k] int8, sx[b] scale, bsum[b] sum of xq, for each 32-k block b = k / 32;
+//   both:    fsum[b] = sum of x over block b in one canonical order (8 lanes of 4, then a tree),
+//            identical on every ISA, so the group sums (xsum_from_fsum) are too.
+// Indices are absolute: xp/xq by k, sx/bsum/fsum by block.
+#define SCL_DECLARE_PREP                                                                   \
+  void prep_xp(const float* x, int64_t K, int64_t k0, int64_t k1, float* xp, float* fsum); \
+  void prep_q8(const float* x, int64_t K, int64_t k0, int64_t k1, int8_t* xq, float* sx,   \
+               int32_t* bsum, float* fsum);
+namespace scalar { SCL_DECLARE_PREP }
+namespace avx2 { SCL_DECLARE_PREP }
+namespace avx512 { SCL_DECLARE_PREP }
+#undef SCL_DECLARE_PREP
+
+// Per-group sums of the activations from the per-32-block sums (sequential over the blocks).
+inline void xsum_from_fsum(const float* fsum, int64_t G, int64_t gs, float* xsum) {
+  const int64_t nb = gs / 32;
+  for (int64_t g = 0; g < G; ++g) {
+    float s = 0.f;
+    for (int64_t b = 0; b < nb; ++b) s += fsum[g * nb + b];
+    xsum[g] = s;
+  }
+}
 
 // fp16 bits -> float (portable, used by the scalar path and dequantizers).
 inline float half_to_float(uint16_t h) {

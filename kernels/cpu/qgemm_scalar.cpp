@@ -3,6 +3,9 @@
 // Same packed layout and same arithmetic decomposition as the SIMD kernels.
 #include "qgemm_kernels.h"
 
+#include <algorithm>
+#include <cmath>
+
 namespace scl {
 namespace scalar {
 
@@ -118,6 +121,64 @@ void int4q8_tiles(const Int4Q8Params& p, int64_t tb, int64_t te) {
     for (int64_t m = 0; m < M; ++m)
       for (int64_t r = 0; r < nr; ++r)
         p.y[m * p.N + n0 + r] = C[m * TILE + r] + (p.bias ? p.bias[n0 + r] : 0.f);
+  }
+}
+
+}  // namespace scalar
+}  // namespace scl
+
+// ---------------------------------------------------------------------------
+// Activation preparation, portable twin of act_prep_body.h (bit-identical results).
+
+namespace scl {
+namespace scalar {
+
+namespace {
+inline float canon_sum32(const float* s) {
+  float l[8];
+  for (int i = 0; i < 8; ++i) l[i] = ((s[i] + s[8 + i]) + s[16 + i]) + s[24 + i];
+  const float t0 = l[0] + l[4], t1 = l[1] + l[5], t2 = l[2] + l[6], t3 = l[3] + l[7];
+  return (t0 + t2) + (t1 + t3);
+}
+
+inline const float* block_src(const float* x, int64_t K, int64_t k, float* buf) {
+  if (k + 32 <= K) return x + k;
+  for (int i = 0; i < 32; ++i) buf[i] = (k + i < K) ? x[k + i] : 0.f;
+  return buf;
+}
+}  // namespace
+
+void prep_xp(const float* x, int64_t K, int64_t k0, int64_t k1, float* xp, float* fsum) {
+  static const int perm[8] = {0, 4, 1, 5, 2, 6, 3, 7};   // nibble position p holds k offset perm[p]
+  static const float f16[8] = {1.f, 1.f / 16, 1.f / 256, 1.f / 4096, 1.f / 65536,
+                               1.f / 1048576, 1.f / 16777216, 1.f};
+  float buf[32];
+  for (int64_t k = k0; k < k1; k += 32) {
+    const float* s = block_src(x, K, k, buf);
+    for (int o = 0; o < 4; ++o)
+      for (int p = 0; p < 8; ++p) xp[k + 8 * o + p] = s[8 * o + perm[p]] * f16[p];
+    fsum[k / 32] = canon_sum32(s);
+  }
+}
+
+void prep_q8(const float* x, int64_t K, int64_t k0, int64_t k1, int8_t* xq, float* sx,
+             int32_t* bsum, float* fsum) {
+  float buf[32];
+  for (int64_t k = k0; k < k1; k += 32) {
+    const float* s = block_src(x, K, k, buf);
+    fsum[k / 32] = canon_sum32(s);
+    float amax = 0.f;
+    for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(s[i]));
+    const float inv = amax > 0.f ? 127.f / amax : 0.f;
+    sx[k / 32] = amax / 127.f;
+    int32_t bs = 0;
+    for (int i = 0; i < 32; ++i) {
+      float v = std::nearbyint(s[i] * inv);
+      v = std::min(127.f, std::max(-127.f, v));
+      xq[k + i] = (int8_t)v;
+      bs += (int32_t)v;
+    }
+    bsum[k / 32] = bs;
   }
 }
 

@@ -89,9 +89,10 @@ void int8_tiles(const Int8Params& p, int64_t tb, int64_t te) {
   alignas(64) float C[MAX_M * TILE];
   const int64_t M = p.M, K = p.K;
   const int64_t nblk = (M + Ops::MB8 - 1) / Ops::MB8;
-  // With one m-block the weights stream once; k-blocking only matters when
-  // several m-blocks re-use a tile slice (kept in L1 by the k-block).
-  const int64_t kb = (nblk == 1 && Ops::NV8 * W == TILE) ? K : KB8;
+  // k-blocks of KB8 always (not K when one m-block would do): several m-blocks re-use a tile
+  // slice from L1, and a row's sum is then the same sequence of block partial sums whatever M
+  // is, so a row's output never depends on the other rows of the call (row independence).
+  const int64_t kb = KB8;
   for (int64_t t = tb; t < te; ++t) {
     for (int64_t i = 0; i < M * TILE; ++i) C[i] = 0.f;
     const int8_t* wt = p.w + t * K * TILE;

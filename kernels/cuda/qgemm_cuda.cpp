@@ -1,4 +1,5 @@
-// Torch binding for the CUDA kernels in qgemm_cuda.cu / fused_verify.cu.
+// Torch binding for the CUDA kernels in qgemm_cuda.cu, fused_verify.cu, decode_attention.cu and
+// rmsnorm_residual.cu.
 // Built lazily by engine/ops/build.py (torch.utils.cpp_extension.load) when a CUDA
 // build of torch and a GPU are present.
 //
@@ -147,6 +148,58 @@ std::vector<torch::Tensor> fused_verify(torch::Tensor tp, c10::optional<torch::T
   return {n, nxt};
 }
 
+// q [B, H, D]; k/v one layer's cache [slots, KV, cap, D]; slots/lens int64 [B] (device).
+torch::Tensor decode_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor slots,
+                               torch::Tensor lens, double scale, int64_t stream, c10::optional<torch::Tensor> out) {
+  for (auto* t : {&q, &k, &v, &slots, &lens}) check_cuda(*t, "decode_attention input");
+  TORCH_CHECK(q.dim() == 3 && k.dim() == 4 && k.sizes() == v.sizes(), "q [B, H, D], k/v [slots, KV, cap, D]");
+  const int64_t B = q.size(0), H = q.size(1), D = q.size(2), KV = k.size(1), cap = k.size(2);
+  TORCH_CHECK(k.size(3) == D && H % KV == 0 && H / KV <= 8 && (D == 64 || D == 128),
+              "head_dim 64/128 and at most 8 query heads per kv head");
+  TORCH_CHECK(k.scalar_type() == q.scalar_type() && v.scalar_type() == q.scalar_type(), "q, k, v: one dtype");
+  TORCH_CHECK(slots.scalar_type() == torch::kInt64 && lens.scalar_type() == torch::kInt64 && slots.numel() == B &&
+                  lens.numel() == B, "slots / lens: int64 [B]");
+  const DeviceGuard guard(q);
+  auto ws = torch::empty({(int64_t)scl_cuda::attention_workspace_floats((int)B, (int)H, (int)D, (int)cap)},
+                         q.options().dtype(torch::kFloat32));
+  torch::Tensor o;
+  if (out.has_value() && out->defined()) {
+    check_cuda(*out, "out");
+    TORCH_CHECK(out->sizes() == q.sizes() && out->scalar_type() == q.scalar_type(), "out must be like q");
+    o = *out;
+  } else {
+    o = torch::empty_like(q);
+  }
+  check_err(scl_cuda::decode_attention(q.data_ptr(), k.data_ptr(), v.data_ptr(), slots.data_ptr<int64_t>(),
+                                       lens.data_ptr<int64_t>(), ws.data_ptr<float>(), o.data_ptr(), (int)B, (int)H,
+                                       (int)KV, (int)D, (int)cap, (float)scale, dtype_of(q), as_stream(stream)),
+            "scl decode_attention");
+  return o;
+}
+
+// residual += x (x optional), returns rmsnorm(residual) * weight; rows [R, n] contiguous.
+torch::Tensor rmsnorm_residual(c10::optional<torch::Tensor> x, torch::Tensor residual, torch::Tensor weight,
+                               double eps, int64_t stream, c10::optional<torch::Tensor> out) {
+  check_cuda(residual, "residual");
+  check_cuda(weight, "weight");
+  const int64_t n = residual.size(-1), rows = residual.numel() / n;
+  TORCH_CHECK(weight.numel() == n && weight.scalar_type() == residual.scalar_type(), "weight: [n], residual's dtype");
+  const void* xp = nullptr;
+  if (x.has_value() && x->defined()) {
+    check_cuda(*x, "x");
+    TORCH_CHECK(x->sizes() == residual.sizes() && x->scalar_type() == residual.scalar_type(), "x must be like residual");
+    xp = x->data_ptr();
+  }
+  const DeviceGuard guard(residual);
+  torch::Tensor o = (out.has_value() && out->defined()) ? *out : torch::empty_like(residual);
+  TORCH_CHECK(o.sizes() == residual.sizes() && o.scalar_type() == residual.scalar_type() && o.is_contiguous(),
+              "out must be like residual");
+  check_err(scl_cuda::rmsnorm_residual(xp, residual.data_ptr(), weight.data_ptr(), o.data_ptr(), (int)rows, (int)n,
+                                       (float)eps, dtype_of(residual), as_stream(stream)),
+            "scl rmsnorm_residual");
+  return o;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -161,4 +214,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("target_probs"), py::arg("draft_probs"), py::arg("draft_tokens"), py::arg("uniforms"),
         py::arg("stream"));
   m.def("max_mt", []() { return (int64_t)scl_cuda::kMaxMT; });
+  m.def("decode_attention", &decode_attention, "ragged decode attention (one query row per sequence, GQA)",
+        py::arg("q"), py::arg("k"), py::arg("v"), py::arg("slots"), py::arg("lens"), py::arg("scale"),
+        py::arg("stream"), py::arg("out") = py::none());
+  m.def("rmsnorm_residual", &rmsnorm_residual, "residual += x; rmsnorm(residual) * weight", py::arg("x"),
+        py::arg("residual"), py::arg("weight"), py::arg("eps"), py::arg("stream"), py::arg("out") = py::none());
 }

@@ -37,4 +37,18 @@ cudaError_t fused_verify(const void* target_probs, const void* draft_probs,
                          int64_t* accepted, int64_t* next_token, int B, int gamma, int V,
                          DType dt, cudaStream_t stream);
 
+// Decode attention for ragged batches (decode_attention.cu): q [B, H, D], one row per sequence;
+// k/v: one layer's cache [slots, KV, cap, D]; slots/lens int64 [B] on the device (row b attends
+// to positions < lens[b] of its slot); workspace: attention_workspace_floats(B, H, D, cap)
+// floats; out [B, H, D].  H/KV <= 8, D in {64, 128}.  q, k, v, out share the dtype dt.
+int attention_splits(int cap);
+size_t attention_workspace_floats(int B, int H, int D, int cap);
+cudaError_t decode_attention(const void* q, const void* k, const void* v, const int64_t* slots,
+                             const int64_t* lens, float* workspace, void* out, int B, int H, int KV, int D,
+                             int cap, float scale, DType dt, cudaStream_t stream);
+
+// residual += x (x may be null), out = rmsnorm(residual) * weight; [rows, n] (rmsnorm_residual.cu).
+cudaError_t rmsnorm_residual(const void* x, void* residual, const void* weight, void* out, int rows, int n,
+                             float eps, DType dt, cudaStream_t stream);
+
 }  // namespace scl_cuda

@@ -1,0 +1,232 @@
+"""Continuous batching: sequences with their own cache slots, and one step over a ragged batch.
+
+Invariant per sequence (`tokens` = prompt + committed output): the target's cache holds K/V for
+positions < len(tokens) - 1 once the prompt is prefilled; the last committed token is fed next.
+One step runs, in a single target forward pass:
+- for each decoding sequence, its last token and its g_i draft tokens (g_i = 0 without a draft):
+  verification keeps the accepted prefix and adds the target's own token, so each sequence
+  advances by its own accepted count (nothing is truncated to the batch's minimum);
+- prefill chunks of sequences still reading their prompt; a chunk that finishes a prompt yields
+  that sequence's first token.
+Each sequence samples with its own generator, so a request's tokens do not depend on which other
+requests share its steps.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from engine.infer.model import Rows
+from engine.infer.sampling import SamplingParams, make_generator, pick, probs_from_logits
+from engine.infer.tokens import StreamDecoder
+from engine.infer.verify import verify
+
+
+@dataclass
+class Request:
+    """What a caller asks for; prompt_ids are already encoded (chat template applied)."""
+
+    prompt_ids: list[int]
+    max_new_tokens: int
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    stop_at_eos: bool = True
+    min_tokens: int = 0  # EOS does not stop the sequence before this many new tokens (vLLM's min_tokens)
+    on_token: Callable | None = None  # (seq, token, text piece, origin), called after the step's timer
+    request_id: str = ""
+
+
+@dataclass
+class Sequence:
+    req: Request
+    slot: int
+    vocab: int
+    tokens: list[int]
+    n_prompt: int
+    gamma: int = 0  # this round's draft length (adaptive gamma moves it per sequence)
+    prefilled: int = 0
+    out: list[int] = field(default_factory=list)
+    trace: list[str] = field(default_factory=list)
+    finish: str | None = None  # "eos" | "length" | "cancelled"
+    gen: torch.Generator | None = None
+    stream: StreamDecoder | None = None
+    t_admit: float = 0.0  # when the sequence got its slot
+    t_first: float | None = None
+    token_times: list[float] = field(default_factory=list)
+    pending: list[tuple[int, str]] = field(default_factory=list)  # emitted this step, not yet streamed
+    # speculative counts (vLLM's definitions, spec_stats.py)
+    rounds: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    emitted: int = 0
+    position_drafted: list[int] = field(default_factory=list)
+    position_accepted: list[int] = field(default_factory=list)
+    gamma_history: list[int] = field(default_factory=list)
+
+    @property
+    def sampling(self) -> SamplingParams:
+        return self.req.sampling
+
+    @property
+    def decoding(self) -> bool:
+        return self.prefilled >= self.n_prompt and self.finish is None
+
+    @property
+    def room(self) -> int:
+        return self.req.max_new_tokens - len(self.out)
+
+
+@dataclass
+class StepStats:
+    wall_s: float = 0.0
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    decode_rows: int = 0
+    prefill_rows: int = 0
+    decode_seqs: int = 0
+    emitted: int = 0  # tokens committed by decoding sequences this step (prefill first tokens excluded)
+    first_tokens: int = 0
+
+
+class Batch:
+    """The target (and a proposer) over `slots` cache slots of `capacity` positions each."""
+
+    def __init__(self, target, slots: int, capacity: int, eos: set[int], proposer=None, gamma: int = 0,
+                 adaptive: bool = False):
+        self.target, self.eos = target, eos
+        self.cache = target.model.new_cache(slots, capacity)
+        self.proposer, self.gamma_max, self.adaptive = proposer, gamma if proposer else 0, adaptive
+        self.slots, self.capacity = slots, capacity
+        self.vocab = target.cfg.vocab_size
+
+    def new_sequence(self, req: Request, slot: int) -> Sequence:
+        g = self.gamma_max if not self.adaptive else min(2, self.gamma_max)
+        seq = Sequence(req, slot, self.vocab, list(req.prompt_ids), len(req.prompt_ids), gamma=g,
+                       gen=make_generator(req.sampling, self.target.device), stream=StreamDecoder(self.target.tokenizer),
+                       t_admit=time.perf_counter(), position_drafted=[0] * self.gamma_max,
+                       position_accepted=[0] * self.gamma_max)
+        return seq
+
+    def free(self, seq: Sequence) -> None:
+        if self.proposer is not None:
+            self.proposer.free(seq.slot)
+
+    def kv_bytes(self) -> int:
+        return self.cache.nbytes() + (self.proposer.kv_bytes() if self.proposer else 0)
+
+    # ------------------------------------------------------------ one step
+
+    @torch.inference_mode()
+    def step(self, decode: list[Sequence], prefill: list[tuple[Sequence, int]]) -> StepStats:
+        """Advance `decode` sequences by one round and prefill (seq, rows) chunks; returns what happened."""
+        st = StepStats(decode_seqs=len(decode))
+        t0 = time.perf_counter()
+        dev = self.target.device
+        gs = [max(0, min(s.gamma, s.room - 1)) for s in decode]
+        drafts, dprobs = [[] for _ in decode], None
+        if self.proposer is not None and decode and any(gs):
+            drafts, dprobs = self.proposer.propose(decode, gs)
+            _sync(dev)
+        chunks = [(s, s.prefilled, n) for s, n in prefill]
+        if self.proposer is not None and chunks:
+            self.proposer.prefill(chunks)
+        t_draft = time.perf_counter()
+        st.draft_s = t_draft - t0
+
+        segs, toks, want = [], [], []  # want: rows whose logits we need
+        for s, d in zip(decode, drafts):
+            p0 = len(s.tokens) - 1
+            segs.append((s.slot, p0, 1 + len(d)))
+            want += range(len(toks), len(toks) + 1 + len(d))
+            toks += [s.tokens[-1]] + d
+        for s, p0, n in chunks:
+            segs.append((s.slot, p0, n))
+            toks += s.tokens[p0:p0 + n]
+            if p0 + n == s.n_prompt:
+                want.append(len(toks) - 1)
+        st.decode_rows = sum(1 + len(d) for d in drafts)
+        st.prefill_rows = sum(n for _, _, n in chunks)
+        logits = self.target.model.forward_rows(torch.tensor(toks, device=dev), Rows.of(segs, dev), self.cache,
+                                                logits_at=torch.tensor(want, dtype=torch.long, device=dev))
+        row = 0
+        for i, (s, d) in enumerate(zip(decode, drafts)):
+            lg = logits[row:row + 1 + len(d)]
+            row += 1 + len(d)
+            q = dprobs[i] if (dprobs is not None and d) else None
+            st.emitted += self._verify_and_commit(s, lg, d, q)
+        for s, p0, n in chunks:
+            s.prefilled = p0 + n
+            if s.prefilled == s.n_prompt:
+                tok = int(pick(logits[row:row + 1], s.sampling, s.gen)[0])
+                row += 1
+                s.t_first = time.perf_counter()
+                self._emit(s, tok, "target")
+                st.first_tokens += 1
+        _sync(dev)
+        st.verify_s = time.perf_counter() - t_draft
+        st.wall_s = time.perf_counter() - t0
+        return st
+
+    def _verify_and_commit(self, s: Sequence, logits: torch.Tensor, d: list[int], q) -> int:
+        """Accept a prefix of the drafts d and add the target's token; returns the tokens committed."""
+        g = len(d)
+        if g == 0:
+            self._emit(s, int(pick(logits[:1], s.sampling, s.gen)[0]), "target")
+            return 1
+        if s.sampling.greedy:
+            best = logits.argmax(-1).tolist()
+            acc = 0
+            while acc < g and best[acc] == d[acc]:
+                acc += 1
+            nxt = best[acc]
+        else:
+            p = probs_from_logits(logits, s.sampling)
+            a, n = verify(p[None], None if q is None else q[None], torch.tensor([d], device=p.device), s.sampling,
+                          s.gen)
+            acc, nxt = int(a[0]), int(n[0])
+        s.rounds += 1
+        s.gamma_history.append(g)
+        s.drafted += g
+        s.accepted += acc
+        for j in range(g):
+            s.position_drafted[j] += 1
+            s.position_accepted[j] += int(j < acc)
+        before = len(s.out)
+        for j in range(acc):
+            if s.finish is None:
+                self._emit(s, d[j], "accepted")
+        if s.finish is None:
+            self._emit(s, nxt, "bonus" if acc == g else "resample")
+        committed = len(s.out) - before
+        s.emitted += committed
+        if self.proposer is not None:
+            self.proposer.rollback(s)
+        if self.adaptive:
+            s.gamma = min(s.gamma + 2, self.gamma_max) if acc == g else max(s.gamma - 1, 1)
+        return committed
+
+    def _emit(self, s: Sequence, tok: int, origin: str) -> None:
+        s.tokens.append(tok)
+        s.out.append(tok)
+        s.trace.append(origin)
+        s.pending.append((tok, origin))
+        s.token_times.append(time.perf_counter())
+        if tok in self.eos and s.req.stop_at_eos and len(s.out) >= s.req.min_tokens:
+            s.finish = "eos"
+        elif len(s.out) >= s.req.max_new_tokens:
+            s.finish = "length"
+
+
+def stream(s: Sequence) -> None:
+    """Hand the tokens a step emitted to the request's callback (outside the timed step)."""
+    if s.req.on_token is not None:
+        for tok, origin in s.pending:
+            s.req.on_token(s, tok, s.stream.push(tok), origin)
+    s.pending.clear()
+
+
+def _sync(device):
+    if str(device).startswith("cuda"):
+        torch.cuda.synchronize()

@@ -1,0 +1,216 @@
+"""The step policy of continuous batching: who runs in the next step, and how many tokens.
+
+Settings (recorded in every record that uses them):
+- max_seqs: cache slots, i.e. the most sequences running at once;
+- max_model_len: positions per slot (prompt + new tokens + speculation headroom);
+- max_batched_tokens: rows one step may run (decode rows plus prefill-chunk rows), vLLM's
+  max_num_batched_tokens;
+- prefill_chunk: prompts are prefilled in chunks of this many tokens, at fixed boundaries (0,
+  chunk, 2 chunk, ...), so a request's numbers do not depend on the load around it;
+- max_waiting: requests queued beyond the running ones; past it, submit() refuses (the server
+  answers 429 with Retry-After).
+
+Policy, every step:
+1. admit waiting requests into free slots, first come first served (a slot is freed the moment
+   its sequence finishes or is cancelled);
+2. "decode-first" (serving): every decoding sequence runs its round (1 + gamma rows); the rows left
+   in the budget go to prefill chunks, oldest request first, whole chunks only, so decodes are never
+   starved and a long prompt cannot stall the others for more than a chunk per step;
+   "prefill-first" (a static batch, the benchmarks): all prompts are prefilled before any decode,
+   so decode steps time decoding alone.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from dataclasses import asdict, dataclass
+
+from engine.common.errors import UserError
+from engine.infer.batch import Batch, Request, Sequence, StepStats, stream
+
+POLICIES = ("decode-first", "prefill-first")
+
+
+class QueueFull(Exception):
+    """Every slot is busy and the waiting queue is full: try again later."""
+
+    def __init__(self, retry_after_s: float):
+        super().__init__(f"the server is at capacity; retry after {retry_after_s:.0f} s")
+        self.retry_after_s = retry_after_s
+
+
+@dataclass(frozen=True)
+class BatchSettings:
+    max_seqs: int = 8
+    max_model_len: int = 2048
+    max_batched_tokens: int = 512
+    prefill_chunk: int = 256
+    max_waiting: int = 64
+    policy: str = "decode-first"
+
+    def validate(self, gamma: int = 0) -> "BatchSettings":
+        for name in ("max_seqs", "max_model_len", "max_batched_tokens", "prefill_chunk"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise UserError(f"{name} {v!r} is not a positive whole number", f"set {name} to 1 or more")
+        if not isinstance(self.max_waiting, int) or self.max_waiting < 0:
+            raise UserError(f"max_waiting {self.max_waiting!r} is negative", "set max_waiting to 0 or more")
+        if self.policy not in POLICIES:
+            raise UserError(f"unknown scheduling policy '{self.policy}'", f"use one of: {', '.join(POLICIES)}")
+        need = self.max_seqs * (gamma + 1) + min(self.prefill_chunk, self.max_model_len)
+        if self.max_batched_tokens < need:
+            raise UserError(f"max_batched_tokens {self.max_batched_tokens} cannot hold a decode round of "
+                            f"{self.max_seqs} sequences (gamma {gamma}) plus one prefill chunk of {self.prefill_chunk}",
+                            f"raise max_batched_tokens to at least {need}, or lower max_seqs or prefill_chunk")
+        return self
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class Scheduler:
+    """Queues, slots and steps. submit() and cancel() may be called from other threads than step()."""
+
+    def __init__(self, target, settings: BatchSettings, proposer_spec=None, gamma: int = 0, adaptive: bool = False,
+                 eos: set[int] | None = None):
+        from engine.infer.tokens import eos_ids
+
+        self.settings = settings.validate(gamma if proposer_spec else 0)
+        self.headroom = gamma + 1 if proposer_spec else 0  # verification writes gamma rows past the tokens
+        proposer = proposer_spec.build(settings.max_seqs, settings.max_model_len) if proposer_spec else None
+        self.batch = Batch(target, settings.max_seqs, settings.max_model_len, eos if eos is not None else eos_ids(target),
+                           proposer, gamma, adaptive)
+        self.waiting: deque[Request] = deque()
+        self.running: list[Sequence] = []
+        self.free_slots = list(range(settings.max_seqs))[::-1]
+        self.lock = threading.Lock()
+        self._cancel: set[int] = set()  # id(request) of cancelled requests
+        self._seq_of: dict[int, Sequence] = {}
+        self.step_s_ewma = 0.05  # recent step time, for Retry-After
+
+    # ------------------------------------------------------------ requests in
+
+    def check(self, req: Request) -> None:
+        """Refuse a request that can never fit a slot (the caller turns it into a 400)."""
+        if not req.prompt_ids:
+            raise UserError("the prompt is empty", "send at least one token")
+        if req.max_new_tokens < 1:
+            raise UserError(f"max_tokens is {req.max_new_tokens}", "ask for at least 1 new token")
+        total = len(req.prompt_ids) + req.max_new_tokens + self.headroom
+        if total > self.settings.max_model_len:
+            fit = self.settings.max_model_len - len(req.prompt_ids) - self.headroom
+            raise UserError(f"prompt ({len(req.prompt_ids)} tokens) plus max_tokens {req.max_new_tokens} is {total} "
+                            f"positions, beyond this server's max_model_len of {self.settings.max_model_len}",
+                            f"ask for at most {fit} new tokens" if fit >= 1 else
+                            f"shorten the prompt to under {self.settings.max_model_len - self.headroom} tokens")
+
+    def submit(self, req: Request) -> Request:
+        self.check(req)
+        with self.lock:
+            # Requests waiting beyond the free slots are the queue; admission happens at the next step.
+            if len(self.waiting) >= len(self.free_slots) + self.settings.max_waiting:
+                raise QueueFull(self.retry_after_s())
+            self.waiting.append(req)
+        return req
+
+    def cancel(self, req: Request) -> None:
+        """Stop a request; its slot is free for the next step's admission."""
+        with self.lock:
+            if req in self.waiting:
+                self.waiting.remove(req)
+                return
+            self._cancel.add(id(req))
+
+    def retry_after_s(self) -> float:
+        """A guess at when a slot frees: the shortest remaining budget among running sequences, in steps."""
+        left = min((s.room for s in self.running), default=1)
+        return max(1.0, left * self.step_s_ewma)
+
+    def has_work(self) -> bool:
+        return bool(self.running or self.waiting)
+
+    def sequence(self, req: Request) -> Sequence | None:
+        return self._seq_of.get(id(req))
+
+    # ------------------------------------------------------------ one step
+
+    def _admit(self) -> None:
+        with self.lock:
+            while self.waiting and self.free_slots:
+                req = self.waiting.popleft()
+                seq = self.batch.new_sequence(req, self.free_slots.pop())
+                self.running.append(seq)
+                self._seq_of[id(req)] = seq
+
+    def _retire(self) -> list[Sequence]:
+        with self.lock:
+            for s in self.running:
+                if id(s.req) in self._cancel and s.finish is None:
+                    s.finish = "cancelled"
+            done = [s for s in self.running if s.finish is not None]
+            for s in done:
+                self.running.remove(s)
+                self.batch.free(s)
+                self.free_slots.append(s.slot)
+                self._cancel.discard(id(s.req))
+                self._seq_of.pop(id(s.req), None)
+        return done
+
+    def plan(self) -> tuple[list[Sequence], list[tuple[Sequence, int]]]:
+        st = self.settings
+        decode = [s for s in self.running if s.decoding]
+        prefilling = [s for s in self.running if not s.decoding and s.finish is None]
+        if st.policy == "prefill-first" and prefilling:
+            decode = []
+        budget = st.max_batched_tokens - sum(1 + max(0, min(s.gamma, s.room - 1)) for s in decode)
+        chunks = []
+        for s in prefilling:  # oldest first; a chunk that does not fit waits, and so do the younger ones
+            pos, fits = s.prefilled, True
+            while pos < s.n_prompt:
+                # whole chunks at fixed boundaries: chunk k covers [k*c, (k+1)*c)
+                n = min(st.prefill_chunk - pos % st.prefill_chunk, s.n_prompt - pos)
+                if n > budget:
+                    fits = False
+                    break
+                chunks.append((s, n))
+                budget, pos = budget - n, pos + n
+                if st.policy == "decode-first":
+                    break  # one chunk per sequence per step
+            if not fits:
+                break
+        return decode, chunks
+
+    def step(self) -> tuple[StepStats | None, list[Sequence]]:
+        """Admit, run one step, retire; returns the step's stats (None if nothing ran) and the finished."""
+        done = self._retire()
+        self._admit()
+        decode, chunks = self.plan()
+        if not decode and not chunks:
+            return None, done + self._retire()
+        # A chunk list may name a sequence more than once (prefill-first): the batch runs them in order.
+        st = self._run(decode, chunks)
+        for s in self.running:
+            stream(s)
+        self.step_s_ewma = 0.8 * self.step_s_ewma + 0.2 * st.wall_s
+        return st, done + self._retire()
+
+    def _run(self, decode, chunks) -> StepStats:
+        merged: dict[int, list] = {}
+        order = []
+        for s, n in chunks:  # consecutive chunks of one sequence run as one segment
+            if id(s) in merged:
+                merged[id(s)][1] += n
+            else:
+                merged[id(s)] = [s, n]
+                order.append(id(s))
+        return self.batch.step(decode, [tuple(merged[k]) for k in order])
+
+    def run_until_done(self, on_step=None) -> None:
+        """Step until every submitted request has finished (static batches, tests)."""
+        while self.has_work():
+            st, _ = self.step()
+            if on_step is not None and st is not None:
+                on_step(st)
+            if st is None and not self.running and self.waiting:
+                time.sleep(0)  # nothing admissible yet

@@ -1,0 +1,260 @@
+"""The fused forward pass: one C++ call per model step (kernels/cpu/fused_cpu.cpp).
+
+``fused_forward_rows(model, tokens, rows, cache, logits_at)`` is what ``Transformer.forward_rows``
+tries first. It returns the fp32 logits, or ``None`` when the fused path does not apply; the model
+then runs its PyTorch path, which stays the reference. It applies on CPU, with the extension built,
+``KernelConfig.fused`` (``SCL_FUSED=0`` turns it off), an fp32 KV cache, and a model whose
+projections are our int4/int8 linears in the tiled CPU layout (q/k/v and gate/up fused, as the
+default conversion makes them, or separate), head_dim 64 or 128. The head may be our quantized linear (computed in the
+same call) or a float nn.Linear (run here on the normed rows).
+
+Any number of rows: a step of more than 64 rows (a long prefill chunk) is split into calls of 64,
+a sequence's later rows attending to the K/V its earlier rows wrote. Whether the fused path runs
+is decided per model and per setting, never by the step's size: a row's numbers are then the same
+in every step composition (the kernels are row-independent), which the server's "a request's
+tokens do not depend on its neighbours" rests on. Falling back to PyTorch for large steps would
+break that (the two paths agree to ~1e-6, and with int8 activations the rounding of one element
+can move a logit by 0.1).
+
+The model is read by duck typing (``model.model.layers[i].self_attn.qkv_proj.prepared`` ...): ops
+imports neither infer nor quant. The C++ plan (pointers into the prepared weights, the RoPE
+frequencies, every workspace) is built once per model and kept in a weak dictionary.
+
+Which path ran is counted: ``fused_info()`` (carried by ``backend_info()`` into record.kernels).
+"""
+from __future__ import annotations
+
+import threading
+import weakref
+from collections import Counter
+from typing import Optional
+
+import torch
+
+from engine.ops import build as _build
+from engine.ops import config as _config
+from engine.ops.prepared import PreparedInt4, PreparedInt8
+from engine.ops.rope import rope_inv_freq
+
+__all__ = ["fused_forward_rows", "fused_info", "fused_profile", "reset_fused_stats", "FUSED_MAX_ROWS", "rope_inv_freq",
+           "split_rows"]
+
+FUSED_MAX_ROWS = 64  # rows per C++ call (FUSED_MAX_ROWS in kernels/cpu/fused_kernels.h); more are split
+
+_lock = threading.Lock()
+_plans: "weakref.WeakKeyDictionary[torch.nn.Module, tuple]" = weakref.WeakKeyDictionary()
+_stats = {"fused": 0, "reference": 0, "last": "", "reasons": Counter()}
+
+
+class _Unsupported(Exception):
+    """This model cannot run the fused step (the reason is recorded)."""
+
+
+def _decline(reason: str) -> None:
+    _stats["reference"] += 1
+    _stats["last"] = "reference: " + reason
+    _stats["reasons"][reason] += 1
+    return None
+
+
+def fused_info() -> dict:
+    """Whether the fused step is on, and how many forward passes took each path in this process."""
+    cfg = _config.kernel_config()
+    if not cfg.enabled:
+        state = "off: kernels disabled"
+    elif not cfg.fused:
+        state = "off: KernelConfig.fused=False (SCL_FUSED=0)"
+    elif _build._cpu_state["ext"] is None:
+        state = "off: CPU extension not built" + (f" ({_build._cpu_state['reason']})" if _build._cpu_state["tried"] else "")
+    else:
+        state = "on (CPU int4/int8 models)"
+    return {"fused": state, "cuda_graph": "on" if (cfg.enabled and cfg.cuda_graph) else "off", "fused_steps": _stats["fused"], "reference_steps": _stats["reference"],
+            "last_step": _stats["last"], "reference_reasons": dict(_stats["reasons"])}
+
+
+def fused_profile(model, on: bool = True, reset: bool = True) -> dict | None:
+    """The fused step's phase timers for this model ({"steps", "threads": [{category: seconds}]}),
+    read before switching them on/off (and resetting them); None if the model has no fused plan."""
+    hit = _plans.get(model)
+    if hit is None or hit[1] is None or _build._cpu_state["ext"] is None:
+        return None
+    return _build._cpu_state["ext"].fused_profile(hit[1], on, reset)
+
+
+def reset_fused_stats() -> None:
+    _stats.update(fused=0, reference=0, last="")
+    _stats["reasons"].clear()
+
+
+def _lin_spec(mod, what: str, optional: bool = False):
+    """(kind, w, s, bias, N, K, gs) of one of our quantized linears in the tiled CPU layout."""
+    p = getattr(mod, "prepared", None)
+    if isinstance(p, (PreparedInt4, PreparedInt8)) and p.layout == "cpu_tiled":
+        b = getattr(mod, "bias", None)
+        b = None if b is None else b.detach()
+        if b is not None and (b.dtype != torch.float32 or not b.is_contiguous()):
+            raise _Unsupported(f"{what} bias is not contiguous fp32")
+        if isinstance(p, PreparedInt4):
+            return (4, p.w, p.sm, b, p.N, p.K, p.group_size)
+        return (8, p.w, p.scale, b, p.N, p.K, 0)
+    if optional and isinstance(mod, torch.nn.Linear) and mod.weight.dtype == torch.float32 and mod.bias is None:
+        e = torch.empty(0)
+        return (0, e, e, None, 0, 0, 0)
+    raise _Unsupported(f"{what} is not an int4/int8 linear in the tiled CPU layout ({type(mod).__name__})")
+
+
+def _norm_w(mod, what: str) -> torch.Tensor:
+    w = getattr(mod, "weight", None)
+    if w is None or w.dtype != torch.float32 or w.device.type != "cpu":
+        raise _Unsupported(f"{what} weight is not fp32 on CPU")
+    return w.detach().contiguous()
+
+
+def _build_plan(model, ext):
+    cfg = model.cfg
+    norms, lins = [], []
+    e = torch.empty(0)
+    absent = (0, e, e, None, 0, 0, 0)
+    for i, blk in enumerate(model.model.layers):
+        a, m = blk.self_attn, blk.mlp
+        norms += [_norm_w(blk.input_layernorm, f"layer {i} input norm"),
+                  _norm_w(blk.post_attention_layernorm, f"layer {i} post-attention norm")]
+        # per layer: qkv (or q), k, v, o, gate_up (or gate), up, down; k, v, up absent when fused
+        if getattr(a, "qkv_proj", None) is not None:
+            lins += [_lin_spec(a.qkv_proj, f"layer {i} qkv_proj"), absent, absent]
+        else:
+            lins += [_lin_spec(getattr(a, n), f"layer {i} {n}") for n in ("q_proj", "k_proj", "v_proj")]
+        lins.append(_lin_spec(a.o_proj, f"layer {i} o_proj"))
+        if getattr(m, "gate_up_proj", None) is not None:
+            lins += [_lin_spec(m.gate_up_proj, f"layer {i} gate_up_proj"), absent]
+        else:
+            lins += [_lin_spec(m.gate_proj, f"layer {i} gate_proj"), _lin_spec(m.up_proj, f"layer {i} up_proj")]
+        lins.append(_lin_spec(m.down_proj, f"layer {i} down_proj"))
+    norms.append(_norm_w(model.model.norm, "final norm"))
+    lins.append(_lin_spec(model.lm_head, "lm_head", optional=True))
+    if cfg.head_dim not in (64, 128):
+        raise _Unsupported(f"head_dim {cfg.head_dim} (the fused attention has 64 and 128)")
+    if cfg.intermediate_size % 64 or cfg.hidden_size % 32:
+        raise _Unsupported("intermediate size not a multiple of 64 or hidden size not of 32")
+    dims = [cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
+            cfg.intermediate_size, cfg.vocab_size]
+    try:
+        return ext.make_fused_plan(dims, float(cfg.rms_eps), rope_inv_freq(cfg.head_dim, cfg.rope_theta),
+                                   norms, lins)
+    except RuntimeError as e:  # a shape or layout the C++ side refuses
+        raise _Unsupported(str(e).splitlines()[0][:200]) from None
+
+
+def _signature(model) -> tuple:
+    a = model.model.layers[0].self_attn
+    return (len(model.model.layers), id(getattr(a.qkv_proj if a.qkv_proj is not None else a.q_proj, "prepared", None)),
+            id(getattr(model.lm_head, "prepared", model.lm_head)), id(model.model.norm.weight))
+
+
+def _plan_for(model, ext):
+    """(plan, None) or (None, reason); built once per model (and again if its layers were swapped)."""
+    sig = _signature(model)
+    hit = _plans.get(model)
+    if hit is not None and hit[0] == sig:
+        return hit[1], hit[2]
+    with _lock:
+        try:
+            plan, why = _build_plan(model, ext), None
+        except _Unsupported as e:
+            plan, why = None, str(e)
+        _plans[model] = (sig, plan, why)
+    return plan, why
+
+
+def fused_forward_rows(model, tokens: torch.Tensor, rows, cache, logits_at: Optional[torch.Tensor] = None):
+    """fp32 logits [len(logits_at) or N, V] from one fused C++ call, or None (run the PyTorch path)."""
+    cfg = _config.kernel_config()
+    if not (cfg.enabled and cfg.fused):
+        return _decline("fused step off")
+    n = rows.n
+    if tokens.device.type == "cuda":
+        return _cuda_step(model, tokens, rows, cache, logits_at, cfg)
+    if tokens.device.type != "cpu":
+        return _decline(f"device {tokens.device.type}")
+    if n < 1:
+        return _decline("no rows")
+    if cache.k.dtype != torch.float32 or cache.k.device.type != "cpu":
+        return _decline(f"KV cache dtype {cache.k.dtype}")
+    ext = _build._cpu_state["ext"] or _build.load_cpu_extension()
+    if ext is None:
+        return _decline("CPU extension not built")
+    plan, why = _plan_for(model, ext)
+    if plan is None:
+        return _decline(why)
+    segs = rows.segments
+    if len({s[0] for s in segs}) != len(segs):
+        return _decline("two segments of one slot in a step")
+    if logits_at is None:
+        out_rows = list(range(n))
+    else:
+        if logits_at.dtype in (torch.bool,) or logits_at.dim() != 1:
+            return _decline("logits_at is not a 1-D index tensor")
+        out_rows = [r % n for r in logits_at.tolist()]
+    x = model.model.embed_tokens(tokens)
+    if x.dtype != torch.float32:
+        return _decline(f"compute dtype {x.dtype}")
+    isa = _build.cpu_isa(ext, cfg)
+    args = (cache.k, cache.v)
+    opts = (isa, bool(ext.has_vnni()), cfg.act_int8, torch.get_num_threads())
+    if n <= FUSED_MAX_ROWS:
+        out = ext.fused_step(plan, x.contiguous(), [v for s in segs for v in s], *args, out_rows, *opts)
+    else:
+        width = plan.vocab if plan.has_head else model.cfg.hidden_size
+        out = torch.empty(len(out_rows), width)
+        for start, count, sub in split_rows(segs, FUSED_MAX_ROWS):
+            sel = [(j, r - start) for j, r in enumerate(out_rows) if start <= r < start + count]
+            part = ext.fused_step(plan, x[start:start + count].contiguous(), [v for s in sub for v in s], *args,
+                                  [r for _, r in sel], *opts)
+            if sel:
+                out[[j for j, _ in sel]] = part
+    if not plan.has_head:
+        out = model.lm_head(out)
+    _stats["fused"] += 1
+    _stats["last"] = "fused"
+    return out.float()
+
+
+_graph_ok: "weakref.WeakKeyDictionary[torch.nn.Module, str | None]" = weakref.WeakKeyDictionary()
+
+
+def _cuda_step(model, tokens, rows, cache, logits_at, cfg):
+    """A plain decode step on CUDA from a captured graph (engine/ops/cuda_graph.py), if asked for."""
+    if not cfg.cuda_graph:
+        return _decline("CUDA: graphs off (KernelConfig.cuda_graph / SCL_CUDA_GRAPH=1)")
+    if any(s[2] != 1 for s in rows.segments):
+        return _decline("CUDA: not a plain decode step (a graph holds one row per sequence)")
+    from engine.ops import cuda_graph
+
+    if model not in _graph_ok:
+        _graph_ok[model] = cuda_graph.graph_supported(model)
+    if _graph_ok[model] is not None:
+        return _decline("CUDA: " + _graph_ok[model])
+    out = cuda_graph.graphed_forward(model, tokens, rows, cache, logits_at)
+    _stats["fused"] += 1
+    _stats["last"] = "cuda graph"
+    return out
+
+
+def split_rows(segs, limit: int):
+    """A step's segments (slot, first row, rows, first position) as calls of at most `limit` rows:
+    [(first row, rows, segments with call-local first rows)]. A sequence cut between two calls
+    continues at the next position in the next call."""
+    calls, cur, used, start = [], [], 0, 0
+    for slot, _, cnt, p0 in segs:
+        off = 0
+        while off < cnt:
+            take = min(cnt - off, limit - used)
+            cur.append((slot, used, take, p0 + off))
+            used += take
+            off += take
+            if used == limit:
+                calls.append((start, used, cur))
+                start, cur, used = start + used, [], 0
+    if cur:
+        calls.append((start, used, cur))
+    return calls

@@ -1,0 +1,369 @@
+// Serving Cost Lab -- the fused CPU forward pass, called once per model step for up to 64 token
+// rows (decode batches, speculative verification, prefill chunks; engine/ops/fused.py splits
+// larger steps into calls of 64 rows, so every step of a model takes this path).
+//
+// make_fused_plan() takes the model once (pointers into its prepared int4/int8 weights, norms,
+// RoPE frequencies) and preallocates the workspaces; fused_step() then runs all layers, the
+// final norm and the head in ONE OpenMP parallel region, with a barrier between the phases of
+// a layer:
+//   A  RMSNorm -> activation prep (each thread its own copy: cheaper than a barrier)
+//      -> qkv tiles (+ bias)                                                       | barrier
+//  (B0 only when a sequence has more than 16 rows: K/V of every row written first | barrier)
+//   B  per (sequence, block of <= 16 rows, kv head): RoPE, K/V written at each row's position,
+//      attention over that sequence's positions up to the row's own, prep of its columns of
+//      the o input                                                                 | barrier
+//   C  o tiles, residual added per tile                                            | barrier
+//   D  RMSNorm -> prep -> gate/up tile pairs (tile t of gate and of up together), silu * up
+//      for those 64 columns, prep of those columns of the down input               | barrier
+//   E  down tiles, residual added per tile                                         | barrier
+// then the final RMSNorm of the rows whose logits are wanted and the head's tiles.
+// Work inside a phase is handed out dynamically (an atomic counter per phase), so a thread the
+// shared machine preempts does not hold the other back.  Every row's arithmetic is the same
+// whatever the other rows are (tiles, per-row activation prep and per-query attention are
+// row-independent), so a row's logits do not depend on which sequences share the step, nor
+// on how a step is split into calls.  No allocation in the step but the returned logits (the
+// attention score buffer grows with the longest context seen).
+#include "fused_plan.h"
+
+namespace scl {
+namespace fused {
+namespace {
+
+// Prepare rows [0, M) of x (row stride K) for an int4 consumer, over the whole row.
+void prep_rows(const IsaFns& F, bool q8, const float* x, int64_t M, int64_t K, Act& a) {
+  for (int64_t m = 0; m < M; ++m) {
+    if (q8)
+      F.prep_q8(x + m * K, K, 0, a.Kp, a.xq.data() + m * a.Kp, a.sx.data() + m * a.nb,
+                a.bsum.data() + m * a.nb, a.fsum.data() + m * a.nb);
+    else
+      F.prep_xp(x + m * K, K, 0, a.Kp, a.xp.data() + m * a.Kp, a.fsum.data() + m * a.nb);
+  }
+}
+
+// Prepare columns [k0, k1) (multiples of 32, k1 <= K) of row m of x.
+void prep_cols(const IsaFns& F, bool q8, const float* xrow, int64_t K, int64_t k0, int64_t k1, int64_t m,
+               Act& a) {
+  if (q8)
+    F.prep_q8(xrow, K, k0, k1, a.xq.data() + m * a.Kp, a.sx.data() + m * a.nb, a.bsum.data() + m * a.nb,
+              a.fsum.data() + m * a.nb);
+  else
+    F.prep_xp(xrow, K, k0, k1, a.xp.data() + m * a.Kp, a.fsum.data() + m * a.nb);
+}
+
+// What one projection phase needs: its weight, its input, where its tiles go.
+struct LinCall {
+  const Lin* lin;
+  int64_t M;
+  const float* x;        // fp32 input rows [M][K] (int8 weights read it)
+  const Act* act;        // prepared input (int4 weights)
+  float* y;              // [M][N]
+};
+
+// Tiles [tb, te) of one projection (xsum: this thread's group sums of the input rows).
+inline void run_tiles(const IsaFns& F, bool q8, const LinCall& c, const float* xsum, int64_t tb, int64_t te) {
+  const Lin& l = *c.lin;
+  if (l.kind == 8) {
+    Int8Params p{(const int8_t*)l.w, (const float*)l.s, l.bias, c.x, c.y, c.M, l.N, l.K};
+    F.int8_tiles(p, tb, te);
+  } else if (q8) {
+    Int4Q8Params p{(const uint32_t*)l.w, (const uint16_t*)l.s, l.bias, c.act->xq.data(), c.act->sx.data(),
+                   c.act->bsum.data(), xsum, c.y, c.M, l.N, l.K, l.Kp, l.G, l.gs};
+    F.int4q8_tiles(p, tb, te);
+  } else {
+    Int4Params p{(const uint32_t*)l.w, (const uint16_t*)l.s, l.bias, c.act->xp.data(), xsum, c.y,
+                 c.M, l.N, l.K, l.Kp, l.G, l.gs};
+    F.int4_tiles(p, tb, te);
+  }
+}
+
+inline void group_sums(const LinCall& c, float* xsum) {
+  const Lin& l = *c.lin;
+  if (l.kind != 4) return;
+  for (int64_t m = 0; m < c.M; ++m) xsum_from_fsum(c.act->fsum.data() + m * c.act->nb, l.G, l.gs, xsum + m * l.G);
+}
+
+// Where the q, k and v rows of a step live in the qkv workspace: one fused [M][H+2KV heads] output,
+// or (separate projections) three blocks [M][HD], [M][KVD], [M][KVD].
+struct QKV {
+  const float *q, *k, *v;
+  int64_t ldq, ldk, ldv;
+};
+
+QKV qkv_views(const FusedPlan& P, const LayerW& lw, int64_t M) {
+  const int64_t Nqkv = (P.H + 2 * P.KV) * P.D, HD = P.H * P.D, KVD = P.KV * P.D;
+  const float* b = P.qkv.data();
+  if (lw.sep_qkv()) return {b, b + M * HD, b + M * HD + M * KVD, HD, KVD, KVD};
+  return {b, b + HD, b + HD + KVD, Nqkv, Nqkv, Nqkv};
+}
+
+// Row r's K (RoPE applied) and V of layer l into the cache at its slot and position, all kv heads.
+void write_kv(const FusedPlan& P, const QKV& x, const IsaFns& F, int64_t l, int64_t r, int64_t pos, int64_t slot,
+              float* kc, float* vc, int64_t cap, int64_t slots) {
+  const int64_t half = P.D / 2;
+  for (int64_t kh = 0; kh < P.KV; ++kh) {
+    const int64_t off = ((l * slots + slot) * P.KV + kh) * cap * P.D + pos * P.D;
+    std::memcpy(kc + off, x.k + r * x.ldk + kh * P.D, sizeof(float) * (size_t)P.D);
+    F.rope(kc + off, P.cosb.data() + r * half, P.sinb.data() + r * half, P.D);
+    std::memcpy(vc + off, x.v + r * x.ldv + kh * P.D, sizeof(float) * (size_t)P.D);
+  }
+}
+
+inline int64_t chunk_of(int64_t units, int64_t nt) {
+  // about 8 chunks per thread: small enough to rebalance when a thread is preempted, large
+  // enough (>= 100 KB of weights for the big projections) to keep the prefetcher streaming
+  return std::max<int64_t>(1, units / (8 * nt));
+}
+
+}  // namespace
+
+// One forward pass. x: [N, hidden] fp32 embeddings; segs: (slot, first row, rows, first position)
+// per sequence; kc/vc: [L, slots, KV, capacity, D] fp32; out_rows: rows whose logits are wanted.
+// Returns logits [R, V] (or the final-normed hidden rows [R, hidden] when the head is not ours).
+torch::Tensor fused_step(FusedPlan& P, torch::Tensor x_in, std::vector<int64_t> segs, torch::Tensor kc,
+                         torch::Tensor vc, std::vector<int64_t> out_rows, int64_t isa, bool vnni, bool act_int8,
+                         int64_t nthreads) {
+  std::lock_guard<std::mutex> lock(P.mu);
+  const double t_setup = P.profiling ? now_s() : 0.0;
+  TORCH_CHECK(x_in.scalar_type() == torch::kFloat32 && x_in.is_contiguous() && x_in.dim() == 2 &&
+                  x_in.size(1) == P.hidden, "x must be contiguous fp32 [N, hidden]");
+  const int64_t M = x_in.size(0);
+  TORCH_CHECK(M >= 1 && M <= FUSED_MAX_ROWS, "fused step takes 1..", FUSED_MAX_ROWS, " rows, got ", M);
+  TORCH_CHECK(segs.size() % 4 == 0 && !segs.empty(), "segments: 4 ints each");
+  const int64_t S = (int64_t)segs.size() / 4;
+  // attention work items: (segment, block of ATT_ROWS rows); x KV heads
+  std::vector<int64_t> items;   // (segment, first row offset, rows)
+  bool long_seg = false;
+  for (auto* c : {&kc, &vc})
+    TORCH_CHECK(c->scalar_type() == torch::kFloat32 && c->is_contiguous() && c->dim() == 5 &&
+                    c->size(0) == P.L && c->size(2) == P.KV && c->size(4) == P.D,
+                "cache must be contiguous fp32 [layers, slots, kv_heads, capacity, head_dim]");
+  TORCH_CHECK(kc.sizes() == vc.sizes(), "k and v caches differ in shape");
+  const int64_t slots = kc.size(1), cap = kc.size(3);
+  int64_t rows_seen = 0, maxlen = 0;
+  std::vector<int64_t> row_pos((size_t)M, -1), row_slot((size_t)M, -1);
+  for (int64_t s = 0; s < S; ++s) {
+    const int64_t slot = segs[4 * s], r0 = segs[4 * s + 1], n = segs[4 * s + 2], p0 = segs[4 * s + 3];
+    TORCH_CHECK(slot >= 0 && slot < slots, "segment slot out of range");
+    TORCH_CHECK(r0 == rows_seen && n >= 1 && p0 >= 0 && p0 + n <= cap, "segments must tile the rows in order "
+                "and fit the cache");
+    for (int64_t t = 0; t < s; ++t) TORCH_CHECK(segs[4 * t] != slot, "two segments of one slot in a step");
+    for (int64_t i = 0; i < n; ++i) row_pos[(size_t)(r0 + i)] = p0 + i, row_slot[(size_t)(r0 + i)] = slot;
+    for (int64_t b = 0; b < n; b += ATT_ROWS) items.insert(items.end(), {s, b, std::min<int64_t>(ATT_ROWS, n - b)});
+    long_seg = long_seg || n > ATT_ROWS;
+    rows_seen += n;
+    maxlen = std::max(maxlen, p0 + n);
+  }
+  TORCH_CHECK(rows_seen == M, "segments cover ", rows_seen, " rows, x has ", M);
+  const int64_t R = (int64_t)out_rows.size();
+  TORCH_CHECK(R <= FUSED_MAX_ROWS, "too many output rows");
+  for (int64_t r : out_rows) TORCH_CHECK(r >= 0 && r < M, "logits row out of range");
+  const bool has_head = P.head.kind != 0;
+  auto out = torch::empty({R, has_head ? P.V : P.hidden}, torch::dtype(torch::kFloat32));
+  float* outp = out.data_ptr<float>();
+
+  const int64_t nt = std::max<int64_t>(1, nthreads);
+  ensure_threads(P, nt);
+  const int64_t nq_max = (int64_t)ATT_ROWS * P.G;
+  for (int64_t t = 0; t < nt; ++t)
+    if ((int64_t)P.th[(size_t)t].scores.size() < nq_max * maxlen)
+      P.th[(size_t)t].scores.assign((size_t)(nq_max * maxlen), 0.f);   // grows with the context only
+  for (int64_t i = 0; i < P.nctr; ++i) P.ctr[i].store(0, std::memory_order_relaxed);
+  std::memcpy(P.x.data(), x_in.data_ptr<float>(), sizeof(float) * (size_t)(M * P.hidden));
+  const int64_t half = P.D / 2;
+  for (int64_t r = 0; r < M; ++r) {
+    const float pos = (float)row_pos[(size_t)r];
+    for (int64_t i = 0; i < half; ++i) {
+      const float a = pos * P.inv_freq[(size_t)i];   // fp32 product, as rope_tables computes it
+      P.cosb[(size_t)(r * half + i)] = std::cos(a);
+      P.sinb[(size_t)(r * half + i)] = std::sin(a);
+    }
+  }
+
+  const IsaFns F = isa_fns(isa, vnni);
+  const bool prof = P.profiling;
+  if (prof) {
+    if (P.prof_threads < nt) {
+      P.prof.resize((size_t)(nt * NPROF), 0.0);
+      P.prof_threads = nt;
+    }
+    P.prof[P_SETUP] += now_s() - t_setup;
+    ++P.prof_steps;
+  }
+  const int64_t HD = P.H * P.D;
+  float* kcw = kc.data_ptr<float>();
+  float* vcw = vc.data_ptr<float>();
+  const int64_t per_slot = P.KV * cap * P.D, per_layer = slots * per_slot;
+
+#pragma omp parallel num_threads((int)nt)
+  {
+    const int tid = omp_get_thread_num();
+    Thread& me = P.th[(size_t)tid];
+    int64_t phase = 0;
+    int64_t lens[ATT_ROWS];
+    double* pt = prof ? P.prof.data() + (size_t)tid * NPROF : nullptr;
+    double tmark = prof ? now_s() : 0.0;
+    auto mark = [&](int cat) {
+      if (pt) {
+        const double t = now_s();
+        pt[cat] += t - tmark;
+        tmark = t;
+      }
+    };
+
+    // dynamic tiles of one projection; post(tb, te) runs after each chunk
+    auto project = [&](const LinCall& c, auto&& post) {
+      group_sums(c, me.xsum.data());
+      const bool q8 = act_int8 && c.lin->kind == 4;
+      const int64_t NT = c.lin->NT, ch = chunk_of(NT, nt);
+      std::atomic<int64_t>& ctr = P.ctr[phase++];
+      for (;;) {
+        const int64_t tb = ctr.fetch_add(1, std::memory_order_relaxed) * ch;
+        if (tb >= NT) break;
+        const int64_t te = std::min(NT, tb + ch);
+        run_tiles(F, q8, c, me.xsum.data(), tb, te);
+        post(tb, te);
+      }
+    };
+    auto residual = [&](int64_t tb, int64_t te) {
+      const int64_t c0 = tb * TILE, c1 = std::min(P.hidden, te * TILE);
+      for (int64_t m = 0; m < M; ++m)
+        F.add_inplace(P.x.data() + m * P.hidden + c0, P.tmp.data() + m * P.hidden + c0, c1 - c0);
+    };
+    auto norm_prep = [&](const float* w, const Lin& consumer, int64_t rows, const int64_t* which) {
+      for (int64_t m = 0; m < rows; ++m) {
+        const int64_t src = which ? which[m] : m;
+        F.rmsnorm(P.x.data() + src * P.hidden, w, P.eps, P.hidden, me.xn.data() + m * P.hidden);
+      }
+      if (consumer.kind == 4) prep_rows(F, act_int8, me.xn.data(), rows, P.hidden, me.act);
+    };
+
+    for (int64_t l = 0; l < P.L; ++l) {
+      const LayerW& lw = P.layers[(size_t)l];
+      // ---- A: norm, qkv
+      norm_prep(lw.ln1, lw.qkv, M, nullptr);
+      mark(P_NORM1);
+      const QKV qx = qkv_views(P, lw, M);
+      project(LinCall{&lw.qkv, M, me.xn.data(), &me.act, const_cast<float*>(qx.q)}, [](int64_t, int64_t) {});
+      if (lw.sep_qkv()) {   // the same normed input, into their own blocks (no barrier between them)
+        project(LinCall{&lw.k, M, me.xn.data(), &me.act, const_cast<float*>(qx.k)}, [](int64_t, int64_t) {});
+        project(LinCall{&lw.v, M, me.xn.data(), &me.act, const_cast<float*>(qx.v)}, [](int64_t, int64_t) {});
+      }
+      mark(P_QKV);
+#pragma omp barrier
+      mark(P_WAIT);
+      // ---- B: rope, cache write, attention per (sequence, block of <= 16 rows, kv head).  When a
+      // sequence has more rows than one block, its later blocks read keys an earlier block
+      // writes: then all K/V are written first (B0), behind a barrier.
+      if (long_seg) {
+        std::atomic<int64_t>& ctr = P.ctr[phase++];
+        for (;;) {
+          const int64_t r = ctr.fetch_add(1, std::memory_order_relaxed);
+          if (r >= M) break;
+          write_kv(P, qx, F, l, r, row_pos[(size_t)r], row_slot[(size_t)r], kcw, vcw, cap, slots);
+        }
+        mark(P_KVW);
+#pragma omp barrier
+        mark(P_WAIT);
+      }
+      {
+        std::atomic<int64_t>& ctr = P.ctr[phase++];
+        const bool oq8 = act_int8 && lw.o.kind == 4;
+        const int64_t nitems = (int64_t)items.size() / 3;
+        for (;;) {
+          const int64_t it = ctr.fetch_add(1, std::memory_order_relaxed);
+          if (it >= nitems * P.KV) break;
+          const int64_t* itm = items.data() + 3 * (it / P.KV);
+          const int64_t kh = it % P.KV, s = itm[0];
+          const int64_t slot = segs[4 * s], r0 = segs[4 * s + 1] + itm[1], n = itm[2], p0 = segs[4 * s + 3] + itm[1];
+          float* kbase = kcw + l * per_layer + slot * per_slot + kh * cap * P.D;
+          float* vbase = vcw + l * per_layer + slot * per_slot + kh * cap * P.D;
+          for (int64_t i = 0; i < n; ++i) {
+            const int64_t r = r0 + i, pos = p0 + i;
+            if (!long_seg) {
+              float* kd = kbase + pos * P.D;
+              std::memcpy(kd, qx.k + r * qx.ldk + kh * P.D, sizeof(float) * (size_t)P.D);
+              F.rope(kd, P.cosb.data() + r * half, P.sinb.data() + r * half, P.D);
+              std::memcpy(vbase + pos * P.D, qx.v + r * qx.ldv + kh * P.D, sizeof(float) * (size_t)P.D);
+            }
+            for (int64_t g = 0; g < P.G; ++g) {
+              float* qd = me.q.data() + (i * P.G + g) * P.D;
+              std::memcpy(qd, qx.q + r * qx.ldq + (kh * P.G + g) * P.D, sizeof(float) * (size_t)P.D);
+              F.rope(qd, P.cosb.data() + r * half, P.sinb.data() + r * half, P.D);
+            }
+            lens[i] = pos + 1;
+          }
+          AttnItem a{me.q.data(), n * P.G, P.G, lens, kbase, vbase, me.scores.data(), me.out.data(),
+                     P.D, p0 + n, P.scale};
+          F.attention(a);
+          const int64_t c0 = kh * P.G * P.D, c1 = c0 + P.G * P.D;
+          for (int64_t i = 0; i < n; ++i) {
+            float* arow = P.attn.data() + (r0 + i) * HD;
+            std::memcpy(arow + c0, me.out.data() + i * P.G * P.D, sizeof(float) * (size_t)(P.G * P.D));
+            if (lw.o.kind == 4) prep_cols(F, oq8, arow, HD, c0, c1, r0 + i, P.act_o);
+          }
+        }
+      }
+      mark(P_ATT);
+#pragma omp barrier
+      mark(P_WAIT);
+      // ---- C: o projection + residual
+      project(LinCall{&lw.o, M, P.attn.data(), &P.act_o, P.tmp.data()}, residual);
+      mark(P_O);
+#pragma omp barrier
+      mark(P_WAIT);
+      // ---- D: norm, gate/up pairs, silu * up, prep of the down input
+      norm_prep(lw.ln2, lw.gu, M, nullptr);
+      mark(P_NORM2);
+      {
+        // fused: tiles t and t + I/64 of one weight into [M][2I]; separate: tile t of each into [M][I] twice
+        const bool sep = lw.sep_gu();
+        float* gbuf = P.gu.data();
+        float* ubuf = sep ? gbuf + M * P.I : gbuf + P.I;
+        const int64_t ld = sep ? P.I : 2 * P.I;
+        const LinCall cg{&lw.gu, M, me.xn.data(), &me.act, gbuf};
+        const LinCall cu{sep ? &lw.up : &lw.gu, M, me.xn.data(), &me.act, sep ? ubuf : gbuf};
+        group_sums(cg, me.xsum.data());   // one input, one group size: the same sums for both
+        const bool q8 = act_int8 && lw.gu.kind == 4;
+        const bool dq8 = act_int8 && lw.down.kind == 4;
+        const int64_t NTh = P.I / TILE, ch = chunk_of(NTh, nt), uoff = sep ? 0 : NTh;
+        std::atomic<int64_t>& ctr = P.ctr[phase++];
+        for (;;) {
+          const int64_t ub = ctr.fetch_add(1, std::memory_order_relaxed) * ch;
+          if (ub >= NTh) break;
+          const int64_t ue = std::min(NTh, ub + ch);
+          run_tiles(F, q8, cg, me.xsum.data(), ub, ue);                 // gate rows
+          run_tiles(F, q8, cu, me.xsum.data(), ub + uoff, ue + uoff);   // the matching up rows
+          const int64_t c0 = ub * TILE, c1 = ue * TILE;
+          for (int64_t m = 0; m < M; ++m) {
+            float* hrow = P.h.data() + m * P.I;
+            F.silu_mul(gbuf + m * ld + c0, ubuf + m * ld + c0, hrow + c0, c1 - c0);
+            if (lw.down.kind == 4) prep_cols(F, dq8, hrow, P.I, c0, c1, m, P.act_d);
+          }
+        }
+      }
+      mark(P_GU);
+#pragma omp barrier
+      mark(P_WAIT);
+      // ---- E: down + residual
+      project(LinCall{&lw.down, M, P.h.data(), &P.act_d, P.tmp.data()}, residual);
+      mark(P_DOWN);
+#pragma omp barrier
+      mark(P_WAIT);
+    }
+    // ---- final norm of the wanted rows, head
+    if (R > 0) {
+      if (has_head) {
+        norm_prep(P.norm_w, P.head, R, out_rows.data());
+        project(LinCall{&P.head, R, me.xn.data(), &me.act, outp}, [](int64_t, int64_t) {});
+      } else if (tid == 0) {
+        for (int64_t m = 0; m < R; ++m)
+          F.rmsnorm(P.x.data() + out_rows[(size_t)m] * P.hidden, P.norm_w, P.eps, P.hidden, outp + m * P.hidden);
+      }
+    }
+    mark(P_HEAD);
+  }
+  return out;
+}
+
+}  // namespace fused
+}  // namespace scl

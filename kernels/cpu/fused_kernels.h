@@ -1,0 +1,47 @@
+// Serving Cost Lab -- the fused decode step's per-ISA pieces (torch-free).
+//
+// fused_cpu.cpp runs a whole forward pass of up to FUSED_MAX_ROWS token rows in one OpenMP
+// parallel region: per layer RMSNorm, the fused qkv projection, RoPE, the KV-cache write,
+// attention over each sequence's own length, o projection + residual, RMSNorm, gate/up,
+// silu * up, down + residual; then the final norm and the head.  The projections are the
+// per-op kernels' tile functions (qgemm_kernels.h); the rest is here, compiled once per ISA
+// (fused_avx512.cpp, fused_avx2.cpp, fused_scalar.cpp) from fused_simd_body.h.
+#pragma once
+#include <cstdint>
+
+#include "qgemm_kernels.h"
+
+namespace scl {
+
+constexpr int FUSED_MAX_ROWS = 64;   // rows per fused call (= MAX_M of the tile kernels); more are chunked
+constexpr int ATT_ROWS = 16;         // rows of one sequence per attention work item
+constexpr int FUSED_MAX_Q = 512;     // queries per attention item: ATT_ROWS x q heads per kv head
+
+// One attention work item: the rows of one sequence x one kv head (its G query heads).
+// Query qi = row (qi / G), head (qi % G); row i attends to keys [0, len[i]).
+// The arithmetic of one query never depends on the others (fixed key blocks from 0), so a
+// row's output is the same in any batch.
+struct AttnItem {
+  const float* q;        // [nq][D] queries, RoPE applied
+  int64_t nq, G;
+  const int64_t* len;    // [nq / G] keys per row
+  const float* k;        // [>= max len][D] this (layer, slot, kv head)'s keys
+  const float* v;        // [>= max len][D] values
+  float* scores;         // [nq][maxlen] workspace
+  float* out;            // [nq][D]
+  int64_t D, maxlen;
+  float scale;
+};
+
+#define SCL_DECLARE_FUSED                                                        \
+  void rmsnorm(const float* x, const float* w, float eps, int64_t K, float* out); \
+  void silu_mul(const float* g, const float* u, float* h, int64_t n);            \
+  void rope(float* v, const float* cs, const float* sn, int64_t D);              \
+  void attention(const AttnItem& a);                                             \
+  void add_inplace(float* x, const float* y, int64_t n);
+namespace scalar { SCL_DECLARE_FUSED }
+namespace avx2 { SCL_DECLARE_FUSED }
+namespace avx512 { SCL_DECLARE_FUSED }
+#undef SCL_DECLARE_FUSED
+
+}  // namespace scl

@@ -1,0 +1,232 @@
+// Serving Cost Lab -- the fused forward pass's plan: built once per model from its prepared
+// weights (make_fused_plan), its workspaces, the phase-timer readout, and the Python binding.
+// The step itself is fused_cpu.cpp.
+#include "fused_plan.h"
+
+namespace scl {
+namespace fused {
+
+IsaFns isa_fns(int64_t isa, bool vnni) {
+  if (isa == 2)
+    return {avx512::int8_tiles, avx512::int4_tiles, vnni ? avx512::int4q8_tiles : avx2::int4q8_tiles,
+            avx512::prep_xp, avx512::prep_q8, avx512::rmsnorm, avx512::silu_mul, avx512::rope,
+            avx512::attention, avx512::add_inplace};
+  if (isa == 1)
+    return {avx2::int8_tiles, avx2::int4_tiles, avx2::int4q8_tiles, avx2::prep_xp, avx2::prep_q8,
+            avx2::rmsnorm, avx2::silu_mul, avx2::rope, avx2::attention, avx2::add_inplace};
+  return {scalar::int8_tiles, scalar::int4_tiles, scalar::int4q8_tiles, scalar::prep_xp,
+          scalar::prep_q8, scalar::rmsnorm, scalar::silu_mul, scalar::rope, scalar::attention,
+          scalar::add_inplace};
+}
+
+const char* const PROF_NAMES[NPROF] = {
+    "norm + act prep (qkv input)", "qkv tiles", "K/V write (long segments)",
+    "attention (rope, cache write, softmax, o-input prep)", "o tiles + residual",
+    "norm + act prep (gate/up input)", "gate/up tiles + silu*up + down-input prep", "down tiles + residual",
+    "final norm + head", "barrier wait", "setup (outside the parallel region)"};
+
+namespace {
+
+Lin make_lin(int64_t kind, const torch::Tensor& w, const torch::Tensor& s,
+             const c10::optional<torch::Tensor>& bias, int64_t N, int64_t K, int64_t gs,
+             std::vector<torch::Tensor>& keep) {
+  Lin l;
+  if (kind == 0) return l;
+  TORCH_CHECK(kind == 4 || kind == 8, "linear kind must be 4 or 8");
+  TORCH_CHECK(w.is_contiguous() && s.is_contiguous() && w.dim() == 3 && w.size(2) == TILE,
+              "weights must be in the tiled CPU layout");
+  l.kind = (int)kind;
+  l.N = N;
+  l.K = K;
+  l.NT = w.size(0);
+  TORCH_CHECK(N > (l.NT - 1) * TILE && N <= l.NT * TILE, "N inconsistent with tiles");
+  if (kind == 4) {
+    TORCH_CHECK(w.scalar_type() == torch::kInt32, "int4 w must be int32");
+    l.gs = gs;
+    l.Kp = w.size(1) * 8;
+    l.G = l.Kp / gs;
+    TORCH_CHECK(l.Kp % gs == 0 && K <= l.Kp && K > l.Kp - gs, "int4 K / group size inconsistent");
+    TORCH_CHECK(s.numel() == l.NT * l.G * 2 * TILE, "int4 sm has the wrong size");
+    l.w = w.data_ptr<int32_t>();
+    l.s = s.data_ptr();
+  } else {
+    TORCH_CHECK(w.scalar_type() == torch::kInt8 && w.size(1) == K, "int8 w must be int8 [NT, K, 64]");
+    TORCH_CHECK(s.scalar_type() == torch::kFloat32 && s.numel() == l.NT * TILE, "int8 scale size");
+    l.Kp = K;
+    l.w = w.data_ptr<int8_t>();
+    l.s = s.data_ptr<float>();
+  }
+  keep.push_back(w);
+  keep.push_back(s);
+  if (bias.has_value() && bias->defined()) {
+    TORCH_CHECK(bias->scalar_type() == torch::kFloat32 && bias->is_contiguous() && bias->numel() == N,
+                "bias must be contiguous fp32 [N]");
+    l.bias = bias->data_ptr<float>();
+    keep.push_back(*bias);
+  }
+  return l;
+}
+
+}  // namespace
+
+void ensure_threads(FusedPlan& P, int64_t nt) {
+  if ((int64_t)P.th.size() >= nt) return;
+  const int64_t nq = (int64_t)ATT_ROWS * P.G;
+  const int64_t gmax = P.gs > 0 ? (std::max(P.I, std::max(P.hidden, P.H * P.D)) + P.gs - 1) / P.gs + 1 : 1;
+  const int64_t kph = P.layers[0].qkv.kind == 4 ? P.layers[0].qkv.Kp : P.hidden;
+  const size_t old = P.th.size();
+  P.th.resize((size_t)nt);
+  for (size_t i = old; i < P.th.size(); ++i) {
+    Thread& t = P.th[i];
+    t.xn.assign((size_t)(FUSED_MAX_ROWS * P.hidden), 0.f);
+    t.act.init(std::max<int64_t>(32, (kph + 31) / 32 * 32));
+    t.xsum.assign((size_t)(FUSED_MAX_ROWS * gmax), 0.f);
+    t.q.assign((size_t)(nq * P.D), 0.f);
+    t.out.assign((size_t)(nq * P.D), 0.f);
+  }
+}
+
+
+std::shared_ptr<FusedPlan> make_fused_plan(std::vector<int64_t> dims, double eps, torch::Tensor inv_freq,
+                                           std::vector<torch::Tensor> norms, std::vector<LinSpec> lins) {
+  TORCH_CHECK(dims.size() == 7, "dims = [layers, hidden, heads, kv_heads, head_dim, intermediate, vocab]");
+  auto P = std::make_shared<FusedPlan>();
+  P->L = dims[0];
+  P->hidden = dims[1];
+  P->H = dims[2];
+  P->KV = dims[3];
+  P->D = dims[4];
+  P->I = dims[5];
+  P->V = dims[6];
+  TORCH_CHECK(P->H % P->KV == 0, "heads must be a multiple of kv heads");
+  P->G = P->H / P->KV;
+  TORCH_CHECK(P->D == 64 || P->D == 128, "head_dim must be 64 or 128");
+  TORCH_CHECK((P->G * P->D) % 32 == 0 && P->I % TILE == 0 && P->hidden % 32 == 0,
+              "shape not supported by the fused step");
+  TORCH_CHECK(P->G * ATT_ROWS <= FUSED_MAX_Q, "too many q heads per kv head");
+  P->eps = (float)eps;
+  P->scale = 1.f / std::sqrt((float)P->D);
+  TORCH_CHECK(inv_freq.scalar_type() == torch::kFloat32 && inv_freq.numel() == P->D / 2, "inv_freq [D/2] fp32");
+  P->inv_freq.assign(inv_freq.data_ptr<float>(), inv_freq.data_ptr<float>() + P->D / 2);
+  TORCH_CHECK((int64_t)norms.size() == 2 * P->L + 1, "norms: 2 per layer + the final one");
+  for (auto& n : norms) {
+    TORCH_CHECK(n.scalar_type() == torch::kFloat32 && n.is_contiguous() && n.numel() == P->hidden,
+                "norm weights must be fp32 [hidden]");
+    P->keep.push_back(n);
+  }
+  TORCH_CHECK((int64_t)lins.size() == 7 * P->L + 1,
+              "linears: qkv (or q), k, v, o, gate_up (or gate), up, down per layer (k, v, up absent when "
+              "fused), then the head");
+  const int64_t Nqkv = (P->H + 2 * P->KV) * P->D;
+  auto mk = [&](const LinSpec& s) {
+    return make_lin(std::get<0>(s), std::get<1>(s), std::get<2>(s), std::get<3>(s), std::get<4>(s),
+                    std::get<5>(s), std::get<6>(s), P->keep);
+  };
+  P->layers.resize((size_t)P->L);
+  for (int64_t l = 0; l < P->L; ++l) {
+    LayerW& lw = P->layers[(size_t)l];
+    lw.ln1 = norms[(size_t)(2 * l)].data_ptr<float>();
+    lw.ln2 = norms[(size_t)(2 * l + 1)].data_ptr<float>();
+    const LinSpec* ls = lins.data() + 7 * l;
+    lw.qkv = mk(ls[0]);
+    lw.k = mk(ls[1]);
+    lw.v = mk(ls[2]);
+    lw.o = mk(ls[3]);
+    lw.gu = mk(ls[4]);
+    lw.up = mk(ls[5]);
+    lw.down = mk(ls[6]);
+    const int64_t KVD = P->KV * P->D;
+    const bool qkv_ok = lw.sep_qkv()
+        ? (lw.qkv.kind && lw.qkv.N == P->H * P->D && lw.k.N == KVD && lw.v.kind && lw.v.N == KVD &&
+           lw.qkv.K == P->hidden && lw.k.K == P->hidden && lw.v.K == P->hidden)
+        : (lw.qkv.kind && lw.qkv.N == Nqkv && lw.qkv.K == P->hidden);
+    TORCH_CHECK(qkv_ok, "q/k/v shapes");
+    TORCH_CHECK(lw.o.kind && lw.o.N == P->hidden && lw.o.K == P->H * P->D, "o shape");
+    const bool gu_ok = lw.sep_gu()
+        ? (lw.gu.kind && lw.gu.N == P->I && lw.up.N == P->I && lw.gu.K == P->hidden && lw.up.K == P->hidden)
+        : (lw.gu.kind && lw.gu.N == 2 * P->I && lw.gu.K == P->hidden);
+    TORCH_CHECK(gu_ok, "gate/up shapes");
+    TORCH_CHECK(lw.down.kind && lw.down.N == P->hidden && lw.down.K == P->I, "down shape");
+  }
+  P->norm_w = norms.back().data_ptr<float>();
+  P->head = mk(lins.back());
+  TORCH_CHECK(!P->head.kind || (P->head.N == P->V && P->head.K == P->hidden), "head shape");
+  // one group size across the int4 linears (each activation buffer has one row stride)
+  for (const auto& lw : P->layers)
+    for (const Lin* l : std::initializer_list<const Lin*>{&lw.qkv, &lw.k, &lw.v, &lw.o, &lw.gu, &lw.up, &lw.down,
+                                                          &P->head})
+      if (l->kind == 4) {
+        TORCH_CHECK(P->gs == 0 || P->gs == l->gs, "int4 linears must share one group size");
+        P->gs = l->gs;
+      }
+  for (const auto& lw : P->layers)
+    TORCH_CHECK(lw.qkv.kind == P->layers[0].qkv.kind && lw.gu.kind == lw.qkv.kind &&
+                    (!lw.sep_qkv() || (lw.k.kind == lw.qkv.kind && lw.v.kind == lw.qkv.kind)) &&
+                    (!lw.sep_gu() || lw.up.kind == lw.gu.kind) &&
+                    (!P->head.kind || P->head.kind == lw.qkv.kind) &&
+                    lw.o.kind == P->layers[0].o.kind && lw.down.kind == P->layers[0].down.kind,
+                "one weight format per kind of linear");
+  const int64_t M = FUSED_MAX_ROWS;
+  P->x.assign((size_t)(M * P->hidden), 0.f);
+  P->qkv.assign((size_t)(M * Nqkv), 0.f);
+  P->attn.assign((size_t)(M * P->H * P->D), 0.f);
+  P->gu.assign((size_t)(M * 2 * P->I), 0.f);
+  P->h.assign((size_t)(M * P->I), 0.f);
+  P->tmp.assign((size_t)(M * P->hidden), 0.f);
+  P->cosb.assign((size_t)(M * P->D / 2), 0.f);
+  P->sinb.assign((size_t)(M * P->D / 2), 0.f);
+  // padded tails of the shared inputs stay zero (prep writes only [0, K))
+  P->act_o.init(P->layers[0].o.kind == 4 ? P->layers[0].o.Kp : (P->H * P->D + 31) / 32 * 32);
+  P->act_d.init(P->layers[0].down.kind == 4 ? P->layers[0].down.Kp : (P->I + 31) / 32 * 32);
+  P->nctr = 9 * P->L + 4;
+  P->ctr.reset(new std::atomic<int64_t>[(size_t)P->nctr]);
+  ensure_threads(*P, std::max(1, omp_get_max_threads()));
+  return P;
+}
+
+}  // namespace fused
+
+void register_fused(pybind11::module& m) {
+  using namespace fused;
+  namespace py = pybind11;
+  py::class_<FusedPlan, std::shared_ptr<FusedPlan>>(m, "FusedPlan")
+      .def_property_readonly("layers", [](const FusedPlan& p) { return p.L; })
+      .def_property_readonly("has_head", [](const FusedPlan& p) { return p.head.kind != 0; })
+      .def_property_readonly("vocab", [](const FusedPlan& p) { return p.V; })
+      .def("workspace_bytes", [](const FusedPlan& p) {
+        size_t b = 4 * (p.x.size() + p.qkv.size() + p.attn.size() + p.gu.size() + p.h.size() + p.tmp.size());
+        for (const Act* a : {&p.act_o, &p.act_d})
+          b += 4 * (a->xp.size() + a->sx.size() + a->fsum.size() + a->bsum.size()) + a->xq.size();
+        for (const auto& t : p.th)
+          b += 4 * (t.xn.size() + t.xsum.size() + t.q.size() + t.out.size() + t.scores.size() + t.act.xp.size() +
+                    t.act.sx.size() + t.act.fsum.size() + t.act.bsum.size()) + t.act.xq.size();
+        return (int64_t)b;
+      });
+  m.def("fused_profile", [](FusedPlan& p, bool on, bool reset) {
+    std::lock_guard<std::mutex> lock(p.mu);
+    py::dict d;
+    py::list per_thread;
+    for (int64_t t = 0; t < p.prof_threads; ++t) {
+      py::dict th;
+      for (int c = 0; c < NPROF; ++c) th[PROF_NAMES[c]] = p.prof[(size_t)(t * NPROF + c)];
+      per_thread.append(th);
+    }
+    d["threads"] = per_thread;
+    d["steps"] = p.prof_steps;
+    if (reset) {
+      std::fill(p.prof.begin(), p.prof.end(), 0.0);
+      p.prof_steps = 0;
+    }
+    p.profiling = on;
+    return d;
+  }, "read the phase timers (seconds per thread and category), then set profiling on/off (and reset)",
+        py::arg("plan"), py::arg("on"), py::arg("reset") = true);
+  m.def("make_fused_plan", &make_fused_plan, "the fused step's model plan and workspaces (once per model)",
+        py::arg("dims"), py::arg("eps"), py::arg("inv_freq"), py::arg("norms"), py::arg("linears"));
+  m.def("fused_step", &fused_step, "one fused forward pass of 1..64 rows", py::arg("plan"), py::arg("x"),
+        py::arg("segments"), py::arg("k_cache"), py::arg("v_cache"), py::arg("out_rows"), py::arg("isa"),
+        py::arg("vnni"), py::arg("act_int8"), py::arg("threads"), py::call_guard<py::gil_scoped_release>());
+  m.def("fused_max_rows", []() { return (int64_t)FUSED_MAX_ROWS; });
+}
+
+}  // namespace scl

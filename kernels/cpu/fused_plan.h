@@ -1,0 +1,122 @@
+// Serving Cost Lab -- the fused CPU forward pass: the plan (the model's weights as pointers, the
+// workspaces) shared by fused_plan.cpp (building it, the binding) and fused_cpu.cpp (the step).
+#pragma once
+#include <torch/extension.h>
+
+#include <omp.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <tuple>
+#include <vector>
+
+#include "fused_kernels.h"
+
+
+namespace scl {
+namespace fused {
+
+struct IsaFns {
+  void (*int8_tiles)(const Int8Params&, int64_t, int64_t);
+  void (*int4_tiles)(const Int4Params&, int64_t, int64_t);
+  void (*int4q8_tiles)(const Int4Q8Params&, int64_t, int64_t);
+  void (*prep_xp)(const float*, int64_t, int64_t, int64_t, float*, float*);
+  void (*prep_q8)(const float*, int64_t, int64_t, int64_t, int8_t*, float*, int32_t*, float*);
+  void (*rmsnorm)(const float*, const float*, float, int64_t, float*);
+  void (*silu_mul)(const float*, const float*, float*, int64_t);
+  void (*rope)(float*, const float*, const float*, int64_t);
+  void (*attention)(const AttnItem&);
+  void (*add_inplace)(float*, const float*, int64_t);
+};
+
+IsaFns isa_fns(int64_t isa, bool vnni);
+
+// One quantized linear in its tiled CPU layout (engine/ops/prepared.py).
+struct Lin {
+  int kind = 0;              // 0 absent, 4 int4, 8 int8
+  const void* w = nullptr;   // int4: uint32 [NT][Kp/8][64]; int8: int8 [NT][K][64]
+  const void* s = nullptr;   // int4: fp16 [NT][G][2][64];  int8: fp32 [NT*64]
+  const float* bias = nullptr;
+  int64_t N = 0, K = 0, Kp = 0, G = 0, gs = 0, NT = 0;
+};
+
+struct LayerW {
+  const float* ln1;
+  const float* ln2;
+  // q/k/v fused into qkv (k, v absent), or three; gate/up fused into gu (up absent), or two
+  Lin qkv, k, v, o, gu, up, down;
+  bool sep_qkv() const { return k.kind != 0; }
+  bool sep_gu() const { return up.kind != 0; }
+};
+
+// Prepared activations of up to FUSED_MAX_ROWS rows of one input (row stride Kp).
+struct Act {
+  int64_t Kp = 0, nb = 0;
+  std::vector<float> xp, sx, fsum;
+  std::vector<int8_t> xq;
+  std::vector<int32_t> bsum;
+  void init(int64_t kp) {
+    Kp = kp;
+    nb = kp / 32;
+    xp.assign((size_t)(FUSED_MAX_ROWS * kp), 0.f);
+    xq.assign((size_t)(FUSED_MAX_ROWS * kp), 0);
+    sx.assign((size_t)(FUSED_MAX_ROWS * nb), 0.f);
+    fsum.assign((size_t)(FUSED_MAX_ROWS * nb), 0.f);
+    bsum.assign((size_t)(FUSED_MAX_ROWS * nb), 0);
+  }
+};
+
+// Profile categories (wall time per thread; "barrier wait" is the time a thread waits for the others).
+enum Prof { P_NORM1, P_QKV, P_KVW, P_ATT, P_O, P_NORM2, P_GU, P_DOWN, P_HEAD, P_WAIT, P_SETUP, NPROF };
+extern const char* const PROF_NAMES[NPROF];
+
+inline double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+struct Thread {
+  std::vector<float> xn;       // normed rows
+  Act act;                     // their prepared activations (hidden-wide consumers)
+  std::vector<float> xsum;     // per-group sums for the current consumer
+  std::vector<float> q, out, scores;
+};
+
+
+struct FusedPlan {
+  int64_t L = 0, hidden = 0, H = 0, KV = 0, D = 0, I = 0, V = 0, G = 0, gs = 0;
+  float eps = 1e-6f, scale = 1.f;
+  std::vector<float> inv_freq;
+  std::vector<LayerW> layers;
+  const float* norm_w = nullptr;
+  Lin head;
+  std::vector<torch::Tensor> keep;     // keeps the weights alive
+  // shared workspaces
+  std::vector<float> x, qkv, attn, gu, h, tmp, cosb, sinb;
+  Act act_o, act_d;
+  std::vector<Thread> th;
+  std::unique_ptr<std::atomic<int64_t>[]> ctr;
+  int64_t nctr = 0;
+  std::mutex mu;
+  // optional per-thread phase timers (bench/profile_decode.py): seconds per category
+  bool profiling = false;
+  std::vector<double> prof;   // [threads][NPROF]
+  int64_t prof_steps = 0, prof_threads = 0;
+};
+
+
+using LinSpec = std::tuple<int64_t, torch::Tensor, torch::Tensor, c10::optional<torch::Tensor>, int64_t,
+                           int64_t, int64_t>;
+
+void ensure_threads(FusedPlan& P, int64_t nt);
+std::shared_ptr<FusedPlan> make_fused_plan(std::vector<int64_t> dims, double eps, torch::Tensor inv_freq,
+                                           std::vector<torch::Tensor> norms, std::vector<LinSpec> lins);
+torch::Tensor fused_step(FusedPlan& P, torch::Tensor x_in, std::vector<int64_t> segs, torch::Tensor kc,
+                         torch::Tensor vc, std::vector<int64_t> out_rows, int64_t isa, bool vnni, bool act_int8,
+                         int64_t nthreads);
+
+}  // namespace fused
+}  // namespace scl

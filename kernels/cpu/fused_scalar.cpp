@@ -1,0 +1,40 @@
+// The fused step's pieces in portable C++ (one lane; the compiler may vectorise).
+#include "fused_kernels.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+namespace scl {
+namespace scalar {
+
+struct FOps {
+  using V = float;
+  static constexpr int W = 1;
+  static inline V zero() { return 0.f; }
+  static inline V set1(float f) { return f; }
+  static inline V load(const float* p) { return *p; }
+  static inline void store(float* p, V v) { *p = v; }
+  static inline V add(V a, V b) { return a + b; }
+  static inline V sub(V a, V b) { return a - b; }
+  static inline V mul(V a, V b) { return a * b; }
+  static inline V div(V a, V b) { return a / b; }
+  static inline V fma(V a, V b, V c) { return a * b + c; }
+  static inline V max(V a, V b) { return std::max(a, b); }
+  static inline V min(V a, V b) { return std::min(a, b); }
+  static inline float hsum(V v) { return v; }
+  static inline float hmax(V v) { return v; }
+  static inline void hsum4(V a, V b, V c, V d, float* o) { o[0] = a, o[1] = b, o[2] = c, o[3] = d; }
+  static inline V round(V v) { return std::nearbyint(v); }
+  static inline V pow2i(V n) {
+    const int32_t bits = ((int32_t)n + 127) << 23;
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return f;
+  }
+};
+
+#include "fused_simd_body.h"
+
+}  // namespace scalar
+}  // namespace scl

@@ -1,0 +1,196 @@
+// The fused step's elementwise pieces and attention, generic over a vector type.  Included
+// (textually) by fused_avx512.cpp / fused_avx2.cpp / fused_scalar.cpp inside an ISA namespace
+// (and a `#pragma GCC target` region); the including file defines `struct FOps` with
+//   V, W (lanes), zero(), set1(f), load(p), store(p, v), add, sub, mul, div, fma(a, b, c) = a*b + c,
+//   max, min, hsum(v), hsum4(a, b, c, d, out[4]), hmax(v), round(v) (to nearest even), pow2i(v)
+//   (2^n for integral n).
+// No lambdas: GCC does not always propagate target pragmas into them.  The including file
+// includes <algorithm>, <cmath> and <cstring> before opening its namespaces.
+
+using FV = FOps::V;
+constexpr int FW = FOps::W;
+
+// exp(x), Cephes-style: x = n ln2 + r, |r| <= ln2 / 2, degree-6 polynomial (about 1 ulp),
+// clamped to [-87, 88] (so 2^n stays a normal float; exp(-87) = 1.6e-38 stands for 0).
+static inline FV vexp(FV x) {
+  x = FOps::min(FOps::max(x, FOps::set1(-87.f)), FOps::set1(88.f));
+  const FV n = FOps::round(FOps::mul(x, FOps::set1(1.44269504088896341f)));
+  FV r = FOps::sub(x, FOps::mul(n, FOps::set1(0.693359375f)));
+  r = FOps::sub(r, FOps::mul(n, FOps::set1(-2.12194440e-4f)));
+  FV p = FOps::set1(1.9875691500E-4f);
+  p = FOps::fma(p, r, FOps::set1(1.3981999507E-3f));
+  p = FOps::fma(p, r, FOps::set1(8.3334519073E-3f));
+  p = FOps::fma(p, r, FOps::set1(4.1665795894E-2f));
+  p = FOps::fma(p, r, FOps::set1(1.6666665459E-1f));
+  p = FOps::fma(p, r, FOps::set1(5.0000001201E-1f));
+  const FV y = FOps::fma(p, FOps::mul(r, r), FOps::add(r, FOps::set1(1.f)));
+  return FOps::mul(y, FOps::pow2i(n));
+}
+
+// The same polynomial for one float (vector tails).
+static inline float sexp(float x) {
+  x = std::min(std::max(x, -87.f), 88.f);
+  const float n = std::nearbyint(x * 1.44269504088896341f);
+  float r = x - n * 0.693359375f;
+  r = r - n * -2.12194440e-4f;
+  float p = 1.9875691500E-4f;
+  p = p * r + 1.3981999507E-3f;
+  p = p * r + 8.3334519073E-3f;
+  p = p * r + 4.1665795894E-2f;
+  p = p * r + 1.6666665459E-1f;
+  p = p * r + 5.0000001201E-1f;
+  return std::ldexp(p * (r * r) + (r + 1.f), (int)n);
+}
+
+// out = x / rms(x) * w  (F.rms_norm: x * rsqrt(mean(x^2) + eps), then * weight)
+void rmsnorm(const float* x, const float* w, float eps, int64_t K, float* out) {
+  FV a0 = FOps::zero(), a1 = FOps::zero(), a2 = FOps::zero(), a3 = FOps::zero();
+  int64_t k = 0;
+  for (; k + 4 * FW <= K; k += 4 * FW) {
+    const FV v0 = FOps::load(x + k), v1 = FOps::load(x + k + FW);
+    const FV v2 = FOps::load(x + k + 2 * FW), v3 = FOps::load(x + k + 3 * FW);
+    a0 = FOps::fma(v0, v0, a0);
+    a1 = FOps::fma(v1, v1, a1);
+    a2 = FOps::fma(v2, v2, a2);
+    a3 = FOps::fma(v3, v3, a3);
+  }
+  for (; k + FW <= K; k += FW) {
+    const FV v = FOps::load(x + k);
+    a0 = FOps::fma(v, v, a0);
+  }
+  float ss = FOps::hsum(FOps::add(FOps::add(a0, a1), FOps::add(a2, a3)));
+  for (; k < K; ++k) ss += x[k] * x[k];
+  const float inv = 1.f / std::sqrt(ss / (float)K + eps);
+  const FV vi = FOps::set1(inv);
+  k = 0;
+  for (; k + FW <= K; k += FW)
+    FOps::store(out + k, FOps::mul(FOps::mul(FOps::load(x + k), vi), FOps::load(w + k)));
+  for (; k < K; ++k) out[k] = (x[k] * inv) * w[k];
+}
+
+// h = silu(g) * u = g / (1 + exp(-g)) * u
+void silu_mul(const float* g, const float* u, float* h, int64_t n) {
+  const FV one = FOps::set1(1.f);
+  int64_t i = 0;
+  for (; i + FW <= n; i += FW) {
+    const FV gv = FOps::load(g + i);
+    const FV s = FOps::div(gv, FOps::add(one, vexp(FOps::sub(FOps::zero(), gv))));
+    FOps::store(h + i, FOps::mul(s, FOps::load(u + i)));
+  }
+  for (; i < n; ++i) h[i] = g[i] / (1.f + sexp(-g[i])) * u[i];
+}
+
+// Rotary embedding in place (the half-split convention of the model: rot = [-x2, x1]).
+void rope(float* v, const float* cs, const float* sn, int64_t D) {
+  const int64_t half = D / 2;
+  int64_t i = 0;
+  for (; i + FW <= half; i += FW) {
+    const FV a = FOps::load(v + i), b = FOps::load(v + half + i);
+    const FV c = FOps::load(cs + i), s = FOps::load(sn + i);
+    FOps::store(v + i, FOps::sub(FOps::mul(a, c), FOps::mul(b, s)));
+    FOps::store(v + half + i, FOps::add(FOps::mul(b, c), FOps::mul(a, s)));
+  }
+  for (; i < half; ++i) {
+    const float a = v[i], b = v[half + i];
+    v[i] = a * cs[i] - b * sn[i];
+    v[half + i] = b * cs[i] + a * sn[i];
+  }
+}
+
+void add_inplace(float* x, const float* y, int64_t n) {
+  int64_t i = 0;
+  for (; i + FW <= n; i += FW) FOps::store(x + i, FOps::add(FOps::load(x + i), FOps::load(y + i)));
+  for (; i < n; ++i) x[i] += y[i];
+}
+
+// Attention of one item (fused_kernels.h), exact softmax in three passes over key blocks of
+// JB keys (a block of K or V stays in L1 while every query of the item uses it):
+// scores = q.k * scale; e = exp(s - max), sum; out = sum_j e_j v_j / sum.
+constexpr int64_t ATT_JB = 64;
+
+template <int NDV>
+static void attention_t(const AttnItem& a) {
+  constexpr int64_t D = (int64_t)NDV * FW;
+  const int64_t nq = a.nq, ML = a.maxlen;
+  float inv_sum[FUSED_MAX_Q];
+  for (int64_t jb = 0; jb < ML; jb += ATT_JB) {
+    for (int64_t qi = 0; qi < nq; ++qi) {
+      const int64_t je = std::min(jb + ATT_JB, a.len[qi / a.G]);
+      if (je <= jb) continue;
+      FV qv[NDV];
+      for (int d = 0; d < NDV; ++d) qv[d] = FOps::load(a.q + qi * D + d * FW);
+      float* s = a.scores + qi * ML;
+      int64_t j = jb;
+      for (; j + 4 <= je; j += 4) {   // 4 keys at once: one 4-way horizontal sum instead of four
+        const float* kr = a.k + j * D;
+        FV c0 = FOps::mul(qv[0], FOps::load(kr)), c1 = FOps::mul(qv[0], FOps::load(kr + D));
+        FV c2 = FOps::mul(qv[0], FOps::load(kr + 2 * D)), c3 = FOps::mul(qv[0], FOps::load(kr + 3 * D));
+        for (int d = 1; d < NDV; ++d) {
+          c0 = FOps::fma(qv[d], FOps::load(kr + d * FW), c0);
+          c1 = FOps::fma(qv[d], FOps::load(kr + D + d * FW), c1);
+          c2 = FOps::fma(qv[d], FOps::load(kr + 2 * D + d * FW), c2);
+          c3 = FOps::fma(qv[d], FOps::load(kr + 3 * D + d * FW), c3);
+        }
+        FOps::hsum4(c0, c1, c2, c3, s + j);
+        for (int t = 0; t < 4; ++t) s[j + t] *= a.scale;
+      }
+      for (; j < je; ++j) {
+        const float* kr = a.k + j * D;
+        FV acc = FOps::mul(qv[0], FOps::load(kr));
+        for (int d = 1; d < NDV; ++d) acc = FOps::fma(qv[d], FOps::load(kr + d * FW), acc);
+        s[j] = FOps::hsum(acc) * a.scale;
+      }
+    }
+  }
+  for (int64_t qi = 0; qi < nq; ++qi) {
+    const int64_t L = a.len[qi / a.G];
+    float* s = a.scores + qi * ML;
+    int64_t j = 0;
+    FV mv = FOps::set1(-INFINITY);
+    for (; j + FW <= L; j += FW) mv = FOps::max(mv, FOps::load(s + j));
+    float m = FOps::hmax(mv);
+    for (; j < L; ++j) m = std::max(m, s[j]);
+    const FV vm = FOps::set1(m);
+    FV sv = FOps::zero();
+    j = 0;
+    for (; j + FW <= L; j += FW) {
+      const FV e = vexp(FOps::sub(FOps::load(s + j), vm));
+      FOps::store(s + j, e);
+      sv = FOps::add(sv, e);
+    }
+    float sum = FOps::hsum(sv);
+    for (; j < L; ++j) {
+      s[j] = sexp(s[j] - m);
+      sum += s[j];
+    }
+    inv_sum[qi] = 1.f / sum;
+    for (int64_t d = 0; d < D; d += FW) FOps::store(a.out + qi * D + d, FOps::zero());
+  }
+  for (int64_t jb = 0; jb < ML; jb += ATT_JB) {
+    for (int64_t qi = 0; qi < nq; ++qi) {
+      const int64_t je = std::min(jb + ATT_JB, a.len[qi / a.G]);
+      if (je <= jb) continue;
+      FV acc[NDV];
+      float* o = a.out + qi * D;
+      for (int d = 0; d < NDV; ++d) acc[d] = FOps::load(o + d * FW);
+      const float* e = a.scores + qi * ML;
+      for (int64_t j = jb; j < je; ++j) {
+        const FV p = FOps::set1(e[j]);
+        const float* vr = a.v + j * D;
+        for (int d = 0; d < NDV; ++d) acc[d] = FOps::fma(p, FOps::load(vr + d * FW), acc[d]);
+      }
+      for (int d = 0; d < NDV; ++d) FOps::store(o + d * FW, acc[d]);
+    }
+  }
+  for (int64_t qi = 0; qi < nq; ++qi) {
+    const FV is = FOps::set1(inv_sum[qi]);
+    for (int64_t d = 0; d < D; d += FW)
+      FOps::store(a.out + qi * D + d, FOps::mul(FOps::load(a.out + qi * D + d), is));
+  }
+}
+
+// head_dim 64 and 128 (the models here; the caller falls back to PyTorch for others)
+void attention(const AttnItem& a) {
+  if (a.D == 64) attention_t<64 / FW>(a);
+  else if (a.D == 128) attention_t<128 / FW>(a);
+}
