@@ -1,0 +1,94 @@
+"""`python -m engine serve`: our engine behind an OpenAI-compatible HTTP server on 127.0.0.1."""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from engine.common.errors import UserError
+
+DEFAULT_PORT = 8000
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API (continuous batching)")
+    p.add_argument("--model", default="default", help="catalog name (default, default-draft), folder or hub id")
+    p.add_argument("--precision", default="int4", help="fp32, bf16, fp16, int8, int4, llm.int8, nf4, fp8")
+    p.add_argument("--group-size", type=int, default=64, help="int4 group size: 32, 64 or 128")
+    p.add_argument("--draft", default="none", help="none, model, self or ngram")
+    p.add_argument("--draft-model", default="default-draft")
+    p.add_argument("--draft-precision", default="int4")
+    p.add_argument("--gamma", type=int, default=4, help="draft tokens per round")
+    p.add_argument("--device", default="auto", help="cpu, cuda or auto")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback; 0.0.0.0 serves the LAN)")
+    p.add_argument("--port", type=int, default=DEFAULT_PORT)
+    p.add_argument("--served-model-name", default=None, help="the model id clients ask for (default: --model)")
+    p.add_argument("--max-seqs", type=int, default=8, help="sequences decoding together (KV cache slots)")
+    p.add_argument("--max-model-len", type=int, default=2048, help="positions per sequence: prompt + new tokens")
+    p.add_argument("--max-batched-tokens", type=int, default=None,
+                   help="rows one step may run (default: a decode round of every slot plus one prefill chunk)")
+    p.add_argument("--prefill-chunk", type=int, default=256, help="prompt tokens per prefill chunk")
+    p.add_argument("--max-waiting", type=int, default=64, help="queued requests beyond the running ones (then 429)")
+    p.add_argument("--max-tokens-default", type=int, default=256, help="max_tokens when a request gives none")
+    p.add_argument("--log-requests-text", action="store_true", help="also log prompts' outputs (off: no text logged)")
+    p.set_defaults(fn=run)
+    return p
+
+
+def build(a):
+    """Load the target (and the draft) and the engine loop; returns (loop, served name, facts)."""
+    from engine.infer.loader import load, make_spec, resolve_device
+    from engine.infer.proposers import check_gamma, make_proposer
+    from engine.infer.scheduler import BatchSettings
+    from engine.serve.loop import EngineLoop
+
+    device = resolve_device(a.device)
+    say = lambda s: print(f"[{s}]", file=sys.stderr, flush=True)  # noqa: E731
+    target = load(a.model, make_spec(a.precision, a.group_size), device, progress=say)
+    spec, gamma = None, 0
+    if a.draft != "none":
+        gamma = check_gamma(a.gamma)
+        draft = None
+        if a.draft in ("model", "self"):
+            draft = load(a.model if a.draft == "self" else a.draft_model, make_spec(a.draft_precision, a.group_size),
+                         device, progress=say)
+        spec = make_proposer(a.draft, draft, target)
+    chunk = a.prefill_chunk
+    batched = a.max_batched_tokens or a.max_seqs * (gamma + 1) + chunk
+    settings = BatchSettings(max_seqs=a.max_seqs, max_model_len=a.max_model_len, max_batched_tokens=batched,
+                             prefill_chunk=chunk, max_waiting=a.max_waiting, policy="decode-first")
+    loop = EngineLoop(target, settings, spec, gamma, log_text=a.log_requests_text)
+    facts = {"model": target.name, "precision": target.spec.label, "device": device, "draft": a.draft,
+             "draft_model": (a.model if a.draft == "self" else a.draft_model) if a.draft in ("model", "self") else None,
+             "draft_precision": a.draft_precision if a.draft in ("model", "self") else None,
+             "gamma": gamma or None, "settings": settings.to_dict()}
+    return loop, a.served_model_name or a.model, facts
+
+
+def run(a) -> int:
+    import uvicorn
+
+    from engine.serve.app import create_app
+
+    if not 1 <= a.port <= 65535:
+        raise UserError(f"port {a.port} is out of range", "use 1 to 65535")
+    if a.host not in ("127.0.0.1", "localhost", "::1"):
+        print(f"WARNING: serving on {a.host}: anyone who can reach this machine can send requests to this model.",
+              file=sys.stderr, flush=True)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
+    loop, name, facts = build(a)
+    loop.start()
+    app = create_app(loop, name, facts, a.max_tokens_default)
+
+    class Server(uvicorn.Server):
+        async def startup(self, sockets=None):
+            await super().startup(sockets)
+            print(f"serving on http://{a.host}:{a.port}", flush=True)
+
+    server = Server(uvicorn.Config(app, host=a.host, port=a.port, log_level="warning", lifespan="off",
+                                   timeout_graceful_shutdown=5))
+    try:
+        server.run()
+    finally:
+        loop.stop()
+    return 0

@@ -1,0 +1,149 @@
+"""The scheduler on its own thread: requests come in from the HTTP event loop, tokens go back as events.
+
+The engine thread steps the scheduler while there is work and sleeps on a condition otherwise.
+Each request gets an asyncio queue; the engine thread puts ("token", piece) and a final ("done",
+info) event on it through the event loop's call_soon_threadsafe, so the HTTP side never blocks
+the engine and the engine never waits for a slow client. Cancelling (a client that disconnected)
+frees the request's slot at the next step boundary.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+
+from engine.infer.batch import Request
+from engine.infer.scheduler import BatchSettings, QueueFull, Scheduler
+from engine.serve.stats import ServerStats
+
+log = logging.getLogger("scl.serve")
+FINISH = {"eos": "stop", "length": "length", "cancelled": "abort"}
+
+
+@dataclass
+class Handle:
+    """One request in flight: its events, and its timings as the engine saw them."""
+
+    req: Request
+    queue: asyncio.Queue
+    loop: asyncio.AbstractEventLoop
+    t_arrival: float = field(default_factory=time.perf_counter)
+    t_admit: float | None = None
+    log_text: bool = False
+    label: str = ""
+
+    def put(self, ev) -> None:
+        self.loop.call_soon_threadsafe(self.queue.put_nowait, ev)
+
+
+class EngineLoop:
+    """Owns the Scheduler; thread-safe submit/cancel, one background thread running steps."""
+
+    def __init__(self, target, settings: BatchSettings, proposer_spec=None, gamma: int = 0, log_text: bool = False):
+        self.scheduler = Scheduler(target, settings, proposer_spec, gamma)
+        self.settings = settings
+        self.tokenizer = target.tokenizer
+        self.stats = ServerStats(gamma=gamma if proposer_spec else 0)
+        self.log_text = log_text
+        self._handles: dict[int, Handle] = {}
+        self._cv = threading.Condition()
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, name="scl-engine", daemon=True)
+        self.error: BaseException | None = None
+
+    def start(self) -> "EngineLoop":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        with self._cv:
+            self._stop = True
+            self._cv.notify()
+        self._thread.join(timeout=30)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive() and self.error is None
+
+    # ------------------------------------------------------------ from the event loop
+
+    def submit(self, req: Request, label: str = "") -> Handle:
+        """Queue a request (UserError if it can never fit, QueueFull when at capacity)."""
+        h = Handle(req, asyncio.Queue(), asyncio.get_running_loop(), label=label)
+        req.on_token = lambda seq, tok, piece, origin: h.put(("token", piece))
+        try:
+            self.scheduler.submit(req)
+        except QueueFull:
+            with self.stats.lock:
+                self.stats.rejected += 1
+            raise
+        with self._cv:
+            self._handles[id(req)] = h
+            self._cv.notify()
+        return h
+
+    def cancel(self, h: Handle) -> None:
+        with self._cv:
+            if id(h.req) not in self._handles:
+                return
+            self.scheduler.cancel(h.req)
+            if self.scheduler.sequence(h.req) is None:  # still waiting: gone now, no step will report it
+                self._handles.pop(id(h.req), None)
+                self.stats.request_done(None, "abort", h.t_arrival, None, time.perf_counter())
+                h.put(("done", {"finish_reason": "abort", "completion_tokens": 0, "prompt_tokens": len(h.req.prompt_ids)}))
+            self._cv.notify()
+
+    def gauges(self) -> dict:
+        s = self.scheduler
+        return {"running": len(s.running), "waiting": len(s.waiting), "slots_used": len(s.running),
+                "slots": self.settings.max_seqs}
+
+    # ------------------------------------------------------------ the engine thread
+
+    def _run(self) -> None:
+        try:
+            while True:
+                with self._cv:
+                    while not self._stop and not self.scheduler.has_work():
+                        self._cv.wait(timeout=1.0)
+                    if self._stop:
+                        return
+                st, done = self.scheduler.step()
+                now = time.perf_counter()
+                for seq in self.scheduler.running:
+                    h = self._handles.get(id(seq.req))
+                    if h is not None and h.t_admit is None:
+                        h.t_admit = seq.t_admit
+                for seq in done:
+                    self._finish(seq, now)
+                if st is None and not done:
+                    time.sleep(0.001)
+        except BaseException as e:  # noqa: BLE001  the server reports it on /health and fails requests
+            self.error = e
+            log.exception("engine loop stopped")
+            with self._cv:
+                for h in self._handles.values():
+                    h.put(("error", f"{type(e).__name__}: {e}"))
+                self._handles.clear()
+
+    def _finish(self, seq, now: float) -> None:
+        with self._cv:
+            h = self._handles.pop(id(seq.req), None)
+        if h is None:
+            return
+        reason = FINISH.get(seq.finish, "stop")
+        self.stats.request_done(seq, reason, h.t_arrival, h.t_admit or seq.t_admit, now)
+        info = {"finish_reason": reason, "prompt_tokens": seq.n_prompt, "completion_tokens": len(seq.out),
+                "ttft_s": None if seq.t_first is None else seq.t_first - h.t_arrival, "e2e_s": now - h.t_arrival,
+                "accepted": seq.accepted, "drafted": seq.drafted}
+        tail = seq.stream.flush() if seq.stream is not None else ""
+        if tail:
+            h.put(("token", tail))
+        h.put(("done", info))
+        msg = (f"request {h.label or id(seq.req)}: prompt {seq.n_prompt} tokens, {len(seq.out)} generated, "
+               f"finish {reason}, ttft {info['ttft_s'] or 0:.3f} s, e2e {info['e2e_s']:.3f} s")
+        if self.log_text:
+            msg += f", text {self.tokenizer.decode(seq.out, skip_special_tokens=True)!r}"
+        log.info(msg)

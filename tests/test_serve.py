@@ -1,0 +1,207 @@
+"""`python -m engine serve`: the real server on 127.0.0.1, started and stopped by these tests (by PID)."""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PROMPTS = [f"Write a short Python function number {i} that" for i in range(8)]
+N = 16
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, *args: str, log: Path):
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = log
+        cmd = [sys.executable, "-m", "engine", "serve", "--model", "default-draft", "--port", str(self.port), *args]
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=open(log, "w"), stderr=subprocess.STDOUT,
+                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        deadline = time.time() + 300
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the server exited: {log.read_text()[-2000:]}")
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        self.stop()
+        raise RuntimeError(f"the server did not answer within 300 s: {log.read_text()[-2000:]}")
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """int4 0.5B with an n-gram draft, 4 slots and a queue of 4: small enough to overload."""
+    s = Server("--precision", "int4", "--draft", "ngram", "--gamma", "3", "--max-seqs", "4", "--max-waiting", "4",
+               "--max-model-len", "512", log=tmp_path_factory.mktemp("serve") / "server.log")
+    yield s
+    s.stop()
+
+
+def _complete(url, prompt, n=N, **kw):
+    r = httpx.post(url + "/v1/completions", json={"prompt": prompt, "max_tokens": n, "temperature": 0,
+                                                  "ignore_eos": True, **kw}, timeout=300)
+    r.raise_for_status()
+    return r.json()["choices"][0]["text"]
+
+
+async def _stream_one(client, url, prompt, n=N):
+    """Stream a chat completion; returns (text, chunks, usage)."""
+    text, chunks, usage = [], 0, None
+    async with client.stream("POST", url + "/v1/chat/completions", timeout=300,
+                             json={"messages": [{"role": "user", "content": prompt}], "max_tokens": n,
+                                   "temperature": 0, "ignore_eos": True, "stream": True,
+                                   "stream_options": {"include_usage": True}}) as r:
+        assert r.status_code == 200, await r.aread()
+        async for line in r.aiter_lines():
+            if not line.startswith("data: "):
+                continue
+            data = line[6:]
+            if data == "[DONE]":
+                break
+            obj = json.loads(data)
+            if obj.get("usage"):
+                usage = obj["usage"]
+            for c in obj["choices"]:
+                text.append(c["delta"].get("content") or "")
+                chunks += 1
+    return "".join(text), chunks, usage
+
+
+def test_eight_concurrent_streams_match_each_request_alone(server):
+    async def main():
+        async with httpx.AsyncClient() as c:
+            alone = [await _stream_one(c, server.url, p) for p in PROMPTS]
+            together = await asyncio.gather(*[_stream_one(c, server.url, p) for p in PROMPTS])
+        return alone, together
+
+    alone, together = asyncio.run(main())
+    assert [t for t, _, _ in together] == [t for t, _, _ in alone]
+    assert all(u["completion_tokens"] == N for _, _, u in together)
+    assert all(n > 2 for _, n, _ in together)  # streamed in pieces, not in one block
+
+
+def test_completions_and_models(server):
+    assert httpx.get(server.url + "/v1/models").json()["data"][0]["id"] == "default-draft"
+    a = _complete(server.url, "def add(a, b):")
+    assert a == _complete(server.url, "def add(a, b):") and len(a) > 0
+
+
+def test_a_disconnect_frees_its_slot(server):
+    def running():
+        return httpx.get(server.url + "/health").json()["running"]
+
+    with httpx.Client() as c:
+        r = c.send(c.build_request("POST", server.url + "/v1/completions", timeout=60,
+                                   json={"prompt": "Count from 1 to 1000:", "max_tokens": 400, "ignore_eos": True,
+                                         "temperature": 0, "stream": True}), stream=True)
+        lines = r.iter_lines()  # kept alive: the connection stays open while we look
+        for _ in range(6):
+            next(lines)
+        assert running() == 1
+        r.close()  # the client goes away mid-stream
+    deadline = time.time() + 30
+    while running() and time.time() < deadline:
+        time.sleep(0.2)
+    assert running() == 0
+    m = httpx.get(server.url + "/metrics").text
+    assert 'finished_reason="abort"' in m
+
+
+@pytest.mark.parametrize("body, param", [
+    ('{"prompt": "hi", "max_tokens": 4', None),  # malformed JSON
+    ('{"prompt": "hi", "model": "gpt-9"}', "model"),
+    ('{"prompt": "hi", "max_tokens": 100000}', "max_tokens"),
+    ('{"prompt": "hi", "temperature": -0.5}', "temperature"),
+    ('{"prompt": "hi", "top_p": 0}', "top_p"),
+    ('{"prompt": ""}', "prompt"),
+    ('{"max_tokens": 4}', "prompt"),
+    ('{"prompt": "hi", "max_tokens": "many"}', "max_tokens"),
+    ('{"prompt": "hi", "n": 3}', "n"),
+])
+def test_bad_requests_get_openai_style_400s(server, body, param):
+    r = httpx.post(server.url + "/v1/completions", content=body, headers={"content-type": "application/json"})
+    assert r.status_code == 400
+    err = r.json()["error"]
+    assert err["type"] == "invalid_request_error" and err["param"] == param and err["message"]
+
+
+def test_bad_chat_messages_name_the_field(server):
+    r = httpx.post(server.url + "/v1/chat/completions", json={"messages": [{"role": "wizard", "content": "x"}]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages"
+
+
+def test_overload_queues_or_answers_429_and_finishes_every_accepted_request(server):
+    """4 slots and 4 queued: 16 at once means some get 429 with Retry-After; /health answers throughout;
+    every accepted request finishes with the tokens it gives alone."""
+    expected = _complete(server.url, PROMPTS[0])
+
+    async def main():
+        async with httpx.AsyncClient() as c:
+            async def one():
+                return await c.post(server.url + "/v1/completions", timeout=300,
+                                    json={"prompt": PROMPTS[0], "max_tokens": N, "temperature": 0, "ignore_eos": True})
+
+            tasks = [asyncio.create_task(one()) for _ in range(16)]
+            health = []
+            while not all(t.done() for t in tasks):
+                health.append((await c.get(server.url + "/health", timeout=10)).status_code)
+                await asyncio.sleep(0.2)
+            return [t.result() for t in tasks], health
+
+    res, health = asyncio.run(main())
+    codes = sorted(r.status_code for r in res)
+    assert set(codes) <= {200, 429} and codes.count(429) >= 1 and codes.count(200) >= 8
+    assert all(r.headers.get("retry-after", "").isdigit() for r in res if r.status_code == 429)
+    assert all(r.json()["choices"][0]["text"] == expected for r in res if r.status_code == 200)
+    assert health and set(health) == {200}
+
+
+def test_metrics_use_vllm_names_and_count_speculation(server):
+    _complete(server.url, "a b c a b c a b c a b c a b c")
+    m = httpx.get(server.url + "/metrics").text
+    for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:generation_tokens_total",
+                 "vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_draft_tokens_total",
+                 "vllm:spec_decode_num_accepted_tokens_total", "vllm:spec_decode_num_accepted_tokens_per_pos_total",
+                 "vllm:time_to_first_token_seconds_bucket", "vllm:inter_token_latency_seconds_count"):
+        assert name in m, name
+    drafts = next(float(line.split()[-1]) for line in m.splitlines()
+                  if line.startswith("vllm:spec_decode_num_draft_tokens_total"))
+    assert drafts > 0
+
+
+def test_binds_loopback_and_logs_no_text_by_default(server):
+    listening = {c.laddr.ip for c in psutil.Process(server.proc.pid).net_connections(kind="inet")
+                 if c.status == psutil.CONN_LISTEN}
+    assert listening == {"127.0.0.1"}
+    _complete(server.url, "The secret word is xylophone. Repeat it:")
+    time.sleep(0.5)
+    log = server.log.read_text()
+    assert "request cmpl-" in log and "xylophone" not in log
