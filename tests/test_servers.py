@@ -1,0 +1,101 @@
+"""The peer-server launcher: real servers started on 127.0.0.1, ready on /health, stopped by PID;
+missing peers reported with the reason and the fix; a server that cannot start fails clearly."""
+from __future__ import annotations
+
+import os
+
+import httpx
+import pytest
+
+from engine.common.errors import UserError
+from engine.peers import servers
+from engine.peers.servers import ServerSpec
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie has exited; it only waits to be reaped
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_specs_are_validated_with_the_fix():
+    for spec, word in [(ServerSpec("tgi"), "unknown server"), (ServerSpec("url"), "needs its URL"),
+                       (ServerSpec("llama-server", precision="int4"), "Q4_K_M"),
+                       (ServerSpec("vllm", draft="ngram"), "without a draft"),
+                       (ServerSpec("llama-server", slots=0), "slots")]:
+        with pytest.raises(UserError, match=word):
+            spec.validate()
+
+
+def test_missing_peers_say_why_and_how_to_get_them(monkeypatch, tmp_path):
+    monkeypatch.setattr(servers, "VLLM_VENV", tmp_path / "no-venv")
+    problem, fix = servers.unavailable(ServerSpec("vllm"))
+    assert "not installed" in problem and "make peers-vllm" in fix
+    monkeypatch.setenv("SCL_LLAMA_SERVER", str(tmp_path / "absent"))
+    monkeypatch.setenv("SCL_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("PATH", str(tmp_path))
+    problem, fix = servers.unavailable(ServerSpec("llama-server"))
+    assert "not built" in problem and "make peers" in fix
+    with pytest.raises(servers.ServerUnavailable, match="make peers"):
+        servers.start(ServerSpec("llama-server"))
+
+
+def test_commands_name_the_model_slots_and_context():
+    spec = ServerSpec("serving-cost-lab", precision="int4", draft="model", gamma=3, slots=4, max_model_len=1024)
+    cmd = spec.command(8123)
+    assert cmd[1:4] == ["-m", "engine", "serve"] and cmd[cmd.index("--max-seqs") + 1] == "4"
+    assert cmd[cmd.index("--gamma") + 1] == "3" and cmd[cmd.index("--port") + 1] == "8123"
+    assert spec.draft_record() == {"kind": "model", "model": "default-draft", "precision": "int4", "gamma": 3}
+    if servers.llama_server_binary() is not None:
+        cmd = ServerSpec("llama-server", slots=8, max_model_len=2048).command(8124)
+        assert cmd[cmd.index("-np") + 1] == "8" and cmd[cmd.index("-c") + 1] == str(8 * 2048)  # c is split by np
+        assert cmd[cmd.index("-m") + 1].endswith(".gguf") and "--metrics" in cmd
+
+
+def test_url_peer_that_does_not_answer():
+    with pytest.raises(UserError, match="did not answer"):
+        servers.start(ServerSpec("url", url=f"http://127.0.0.1:{servers.free_port()}", startup_timeout_s=1.5))
+
+
+@pytest.fixture(scope="module")
+def llama():
+    spec = ServerSpec("llama-server", model="default-draft", slots=2, max_model_len=512)
+    reason = servers.unavailable_reason(spec)
+    if reason:
+        pytest.skip(reason)
+    rs = servers.start(spec)
+    yield rs
+    rs.stop()
+
+
+def test_llama_server_starts_answers_and_stops_by_pid(llama):
+    assert _alive(llama.pid) and httpx.get(llama.url + "/health").status_code == 200
+    facts = llama.facts()
+    assert facts["launch"]["port"] == llama.port and facts["launch"]["pid"] == llama.pid
+    assert os.path.exists(facts["launch"]["log"]) and facts["launch"]["ready_s"] > 0
+    assert facts["model"] == "qwen2.5-coder-0.5b" and facts["slots"] == 2
+    models = httpx.get(llama.url + "/v1/models").json()
+    assert models["data"][0]["id"] == "qwen2.5-coder-0.5b"  # --alias: the served name
+    # the URL peer wraps a running server without owning it
+    other = servers.start(ServerSpec("url", url=llama.url))
+    other.stop()
+    assert _alive(llama.pid)
+    pid = llama.pid
+    llama.stop()
+    assert not _alive(pid)
+
+
+def test_a_server_that_cannot_start_fails_with_its_log(tmp_path):
+    spec = ServerSpec("llama-server", model="default-draft", slots=1, max_model_len=256,
+                      extra_args=["--no-such-flag"], startup_timeout_s=60)
+    if servers.unavailable_reason(spec):
+        pytest.skip(servers.unavailable_reason(spec))
+    with pytest.raises(servers.ServerFailed, match="exited with status"):
+        servers.start(spec, log_dir=tmp_path)
+    assert any("no-such-flag" in p.read_text() for p in tmp_path.iterdir())
