@@ -33,6 +33,11 @@ def add_run_args(p: argparse.ArgumentParser, many: bool = False):
     p.add_argument("--draft-model", default="default-draft")
     p.add_argument("--adaptive-gamma", action="store_true", help="+2 after a fully accepted round, -1 otherwise")
     p.add_argument("--prompt", default=None, help="default: the prompts in data/prompts.json")
+    p.add_argument("--workload", default=None, metavar="NAME[:N][,NAME[:N]]",
+                   help="prompts from the lab's workloads instead of --prompt: chat, code, edit, summarize, translate, "
+                        "each with a count (e.g. code:8,edit:8; a bare name takes 8)")
+    p.add_argument("--reps", type=int, default=3 if many else 1,
+                   help="repetitions of every prompt after the warm-up (intervals need 2 or more)")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--top-k", type=int, default=0)
@@ -47,7 +52,8 @@ def config_from(a, **over):
 
     kw = dict(model=a.model, group_size=a.group_size, quantize_embeddings=a.quantize_embeddings,
               quantize_head=not a.no_quantize_head, device=a.device, draft_model=a.draft_model,
-              adaptive_gamma=a.adaptive_gamma, prompt=a.prompt, max_new_tokens=a.max_new_tokens,
+              adaptive_gamma=a.adaptive_gamma, prompt=a.prompt, workload=a.workload, reps=a.reps,
+              max_new_tokens=a.max_new_tokens,
               temperature=a.temperature, top_k=a.top_k, top_p=a.top_p, seed=a.seed, chat=not a.no_chat)
     kw.update(over)
     return RunConfig(**kw)
@@ -79,6 +85,7 @@ def cmd_generate(a) -> int:
             sys.stdout.write((colors.get(origin, "") + piece + "\033[0m") if tty else piece)
             sys.stdout.flush()
 
+    cfg.validate()  # a bad workload is refused before a model loads
     rec = execute(cfg, ModelPool(keep=2), Store(), progress=lambda s: print(f"[{s}]", file=sys.stderr),
                   on_token=on_token)
     if a.json:
@@ -89,32 +96,71 @@ def cmd_generate(a) -> int:
     return 0
 
 
-def _print_summary(recs, fmt="md"):
-    from engine.present import format_rows, rows, view_columns
+def _table(table, view: str, fmt: str) -> str:
+    from engine.present import display_rows, format_rows, view_columns, with_bounds
+
+    names = view_columns(table, view)
+    if fmt == "md":  # median ± the interval's larger half; csv/json carry both ends as <name>_lo, <name>_hi
+        return format_rows(display_rows(table, names), "md", names)
+    return format_rows(table, fmt, with_bounds(names, table))
+
+
+def _print_summary(recs, fmt="md", categories: bool = True):
+    """The comparison table, the per-category table when a run had categories, and the noise verdicts."""
+    from engine.present import category_rows, rows
 
     table = rows(recs)
-    print(format_rows(table, fmt, view_columns(table, "cli")))
+    print(_table(table, "cli", fmt))
+    if fmt != "md" or not categories:
+        return
+    cats = category_rows(recs)
+    if any(r.get("category") not in ("all", "default", "prompt") for r in cats):
+        print("\nBy workload category (speed: median ± 95% interval over repetitions; acceptance: ± over prompts):")
+        print(_table(cats, "category", fmt))
+    for rec in recs:
+        n = (rec.metrics or {}).get("noise") or {}
+        if n.get("noisy"):
+            print(f"noisy: {rec.label}: " + "; ".join(n.get("reasons") or []))
 
 
 def cmd_bench(a) -> int:
     from tqdm import tqdm
 
-    from engine.measure.runs import ModelPool, execute, sweep_configs
-    from engine.measure.store import Store
-
     from engine.infer.loader import resolve_device
     from engine.measure.bandwidth import bandwidth_gbs
+    from engine.measure.runs import ModelPool, execute
+    from engine.measure.store import Store
+    from engine.measure.sweep import sweep_configs
 
+    base = config_from(a, warmup=True, baseline=True, quality=a.quality, quality_tokens=a.quality_tokens)
+    cfgs = [c.validate() for c in sweep_configs(base, a.precisions, a.drafts, a.draft_precisions, a.gammas,
+                                                a.batch_sizes)]  # every config checked before anything runs
+    if a.ray:  # each configuration a Ray task (engine/cluster, docs/CLUSTER.md); records stored here as they land
+        from engine.cluster import run_sweep
+
+        out = run_sweep(cfgs, a.ray, Store(), progress=lambda s: print(f"  [{s}]", file=sys.stderr), cpus=a.ray_cpus)
+        for f in out.failures:
+            print(f"failed: {f.line()}", file=sys.stderr)
+        return _bench_output(out.records, a) or (1 if out.failures else 0)
     # Re-probe before measuring: the cached reading keeps the best seen, and a busy moment reads low.
     print(f"memory read bandwidth: {bandwidth_gbs(resolve_device(a.device), refresh=True):.1f} GB/s", file=sys.stderr)
-    base = config_from(a, warmup=True, baseline=True, quality=a.quality, quality_tokens=a.quality_tokens)
-    cfgs = sweep_configs(base, a.precisions, a.drafts, a.draft_precisions, a.gammas, a.batch_sizes)
     pool, store, recs = ModelPool(keep=2), Store(), []
     bar = tqdm(cfgs, desc="bench", unit="config", file=sys.stderr, dynamic_ncols=True)
+
+    def say(s: str):
+        if s.startswith("repetition"):
+            bar.set_postfix_str(s)
+        else:
+            bar.write(f"  [{s}]", file=sys.stderr)
+
     for c in bar:
         bar.set_postfix_str(f"{c.model} {c.precision} draft={c.draft}")
-        recs.append(execute(c, pool, store, progress=lambda s: bar.write(f"  [{s}]", file=sys.stderr)))
+        recs.append(execute(c, pool, store, progress=say))
     bar.close()
+    return _bench_output(recs, a)
+
+
+def _bench_output(recs, a) -> int:
     if a.json:
         print("[" + ",\n".join(r.to_json(indent=1) for r in recs) + "]")
     else:
@@ -123,19 +169,63 @@ def cmd_bench(a) -> int:
 
 
 def cmd_quality(a) -> int:
-    from engine.infer.loader import load, make_spec
-    from engine.measure.quality import evaluate
-    from engine.present import format_rows
+    """llama.cpp-style statistics against fp32 for each precision, and llama.cpp's own Q4_K_M beside them."""
+    import gc
+    import json
 
-    rows = []
-    for p in a.precisions:
-        lm = load(a.model, make_spec(p, a.group_size, a.quantize_embeddings, not a.no_quantize_head), a.device,
-                  progress=lambda s: print(f"  [{s}]", file=sys.stderr))
-        q = evaluate(lm, a.tokens, progress=lambda s: print(f"  [{s}]", file=sys.stderr))
-        rows.append({"model": lm.name, "precision": lm.spec.label, "weights_MB": round(lm.weight_bytes / 1e6, 1),
-                     **{k: (round(v, 5) if isinstance(v, float) else v) for k, v in q.items()}})
+    from tqdm import tqdm
+
+    from engine.infer.catalog import CATALOG, canonical_name, resolve
+    from engine.infer.loader import load, load_tokenizer, make_spec, resolve_device
+    from engine.measure import quality
+    from engine.measure.eval_text import DEFAULT_TOKENS, eval_docs
+    from engine.present import format_rows
+    from engine.present.quality_view import llama_style, table_rows, unavailable_line
+    from engine.quant import check_supported
+
+    device = resolve_device(a.device)
+    specs = [make_spec(p, a.group_size, a.quantize_embeddings, not a.no_quantize_head) for p in a.precisions]
+    for s in specs:  # refuse every unsupported precision before loading anything
+        check_supported(s, device)
+    if not specs and not a.peers:
+        raise UserError("nothing to measure: no precisions and --no-peers", "name --precisions int8,int4")
+    tokens = DEFAULT_TOKENS if a.tokens is None else a.tokens
+    say = lambda s: tqdm.write(f"  [{s}]", file=sys.stderr)  # noqa: E731
+    folder = resolve(a.model, say)
+    name = canonical_name(a.model) if canonical_name(a.model) in CATALOG else str(a.model)
+    docs = eval_docs(load_tokenizer(folder), tokens)
+    n = sum(d.positions for d in docs)
+
+    def bar(desc):
+        return tqdm(total=n, desc=desc, unit="tok", file=sys.stderr, dynamic_ncols=True, leave=False)
+
+    with bar("fp32 reference") as b:
+        quality.ensure_reference(name, folder, docs, None, say, on_tokens=b.update, device=device)
+    results = []
+    for spec in specs:
+        lm = load(a.model, spec, device, progress=say)
+        with bar(spec.label) as b:
+            q = quality.evaluate(lm, tokens, progress=say, on_tokens=b.update, docs=docs)
+        results.append((f"{lm.name} {lm.spec.label}", {"model": lm.name, "precision": lm.spec.label,
+                                                       "weight_bytes": lm.weight_bytes, **q}))
         del lm
-    print(format_rows(rows, "json" if a.json else "md"))
+        gc.collect()
+    if a.peers:
+        from engine.peers.quality_worker import llama_cpp_quality
+
+        q = llama_cpp_quality(a.model, tokens, progress=say)
+        results.append((f"{name} {q['label']}", {"model": name, **q}))
+    if a.json:
+        print(json.dumps([q for _, q in results], indent=1, default=str))
+        return 0
+    measured = [(label, q) for label, q in results if not unavailable_line(q)]
+    for label, q in measured:
+        print(llama_style(label, q), end="\n\n")
+    if measured:
+        print(format_rows(table_rows(measured), "md"))
+    for _, q in results:
+        if unavailable_line(q):
+            print(unavailable_line(q), file=sys.stderr)
     return 0
 
 
@@ -146,7 +236,7 @@ def cmd_runs(a) -> int:
     if a.show:
         print(st.get_run(a.show).to_json(indent=1))
         return 0
-    _print_summary(st.list_runs(a.limit), "json" if a.json else "md")
+    _print_summary(st.list_runs(a.limit), "json" if a.json else "md", categories=False)
     return 0
 
 
@@ -169,6 +259,12 @@ def _stored_gpu_overrides() -> list[dict]:
     return st.gpu_overrides() if st else []
 
 
+def _ray_load_sender(address: str, clients: int):
+    from engine.cluster import load_sender  # Ray's load clients (engine.load may not import engine.cluster)
+
+    return load_sender(address, clients)
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m engine", description="Serving Cost Lab engine")
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -187,17 +283,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quality", action="store_true", help="also measure KL/top-1 against fp32")
     p.add_argument("--quality-tokens", type=int, default=256)
     p.add_argument("--format", default="md", choices=["md", "csv", "json"])
+    p.add_argument("--ray", default=None, metavar="ADDRESS|auto|local",
+                   help="run each configuration as a task on this Ray cluster (docs/CLUSTER.md)")
+    p.add_argument("--ray-cpus", type=int, default=None,
+                   help="with --ray: CPU cores per CPU configuration (default: all of the smallest node's)")
     p.set_defaults(fn=cmd_bench)
 
-    p = sub.add_parser("quality", help="perplexity, KL and top-1 agreement against fp32")
+    p = sub.add_parser("quality", help="llama.cpp-style KL divergence, same top-1, Δp and perplexity against fp32, "
+                       "per category (chat, code), with llama.cpp's Q4_K_M beside them")
     p.add_argument("--model", default="default")
-    p.add_argument("--precisions", type=_csv, default=["bf16", "int8", "int4"])
-    p.add_argument("--group-size", type=int, default=64)
+    p.add_argument("--precisions", type=_csv, default=["int8", "int4"], help="comma-separated, e.g. int8,int4,nf4")
+    p.add_argument("--group-size", type=int, default=64, help="int4 group size: 32, 64 or 128")
     p.add_argument("--quantize-embeddings", action="store_true")
     p.add_argument("--no-quantize-head", action="store_true")
     p.add_argument("--device", default="auto")
-    p.add_argument("--tokens", type=int, default=512)
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--tokens", type=int, default=None, help="scored tokens, half chat and half code (default 8192)")
+    p.add_argument("--peers", action=argparse.BooleanOptionalAction, default=True,
+                   help="also score llama.cpp's Q4_K_M GGUF on the same tokens (--no-peers skips it)")
+    p.add_argument("--json", action="store_true", help="print the statistics as JSON")
     p.set_defaults(fn=cmd_quality)
 
     p = sub.add_parser("runs", help="list stored runs, or --show ID")
@@ -208,6 +311,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     from engine.planner import cli as planner_cli
     planner_cli.add_parser(sub, stored_runs=_stored_runs, stored_gpu_overrides=_stored_gpu_overrides)
+    from engine.load import cli as load_cli
+    load_cli.add_parser(sub, ray_sender=_ray_load_sender)
+    from engine.serve import cli as serve_cli
+    serve_cli.add_parser(sub)
     return ap
 
 

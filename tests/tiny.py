@@ -63,13 +63,20 @@ def make_tiny(name: str, spec, device: str) -> LoadedModel:
                    quantized=quantized_fraction(model))
 
 
+REFERENCE_TOKENS = (256, 1024)  # RunConfig's quality_tokens default, and the Precision page's
+
+
 def _cache_reference(name: str) -> None:
-    """engine.measure.quality loads an fp32 reference by name from the catalog; tiny models have none there."""
+    """Cache the fp32 reference as for a real model: tiny models cannot be loaded at fp32 by name.
+
+    Computing it from the fp32 copy also tells engine.measure.quality what these weights are (a
+    hash of the state dict), so the quantized copies, which have no files, find the same reference.
+    """
     from engine.measure import quality
 
     ref = replace(tiny_model(seed=TINY_MODELS[name][0]), name=name)
-    for n in (128, 256, 512):
-        quality.reference_logprobs(name, quality.eval_ids(ref.tokenizer, n), ref_lm=ref)
+    for n in REFERENCE_TOKENS:
+        quality.ensure_reference(name, ref.folder, quality.eval_docs(ref.tokenizer, n), ref_lm=ref)
 
 
 def register() -> None:

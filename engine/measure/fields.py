@@ -3,6 +3,16 @@
 In the spirit of llama-bench's `test` record: the record owns its field list, and everything that
 prints or validates a record (tables, CSV/JSON, reports, pages, imports) reads this declaration
 rather than repeating string keys. Definitions follow vLLM's where one exists (shared/reference).
+
+A run measures many generations: every prompt of its workload (or the one prompt), `reps` times
+after a warm-up. Each is a sample (SAMPLE, in metrics.samples). Every per-generation metric below
+(marked "per generation") is the MEDIAN OVER THE SAMPLES of that generation's value; a record of a
+single generation (every record made before workloads) is that generation's value. The speculative
+counters are summed over every sample. metrics.intervals holds the 95% intervals (INTERVAL):
+speed figures by a percentile bootstrap over repetitions (machine noise), acceptance by one over
+prompts (greedy acceptance does not change between repetitions); engine/measure/stats.py has the
+method and docs/BENCHMARKS.md the reasoning. metrics.by_category holds the same figures for each
+category's samples, and metrics.noise the noise guard's verdict (NOISE, engine/measure/noise.py).
 """
 from __future__ import annotations
 
@@ -16,7 +26,7 @@ class Field:
     name: str
     unit: str
     definition: str
-    kind: str = "number"  # number | count | object | list | text
+    kind: str = "number"  # number | count | object | list | text | bool
 
 
 def _f(name, unit, definition, kind="number") -> Field:
@@ -25,59 +35,81 @@ def _f(name, unit, definition, kind="number") -> Field:
 
 # metrics.<name>
 METRICS: tuple[Field, ...] = (
-    _f("ttft_s", "s", "wall time from the start of prefill to the first new token being chosen"),
-    _f("prefill_s", "s", "wall time of the prefill pass (all sequences of the batch)"),
-    _f("prefill_tok_s", "tokens/s", "prompt tokens (all sequences) over prefill time"),
-    _f("prompt_tokens", "tokens", "prompt tokens, summed over the batch", "count"),
-    _f("new_tokens", "tokens", "tokens generated, summed over the batch", "count"),
-    _f("decode_s", "s", "wall time of the decode steps after the first token"),
-    _f("decode_tok_s", "tokens/s", "tokens after the first (all sequences) over decode time: the batch's aggregate "
-       "throughput"),
-    _f("tokens_per_step", "tokens", "tokens emitted per decode step, all sequences together (batch size times "
-       "speculative tokens per pass)"),
-    _f("token_latency_ms_median", "ms", "median over decode steps of step time / tokens that step emitted per "
-       "sequence: the per-token latency one user sees"),
-    _f("token_latency_ms_p90", "ms", "90th percentile of the same per-token latency"),
-    _f("token_latency_ms_p99", "ms", "99th percentile of the same per-token latency"),
+    _f("ttft_s", "s", "per generation: wall time from the start of prefill to the first new token being chosen"),
+    _f("prefill_s", "s", "per generation: wall time of the prefill pass (all sequences of the batch)"),
+    _f("prefill_tok_s", "tokens/s", "per generation: prompt tokens (all sequences) over prefill time"),
+    _f("prompt_tokens", "tokens", "per generation: prompt tokens, summed over the batch", "count"),
+    _f("new_tokens", "tokens", "per generation: tokens generated, summed over the batch", "count"),
+    _f("decode_s", "s", "per generation: wall time of the decode steps after the first token"),
+    _f("decode_tok_s", "tokens/s", "per generation: tokens after the first (all sequences) over decode time: the "
+       "batch's aggregate throughput"),
+    _f("tokens_per_step", "tokens", "per generation: tokens emitted per decode step, all sequences together (batch size "
+       "times speculative tokens per pass)"),
+    _f("token_latency_ms_median", "ms", "per generation: median over decode steps of step time / tokens that step "
+       "emitted per sequence: the per-token latency one user sees"),
+    _f("token_latency_ms_p90", "ms", "per generation: 90th percentile of the same per-token latency"),
+    _f("token_latency_ms_p99", "ms", "per generation: 99th percentile of the same per-token latency"),
     _f("token_latency_ms_mean", "ms", "peers: mean gap between consecutive tokens as they reach Python (peers do "
        "not expose their steps)"),
     _f("token_gap_ms_p90", "ms", "peers: 90th percentile of that gap"),
     _f("e2e_tok_s", "tokens/s", "peers: new tokens over the whole request, prefill included"),
-    _f("total_s", "s", "wall time of the whole generation"),
+    _f("total_s", "s", "per generation: wall time of the whole generation"),
     _f("weight_bytes", "bytes", "bytes held by the weights as converted (tied storage counted once)", "count"),
     _f("draft_weight_bytes", "bytes", "bytes of the draft model's weights (a second copy in memory)", "count"),
     _f("weight_breakdown", "bytes", "weight bytes by layer type (embedding, attention, mlp, norm, head)", "object"),
     _f("quantized_layers", "", "bytes of the quantized layers against the same layers in fp32 (ratio)", "object"),
-    _f("kv_bytes", "bytes", "bytes of the KV caches allocated for the run (the target's, and a model draft's)", "count"),
+    _f("kv_bytes", "bytes", "bytes of the KV caches allocated for a generation (the target's, and a model "
+       "draft's); the largest of the run", "count"),
     _f("peak_rss_bytes", "bytes", "the process's peak resident memory during the run (every loaded model "
        "included)", "count"),
     _f("run_rss_delta_bytes", "bytes", "that peak minus the resident memory when the run started", "count"),
     _f("peak_gpu_allocated_bytes", "bytes", "CUDA: torch.cuda.max_memory_allocated during the run", "count"),
     _f("load_peak_rss_bytes", "bytes", "peers: the worker process's peak resident memory, load included", "count"),
     _f("mem_bw_gbs", "GB/s", "measured memory read bandwidth of this machine (best of the probe)"),
-    _f("bytes_per_token", "bytes", "bytes read per decode step (weights but the embedding table, plus the KV "
-       "cache at the mean context) divided by the tokens that step emits, all sequences together"),
-    _f("bw_floor_ms", "ms", "bytes_per_token / measured read bandwidth: the fastest a token can be on this machine"),
-    _f("bw_efficiency", "", "achieved share of the bandwidth limit: bw_floor_ms * tokens_per_step / median step "
-       "time (1.0 = at the limit; never above 1 within measurement noise)"),
+    _f("bytes_per_token", "bytes", "per generation: bytes read per decode step (weights but the embedding table, "
+       "plus the KV cache at the mean context) divided by the tokens that step emits, all sequences together"),
+    _f("bw_floor_ms", "ms", "per generation: bytes_per_token / measured read bandwidth: the fastest a token "
+       "can be on this machine"),
+    _f("bw_efficiency", "", "per generation: achieved share of the bandwidth limit: bw_floor_ms * "
+       "tokens_per_step / median step time (1.0 = at the limit; never above 1 within measurement noise)"),
     _f("load_s", "s", "time to load and convert the model"),
     _f("spec", "", "speculative decoding statistics (see SPEC)", "object"),
     _f("quality", "", "quality against the fp32 model (see QUALITY)", "object"),
-    _f("baseline", "", "the same target without speculation, measured in the same run", "object"),
+    _f("baseline", "", "the same target without speculation, measured in the same run on the same "
+       "prompts, each right before the speculative generation of the same repetition (decode_tok_s, ttft_s, "
+       "token_latency_ms_median: medians over its samples)", "object"),
     _f("reps_decode_tok_s", "tokens/s", "peers: decode tokens/s of each repetition", "list"),
     _f("reps_ttft_s", "s", "peers: TTFT of each repetition", "list"),
+    _f("samples", "", "every measured generation: one per prompt and repetition (see SAMPLE)", "list"),
+    _f("baseline_samples", "", "the baseline's generations, paired with the samples (see SAMPLE)", "list"),
+    _f("intervals", "", "95% intervals by metric path ('decode_tok_s', 'spec.acceptance_rate'): {lo, hi, over, n} "
+       "(see INTERVAL)", "object"),
+    _f("by_category", "", "per workload category: samples, prompts, the speed medians, spec acceptance and their "
+       "intervals, with the same names as here", "object"),
+    _f("workload", "", "what was measured: name (e.g. code:8,edit:8), reps, prompts measured, skipped (prompt + "
+       "new tokens + speculation headroom beyond the context; never truncated) and their ids, prompts per "
+       "category, fingerprint of the prompts' ids and text", "object"),
+    _f("noise", "", "the noise guard's verdict: noisy, reasons, and the machine's state around the run (see NOISE)",
+       "object"),
 )
 
 # metrics.spec.<name>; vLLM's definitions (vllm/v1/spec_decode/metrics.py)
 SPEC: tuple[Field, ...] = (
     _f("draft_kind", "", "model, self or ngram", "text"),
     _f("gamma", "tokens", "the largest number of draft tokens per round", "count"),
-    _f("rounds", "", "draft rounds, summed over sequences (vLLM's num_drafts)", "count"),
-    _f("drafted", "tokens", "draft tokens proposed (vLLM's num_draft_tokens)", "count"),
-    _f("accepted", "tokens", "draft tokens accepted (vLLM's num_accepted_tokens)", "count"),
-    _f("emitted", "tokens", "tokens emitted by verification passes, bonus and resampled tokens included", "count"),
-    _f("acceptance_rate", "", "accepted / drafted"),
-    _f("mean_acceptance_length", "tokens", "1 + accepted / rounds: tokens per target pass, the bonus token counted"),
+    _f("rounds", "", "draft rounds, summed over sequences and samples (vLLM's num_drafts)", "count"),
+    _f("drafted", "tokens", "draft tokens proposed, summed over samples (vLLM's num_draft_tokens)", "count"),
+    _f("accepted", "tokens", "draft tokens accepted, summed over samples (vLLM's num_accepted_tokens)", "count"),
+    _f("emitted", "tokens", "tokens emitted by verification passes, bonus and resampled tokens included, summed "
+       "over samples", "count"),
+    _f("acceptance_rate", "", "accepted / drafted, over every sample: token-weighted, as vLLM's counters give it"),
+    _f("mean_acceptance_length", "tokens", "emitted / rounds (= 1 + accepted / rounds when no sequence ends inside "
+       "a round): tokens per target pass, the bonus token counted; token-weighted"),
+    _f("acceptance_rate_request_mean", "", "the mean over prompts of each prompt's accepted / drafted: "
+       "request-weighted (vLLM issue #42690: the token-weighted figure leans toward long completions)"),
+    _f("mean_acceptance_length_request_mean", "tokens", "the mean over prompts of each prompt's emitted / rounds: "
+       "request-weighted"),
+    _f("prompts", "", "prompts that drafted (the acceptance interval's n)", "count"),
     _f("expected_length", "tokens", "(1 - a^(g+1)) / (1 - a) for a = acceptance_rate, g = mean_gamma: what i.i.d. "
        "acceptance predicts for mean_acceptance_length"),
     _f("mean_gamma", "tokens", "mean draft tokens per round (adaptive gamma varies it)"),
@@ -85,36 +117,157 @@ SPEC: tuple[Field, ...] = (
        "list"),
     _f("position_drafted", "", "rounds that proposed draft position i", "list"),
     _f("position_accepted", "", "rounds that accepted draft position i", "list"),
-    _f("draft_s", "s", "wall time spent drafting"),
-    _f("verify_s", "s", "wall time spent in target verification passes"),
-    _f("baseline_tok_s", "tokens/s", "decode tokens/s of the same target without speculation, in the same run"),
-    _f("speedup", "", "decode_tok_s / baseline_tok_s"),
+    _f("draft_s", "s", "per generation: wall time spent drafting"),
+    _f("verify_s", "s", "per generation: wall time spent in target verification passes"),
+    _f("baseline_tok_s", "tokens/s", "decode tokens/s of the same target without speculation, in the same run "
+       "(median over its samples)"),
+    _f("speedup", "", "decode_tok_s / baseline_tok_s: the ratio of the two medians; its interval draws the same "
+       "repetitions for both (paired)"),
 )
 
-# metrics.quality.<name>
+# metrics.samples[i].<name>: one generation (one prompt of the workload, one repetition)
+SAMPLE: tuple[Field, ...] = (
+    _f("rep", "", "repetition, from 0", "count"),
+    _f("category", "", "workload category (chat, code, edit, summarize, translate; default or prompt without a "
+       "workload)", "text"),
+    _f("prompt_id", "", "the prompt's id in data/workloads.json (sharegpt:<id>, humaneval:<task>)", "text"),
+    _f("prompt_tokens", "tokens", "prompt tokens of one sequence, chat template included", "count"),
+    _f("new_tokens", "tokens", "tokens generated, all sequences", "count"),
+    _f("ttft_s", "s", "time to first token"),
+    _f("decode_s", "s", "wall time of the decode steps"),
+    _f("decode_tok_s", "tokens/s", "tokens after the first over decode time"),
+    _f("token_latency_ms", "ms", "median per-token latency of the generation"),
+    _f("drafted", "tokens", "speculative: draft tokens proposed", "count"),
+    _f("accepted", "tokens", "speculative: draft tokens accepted", "count"),
+    _f("rounds", "", "speculative: draft rounds", "count"),
+    _f("emitted", "tokens", "speculative: tokens emitted by verification passes", "count"),
+)
+
+# metrics.intervals.<metric path>: a 95% interval (engine/measure/stats.py)
+INTERVAL: tuple[Field, ...] = (
+    _f("lo", "", "2.5th percentile of the bootstrap distribution of the statistic"),
+    _f("hi", "", "97.5th percentile of the same"),
+    _f("over", "", "what the bootstrap draws: 'repetitions' (whole passes over every prompt, for speed: the "
+       "interval measures machine noise) or 'prompts' (within each category, for acceptance: the interval "
+       "measures how acceptance depends on the prompts)", "text"),
+    _f("n", "", "how many repetitions or prompts it drew from", "count"),
+)
+
+# metrics.noise.<name>: the noise guard (engine/measure/noise.py has the rule)
+NOISE: tuple[Field, ...] = (
+    _f("noisy", "", "true when any rule below fired", "bool"),
+    _f("reasons", "", "each rule that fired, with its numbers", "list"),
+    _f("interval_half_width", "", "for decode_tok_s and token_latency_ms_median: the larger distance from the "
+       "median to an end of its interval, over the median (noisy above 0.10)", "object"),
+    _f("probe_before_gbs", "GB/s", "read-bandwidth probe right before the measured repetitions"),
+    _f("probe_after_gbs", "GB/s", "the same right after them"),
+    _f("probe_best_gbs", "GB/s", "the machine's best reading: the cached best or a probe of this run"),
+    _f("probe_drop", "", "1 - the lower probe / the best (noisy above 0.15)"),
+    _f("cpu_pressure_share", "", "/proc/pressure/cpu 'some total' gained during the run over its wall time: the "
+       "share of the run in which a task waited for a CPU (noisy above 0.25)"),
+    _f("loadavg_before", "", "1-minute load average before the run"),
+    _f("loadavg_after", "", "the same after it (judged only where /proc/pressure/cpu is absent: above the cores)"),
+    _f("window_s", "s", "wall time between the two readings"),
+)
+
+# metrics.quality.<name>; llama.cpp's `llama-perplexity --kl-divergence` statistics (engine.measure.kld)
 QUALITY: tuple[Field, ...] = (
-    _f("tokens", "tokens", "positions scored", "count"),
-    _f("perplexity", "", "exp(mean negative log-likelihood) of the configuration on the eval text"),
-    _f("ref_perplexity", "", "the same for the fp32 reference"),
-    _f("kl_mean", "nats/token", "mean over positions of KL(fp32 || configuration)"),
+    _f("tokens", "tokens", "positions scored (next-token predictions)", "count"),
+    _f("perplexity", "", "exp(mean negative log-likelihood) of the configuration on the eval text (llama.cpp's "
+       "PPL(Q))"),
+    _f("perplexity_err", "", "its uncertainty: perplexity times the standard error of the mean NLL"),
+    _f("ref_perplexity", "", "the same for the fp32 reference (llama.cpp's PPL(base))"),
+    _f("ref_perplexity_err", "", "its uncertainty, as for perplexity"),
+    _f("ln_ppl_ratio", "", "mean over positions of NLL(config) - NLL(fp32): ln(PPL(Q)/PPL(base))"),
+    _f("ln_ppl_ratio_err", "", "standard error of that mean"),
+    _f("ppl_ratio", "", "PPL(Q)/PPL(base) = exp(ln_ppl_ratio)"),
+    _f("ppl_ratio_err", "", "its uncertainty: ppl_ratio times ln_ppl_ratio_err"),
+    _f("kl_mean", "nats/token", "mean over positions of KL(fp32 || configuration) (llama.cpp's mean KLD; computed "
+       "over the reference's tokens with p >= 1e-6 plus one bucket for the rest, a lower bound about 0.6% under "
+       "the full sum)"),
+    _f("kl_mean_err", "nats/token", "standard error of that mean: sqrt(var / (n - 1)), as llama.cpp's ±"),
+    _f("kld_median", "nats/token", "median of the per-position KL"),
+    _f("kld_p90", "nats/token", "90th percentile of that KL"),
+    _f("kld_p95", "nats/token", "95th percentile of that KL"),
     _f("kl_p99", "nats/token", "99th percentile of that KL"),
+    _f("kld_p999", "nats/token", "99.9th percentile of that KL"),
     _f("kl_max", "nats/token", "largest KL at any position"),
     _f("top1_agreement", "", "share of positions where both models' most likely token agree (llama.cpp's "
        "'same top p')"),
+    _f("top1_err", "", "its uncertainty sqrt(p (1 - p) / (n - 1))"),
+    _f("delta_p_mean", "", "mean of Δp = p_config(next token) - p_fp32(next token), a probability (llama.cpp prints "
+       "it in %)"),
+    _f("delta_p_err", "", "standard error of mean Δp"),
+    _f("delta_p_rms", "", "sqrt(mean Δp²), llama.cpp's RMS Δp"),
+    _f("delta_p_rms_err", "", "its uncertainty: the standard error of mean Δp² over 2 RMS Δp"),
+    _f("ref_kept_mass", "", "mean share of the reference's probability kept token by token in the cached reference "
+       "(the rest is one bucket)"),
+    _f("reference_floor", "", "the smallest reference probability kept token by token"),
+    _f("by_category", "", "the same statistics per category of the eval text (chat, code), each with its "
+       "documents count", "object"),
+    _f("documents", "", "ids of the documents scored, in order (data/workloads.json ids)", "list"),
+    _f("eval_fingerprint", "", "sha256 (16 hex) of the scored token ids and document boundaries", "text"),
     _f("eval_text", "", "the text scored", "text"),
+)
+
+# metrics.load.<name>: one load point against an OpenAI-compatible endpoint, timed on the client
+# (engine/load/metrics.py; GuideLLM's and vLLM `bench serve`'s definitions, shared/reference/metrics.md).
+LOAD: tuple[Field, ...] = (
+    _f("requests", "", "requests sent in the measured window", "count"),
+    _f("completed", "", "requests answered with HTTP 200 and at least one text chunk", "count"),
+    _f("failed", "", "requests that did not complete (HTTP errors, rejections, timeouts)", "count"),
+    _f("rejected", "", "requests the server turned away with HTTP 429 (full)", "count"),
+    _f("duration_s", "s", "the measured window: the first request sent to the last one finished"),
+    _f("request_s", "requests/s", "completed requests over the measured window"),
+    _f("output_tok_s", "tokens/s", "output tokens of completed requests (client's tokenizer) over the window"),
+    _f("prompt_tok_s", "tokens/s", "prompt tokens of completed requests (client's tokenizer) over the window"),
+    _f("output_tokens", "tokens", "output tokens of completed requests, counted with the client's tokenizer on the "
+       "text received", "count"),
+    _f("prompt_tokens", "tokens", "prompt tokens of completed requests (chat template applied), client's count",
+       "count"),
+    _f("goodput_req_s", "requests/s", "requests that met every SLO over the measured window"),
+    _f("slo_attainment", "", "share of the requests sent that met every SLO (a failed request meets none)"),
+    _f("meets_slo", "", "true when slo_attainment reaches the SLO's attainment share (0.9: p90-style)", "bool"),
+    _f("concurrency_mean", "requests", "mean requests in flight: the sum of end-to-end latencies over the window"),
+    _f("ttft_s_mean", "s", "mean time to first token: request sent to the first chunk carrying text (client)"),
+    _f("ttft_s_p50", "s", "median time to first token"),
+    _f("ttft_s_p90", "s", "90th percentile time to first token"),
+    _f("ttft_s_p99", "s", "99th percentile time to first token"),
+    _f("itl_s_mean", "s", "mean over requests of the inter-token latency: (last - first text chunk) / (output "
+       "tokens - 1), vLLM's TPOT"),
+    _f("itl_s_p50", "s", "median over requests of the inter-token latency (see itl_s_mean)"),
+    _f("itl_s_p90", "s", "90th percentile over requests of the inter-token latency (see itl_s_mean)"),
+    _f("itl_s_p99", "s", "99th percentile over requests of the inter-token latency (see itl_s_mean)"),
+    _f("gap_s_p50", "s", "median of every gap between consecutive text chunks, all requests pooled (vLLM's ITL)"),
+    _f("gap_s_p90", "s", "90th percentile of the gaps between text chunks, all requests pooled"),
+    _f("gap_s_p99", "s", "99th percentile of the gaps between text chunks, all requests pooled"),
+    _f("e2e_s_mean", "s", "mean end-to-end latency: request sent to the stream closed"),
+    _f("e2e_s_p50", "s", "median end-to-end latency"),
+    _f("e2e_s_p90", "s", "90th percentile end-to-end latency"),
+    _f("e2e_s_p99", "s", "99th percentile end-to-end latency"),
+    _f("server_output_tokens", "tokens", "output tokens the server's usage reports for the same requests", "count"),
+    _f("token_count_ratio", "", "client-counted over server-reported output tokens (1.0: the counts agree; below 1 "
+       "when the server emits tokens that carry no text, e.g. special tokens past an ignored EOS)"),
+    _f("token_count_mismatches", "", "requests whose client and server output-token counts differ", "count"),
+    _f("lengths_forced", "", "'forced' when every answer ran to max_tokens (ignore_eos/min_tokens), else why not",
+       "text"),
+    _f("server_metrics", "", "the server's /metrics counters: which families it offers and each counter's change "
+       "over the load point", "object"),
 )
 
 BY_NAME = {f.name: f for f in METRICS}
 SPEC_BY_NAME = {f.name: f for f in SPEC}
+BASELINE_BY_NAME = {f.name: f for f in METRICS if f.name in ("decode_tok_s", "ttft_s", "token_latency_ms_median")}
 QUALITY_BY_NAME = {f.name: f for f in QUALITY}
+LOAD_BY_NAME = {f.name: f for f in LOAD}
 
 
 def lookup(path: str) -> Field:
-    """The field at 'ttft_s', 'spec.acceptance_rate' or 'quality.kl_mean'."""
+    """The field at 'ttft_s', 'spec.acceptance_rate', 'quality.kl_mean' or 'load.ttft_s_p90'."""
     head, _, rest = path.partition(".")
     if not rest:
         return BY_NAME[head]
-    return {"spec": SPEC_BY_NAME, "quality": QUALITY_BY_NAME}[head][rest]
+    return {"spec": SPEC_BY_NAME, "quality": QUALITY_BY_NAME, "load": LOAD_BY_NAME, "baseline": BASELINE_BY_NAME}[head][rest]
 
 
 def get(metrics: dict, path: str):

@@ -11,6 +11,11 @@ Schema versions:
   were step time over the tokens of all b sequences (1/b of what one user sees). A version-1
   record is read as version 2 with bw_efficiency divided by, and the token latencies multiplied
   by, its batch size; its notes say so. The stored row is never rewritten.
+  Workloads and repetitions added fields without changing what an existing one means: a run of
+  many generations states each per-generation metric as the median over its samples (fields.py),
+  which for a one-generation record is that generation's value; new are samples, baseline_samples,
+  intervals, by_category, workload and noise in metrics, the request-weighted acceptance in
+  metrics.spec, and workload and reps in config. Still version 2.
 """
 from __future__ import annotations
 
@@ -21,7 +26,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from typing import Annotated, Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field as PField, PlainValidator, StrictInt, StrictStr
+from pydantic import BaseModel, ConfigDict, Field as PField, PlainValidator, StrictBool, StrictInt, StrictStr
 from pydantic import ValidationError, create_model
 
 from engine.common.errors import UserError
@@ -29,7 +34,7 @@ from engine.measure import fields as F
 
 SCHEMA_VERSION = 2
 READABLE_VERSIONS = (1, 2)
-KINDS = ("generate", "bench", "quality", "peer")
+KINDS = ("generate", "bench", "quality", "peer", "load")
 FIX = "import a file exported by the lab"
 
 
@@ -70,7 +75,7 @@ class RunRecord:
     @property
     def label(self) -> str:
         c = self.config
-        if self.kind == "peer" and c.get("label"):
+        if self.kind in ("peer", "load") and c.get("label"):
             return c["label"] + ("" if c.get("model") in (None, "default") else f" ({c['model']})")
         draft = c.get("draft") or {}
         s = f"{c.get('model', '?')}@{c.get('precision', '?')}"
@@ -129,7 +134,7 @@ def _number(x):
 
 Num = Annotated[Any, PlainValidator(_number)]
 _TYPES = {"number": Num, "count": Num, "text": Optional[StrictStr], "list": Optional[list[Optional[Any]]],
-          "object": Optional[dict]}
+          "object": Optional[dict], "bool": Optional[StrictBool]}
 _OPEN = ConfigDict(extra="allow")  # records carry more than the declared fields (peers' settings, new metrics)
 
 
@@ -142,9 +147,16 @@ def _model(name: str, flds, overrides: dict | None = None):
 _NumList = Optional[list[Num]]
 SpecModel = _model("SpecMetrics", F.SPEC, {"position_rate": (_NumList, None)})
 QualityModel = _model("QualityMetrics", F.QUALITY)
+LoadModel = _model("LoadMetrics", F.LOAD)
+SampleModel = _model("Sample", F.SAMPLE)
+IntervalModel = _model("Interval", F.INTERVAL)
+NoiseModel = _model("Noise", F.NOISE, {"reasons": (Optional[list[StrictStr]], None)})
 MetricsModel = _model("Metrics", F.METRICS, {
     "spec": (Optional[SpecModel], None), "quality": (Optional[QualityModel], None),
-    "weight_breakdown": (Optional[dict[str, Num]], None)})
+    "load": (Optional[LoadModel], None),
+    "weight_breakdown": (Optional[dict[str, Num]], None),
+    "samples": (Optional[list[SampleModel]], None), "baseline_samples": (Optional[list[SampleModel]], None),
+    "intervals": (Optional[dict[str, Optional[IntervalModel]]], None), "noise": (Optional[NoiseModel], None)})
 
 
 class ConfigModel(BaseModel):

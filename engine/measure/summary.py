@@ -1,13 +1,19 @@
-"""A generation becomes a run record: latencies, throughput, bytes, bandwidth efficiency (see records.py)."""
+"""Generations become a run record: per-generation metrics, the samples, medians and their intervals.
+
+One generation (one prompt of the workload, b sequences) gives the metrics of `summarize`; a run
+measures many (every prompt, R repetitions) and `aggregate` turns them into the record's metrics:
+each per-generation metric is the median over the samples, acceptance counters are summed, and
+stats.py gives the intervals (its docstring says which bootstrap each one uses, and why).
+"""
 from __future__ import annotations
 
 import torch
 
-from engine.common.formulas import kv_bytes_per_token
+from engine.common.formulas import expected_length, kv_bytes_per_token
 from engine.measure.machine import library_versions, machine_facts
 from engine.measure.memory import PeakMemory
 from engine.measure.records import RunRecord
-from engine.measure.stats import percentile
+from engine.measure.stats import bootstrap, finite, mean, median, percentile
 
 
 def kv_bytes_per_slot(lm) -> float:
@@ -70,7 +76,198 @@ def summarize(lm, res, mem: PeakMemory | None, bw_gbs: float) -> dict:
     return m
 
 
-def make_record(kind: str, lm, res, mem, bw_gbs, config_extra: dict | None = None, draft_lm=None,
+# ---------------------------------------------------------------- samples
+
+COUNTERS = ("drafted", "accepted", "rounds", "emitted")
+
+
+def sample(res, m: dict, category: str, prompt_id: str, rep: int) -> dict:
+    """What the record keeps of one generation (fields.SAMPLE defines each key)."""
+    s = {"rep": rep, "category": category, "prompt_id": prompt_id, "prompt_tokens": len(res.prompt_tokens[0]),
+         "new_tokens": res.n_new, "ttft_s": m["ttft_s"], "decode_s": m["decode_s"],
+         "decode_tok_s": m["decode_tok_s"], "token_latency_ms": m["token_latency_ms_median"]}
+    if res.spec:
+        s.update({k: int(res.spec.get(k) or 0) for k in COUNTERS})
+    return s
+
+
+# Each per-generation metric of the record is the median over the samples of the generation's value.
+PER_GENERATION = ("ttft_s", "prefill_s", "prefill_tok_s", "prompt_tokens", "new_tokens", "decode_s", "decode_tok_s",
+                  "tokens_per_step", "token_latency_ms_median", "token_latency_ms_p90", "token_latency_ms_p99",
+                  "total_s", "bytes_per_token", "bw_floor_ms", "bw_efficiency")
+# (metric path, sample key): the speed figures whose interval comes from the repetitions.
+SPEED = (("decode_tok_s", "decode_tok_s"), ("ttft_s", "ttft_s"), ("token_latency_ms_median", "token_latency_ms"))
+
+
+def _interval(ci, over: str, n: int) -> dict | None:
+    return None if ci is None else {"lo": ci[0], "hi": ci[1], "over": over, "n": n}
+
+
+def _reps(samples: list[dict]) -> list[list[dict]]:
+    by: dict[int, list] = {}
+    for s in samples:
+        by.setdefault(s["rep"], []).append(s)
+    return [by[r] for r in sorted(by)]
+
+
+def _pooled_median(key):
+    return lambda draw: median([s.get(key) for g in draw for s in g])
+
+
+def speed(samples: list[dict], base: list[dict] | None = None) -> tuple[dict, dict]:
+    """Medians of the speed figures and their repetition intervals; with `base` (the same prompts
+    without speculation, interleaved with these), the baseline and the paired speedup."""
+    vals, ivs = {}, {}
+    reps = _reps(samples)
+    for path, key in SPEED:
+        vals[path] = median([s.get(key) for s in samples])
+        ivs[path] = _interval(bootstrap(reps, _pooled_median(key)), "repetitions", len(reps))
+    if base:
+        b_reps = {r[0]["rep"]: r for r in _reps(base)}
+        pairs = [(r, b_reps[r[0]["rep"]]) for r in reps if r[0]["rep"] in b_reps]
+        b_tok = median([s.get("decode_tok_s") for s in base])
+        vals["baseline.decode_tok_s"] = b_tok
+        vals["baseline.ttft_s"] = median([s.get("ttft_s") for s in base])
+        vals["baseline.token_latency_ms_median"] = median([s.get("token_latency_ms") for s in base])
+        vals["spec.baseline_tok_s"] = b_tok
+        vals["spec.speedup"] = vals["decode_tok_s"] / b_tok if (b_tok and vals["decode_tok_s"]) else None
+
+        def ratio(draw):
+            a = median([s.get("decode_tok_s") for p in draw for s in p[0]])
+            b = median([s.get("decode_tok_s") for p in draw for s in p[1]])
+            return a / b if a and b else None
+
+        ivs["baseline.decode_tok_s"] = _interval(bootstrap([p[1] for p in pairs], _pooled_median("decode_tok_s")),
+                                                 "repetitions", len(pairs))
+        ivs["spec.speedup"] = _interval(bootstrap(pairs, ratio), "repetitions", len(pairs))
+    return vals, ivs
+
+
+def _per_prompt(samples: list[dict]) -> list[dict]:
+    """Each prompt's acceptance counters summed over its repetitions."""
+    by: dict[str, dict] = {}
+    for s in samples:
+        if "drafted" not in s:
+            continue
+        p = by.setdefault(s["prompt_id"], {"category": s["category"], **{k: 0 for k in COUNTERS}})
+        for k in COUNTERS:
+            p[k] += s[k]
+    return list(by.values())
+
+
+def _token_rate(ps):
+    d = sum(p["drafted"] for p in ps)
+    return sum(p["accepted"] for p in ps) / d if d else None
+
+
+def _token_length(ps):
+    r = sum(p["rounds"] for p in ps)
+    return sum(p["emitted"] for p in ps) / r if r else None
+
+
+def _request_rate(ps):
+    return mean([p["accepted"] / p["drafted"] for p in ps if p["drafted"]])
+
+
+def _request_length(ps):
+    return mean([p["emitted"] / p["rounds"] for p in ps if p["rounds"]])
+
+
+ACCEPTANCE = (("acceptance_rate", _token_rate), ("mean_acceptance_length", _token_length),
+              ("acceptance_rate_request_mean", _request_rate),
+              ("mean_acceptance_length_request_mean", _request_length))
+
+
+def acceptance(samples: list[dict]) -> tuple[dict, dict]:
+    """Token- and request-weighted acceptance with intervals over prompts (stratified by category)."""
+    ps = _per_prompt(samples)
+    if not ps:
+        return {}, {}
+    vals = {f"spec.{k}": int(sum(p[k] for p in ps)) for k in COUNTERS}
+    vals["spec.prompts"] = len(ps)
+    ivs = {}
+    strata = [p["category"] for p in ps]
+    for name, fn in ACCEPTANCE:
+        vals[f"spec.{name}"] = fn(ps)
+        ivs[f"spec.{name}"] = _interval(bootstrap(ps, fn, strata), "prompts", len(ps))
+    return vals, ivs
+
+
+def _nest(flat: dict) -> dict:
+    out: dict = {}
+    for path, v in flat.items():
+        head, _, rest = path.partition(".")
+        if rest:
+            out.setdefault(head, {})[rest] = v
+        else:
+            out[head] = v
+    return out
+
+
+def _block(samples: list[dict], base: list[dict] | None) -> tuple[dict, dict]:
+    v, i = speed(samples, base)
+    av, ai = acceptance(samples)
+    return {**v, **av}, {k: x for k, x in {**i, **ai}.items() if x is not None}
+
+
+def _spec_totals(specs: list[dict]) -> dict:
+    """The run's speculative statistics: counters summed over every generation (vLLM's global counters)."""
+    first = specs[0]
+    out = {k: first.get(k) for k in ("draft_kind", "gamma", "adaptive")}
+    out.update({k: int(sum(s.get(k) or 0 for s in specs)) for k in COUNTERS})
+    width = max(len(s.get("position_drafted") or []) for s in specs)
+    pos_d, pos_a = [0] * width, [0] * width
+    for s in specs:
+        for j, (d, a) in enumerate(zip(s.get("position_drafted") or [], s.get("position_accepted") or [])):
+            pos_d[j] += d
+            pos_a[j] += a
+    hist = [g for s in specs for g in (s.get("gamma_history") or [])]
+    a = out["accepted"] / out["drafted"] if out["drafted"] else None
+    out.update(position_drafted=pos_d, position_accepted=pos_a,
+               position_rate=[x / d if d else None for x, d in zip(pos_a, pos_d)],
+               acceptance_rate=a, mean_acceptance_length=out["emitted"] / out["rounds"] if out["rounds"] else None,
+               mean_gamma=sum(hist) / len(hist) if hist else float(first.get("gamma") or 0),
+               draft_s=median([s.get("draft_s") for s in specs]), verify_s=median([s.get("verify_s") for s in specs]))
+    out["expected_length"] = expected_length(a, out["mean_gamma"])
+    return out
+
+
+def aggregate(gens: list[dict], samples: list[dict], base: list[dict] | None = None) -> dict:
+    """The record's metrics from every measured generation (`gens`: summarize() of each) and its sample.
+
+    Per-generation metrics: the median over the samples. Spec counters: summed. Intervals: stats.py.
+    by_category holds the same figures for each category's samples.
+    """
+    m = {k: gens[0].get(k) for k in ("weight_bytes", "weight_breakdown", "quantized_layers", "mem_bw_gbs", "load_s")}
+    for k in PER_GENERATION:
+        m[k] = median([g.get(k) for g in gens])
+        if k in ("prompt_tokens", "new_tokens") and m[k] is not None and float(m[k]).is_integer():
+            m[k] = int(m[k])  # counts stay whole where the median is one
+    m["kv_bytes"] = max(finite(g.get("kv_bytes") for g in gens) or [0])
+    specs = [g["spec"] for g in gens if g.get("spec")]
+    vals, ivs = _block(samples, base)
+    nested = _nest(vals)
+    if specs:
+        m["spec"] = {**_spec_totals(specs), **nested.get("spec", {})}
+    if "baseline" in nested:
+        m["baseline"] = nested["baseline"]
+    m["intervals"] = ivs
+    cats = list(dict.fromkeys(s["category"] for s in samples))
+    m["by_category"] = {}
+    for c in cats:
+        cs = [s for s in samples if s["category"] == c]
+        cb = [s for s in (base or []) if s["category"] == c] or None
+        v, i = _block(cs, cb)
+        block = _nest({k: x for k, x in v.items() if not k.startswith("baseline.")})
+        block.update(samples=len(cs), prompts=len({s["prompt_id"] for s in cs}), intervals=i)
+        m["by_category"][c] = block
+    m["samples"] = samples
+    if base:
+        m["baseline_samples"] = base
+    return m
+
+
+def make_record(kind: str, lm, metrics: dict, output: dict, config_extra: dict | None = None, draft_lm=None,
                 quality: dict | None = None) -> RunRecord:
     from engine import ops as kernels
     cfg = {
@@ -78,18 +275,14 @@ def make_record(kind: str, lm, res, mem, bw_gbs, config_extra: dict | None = Non
         "precision": lm.spec.label,
         "quant": lm.spec.to_dict(),
         "device": lm.device,
-        "batch_size": len(res.new_tokens),
+        "batch_size": 1,
         "max_new_tokens": None,
         "draft": None,
     }
     cfg.update(config_extra or {})
-    metrics = summarize(lm, res, mem, bw_gbs)
     if draft_lm is not None:
         metrics["draft_weight_bytes"] = draft_lm.weight_bytes
     if quality:
         metrics["quality"] = quality
-    return RunRecord(
-        kind=kind, config=cfg, metrics=metrics, machine=machine_facts(lm.device), versions=library_versions(),
-        kernels=kernels.backend_info(),
-        output={"texts": res.texts, "new_tokens": res.new_tokens, "trace": res.trace, "finish": res.finish},
-    )
+    return RunRecord(kind=kind, config=cfg, metrics=metrics, machine=machine_facts(lm.device),
+                     versions=library_versions(), kernels=kernels.backend_info(), output=output)

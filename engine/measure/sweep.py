@@ -26,10 +26,15 @@ def sweep_configs(base: RunConfig, precisions, drafts, draft_precisions, gammas,
     return out
 
 
+DEFAULT_WORKLOAD = "chat:2,code:2"  # small, so the Home page's one click stays a few minutes
+
+
 def default_comparison(model: str = "default", draft_model: str = "default-draft", max_new_tokens: int = 48,
-                       self_draft: bool = False) -> list[RunConfig]:
+                       self_draft: bool = False, workload: str | None = DEFAULT_WORKLOAD,
+                       reps: int = 3) -> list[RunConfig]:
     """fp32 vs int8 vs int4 vs int4 with speculative decoding, the Home page's one-click comparison."""
-    base = RunConfig(model=model, draft_model=draft_model, max_new_tokens=max_new_tokens, baseline=False)
+    base = RunConfig(model=model, draft_model=draft_model, max_new_tokens=max_new_tokens, baseline=False,
+                     workload=workload, reps=reps)
     spec = replace(base, precision="int4", draft="self" if self_draft else "model", draft_precision="int4",
                    gamma=4, baseline=True)
     return [replace(base, precision="fp32"), replace(base, precision="int8"), replace(base, precision="int4"), spec]

@@ -1,0 +1,93 @@
+"""Quality against fp32 for people: llama.cpp's printout and a compact table, overall and per category.
+
+Reads the dicts engine.measure.quality.evaluate returns (and the llama.cpp peer's, which has the
+same keys); never runs a model. Probabilities are shown in % as llama.cpp prints them.
+"""
+from __future__ import annotations
+
+from engine.present.columns import num as _num
+
+SCOPES = ("overall", "chat", "code")
+
+
+def _pm(v, err, digits: int = 6, scale: float = 1.0, unit: str = "") -> str:
+    v, err = _num(v), _num(err)
+    if v is None:
+        return "–"
+    s = f"{v * scale:.{digits}f}"
+    return s + (f" ± {err * scale:.{digits}f}" if err is not None else "") + unit
+
+
+def _one(v, digits: int = 6, scale: float = 1.0, unit: str = "") -> str:
+    v = _num(v)
+    return "–" if v is None else f"{v * scale:.{digits}f}{unit}"
+
+
+def scopes(q: dict) -> dict[str, dict]:
+    """{'overall': q, 'chat': ..., 'code': ...}: the statistics of each scope present."""
+    out = {"overall": q}
+    out.update({c: s for c, s in (q.get("by_category") or {}).items() if s and s.get("tokens")})
+    return out
+
+
+# llama.cpp's labels (tools/perplexity), each with how to show it from a statistics dict
+LLAMA_LINES = (
+    ("Mean PPL(Q)", lambda s: _pm(s.get("perplexity"), s.get("perplexity_err"))),
+    ("Mean PPL(base)", lambda s: _pm(s.get("ref_perplexity"), s.get("ref_perplexity_err"))),
+    ("Mean ln(PPL(Q)/PPL(base))", lambda s: _pm(s.get("ln_ppl_ratio"), s.get("ln_ppl_ratio_err"))),
+    ("Mean PPL(Q)/PPL(base)", lambda s: _pm(s.get("ppl_ratio"), s.get("ppl_ratio_err"))),
+    ("Mean    KLD", lambda s: _pm(s.get("kl_mean"), s.get("kl_mean_err"))),
+    ("Maximum KLD", lambda s: _one(s.get("kl_max"))),
+    ("99.9%   KLD", lambda s: _one(s.get("kld_p999"))),
+    ("99.0%   KLD", lambda s: _one(s.get("kl_p99"))),
+    ("95.0%   KLD", lambda s: _one(s.get("kld_p95"))),
+    ("90.0%   KLD", lambda s: _one(s.get("kld_p90"))),
+    ("Median  KLD", lambda s: _one(s.get("kld_median"))),
+    ("Mean    Δp", lambda s: _pm(s.get("delta_p_mean"), s.get("delta_p_err"), 3, 100, " %")),
+    ("RMS Δp", lambda s: _pm(s.get("delta_p_rms"), s.get("delta_p_rms_err"), 3, 100, " %")),
+    ("Same top p", lambda s: _pm(s.get("top1_agreement"), s.get("top1_err"), 3, 100, " %")),
+)
+
+
+def heading(label: str, q: dict) -> str:
+    """'label: 8,192 tokens (chat 4,096 in 16 documents, code 4,096 in 22)'."""
+    parts = [f"{c} {s['tokens']:,} in {s.get('documents', '?')} document{'' if s.get('documents') == 1 else 's'}"
+             for c, s in scopes(q).items() if c != "overall"]
+    return f"{label}: {q.get('tokens', 0):,} tokens" + (f" ({', '.join(parts)})" if parts else "")
+
+
+def llama_style(label: str, q: dict) -> str:
+    """llama.cpp's `--kl-divergence` summary, one column per scope (overall, then each category)."""
+    sc = scopes(q)
+    cells = [[name] + [fmt(s) for s in sc.values()] for name, fmt in LLAMA_LINES]
+    head = [""] + list(sc)
+    widths = [max(len(r[i]) for r in cells + [head]) for i in range(len(head))]
+    line = lambda r: "  ".join(c.ljust(widths[0]) if i == 0 else c.rjust(widths[i])  # noqa: E731
+                               for i, c in enumerate(r)).rstrip()
+    return "\n".join([f"====== {heading(label, q)} ======", line(head)] + [line(r) for r in cells])
+
+
+def table_rows(results: list[tuple[str, dict]]) -> list[dict]:
+    """One row per configuration and scope: mean KLD ± err, percentiles, max, same top-1, RMS Δp, PPL ratio."""
+    rows = []
+    for label, q in results:
+        for scope, s in scopes(q).items():
+            rows.append({
+                "config": label, "scope": scope, "tokens": s.get("tokens"),
+                "mean KLD": _pm(s.get("kl_mean"), s.get("kl_mean_err"), 5),
+                "median": _one(s.get("kld_median"), 5), "p90": _one(s.get("kld_p90"), 4),
+                "p95": _one(s.get("kld_p95"), 4), "p99": _one(s.get("kl_p99"), 4),
+                "p99.9": _one(s.get("kld_p999"), 3), "max": _one(s.get("kl_max"), 3),
+                "same top-1": _pm(s.get("top1_agreement"), s.get("top1_err"), 2, 100, " %"),
+                "RMS Δp": _pm(s.get("delta_p_rms"), s.get("delta_p_rms_err"), 2, 100, " %"),
+                "PPL ratio": _pm(s.get("ppl_ratio"), s.get("ppl_ratio_err"), 4),
+            })
+    return rows
+
+
+def unavailable_line(q: dict) -> str | None:
+    """Why a peer has no numbers ('unavailable: …' or 'failed: …'), or None when it has them."""
+    for k in ("unavailable", "failed"):
+        if q.get(k):
+            return f"{q.get('label', 'peer')}: {k}: {q[k]}"
+    return None
