@@ -21,6 +21,7 @@ PAGES = [
     st.Page(ROOT / "pages" / "compare.py", title="Compare (sweep)", icon=":material/table_chart:", url_path="compare"),
     st.Page(ROOT / "pages" / "reports.py", title="Reports", icon=":material/description:", url_path="reports"),
     st.Page(ROOT / "pages" / "cost.py", title="Cost & capacity", icon=":material/payments:", url_path="cost"),
+    st.Page(ROOT / "pages" / "load.py", title="Load test", icon=":material/speed:", url_path="load"),
 ]
 
 from pages import _ui  # noqa: E402

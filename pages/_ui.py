@@ -172,11 +172,18 @@ def price_input(where: str) -> float:
 # ---------------------------------------------------------------- background jobs (comparison, sweep)
 
 class Job:
-    """run_many in a thread: the page polls it, Cancel stops it before the next run (finished runs stay stored)."""
+    """run_many in a thread: the page polls it, Cancel stops it before the next run (finished runs stay stored).
 
-    def __init__(self, title: str, configs, pool: ModelPool, store: Store):
+    `work(job)` runs instead of run_many when given (the Load test page's sweep): it reports through
+    job.add_run / job.skip / job.say and stops when job.cancelled; `total` is then its number of runs.
+    """
+
+    def __init__(self, title: str, configs, pool: ModelPool, store: Store, keep_ids: list[str] | None = None,
+                 work=None, total: int | None = None):
         self.title, self.configs, self.pool, self.store = title, list(configs), pool, store
-        self.total = len(self.configs)
+        self.keep_ids = list(keep_ids or [])  # a re-run keeps these beside its new runs in the comparison
+        self.work = work
+        self.total = len(self.configs) if total is None else total
         self.done = 0
         self.eta_s: float | None = None
         self.run_ids: list[str] = []
@@ -211,14 +218,31 @@ class Job:
         if not self.cancelled:
             self.message = msg
 
+    say = _say
+
+    def add_run(self, run_id: str) -> None:
+        """A run a `work` job finished (stored): counted, with the time left at the pace so far."""
+        self.run_ids.append(run_id)
+        self.done += 1
+        left = max(0, self.total - self.done)
+        self.eta_s = (time.time() - self.started) / self.done * left
+
+    def skip(self, what: str, runs: int = 0) -> None:
+        """Something a `work` job could not measure (said on the page), and the runs it will not make."""
+        self.skipped.append(what)
+        self.total = max(self.done, self.total - runs)
+
     def _run(self):
         try:
             if not self.pool.lock.acquire(blocking=False):
                 self.message = "waiting for another run to finish (the lab runs one generation at a time)"
                 self.pool.lock.acquire()
             try:
-                run_many(self.configs, self.pool, self.store, on_progress=self._progress,
-                         should_cancel=self.cancel_event.is_set, progress=self._say)
+                if self.work is not None:
+                    self.work(self)
+                else:
+                    run_many(self.configs, self.pool, self.store, on_progress=self._progress,
+                             should_cancel=self.cancel_event.is_set, progress=self._say)
             finally:
                 self.pool.lock.release()
         except UserError as e:
@@ -240,8 +264,9 @@ def job_running(key: str) -> bool:
     return job is not None and not job.finished
 
 
-def start_job(key: str, title: str, configs) -> Job:
-    job = Job(title, configs, get_pool(), get_store()).start()
+def start_job(key: str, title: str, configs, keep_ids: list[str] | None = None, work=None,
+              total: int | None = None) -> Job:
+    job = Job(title, configs, get_pool(), get_store(), keep_ids, work, total).start()
     st.session_state[key] = job
     return job
 
@@ -289,7 +314,7 @@ def finish_job(key: str, source: str) -> Job | None:
     if not st.session_state.get(f"{key}-reported") == id(job):
         st.session_state[f"{key}-reported"] = id(job)
         if job.run_ids:
-            set_current(job.run_ids, source)
+            set_current(job.keep_ids + job.run_ids, source)
     if job.error:
         st.error(job.error)
     for s in job.skipped:
@@ -303,25 +328,64 @@ def finish_job(key: str, source: str) -> Job | None:
 
 # ---------------------------------------------------------------- the comparison view
 
-TABLE_COLUMNS = ["config", "system", "precision", "draft", "draft_precision", "gamma", "batch", "weights_total_MB",
-                 "peak_rss_MB", "ttft_ms", "tok_ms_p50", "tok_ms_p90", "tok_s", "accept_rate", "accept_len",
-                 "expected_len", "speedup", "quality_loss_kl", "top1", "ppl", "usd_per_1m_out", "bw_eff", "kernels",
-                 "created_at", "run"]
+TABLE_COLUMNS = ["config", "system", "precision", "draft", "draft_precision", "gamma", "batch", "workload",
+                 "weights_total_MB", "peak_rss_MB", "ttft_ms", "ttft_ms_pm", "tok_ms_p50", "tok_ms_p50_pm",
+                 "tok_ms_p90", "tok_s", "tok_s_pm", "noise", "accept_rate", "accept_rate_pm", "accept_rate_req",
+                 "accept_rate_req_pm", "accept_len", "accept_len_pm", "accept_len_req", "accept_len_req_pm",
+                 "expected_len", "speedup", "speedup_pm", "quality_loss_kl", "top1", "ppl", "usd_per_1m_out",
+                 "usd_per_1m_out_pm", "bw_eff", "kernels", "created_at", "run"]
+CATEGORY_COLUMNS = ["config", "category", "prompts", "ttft_ms", "ttft_ms_pm", "tok_s", "tok_s_pm", "accept_rate",
+                    "accept_rate_pm", "accept_rate_req", "accept_rate_req_pm", "accept_len", "accept_len_pm",
+                    "accept_len_req", "accept_len_req_pm", "speedup", "speedup_pm"]
+USD_LABEL = "$/1M out, one stream"  # the cost of one stream at the measured batch size, not cost under load
+_PM_HELP = "± the larger distance from the median to an end of its 95% interval (speed: over repetitions; " \
+           "acceptance: over prompts)"
+
+
+def _column_config(cols) -> dict:
+    cfg = {
+        "weights_total_MB": st.column_config.NumberColumn("weights MB", help="target + draft weights"),
+        "peak_rss_MB": st.column_config.NumberColumn("peak RSS MB"),
+        "ttft_ms": st.column_config.NumberColumn("TTFT ms", help="median over the samples"),
+        "tok_ms_p50": st.column_config.NumberColumn("ms/token p50", help="median over the samples"),
+        "tok_ms_p90": st.column_config.NumberColumn("ms/token p90"),
+        "tok_s": st.column_config.NumberColumn("tokens/s", help="median over the samples"),
+        "noise": st.column_config.TextColumn("noise", help=present.COLUMNS_BY_NAME["noise"].definition),
+        "accept_rate": st.column_config.NumberColumn("acceptance", help="token-weighted: accepted / drafted"),
+        "accept_rate_req": st.column_config.NumberColumn("acceptance per request",
+                                                         help="request-weighted: the mean over prompts"),
+        "accept_len": st.column_config.NumberColumn("acceptance length"),
+        "accept_len_req": st.column_config.NumberColumn("acceptance length per request"),
+        "usd_per_1m_out": st.column_config.NumberColumn(USD_LABEL, format="$%.4f",
+                                                        help=present.COLUMNS_BY_NAME["usd_per_1m_out"].definition),
+        "quality_loss_kl": st.column_config.NumberColumn("KL vs fp32", format="%.5f"),
+    }
+    for c in cols:
+        if c.endswith("_pm"):
+            cfg[c] = st.column_config.NumberColumn("±", help=_PM_HELP)
+    return cfg
+
+
+def _frame(rows: list[dict], wanted: list[str]):
+    df = pd.DataFrame(present.with_half_widths(rows))
+    return df[[c for c in wanted if c in df.columns and df[c].notna().any()]]
 
 
 def comparison_table(rows: list[dict], key: str) -> None:
-    df = pd.DataFrame(rows)
-    cols = [c for c in TABLE_COLUMNS if c in df.columns and df[c].notna().any()]
-    st.dataframe(df[cols], hide_index=True, key=key, column_config={
-        "weights_total_MB": st.column_config.NumberColumn("weights MB", help="target + draft weights"),
-        "peak_rss_MB": st.column_config.NumberColumn("peak RSS MB"),
-        "ttft_ms": st.column_config.NumberColumn("TTFT ms"),
-        "tok_ms_p50": st.column_config.NumberColumn("ms/token p50"),
-        "tok_ms_p90": st.column_config.NumberColumn("ms/token p90"),
-        "tok_s": st.column_config.NumberColumn("tokens/s"),
-        "usd_per_1m_out": st.column_config.NumberColumn("$/1M out", format="$%.4f"),
-        "quality_loss_kl": st.column_config.NumberColumn("KL vs fp32", format="%.5f"),
-    })
+    df = _frame(rows, TABLE_COLUMNS)
+    st.dataframe(df, hide_index=True, key=key, column_config=_column_config(df.columns))
+
+
+def category_table(records, key: str) -> None:
+    """Speed and acceptance per workload category, when a run measured more than one prompt."""
+    rows = present.category_rows(records)
+    if not any(r.get("category") not in ("all", "default", "prompt") for r in rows):
+        return
+    with st.expander("By workload category", expanded=True):
+        df = _frame(rows, CATEGORY_COLUMNS)
+        st.dataframe(df, hide_index=True, key=key, column_config=_column_config(df.columns))
+        st.caption("Speed: median over the category's samples, ± over repetitions. Acceptance: token-weighted "
+                   "(accepted / drafted) and per request (the mean of each prompt's), ± over prompts.")
 
 
 def comparison_view(records, key: str, price_where: str | None = None, usd: float | None = None) -> list[dict]:
@@ -336,6 +400,11 @@ def comparison_view(records, key: str, price_where: str | None = None, usd: floa
     if hl:
         st.markdown("\n".join(f"- {md_escape(h)}" for h in hl))
     comparison_table(rows, key=f"{key}-table")
+    noisy = present.noisy_configs(records)
+    if noisy:
+        st.warning(f"{len(noisy)} of {len(records)} runs were measured on a noisy machine (the noise column says "
+                   "why): their numbers may be the machine's, not the configuration's.")
+    category_table(records, key=f"{key}-categories")
     charts = present.available_charts(rows)
     for i in range(0, len(charts), 2):
         cols = st.columns(2)
@@ -343,6 +412,8 @@ def comparison_view(records, key: str, price_where: str | None = None, usd: floa
             with c:
                 st.plotly_chart(present.bar_figure(rows, col, title, unit, better), key=f"{key}-chart-{col}",
                                 config={"displaylogo": False})
+    st.caption("Bars: the median; whiskers: its 95% interval (speed over repetitions, acceptance over prompts); "
+               "⚠ marks a run the noise guard flagged. $/1M is the cost of one stream at the measured batch size.")
     missing = present.missing_charts(rows)
     if missing:
         st.caption("Not measured in these runs: " + md_escape(", ".join(missing))
@@ -355,6 +426,20 @@ def comparison_view(records, key: str, price_where: str | None = None, usd: floa
             st.caption("Quality was not measured, so the frontier is cost vs memory. Tick 'measure quality' to see "
                        "cost vs quality.")
     return rows
+
+
+def workload_input(key: str, default: str) -> str:
+    """The workload text box (category:count, ...), with the categories and their sizes in its help."""
+    from engine.measure import workload_categories
+
+    try:
+        cats = ", ".join(f"{c} ({n})" for c, n in workload_categories().items())
+    except UserError as e:
+        cats = f"unavailable: {e}"
+    return st.text_input("Workload", value=default, key=key,
+                         help="Prompts from real data: category:count, comma-separated (e.g. code:8,edit:8). "
+                              f"Categories (prompts available): {cats}. Prompts longer than the context are "
+                              "skipped and counted.")
 
 
 # Set by app.py while st.navigation runs a page (per script thread).

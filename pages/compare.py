@@ -39,6 +39,10 @@ with tab_sweep:
     with c:
         gammas = st.multiselect("Gammas", list(range(1, MAX_GAMMA + 1)), default=[4], key="cmp-gammas")
         max_new = st.number_input("New tokens per run", 1, 1024, 32, key="cmp-tokens")
+        workload = _ui.workload_input("cmp-workload", "chat:4,code:4")
+        reps = st.number_input("Repetitions", 1, 20, 3, key="cmp-reps",
+                               help="Every prompt is measured this many times after a warm-up: the intervals and "
+                                    "the noise verdict need 2 or more.")
         quality = st.checkbox("Measure quality vs fp32", value=False, key="cmp-quality",
                               help="Adds a 256-token evaluation per run; needed for the cost-vs-quality frontier.")
 
@@ -57,7 +61,8 @@ with tab_sweep:
 
     cfgs, problem = [], None
     try:
-        base = RunConfig(model=model, draft_model=draft_model, max_new_tokens=int(max_new), quality=bool(quality))
+        base = RunConfig(model=model, draft_model=draft_model, max_new_tokens=int(max_new), quality=bool(quality),
+                         workload=workload.strip() or None, reps=int(reps))
         if picked_peers and not precisions:
             cfgs = [peer_labels[p].validate() for p in picked_peers]  # peers alone are a valid comparison
         elif not precisions or not drafts or not batches:
@@ -77,8 +82,19 @@ with tab_sweep:
     else:
         st.caption(f"{len(cfgs)} run(s) in this grid. Models are loaded once and kept (up to 3 at a time).")
     running = _ui.job_running(JOB)
-    if st.button("Run sweep", type="primary", disabled=running or not cfgs, key="cmp-run"):
-        _ui.start_job(JOB, f"sweep of {len(cfgs)} runs", cfgs)
+    col_run, col_ray = st.columns([1, 2])
+    ray_at = col_ray.text_input("Ray cluster", "", key="cmp-ray",
+                                placeholder="blank: this process; local, auto or HOST:6379",
+                                help="Run each configuration as a task on a Ray cluster (docs/CLUSTER.md); records "
+                                     "land in this lab's store as tasks finish, Cancel cancels the outstanding tasks."
+                                ).strip()
+    if col_run.button("Run sweep", type="primary", disabled=running or not cfgs, key="cmp-run"):
+        if ray_at:
+            from engine.cluster import sweep_job
+
+            _ui.start_job(JOB, f"sweep of {len(cfgs)} runs on Ray ({ray_at})", cfgs, work=sweep_job(cfgs, ray_at))
+        else:
+            _ui.start_job(JOB, f"sweep of {len(cfgs)} runs", cfgs)
         st.rerun()
     _ui.job_section(JOB, "sweep")
 
@@ -102,6 +118,22 @@ st.divider()
 ids = _ui.current_ids()
 st.subheader(f"Current comparison ({len(ids)} runs)")
 if ids:
-    _ui.comparison_view(_ui.load_records(ids), key="cmp", price_where="cmp")
+    recs = _ui.load_records(ids)
+    _ui.comparison_view(recs, key="cmp", price_where="cmp")
+    noisy = [r for r in present.noisy_configs(recs) if RunConfig.from_record(r) is not None]
+    if noisy:
+        st.markdown("**Noisy runs**: " + _ui.md_escape("; ".join(f"{r.label} ({present.noise_label(r)})"
+                                                                   for r in noisy)))
+        if st.button(f"Re-run the {len(noisy)} noisy configuration(s)", key="cmp-rerun",
+                     disabled=_ui.job_running(JOB),
+                     help="Measures them again with the same settings; the new runs replace them in the "
+                          "comparison (the old ones stay stored)."):
+            try:
+                again = [RunConfig.from_record(r).validate() for r in noisy]
+                keep = [i for i in ids if i not in {r.run_id for r in noisy}]
+                _ui.start_job(JOB, f"re-run of {len(again)} noisy runs", again, keep_ids=keep)
+                st.rerun()
+            except Exception as e:
+                _ui.show_error(e)
 else:
     st.info("Run a sweep, or pick stored runs, to fill the comparison.")

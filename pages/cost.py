@@ -20,6 +20,8 @@ store = _ui.get_store()
 st.subheader("Measured on this machine")
 ids = _ui.current_ids()
 recs = _ui.load_records(ids) if ids else []
+load_recs = [r for r in recs if r.kind == "load"]  # priced at the SLO below, not as one stream
+recs = [r for r in recs if r.kind != "load"]
 if not recs:
     try:
         recs = [r for r in store.list_runs(limit=20) if (r.metrics or {}).get("decode_tok_s")]
@@ -40,15 +42,35 @@ else:
         rows = present.comparison_rows(recs, usd)
         cap = present.capacity_rows(rows, usd, per_day)
         st.dataframe(pd.DataFrame(cap), hide_index=True, key="cost-capacity", column_config={
-            "usd_per_1m_out": st.column_config.NumberColumn("$/1M out", format="$%.4f"),
+            "usd_per_1m_out": st.column_config.NumberColumn(_ui.USD_LABEL, format="$%.4f",
+                                                            help="one stream at the measured batch size"),
             "usd_per_month": st.column_config.NumberColumn("$/month", format="$%.2f"),
             "utilization": st.column_config.ProgressColumn("busy", min_value=0.0, max_value=1.0, format="percent")})
-        fig = present.bar_figure(rows, "usd_per_1m_out", "$ per 1M output tokens on this machine", "USD", "lower")
+        fig = present.bar_figure(rows, "usd_per_1m_out", "$ per 1M output tokens on this machine, one stream at the "
+                                 "measured batch size", "USD", "lower")
         st.plotly_chart(fig, key="cost-chart", config={"displaylogo": False})
-        st.caption("$ per 1M output tokens = $/hour ÷ (tokens/s × 3600) × 10⁶ at the measured decode speed, with the "
-                   "machine busy all the time. Machines = ⌈tokens per day ÷ (tokens/s × 86 400)⌉.")
+        st.caption("$ per 1M output tokens = $/hour ÷ (tokens/s × 3600) × 10⁶ at the measured decode speed (the "
+                   "median, whiskers its 95% interval): the cost of one stream at the measured batch size, with the "
+                   "machine busy all the time; not the cost under load. Machines = ⌈tokens per day ÷ (tokens/s × "
+                   "86 400)⌉.")
     except Exception as e:
         _ui.show_error(e)
+
+# ---------------------------------------------------------------- measured under load
+try:
+    load_recs = load_recs or store.list_runs(limit=60, kind="load")
+except Exception as e:
+    _ui.show_error(e)
+if load_recs:
+    from engine.present import load_cost
+
+    st.markdown("**Under load: $ per 1M output tokens at the SLO** (from the Load test page's runs)")
+    st.dataframe(pd.DataFrame(load_cost.cost_rows(load_cost.costs_at_slo(load_recs, usd))), hide_index=True,
+                 key="cost-at-slo", column_config={
+                     "usd_per_1m_out_at_slo": st.column_config.NumberColumn("$/1M out at the SLO", format="$%.4f",
+                                                                            help="goodput at the highest load "
+                                                                                 "whose point met the SLO"),
+                     "usd_per_1m_out_single_stream": st.column_config.NumberColumn(_ui.USD_LABEL, format="$%.4f")})
 
 # ---------------------------------------------------------------- planner
 st.divider()

@@ -12,6 +12,7 @@ import streamlit as st  # noqa: E402
 
 from pages import _ui  # noqa: E402
 from engine import present  # noqa: E402
+from engine.measure import DEFAULT_WORKLOAD  # noqa: E402
 
 JOB = "home-job"
 
@@ -71,8 +72,9 @@ with right:
 
 st.divider()
 st.subheader("Default comparison")
-st.caption("fp32 vs int8 vs int4 vs int4 with speculative decoding, on one model pair. Each run is stored as it "
-           "finishes.")
+st.caption("fp32 vs int8 vs int4 vs int4 with speculative decoding, on one model pair, over a small workload of "
+           "real prompts, each repeated after a warm-up: every number is a median with its 95% interval, and a noise "
+           "guard flags runs the machine disturbed. Each run is stored as it finishes.")
 
 PAIRS = {
     "default": ("default", "default-draft", False,
@@ -85,8 +87,12 @@ PAIRS.update(_ui.registered_pairs())
 c1, c2, c3 = st.columns([3, 1, 1])
 with c1:
     pair = st.radio("Model pair", list(PAIRS), format_func=lambda k: PAIRS[k][3], key="home-pair")
+    workload = _ui.workload_input("home-workload", DEFAULT_WORKLOAD)
 with c2:
-    n_new = st.number_input("New tokens per run", min_value=4, max_value=512, value=48, step=4, key="home-tokens")
+    n_new = st.number_input("New tokens per run", min_value=4, max_value=512, value=32, step=4, key="home-tokens")
+    reps = st.number_input("Repetitions", min_value=1, max_value=10, value=3, key="home-reps",
+                           help="Every prompt is measured this many times after a warm-up; 2 or more give an "
+                                "interval and the noise verdict.")
 with c3:
     quality = st.checkbox("Measure quality vs fp32", value=True, key="home-quality",
                           help="Perplexity, KL and top-1 agreement against fp32 on the lab's eval text "
@@ -99,7 +105,8 @@ if st.button("Run default comparison", type="primary", disabled=running, key="ho
 
         model, draft, self_draft, _ = PAIRS[pair]
         cfgs = [replace(c, quality=bool(quality)).validate()
-                for c in default_comparison(model, draft, int(n_new), self_draft=self_draft)]
+                for c in default_comparison(model, draft, int(n_new), self_draft=self_draft, workload=workload,
+                                            reps=int(reps))]
         _ui.start_job(JOB, "default comparison", cfgs)
         st.session_state.pop("home-runs", None)
         st.rerun()  # redraw with the button disabled and the progress bar
@@ -118,4 +125,5 @@ if ids:
     st.caption("These runs are now the current comparison: save them on the Reports page, or add to them on "
                "Compare.")
 elif job is None:
-    st.info("Pick a pair and press **Run default comparison**. On this CPU the small pair takes a few minutes.")
+    st.info("Pick a pair and press **Run default comparison**. On this CPU the small pair takes a few minutes with "
+            "the default workload.")

@@ -61,7 +61,8 @@ if go:
     cfg = RunConfig(model=model, precision=precision, draft=draft, draft_model=draft_model,
                     draft_precision=draft_precision, gamma=int(gamma), adaptive_gamma=bool(adaptive),
                     prompt=prompt, max_new_tokens=int(max_new), temperature=float(temperature), top_k=int(top_k),
-                    top_p=float(top_p), seed=int(seed), baseline=bool(baseline) and draft != "none")
+                    top_p=float(top_p), seed=int(seed), baseline=bool(baseline) and draft != "none",
+                    reps=1)  # one streamed generation (Compare measures repetitions and intervals)
     pieces: list[tuple[str, str]] = []
     last = [0.0]
 
@@ -135,6 +136,8 @@ else:
                 if m.get("token_latency_ms_median") else "n/a")
     st.caption("No draft: every token came from the target. Pick a draft kind to see acceptance.")
 
+st.caption("One generation, timed once: no interval. Compare measures a workload with repetitions. Noise guard: "
+           + _ui.md_escape(present.noise_label(rec) or "not checked"))
 b1, b2 = st.columns([1, 3])
 if b1.button("Add to current comparison", key="pg-add"):
     _ui.set_current(_ui.current_ids() + [rec.run_id], "playground")

@@ -9,13 +9,16 @@ from tests.app_helpers import ROOT, TIMEOUT, app_env, frame, problems  # noqa: F
 PAGE = str(ROOT / "pages/compare.py")
 
 
-def setup_sweep(at, precisions=("fp32", "int8"), drafts=("none", "ngram"), gammas=(2,), tokens=8, quality=False):
+def setup_sweep(at, precisions=("fp32", "int8"), drafts=("none", "ngram"), gammas=(2,), tokens=8, quality=False,
+                workload="chat:3", reps=2):
     at.selectbox(key="cmp-model").set_value("tiny")
     at.multiselect(key="cmp-precisions").set_value(list(precisions))
     at.multiselect(key="cmp-drafts").set_value(list(drafts))
     at.multiselect(key="cmp-gammas").set_value(list(gammas))
     at.number_input(key="cmp-tokens").set_value(tokens)
     at.checkbox(key="cmp-quality").set_value(quality)
+    at.text_input(key="cmp-workload").set_value(workload)
+    at.number_input(key="cmp-reps").set_value(reps)
     return at.run()
 
 
@@ -44,6 +47,12 @@ def test_sweep_runs_the_grid_and_draws_everything():
     t = frame(at, "config", "tok_s", "usd_per_1m_out")
     assert len(t) == 4 and set(t["draft"]) == {"none", "ngram"}
     assert t["quality_loss_kl"].notna().all()
+    # the workload's prompts, twice each: medians with their interval, the noise flag, per category
+    assert set(t["workload"]) == {"chat:3 ×2 (1 skipped)"}  # the tiny model's context skips the long one
+    assert t["tok_s_pm"].notna().all() and t["usd_per_1m_out_pm"].notna().all() and t["noise"].notna().all()
+    cats = frame(at, "config", "category", "accept_rate")
+    assert set(cats["category"]) == {"chat"} and cats["accept_rate"].notna().sum() == 2
+    assert any("whiskers: its 95% interval" in c.value for c in at.caption)
     charts = at.get("plotly_chart")
     assert len(charts) >= 8
     # the Pareto figure marks its frontier
@@ -160,3 +169,46 @@ def test_unavailable_peers_are_listed_with_the_reason(monkeypatch):
     at.selectbox(key="cmp-model").set_value("tiny").run()
     assert at.multiselect(key="cmp-peers").options == []
     assert any("catalog model" in c.value.replace("\\", "") for c in at.caption)
+
+
+def test_noisy_runs_are_offered_again_and_replaced():
+    import copy
+    import uuid
+
+    from engine.measure.records import RunRecord
+    from engine.measure.runs import RunConfig, execute
+    from pages import _ui
+
+    store = _ui.get_store()
+
+    def stored(precision, noisy, reasons):  # a real run, its verdict set (this machine may be busy or quiet)
+        d = copy.deepcopy(execute(RunConfig(model="tiny", precision=precision, max_new_tokens=4, reps=2),
+                                  _ui.get_pool(), None).to_dict())
+        d["run_id"] = uuid.uuid4().hex[:12]
+        d["metrics"]["noise"].update(noisy=noisy, reasons=reasons, cpu_pressure_share=0.9 if noisy else 0.01,
+                                     probe_drop=0.0, interval_half_width={})
+        rec = RunRecord.from_dict(d)
+        store.save_run(rec)
+        return rec
+
+    quiet = stored("fp32", False, [])
+    noisy = stored("int8", True, ["CPU pressure: a task waited for a CPU 90% of the run (limit 25%)"])
+    at = AppTest.from_file(PAGE, default_timeout=TIMEOUT)
+    at.session_state["comparison"] = [quiet.run_id, noisy.run_id]
+    at.run()
+    assert not problems(at)
+    t = frame(at, "config", "noise")
+    assert list(t["noise"]) == ["quiet", "⚠ noisy: CPU waits 90%"]
+    assert any("1 of 2 runs were measured on a noisy machine" in w.value for w in at.warning)
+    text = " ".join(m.value for m in at.markdown)
+    assert "Measured under different noise flags" in text  # compare.highlights
+    at.button(key="cmp-rerun").click().run()
+    job = at.session_state["sweep-job"]
+    assert job.total == 1 and job.wait(TIMEOUT)
+    at.run()
+    assert not problems(at)
+    ids = at.session_state["comparison"]
+    assert ids[0] == quiet.run_id and len(ids) == 2 and ids[1] not in (quiet.run_id, noisy.run_id)
+    again = store.get_run(ids[1])
+    assert again.config["run_config"] == noisy.config["run_config"]  # the same settings, measured again
+    assert store.get_run(noisy.run_id)  # the noisy run stays stored

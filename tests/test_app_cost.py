@@ -31,6 +31,10 @@ def test_measured_cost_and_capacity_follow_price_and_volume():
     assert not problems(at)
     cap = frame(at, "config", "machines", "usd_per_month")
     assert len(cap) == 2 and (cap["machines"] >= 1).all()
+    import json
+
+    titles = [json.dumps(json.loads(c.proto.spec)["layout"]["title"]) for c in at.get("plotly_chart")]
+    assert any("one stream at the measured batch size" in t for t in titles)  # named for what it is
     at.number_input(key="price-cost").set_value(1.0).run()
     cap1 = frame(at, "config", "machines", "usd_per_month")
     at.number_input(key="price-cost").set_value(2.0).run()

@@ -54,6 +54,12 @@ def test_default_comparison_runs_and_shows_results():
     assert len(ids) == 4 and ids == job.run_ids
     table = frame(at, "config", "tok_s")
     assert list(table["precision"][:3]) == ["fp32", "int8", "int4-g64"]
+    # the default workload, each prompt 3 times; the tiny model's 256-token context skips the long prompts
+    assert at.text_input(key="home-workload").value == "chat:2,code:2"
+    assert set(table["workload"]) == {"chat:2,code:2 ×3 (3 skipped)"}
+    assert table["tok_s_pm"].notna().all() and table["noise"].notna().all()  # ± and the noise flag beside it
+    cols = list(table.columns)
+    assert cols.index("tok_s_pm") == cols.index("tok_s") + 1 and cols.index("noise") == cols.index("tok_s") + 2
     assert table["draft"].iloc[3] == "model"
     assert table["speedup"].notna().iloc[3]  # the spec run was timed against the same target
     assert table["quality_loss_kl"].notna().all()  # quality was measured (default on)
@@ -81,3 +87,13 @@ def test_bad_model_pair_is_an_error_box_not_a_traceback(monkeypatch):
     at.run()
     assert not at.exception
     assert any("model 'tiny' is broken. Fix: pick another model" in e.value for e in at.error)
+
+
+def test_bad_workload_is_refused_before_a_job_starts():
+    at = AppTest.from_file(str(ROOT / "pages/home.py"), default_timeout=TIMEOUT).run()
+    at.radio(key="home-pair").set_value("tiny")
+    at.text_input(key="home-workload").set_value("poetry:1")
+    at.button(key="home-run").click().run()
+    assert not at.exception
+    assert any("unknown workload 'poetry'" in e.value and "Fix: use one of: chat, code" in e.value for e in at.error)
+    assert "home-job" not in at.session_state

@@ -50,6 +50,7 @@ def test_model_draft_streams_coloured_tokens_and_acceptance():
             "Theoretical (1-a^(g+1))/(1-a)"} <= set(m)
     assert m["Without speculation"].endswith("tok/s")  # the same target timed without a draft
     assert len(at.get("plotly_chart")) == 2  # acceptance by position + expected length vs gamma
+    assert any("One generation, timed once: no interval" in c.value for c in at.caption)
     rid = at.session_state["pg-last"]["run_id"]
     from pages import _ui
 

@@ -2,7 +2,7 @@
 
 Opens every page and checks that no exception or error box is shown, runs the Home page's default
 comparison on the REAL 0.5B pair (0.5B target with its own int4 weights as self-draft, 4 new tokens,
-quality off to keep it short), checks its charts, saves a report, exports it as HTML, and opens that
+quality off to keep it short, over the default workload chat:2,code:2, each prompt 3 times), checks its charts, saves a report, exports it as HTML, and opens that
 file with every network request blocked to prove it renders offline. Screenshots go to
 screenshots/ (git-ignored); docs/screenshots/ holds copies of a real-model run for docs/DASHBOARD.md.
 
@@ -244,6 +244,9 @@ def test_dashboard_in_a_browser(server, browser, tmp_path):
     for title in ("Decode throughput", "Time to first token", "$ per 1M output tokens", "Draft acceptance rate"):
         assert page.get_by_text(title).first.is_visible(), title
     assert page.get_by_text("Cheapest per output token").first.is_visible()
+    # medians with their intervals: whiskers on the bars, ± beside the numbers, per workload category
+    assert page.get_by_text(re.compile(r"whiskers: its 95% interval")).first.is_visible()
+    assert page.get_by_text("By workload category").first.is_visible()
     shot(page, "02-home-results")
 
     # Precision: the int4 model is already in the pool, so loading it is instant

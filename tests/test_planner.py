@@ -448,6 +448,50 @@ def test_measured_acceptance_and_calibration_flow_into_plans():
     assert "serving default" in next(y for y in gpu_plan.why if y.term == "efficiency").formula
 
 
+def _load_record(batch, step_s, system="serving-cost-lab", draft=None, run_id="L", precision="int4"):
+    return {"run_id": run_id, "kind": "load", "machine": {"device": "cpu"},
+            "config": {"system": system, "model": "qwen2.5-coder-0.5b", "precision": precision, "draft": draft,
+                       "server": {"slots": 8},
+                       "workload": {"requests": 8, "prompt_tokens_total": 8 * 200, "requested_output_tokens_total": 8 * 64}},
+            "metrics": {"load": {"itl_s_p50": step_s, "concurrency_mean": batch}}}
+
+
+def test_load_records_calibrate_the_batch_model_and_plans_say_so():
+    m = MODELS["qwen2.5-coder-0.5b"]
+    flops = 2.0 * shapes.matmul_params_per_token(m) + 4.0 * m.layers * m.q_dim * (200 + 32)
+    fam = planner.FAMILIES["cpu"]
+    over = (fam.step_overhead_ms + fam.per_layer_overhead_ms * m.layers) / 1e3
+    rate = 0.05e12  # the step's FLOP rate at batch > 1, as measured on this 2-core machine (~0.05 TFLOP/s)
+    recs = [_load_record(b, b * flops / rate + over, run_id=f"L{b}") for b in (2, 4, 7.5)]
+    recs += [_load_record(1.0, 0.034, run_id="L1"),
+             _load_record(8, 0.1, system="llama-server", run_id="llama"),
+             _load_record(8, 0.1, draft={"kind": "ngram", "gamma": 4}, run_id="spec"),
+             _load_record(8, 0.1, run_id="full")]
+    recs[-1]["metrics"] = {"load": {"concurrency_mean": 8}}  # no step time
+    cal = calibrate(recs + [_record("int4", 0.5e9, 20, 0.5, run_id="bw", model="qwen2.5-coder-0.5b")])
+    bf = cal.batch[("cpu", "int4")]
+    assert bf.decode_tflops == pytest.approx(0.05, rel=1e-6) and bf.n == 3
+    assert bf.slope_s > 0 and bf.step_s(4) == pytest.approx(4 * flops / rate + over, rel=0.15)
+    why = dict(cal.skipped)
+    assert "llama-server" in why["llama"] and "speculative" in why["spec"] and "itl_s_p50" in why["full"]
+    json.dumps(cal.to_dict())
+    # the plan on this machine uses it: the decode step at batch 8 costs what the load test measured
+    here = load_gpus(probe={"mem_bw_gbs": 20})["this machine"]
+    d = Deployment(m, here, "int4", calibration=cal)
+    eff, src = d.efficiency()
+    assert "batched decode 0.05 TFLOP/s measured under load" in src
+    assert decode_step(d, 8, 232).t_compute == pytest.approx(8 * flops / rate, rel=0.02)
+    w = Workload("qwen2.5-coder-0.5b", 0.5, 200, 64, ttft_p90_s=20, tpot_p90_s=2.0, gpus=["this machine"],
+                 precisions=["int4"], spec="off", tp_options=[1])
+    with_load = plan(w, models=MODELS, calibration=cal).plans[0]
+    term = next(y for y in with_load.why if y.term == "efficiency")
+    assert "under load" in term.formula
+    without = plan(w, models=MODELS, calibration=calibrate(recs[-1:] + [_record("int4", 0.5e9, 20, 0.5, run_id="bw",
+                                                                                  model="qwen2.5-coder-0.5b")])).plans[0]
+    assert "under load" not in next(y for y in without.why if y.term == "efficiency").formula
+    assert with_load.max_rate_per_replica < without.max_rate_per_replica  # the measured batch cost, not a placeholder
+
+
 # ---------------------------------------------------------------- published measurements
 
 def test_published_predictions_are_reproducible_and_documented():

@@ -1,5 +1,5 @@
-"""What the lab's run records say: bandwidth fractions per (device, precision), prefill FLOP rates
-and measured acceptance rates.
+"""What the lab's run records say: bandwidth fractions per (device, precision), prefill FLOP rates,
+the decode step's FLOP rate at batch > 1 under load, and measured acceptance rates.
 
 Records arrive as plain dicts (RunRecord.to_dict()); the planner never opens the store itself.
 Missing keys are tolerated: a record that cannot be used is listed in `Calibration.skipped` with
@@ -8,6 +8,9 @@ the reason, and nothing raises.
 Acceptance transfers only between runs with the same target and draft relation: the same target
 model and draft kind (and, for a model draft, the same draft model). A run whose draft is its own
 target at the same precision accepts every token (1.0) and is ignored.
+
+Load records (kind "load", our server under concurrent requests) give the step time at batch > 1:
+see `BatchFit` and `calibrate`.
 """
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ from typing import Iterable, Mapping
 
 from engine.common.vocab import PRECISIONS, canonical_model_name
 from engine.planner import shapes
+from engine.planner.efficiency import FAMILIES
 from engine.planner.shapes import ModelShape, ShapeError
 from engine.planner.speculation import acceptance_from_mean_length, relation
 
@@ -82,6 +86,50 @@ class AcceptanceObs:
         return draft_kind != "model" or draft_model is None or _same_model(self.draft_model, draft_model)
 
 
+@dataclass(frozen=True)
+class BatchFit:
+    """The decode step against batch size, from load records of the lab's server on this machine.
+
+    points: (batch, step seconds, run id) with batch = the mean sequences in flight (Little's law,
+    capped at the server's slots) and step = the median inter-token latency of a request (the step
+    it decoded in, prefill chunks of newcomers included). decode_tflops = median over points at
+    batch > 1 of batch * FLOPs per token / (step - fixed overhead): the FLOP rate the step reached,
+    the roofline's compute side for batched decode. t(B) = intercept + slope * B is the least-squares
+    line through the points (None with fewer than two distinct batches)."""
+
+    device: str
+    precision: str
+    model: str
+    decode_tflops: float
+    points: tuple[tuple[float, float, str], ...]
+    intercept_s: float | None = None
+    slope_s: float | None = None
+
+    @property
+    def n(self) -> int:
+        return sum(1 for b, _, _ in self.points if b > BATCHED)
+
+    def step_s(self, batch: float) -> float | None:
+        """The fitted step time at `batch` (None without a line)."""
+        if self.slope_s is None or self.intercept_s is None:
+            return None
+        return self.intercept_s + self.slope_s * batch
+
+    def words(self) -> str:
+        line = (f"; step {self.intercept_s * 1e3:.1f} ms + {self.slope_s * 1e3:.1f} ms per sequence"
+                if self.slope_s is not None else "")
+        return (f"batched decode {self.decode_tflops:.3g} TFLOP/s measured under load ({self.n} load point(s) of "
+                f"{self.model}, batch up to {max(b for b, _, _ in self.points):.1f}{line})")
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.update(n=self.n, words=self.words())
+        return d
+
+
+BATCHED = 1.5  # a point whose mean in-flight count is above this ran at batch > 1
+
+
 def _same_model(a: str | None, b: str | None) -> bool:
     return a is not None and b is not None and canonical_model_name(a) == canonical_model_name(b)
 
@@ -96,9 +144,21 @@ class Calibration:
     machine_bw_gbs: float | None = None
     # (device, precision) -> median prefill FLOP rate the lab achieved (TFLOP/s), from ttft records
     prefill_tflops: Mapping[tuple[str, str], float] = field(default_factory=dict)
+    # (device, precision) -> the decode step against batch size, from load records
+    batch: Mapping[tuple[str, str], BatchFit] = field(default_factory=dict)
 
     def fit_for(self, device: str, precision: str) -> Fit | None:
         return self.fits.get((device, precision))
+
+    def compute_for(self, device: str, precision: str) -> tuple[float, str] | None:
+        """(TFLOP/s the lab's steps reached, where it comes from) for the roofline's compute side:
+        batched decode under load where load records give it (what sets capacity when many requests
+        share a step), else prefill; None when the lab measured neither."""
+        bf = self.batch.get((device, precision))
+        if bf is not None:
+            return bf.decode_tflops, bf.words()
+        pf = self.prefill_tflops.get((device, precision))
+        return (pf, f"prefill {pf:.3g} TFLOP/s measured") if pf else None
 
     def acceptance_for(self, model: str | None = None, draft_kind: str | None = None,
                        draft_model: str | None = None) -> tuple[float, float, int, str] | None:
@@ -135,6 +195,7 @@ class Calibration:
                 "prefill_tflops": [{"device": d, "precision": p, "tflops": v}
                                    for (d, p), v in self.prefill_tflops.items()],
                 "acceptance": [asdict(o) for o in self.acceptance],
+                "batch": [bf.to_dict() for bf in self.batch.values()],
                 "skipped": [{"run_id": r, "reason": w} for r, w in self.skipped],
                 "machine_bw_gbs": self.machine_bw_gbs}
 
@@ -230,11 +291,18 @@ def calibrate(records: Iterable[Mapping], fit_overhead: bool = False, overhead_s
     c is fitted too (clamped >= 0). Residuals are relative errors of the fitted time per token.
     Speculative records are not used for bandwidth (drafting is in their time) but give acceptance
     rates. Records missing what a fit needs are listed in `skipped` with the reason; nothing raises.
+
+    Load records of the lab's server without a draft give, per (device, precision), the decode
+    step against batch size (`BatchFit`): its FLOP rate at batch > 1 replaces the prefill rate as
+    the compute side of plans on that device (`Calibration.compute_for`), and the plan's efficiency
+    term says so. Other servers' load records, and speculative ones, are skipped with the reason
+    (a speculative one with server counters still gives its acceptance).
     """
     models = models if models is not None else shapes.load_models()
     groups: dict[tuple[str, str], list[tuple[float, float, str]]] = {}
     prefill: dict[tuple[str, str], list[float]] = {}
     acc: list[AcceptanceObs] = []
+    loads: dict[tuple[str, str, str, int], list[tuple[float, float, str, float]]] = {}
     skipped: list[tuple[str, str]] = []
     bws: list[float] = []
     for i, rec in enumerate(records or []):
@@ -246,6 +314,13 @@ def calibrate(records: Iterable[Mapping], fit_overhead: bool = False, overhead_s
         device = str(_get(rec, "machine", "device") or cfg.get("device") or "cpu")
         device = "cuda" if device.startswith("cuda") else device
         prec = _record_precision(cfg)
+        if rec.get("kind") == "load" and not isinstance(met.get("spec"), Mapping):
+            pt = _load_point(rec, models)
+            if isinstance(pt, str):
+                skipped.append((rid, pt))
+            else:
+                loads.setdefault((device, prec, pt[3], pt[4]), []).append((pt[0], pt[1], rid, pt[2]))
+            continue
         if isinstance(met.get("spec"), Mapping):
             obs = _acceptance_obs(rec, rid, models)
             if isinstance(obs, str):
@@ -294,7 +369,55 @@ def calibrate(records: Iterable[Mapping], fit_overhead: bool = False, overhead_s
         fits[key] = Fit(key[1], f, len(pts), c, res, tuple(p[2] for p in pts))
     bws.sort()
     pf_med = {k: sorted(v)[len(v) // 2] for k, v in prefill.items()}
-    return Calibration(fits, tuple(acc), tuple(skipped), bws[len(bws) // 2] if bws else None, pf_med)
+    batch: dict[tuple[str, str], BatchFit] = {}
+    for (dev, prec, model, layers), pts in loads.items():
+        bf = _batch_fit(dev, prec, model, layers, pts)
+        if bf is None:
+            skipped += [(p[2], "load point at batch 1 only: nothing to say about batch > 1") for p in pts]
+        elif (dev, prec) not in batch or bf.n > batch[(dev, prec)].n:  # one model per precision: the best measured
+            batch[(dev, prec)] = bf
+    return Calibration(fits, tuple(acc), tuple(skipped), bws[len(bws) // 2] if bws else None, pf_med, batch)
+
+
+LAB_SERVER = "serving-cost-lab"
+
+
+def _load_point(rec: Mapping, models) -> tuple[float, float, float, str, int] | str:
+    """(batch, step s, FLOPs per token, model, layers) of a load record of the lab's own server, or why not."""
+    cfg, m = rec.get("config") or {}, _get(rec, "metrics", "load") or {}
+    if cfg.get("system") != LAB_SERVER:
+        return f"load record of {cfg.get('system') or 'an unknown server'}: its kernels say nothing about the lab's"
+    if cfg.get("draft"):
+        return "speculative load record: its steps verify drafts (acceptance comes from its server counters)"
+    step, inflight = m.get("itl_s_p50"), m.get("concurrency_mean")
+    if not (_finite_pos(step) and _finite_pos(inflight)):
+        return "load record without itl_s_p50 and concurrency_mean"
+    try:
+        shape = shapes.get_model(cfg.get("model") or "", models)
+    except ShapeError:
+        return f"unknown model '{cfg.get('model')}'"
+    slots = _get(cfg, "server", "slots")
+    batch = min(float(inflight), float(slots)) if _finite_pos(slots) else float(inflight)
+    w = cfg.get("workload") or {}
+    n = w.get("requests") or 0
+    ctx = ((w.get("prompt_tokens_total") or 0) + 0.5 * (w.get("requested_output_tokens_total") or 0)) / n if n else 0
+    flops = 2.0 * shapes.matmul_params_per_token(shape) + 4.0 * shape.layers * shape.q_dim * ctx
+    return batch, float(step), flops, shape.name, shape.layers
+
+
+def _batch_fit(dev: str, prec: str, model: str, layers: int, pts) -> BatchFit | None:
+    fam = FAMILIES["cpu" if dev == "cpu" else "lab-cuda"]
+    over = (fam.step_overhead_ms + fam.per_layer_overhead_ms * layers) / 1e3
+    rates = sorted(b * f / max(t - over, 1e-9) / 1e12 for b, t, _, f in pts if b > BATCHED)
+    if not rates:
+        return None
+    xs, ys = [p[0] for p in pts], [p[1] for p in pts]
+    a = slope = None
+    if len({round(x, 3) for x in xs}) >= 2:
+        xm, ym = sum(xs) / len(xs), sum(ys) / len(ys)
+        slope = sum((x - xm) * (y - ym) for x, y in zip(xs, ys)) / sum((x - xm) ** 2 for x in xs)
+        a = ym - slope * xm
+    return BatchFit(dev, prec, model, rates[len(rates) // 2], tuple((b, t, r) for b, t, r, _ in sorted(pts)), a, slope)
 
 
 def _record_prefill_tflops(rec: Mapping, models) -> float | None:

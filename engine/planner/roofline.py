@@ -82,12 +82,12 @@ class Deployment:
         base = fam.efficiency[p]
         comp, comp_src = base.compute, ""
         if self.calibration is not None and (dev == "cpu" or self.family == "lab-cuda"):
-            achieved = self.calibration.prefill_tflops.get((dev, p))
+            achieved, words = self.calibration.compute_for(dev, p) or (None, "")
             cdt = compute_dtype(self.gpu, p)[0]
             peak = self.gpu.peak_tflops(cdt) if cdt else None
             if achieved and peak:
                 # For this machine the peak is a placeholder: only achieved = fraction * peak matters.
-                comp, comp_src = achieved / peak, f"; prefill {achieved:.3g} TFLOP/s measured"
+                comp, comp_src = achieved / peak, f"; {words}"
         if fit is not None:
             return (Efficiency(fit.mem_bw_frac, comp, "calibrated"),
                     f"calibrated from {fit.n} lab run(s) on {dev} (fit rmse {fit.rmse_rel:.0%}){comp_src}")

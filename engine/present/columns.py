@@ -3,6 +3,11 @@
 Every table the lab prints (CLI md/csv/json, the pages, the report HTML) and every bar chart is
 driven by this list; units and definitions come from measure.fields where the column shows a
 record field as is (scaled), and are written here for the derived ones.
+
+A column with an `interval` reads the 95% interval of its figure from the record's
+metrics.intervals (measure/stats.py defines them): rows carry it as `<name>_lo` and `<name>_hi`,
+tables show `median ± h` where h is the larger distance to either end, charts draw it as error bars.
+The `category` view is the per-category table: the same columns read metrics.by_category[c].
 """
 from __future__ import annotations
 
@@ -44,10 +49,18 @@ class Column:
     chart: str | None = None  # bar-chart title, when the column is charted
     views: frozenset = field(default_factory=lambda: frozenset({"cli", "page", "report"}))
     text: bool = False  # left-aligned text rather than a number
+    interval: Callable[[Any, float | None], tuple | None] | None = None  # (lo, hi) of the 95% interval
 
     def value(self, rec, usd_per_hour: float | None = None):
         v = self.get(rec, usd_per_hour)
         return v if self.text else _round(v, self.digits)
+
+    def bounds(self, rec, usd_per_hour: float | None = None) -> tuple:
+        """(lo, hi) of the value's interval, rounded like the value; (None, None) without one."""
+        b = self.interval(rec, usd_per_hour) if self.interval else None
+        if not b:
+            return None, None
+        return _round(b[0], self.digits), _round(b[1], self.digits)
 
 
 def _metric(path: str, scale: float = 1.0) -> Callable:
@@ -57,10 +70,25 @@ def _metric(path: str, scale: float = 1.0) -> Callable:
     return get
 
 
-def metric_column(name: str, path: str, label: str, unit: str | None = None, scale: float = 1.0, **kw) -> Column:
-    """A record field shown as is (times `scale`): its definition comes from measure.fields."""
+def _interval(path: str, scale: float = 1.0) -> Callable:
+    """The record's interval of the metric at `path` (metrics.intervals[path]), times `scale`."""
+    def get(rec, _usd):
+        ivs = (rec.metrics or {}).get("intervals")
+        iv = ivs.get(path) if isinstance(ivs, dict) else None
+        if not isinstance(iv, dict):
+            return None
+        lo, hi = num(iv.get("lo")), num(iv.get("hi"))
+        return None if lo is None or hi is None else (lo * scale, hi * scale)
+    return get
+
+
+def metric_column(name: str, path: str, label: str, unit: str | None = None, scale: float = 1.0,
+                  interval: bool = False, **kw) -> Column:
+    """A record field shown as is (times `scale`): its definition comes from measure.fields; with
+    interval=True its 95% interval comes from metrics.intervals at the same path."""
     f = F.lookup(path)
-    return Column(name, label, unit if unit is not None else f.unit, f.definition, _metric(path, scale), **kw)
+    return Column(name, label, unit if unit is not None else f.unit, f.definition, _metric(path, scale),
+                  interval=_interval(path, scale) if interval else None, **kw)
 
 
 def _draft(rec) -> dict:
@@ -79,18 +107,87 @@ def _usd_per_1m(rec, usd):
     return usd_per_million_tokens(num((rec.metrics or {}).get("decode_tok_s")), usd)
 
 
+def _usd_interval(rec, usd):
+    """Cost falls as tokens/s rises: the cost interval is the tok/s interval's ends, swapped."""
+    b = _interval("decode_tok_s")(rec, usd)
+    if usd is None or b is None or b[0] <= 0:
+        return None
+    return usd_per_million_tokens(b[1], usd), usd_per_million_tokens(b[0], usd)
+
+
+def _noise(rec) -> dict | None:
+    n = (rec.metrics or {}).get("noise")
+    return n if isinstance(n, dict) and isinstance(n.get("noisy"), bool) else None
+
+
+def noise_label(rec) -> str | None:
+    """'quiet', or '⚠ noisy: ' and which checks fired, in short; None without a noise check (peers, older runs)."""
+    n = _noise(rec)
+    if n is None:
+        return None
+    if not n["noisy"]:
+        return "quiet" if n.get("interval_checked") else "quiet (1 repetition: no interval)"
+    lim = n.get("limits") if isinstance(n.get("limits"), dict) else {}
+    parts = []
+    widths = n.get("interval_half_width") if isinstance(n.get("interval_half_width"), dict) else {}
+    for path, short in (("decode_tok_s", "tok/s"), ("token_latency_ms_median", "ms/token")):
+        w = num(widths.get(path))
+        if w is not None and w > (num(lim.get("interval")) or 0.10):
+            parts.append(f"{short} ±{w:.0%}")
+    drop = num(n.get("probe_drop"))
+    if drop is not None and drop > (num(lim.get("probe_drop")) or 0.15):
+        parts.append(f"bandwidth −{drop:.0%}")
+    share = num(n.get("cpu_pressure_share"))
+    if share is not None and share > (num(lim.get("cpu_pressure")) or 0.25):
+        parts.append(f"CPU waits {share:.0%}")
+    if not parts:
+        parts = [str(x) for x in n.get("reasons") or []][:2]
+    return "⚠ noisy: " + ", ".join(parts)
+
+
+def _workload(rec) -> str | None:
+    w = (rec.metrics or {}).get("workload")
+    if not isinstance(w, dict):
+        return (rec.config or {}).get("workload")
+    s = str(w.get("name") or "")
+    if isinstance(w.get("reps"), int):
+        s += f" ×{w['reps']}"
+    if w.get("skipped"):
+        s += f" ({w['skipped']} skipped)"
+    return s or None
+
+
+def _prompts(rec, _usd):
+    m = rec.metrics or {}
+    if isinstance(m.get("prompts"), int):  # a category block
+        return m["prompts"]
+    w = m.get("workload")
+    return w.get("prompts") if isinstance(w, dict) else None
+
+
 def _kernels(rec):
     k = rec.kernels or {}
     return k.get("cpu") if (rec.config or {}).get("device", "cpu") == "cpu" else k.get("cuda")
+
+
+def _machine(rec) -> str | None:
+    """The kind of machine a record ran on: CPU model, plus the GPU where it ran on one (record.machine)."""
+    m = getattr(rec, "machine", None) or {}
+    cpu = m.get("cpu_model")
+    gpu = m.get("gpu_name") if str((rec.config or {}).get("device", "")).startswith("cuda") else None
+    parts = [str(x) for x in (cpu, gpu) if x]
+    return " + ".join(parts) or None
 
 
 def _text(fn):
     return lambda rec, _usd: fn(rec)
 
 
+_ALL_AND_CATEGORY = frozenset({"cli", "page", "report", "category"})
+
 COLUMNS: tuple[Column, ...] = (
     Column("config", "configuration", "", "model@precision, + draft kind@precision and gamma, b = batch",
-           _text(lambda r: r.label), text=True),
+           _text(lambda r: r.label), text=True, views=_ALL_AND_CATEGORY),
     Column("system", "system", "", "the system measured (this lab's engine, or a peer)",
            _text(lambda r: (r.config or {}).get("system") or "serving-cost-lab"), text=True,
            views=frozenset({"cli", "page"})),
@@ -106,6 +203,13 @@ COLUMNS: tuple[Column, ...] = (
            lambda r, _u: _draft(r).get("gamma"), digits=None),
     Column("batch", "batch", "sequences", "sequences decoded together",
            lambda r, _u: (r.config or {}).get("batch_size", 1), digits=None),
+    Column("workload", "workload", "", "the prompts measured (category:count, engine.measure.workloads), × the "
+           "repetitions of each; prompts too long for the context are skipped and counted",
+           _text(_workload), text=True),
+    Column("category", "category", "", "workload category ('all': every prompt of the run)",
+           _text(lambda r: getattr(r, "category", None)), text=True, views=frozenset({"category"})),
+    Column("prompts", "prompts", "", "prompts measured (each once per repetition)", _prompts, digits=None,
+           views=frozenset({"category"})),
     metric_column("weights_MB", "weight_bytes", "weights MB", "MB", 1 / MB, digits=1, views=frozenset({"cli"})),
     Column("weights_total_MB", "weights MB", "MB", "bytes of the target's weights plus the draft's (a second copy)",
            _weights_total, digits=1, better="lower", chart="Memory: weights (target + draft)",
@@ -117,17 +221,29 @@ COLUMNS: tuple[Column, ...] = (
                   chart="Memory: peak process RSS"),
     metric_column("kv_MB", "kv_bytes", "KV cache MB", "MB", 1 / MB, views=frozenset({"page"})),
     metric_column("ttft_ms", "ttft_s", "TTFT ms", "ms", 1000.0, digits=1, better="lower",
-                  chart="Time to first token"),
+                  chart="Time to first token", interval=True, views=_ALL_AND_CATEGORY),
     metric_column("tok_ms_p50", "token_latency_ms_median", "ms/token p50", better="lower",
-                  chart="Per-token latency (median)"),
+                  chart="Per-token latency (median)", interval=True),
     metric_column("tok_ms_p90", "token_latency_ms_p90", "ms/token p90", views=frozenset({"cli", "page"})),
-    metric_column("tok_s", "decode_tok_s", "tokens/s", better="higher", chart="Decode throughput"),
+    metric_column("tok_s", "decode_tok_s", "tokens/s", better="higher", chart="Decode throughput", interval=True,
+                  views=_ALL_AND_CATEGORY),
+    Column("noise", "noise", "", "the noise guard (engine/measure/noise.py): noisy when the tokens/s or "
+           "per-token latency interval reaches beyond ±10% of the median, the bandwidth probe fell more than 15% "
+           "below the machine's best, or a task waited for a CPU during more than 25% of the run",
+           _text(noise_label), text=True),
+    Column("noisy", "noisy", "", "the noise guard's flag (true, false, or empty: not checked)",
+           _text(lambda r: (_noise(r) or {}).get("noisy")), text=True, views=frozenset()),
     metric_column("bw_eff", "bw_efficiency", "bandwidth efficiency", views=frozenset({"cli", "page"})),
     metric_column("accept_rate", "spec.acceptance_rate", "acceptance", "share", better="higher",
-                  chart="Draft acceptance rate"),
-    metric_column("accept_len", "spec.mean_acceptance_length", "acceptance length"),
+                  chart="Draft acceptance rate", interval=True, views=_ALL_AND_CATEGORY),
+    metric_column("accept_rate_req", "spec.acceptance_rate_request_mean", "acceptance, per request", "share",
+                  interval=True, views=frozenset({"page", "report", "category"})),
+    metric_column("accept_len", "spec.mean_acceptance_length", "acceptance length", interval=True,
+                  views=_ALL_AND_CATEGORY),
+    metric_column("accept_len_req", "spec.mean_acceptance_length_request_mean", "acceptance length, per request",
+                  interval=True, views=frozenset({"page", "report", "category"})),
     metric_column("expected_len", "spec.expected_length", "expected length", views=frozenset({"cli", "page"})),
-    metric_column("speedup", "spec.speedup", "speedup"),
+    metric_column("speedup", "spec.speedup", "speedup", interval=True, views=_ALL_AND_CATEGORY),
     metric_column("quality_loss_kl", "quality.kl_mean", "KL vs fp32", digits=5, better="lower",
                   chart="Quality loss: KL(fp32 || config)"),
     metric_column("top1", "quality.top1_agreement", "same top-1", digits=4),
@@ -135,9 +251,13 @@ COLUMNS: tuple[Column, ...] = (
     Column("usd_per_1m_out", "$/1M out, one stream", "USD",
            "$/hour / (decode tokens/s x 3600) x 1e6: the cost of output tokens from one stream at the measured "
            "batch size, the machine busy all the time (not cost under load)", _usd_per_1m, digits=4, better="lower",
-           chart="$ per 1M output tokens (one stream at the measured batch)", views=frozenset({"page", "report"})),
+           chart="$ per 1M output tokens, one stream at the measured batch size", views=frozenset({"page", "report"}),
+           interval=_usd_interval),
     Column("kernels", "kernels", "", "the kernel path that ran (CPU ISA or CUDA)", _text(_kernels), text=True,
            views=frozenset({"cli", "page"})),
+    Column("machine", "machine", "", "the kind of machine the run measured on (CPU model, and the GPU where it "
+           "ran on one): across a Ray cluster, configurations may run on different machines", _text(_machine),
+           text=True, views=frozenset()),
     Column("created_at", "measured at", "", "when the run was recorded (UTC)", _text(lambda r: r.created_at),
            text=True, views=frozenset({"page"})),
     Column("run", "run id", "", "the record's id in the store", _text(lambda r: r.run_id), text=True),
@@ -149,6 +269,27 @@ CHARTS = tuple(c for c in COLUMNS if c.chart)
 
 def for_view(view: str) -> list[Column]:
     return [c for c in COLUMNS if view in c.views]
+
+
+def plus_minus(value, lo, hi):
+    """The ± of a value: the larger distance to either end of its interval (None without one)."""
+    v, a, b = num(value), num(lo), num(hi)
+    if v is None or a is None or b is None:
+        return None
+    return max(b - v, v - a, 0.0)
+
+
+def display(col: Column, row: dict) -> str:
+    """A row's cell as text: the value rounded, and '± h' when the row carries its interval."""
+    v = row.get(col.name)
+    if v is None:
+        return ""
+    if col.text or col.interval is None:
+        return str(v)
+    h = plus_minus(v, row.get(f"{col.name}_lo"), row.get(f"{col.name}_hi"))
+    if h is None:
+        return str(v)
+    return f"{v} ± {_round(h, col.digits) if col.digits is not None else h}"
 
 
 def definitions(names) -> list[tuple[str, str]]:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
-from engine.present.columns import CHARTS, num as _num
+from engine.present.columns import CHARTS, num as _num, plus_minus
 
 
 def chart_series(rows: Sequence[dict], column: str) -> tuple[list[str], list[float | None]]:
@@ -100,8 +100,50 @@ def diff_table(diff_rows: Sequence[Mapping], key: str = "config",
     return [{key: r[key], **{f"{m} %": r.get(f"{m}_pct") for m, _ in metrics}} for r in diff_rows]
 
 
+def _fmt(x: float, fmt: str) -> str:
+    return f"{x:,.0f}" if abs(x) >= 1000 else format(x, fmt)  # 1,810 rather than 1.81e+03
+
+
+def _pm(r: Mapping, col: str, fmt: str) -> str:
+    """'12.3' or '12.3 ± 0.4' (the row's interval), formatted with fmt."""
+    v = _num(r.get(col))
+    h = plus_minus(v, r.get(f"{col}_lo"), r.get(f"{col}_hi"))
+    return _fmt(v, fmt) + ("" if h is None else f" ± {_fmt(h, fmt)}")
+
+
+def _overlaps(a: Mapping, b: Mapping, col: str) -> bool:
+    """Whether two rows' intervals of col overlap (False when either has none)."""
+    la, ha, lb, hb = (_num(x.get(f"{col}_{e}")) for x in (a, b) for e in ("lo", "hi"))
+    return None not in (la, ha, lb, hb) and la <= hb and lb <= ha
+
+
+def noise_note(rows: Sequence[Mapping]) -> str | None:
+    """Says so when the rows were measured under different noise flags (or all noisy)."""
+    noisy = [str(r.get("config")) for r in rows if r.get("noisy") is True]
+    quiet = [str(r.get("config")) for r in rows if r.get("noisy") is False]
+    if noisy and quiet:
+        return (f"Measured under different noise flags: {'; '.join(noisy)} noisy, {'; '.join(quiet)} quiet. "
+                "Differences between them may be the machine's, not the configurations': re-run the noisy ones.")
+    if noisy and len(noisy) > 1:
+        return "Every configuration was measured on a noisy machine: compare with care, or re-run them."
+    return None
+
+
+def machine_note(rows: Sequence[Mapping]) -> str | None:
+    """Says so when the rows ran on different kinds of machine (the `machine` column: CPU model, GPU), as a
+    sweep across a Ray cluster can (engine/cluster): their differences may be the machines'."""
+    kinds: dict[str, list[str]] = {}
+    for r in rows:
+        if r.get("machine"):
+            kinds.setdefault(str(r["machine"]), []).append(str(r.get("config")))
+    if len(kinds) < 2:
+        return None
+    return ("Measured on different kinds of machine: " + "; ".join(f"{k} ({', '.join(v)})" for k, v in kinds.items())
+            + ". Differences between them may be the machines', not the configurations'.")
+
+
 def highlights(rows: Sequence[Mapping]) -> list[str]:
-    """One-line answers: cheapest, fastest, smallest, most faithful, and the Pareto set."""
+    """One-line answers: cheapest, fastest, smallest, most faithful, the Pareto set, and noise."""
     out = []
 
     def best(col, lower=True):
@@ -110,12 +152,21 @@ def highlights(rows: Sequence[Mapping]) -> list[str]:
             return None
         return (min if lower else max)(cand, key=lambda r: _num(r.get(col)))
 
+    note = noise_note(rows)
+    if note:
+        out.append(note)
+    out += [n for n in [machine_note(rows)] if n]
     r = best("usd_per_1m_out")
     if r:
-        out.append(f"Cheapest per output token: {r['config']} at ${r['usd_per_1m_out']:.4g} per 1M output tokens.")
+        out.append(f"Cheapest per output token: {r['config']} at ${_pm(r, 'usd_per_1m_out', '.4g')} per 1M output "
+                   "tokens (one stream at the measured batch size).")
     r = best("tok_s", lower=False)
     if r:
-        out.append(f"Fastest decode: {r['config']} at {r['tok_s']:.3g} tokens/s.")
+        line = f"Fastest decode: {r['config']} at {_pm(r, 'tok_s', '.3g')} tokens/s."
+        close = [x["config"] for x in rows if x is not r and _overlaps(r, x, "tok_s")]
+        if close:
+            line += f" Its interval overlaps {'; '.join(map(str, close))}: within noise of it."
+        out.append(line)
     r = best("weights_total_MB")
     if r:
         out.append(f"Least memory for weights: {r['config']} ({r['weights_total_MB']:.0f} MB).")
@@ -130,6 +181,7 @@ def highlights(rows: Sequence[Mapping]) -> list[str]:
                        + "; ".join(front) + ".")
     sp = [x for x in rows if _num(x.get("speedup")) is not None]
     for x in sp:
-        out.append(f"Speculation: {x['config']} is {x['speedup']:.2f}x the same target without a draft "
-                   f"(acceptance {x['accept_rate'] if x.get('accept_rate') is not None else 'n/a'}).")
+        acc = _pm(x, "accept_rate", ".2f") if _num(x.get("accept_rate")) is not None else "n/a"
+        out.append(f"Speculation: {x['config']} is {_pm(x, 'speedup', '.2f')}x the same target without a draft "
+                   f"(acceptance {acc}).")
     return out

@@ -24,18 +24,39 @@ def _short(v) -> str:
     return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.3g}"
 
 
+def error_bars(rows: Sequence[Mapping], column: str) -> dict | None:
+    """Plotly error_y from the rows' `<column>_lo`/`_hi` (the 95% interval); None when no row has one."""
+    up, down, any_ = [], [], False
+    for r in rows:
+        v, lo, hi = _num(r.get(column)), _num(r.get(f"{column}_lo")), _num(r.get(f"{column}_hi"))
+        ok = v is not None and lo is not None and hi is not None
+        any_ = any_ or ok
+        up.append(max(hi - v, 0.0) if ok else 0.0)
+        down.append(max(v - lo, 0.0) if ok else 0.0)
+    if not any_:
+        return None
+    return dict(type="data", symmetric=False, array=up, arrayminus=down, color="#495057", thickness=1.5, width=6)
+
+
 def bar_figure(rows: Sequence[Mapping], column: str, title: str, unit: str, better: str = "lower"):
+    """One bar per row; the 95% interval as error bars, and ⚠ on the bars the noise guard flagged."""
     import plotly.graph_objects as go
 
     labels, values = chart_series(rows, column)
     labels = [_safe(x) for x in labels]
+    err = error_bars(rows, column)
+    flags = ["⚠ " if r.get("noisy") is True else "" for r in rows]
     fig = go.Figure(go.Bar(
         x=labels, y=values, marker_color=[PALETTE[i % len(PALETTE)] for i in range(len(labels))],
-        text=[_short(v) for v in values], textposition="auto",
+        text=[f + _short(v) if v is not None else "" for f, v in zip(flags, values)], textposition="auto",
+        error_y=err,
         hovertemplate="%{x}<br>%{y:.4g} " + _safe(unit) + "<extra></extra>"))
-    fig.update_layout(title=dict(text=f"{_safe(title)} <span style='font-size:11px'>({_safe(unit)}, "
-                                      f"{'lower' if better == 'lower' else 'higher'} is better)</span>"),
-                      margin=dict(l=40, r=10, t=50, b=90), height=340, showlegend=False,
+    note = ", bars: 95% interval" if err else ""
+    if any(flags):
+        note += ", ⚠ noisy run"
+    fig.update_layout(title=dict(text=f"{_safe(title)}<br><span style='font-size:11px'>({_safe(unit)}, "
+                                      f"{'lower' if better == 'lower' else 'higher'} is better{note})</span>"),
+                      margin=dict(l=40, r=10, t=64, b=90), height=350, showlegend=False,
                       xaxis=dict(tickangle=-25, automargin=True), yaxis=dict(title=_safe(unit)))
     return fig
 
@@ -75,7 +96,8 @@ def pareto_figure(rows: Sequence[Mapping]):
         hovertemplate="%{text}<br>$%{x:.4g}/1M<br>%{y:.4g}<extra></extra>"))
     fig.update_layout(title="Cost vs quality: the frontier (lower-left is better)", height=380,
                       margin=dict(l=50, r=10, t=50, b=50),
-                      xaxis=dict(title="$ per 1M output tokens"), yaxis=dict(title=_safe(ytitle)),
+                      xaxis=dict(title="$ per 1M output tokens, one stream at the measured batch size"),
+                      yaxis=dict(title=_safe(ytitle)),
                       legend=dict(orientation="h", y=-0.2))
     return fig
 

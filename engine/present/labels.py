@@ -1,11 +1,23 @@
-"""Short texts the pages show: a run's label in pickers, progress and time left, the machine box."""
+"""Short texts the pages show: a run's label in pickers, progress and time left, the machine box, noisy runs."""
 from __future__ import annotations
 
 from typing import Mapping, Sequence
 
 
+def _noisy(rec) -> bool:
+    n = (rec.metrics or {}).get("noise")
+    return isinstance(n, dict) and n.get("noisy") is True
+
+
 def run_choice_label(rec) -> str:
-    return f"{rec.label} · {rec.created_at.replace('T', ' ')[:19]} · {rec.run_id}"
+    w = (rec.config or {}).get("workload")
+    return (f"{rec.label}{f' · {w}' if w else ''} · {rec.created_at.replace('T', ' ')[:19]} · {rec.run_id}"
+            + (" · ⚠ noisy" if _noisy(rec) else ""))
+
+
+def noisy_configs(records) -> list:
+    """The records the noise guard flagged (the Compare page offers to measure them again)."""
+    return [r for r in records if _noisy(r)]
 
 
 def eta_text(done: int, total: int, eta_s: float | None) -> str:

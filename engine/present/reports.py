@@ -269,13 +269,52 @@ def export_html(report: Report) -> str:
     machine = ", ".join(str(x) for x in (mach.get("cpu_model"), mach.get("simd"), mach.get("gpu_name")) if x)
     names = present.view_columns(table, "report")
     pf = present.pareto_figure(table)
-    return _env().get_template("report.html.j2").render(
+    return _with_load_section(_env().get_template("report.html.j2").render(
         report=report, csp=Markup(_CSP), style=Markup(_STYLE), plotly_js=Markup(get_plotlyjs()), machine=machine,
-        highlights=present.highlights(table), rows=table, columns=[present.COLUMNS_BY_NAME[n] for n in names],
+        highlights=present.highlights(table), rows=present.display_rows(table, names),  # median ± h
+        columns=[present.COLUMNS_BY_NAME[n] for n in names],
         charts=[_figure_div(present.bar_figure(table, col, title, unit, better))
                 for col, title, unit, better in present.available_charts(table)],
         pareto=_figure_div(pf) if pf is not None else None, missing=present.missing_charts(table),
-        definitions=present.definitions(names) + _DEFINITIONS_EXTRA)
+        definitions=present.definitions(names) + _DEFINITIONS_EXTRA), report)
+
+
+_LOAD_SECTION = """<h3 id="under-load">Under load</h3>
+<table id="load-runs"><thead><tr>{% for c in columns %}<th class="{{ 'l' if c.text }}" title="{{ c.definition }}">\
+{{ c.label }}</th>{% endfor %}</tr></thead><tbody>
+{% for r in rows %}<tr>{% for c in columns %}<td class="{{ 'l' if c.text }}">{{ r[c.name] | cell }}</td>{% endfor %}</tr>
+{% endfor %}</tbody></table>
+<h3>$ per 1M output tokens at the SLO</h3>
+<table id="load-costs"><thead><tr><th class="l">configuration</th><th class="l">SLO</th><th>$/1M out at the SLO</th>
+<th class="l">at</th><th>goodput tok/s</th><th>$/1M out, one stream</th><th class="l">why not</th></tr></thead><tbody>
+{% for c in costs %}<tr><td class="l">{{ c.configuration }}</td><td class="l">{{ c.slo }}</td>\
+<td>{{ c.usd_per_1m_out_at_slo | cell }}</td><td class="l">{{ c.at }}</td><td>{{ c.goodput_tok_s | cell }}</td>\
+<td>{{ c.usd_per_1m_out_single_stream | cell }}</td><td class="l">{{ c.why }}</td></tr>
+{% endfor %}</tbody></table>
+{% for v in verdicts %}<p class="meta">{{ v }}</p>{% endfor %}
+<div class="grid">{% for fig in charts %}<div class="chart">{{ fig | safe }}</div>{% endfor %}</div>
+"""
+
+
+def _with_load_section(html: str, report: Report) -> str:
+    """The report's `load` records in their own section (table, $/1M at the SLO, charts), before the
+    definitions; the page unchanged when it holds none."""
+    from engine.present import load_cost, load_view
+
+    recs = [r for r in report.records if r.kind == "load"]
+    if not recs:
+        return html
+    rows = load_view.load_rows(recs)
+    costs = load_cost.costs_at_slo(recs, report.usd_per_hour)
+    pairs = load_cost.crossover_pairs(recs)
+    figs = [load_view.throughput_figure(recs), load_view.goodput_figure(recs), load_view.slo_cost_figure(costs)]
+    figs += [load_view.crossover_figure(pairs)] if pairs else []
+    section = _env().from_string(_LOAD_SECTION).render(
+        columns=[load_view.BY_NAME[n] for n in load_view.load_columns(rows)], rows=rows,
+        costs=load_cost.cost_rows(costs), verdicts=[x.verdict for x in pairs],
+        charts=[_figure_div(f) for f in figs])
+    at = html.rfind("<h3>Definitions</h3>")
+    return html[:at] + section + html[at:] if at >= 0 else html.replace("</body>", section + "</body>")
 
 
 def html_filename(report: Report, ext: str = "html") -> str:

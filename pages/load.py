@@ -1,0 +1,170 @@
+"""Load test: servers under concurrent load, side by side; throughput against latency, goodput, $/1M at the SLO,
+and the load at which speculation or a smaller precision stops paying."""
+import sys
+from pathlib import Path
+
+ROOT = str(Path(__file__).resolve().parent.parent)
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+import pandas as pd  # noqa: E402
+import streamlit as st  # noqa: E402
+
+from pages import _ui  # noqa: E402
+from engine.peers import load_sweep, servers  # noqa: E402
+from engine.present import load_cost, load_view  # noqa: E402
+
+JOB = "load-job"
+PRECISIONS = ["int4", "int8", "bf16", "fp32"]
+
+_ui.page_header("Load test", "Each server is started here on 127.0.0.1 (or reached at a URL you type), sent the same "
+                "real prompts at rising concurrency or request rate, timed on the client, and stopped by its PID. "
+                "Every load point is stored as a run.")
+
+
+@st.cache_data(ttl=60, show_spinner="Checking which servers can run here…")
+def _availability() -> dict:
+    """Why each kind of server cannot run here (None: it can), with the fix."""
+    return {s: servers.unavailable_reason(servers.ServerSpec(s)) for s in (servers.OURS, "llama-server", "vllm")}
+
+
+avail = _availability()
+
+# ---------------------------------------------------------------- endpoints and configurations
+st.subheader("Endpoints and configurations")
+left, right = st.columns(2)
+with left:
+    model = st.selectbox("Model every server runs", ["default-draft", "default"], format_func=_ui.model_label,
+                         key="load-model")
+    if avail[servers.OURS]:
+        st.warning(f"Our engine cannot be served here: {_ui.md_escape(avail[servers.OURS])}")
+        precisions, drafts = [], []
+    else:
+        precisions = st.multiselect("Our engine: precisions", PRECISIONS, default=["int4"], key="load-precisions")
+        drafts = st.multiselect("Our engine: drafts", list(load_sweep.DRAFT_LABELS), default=["none"],
+                                format_func=load_sweep.DRAFT_LABELS.get, key="load-drafts",
+                                help="Each precision is served with each draft: spec on and off side by side shows "
+                                     "the concurrency at which speculation stops paying.")
+    slots = int(st.number_input("Slots per server (max sequences; llama-server -np)", min_value=1, max_value=64,
+                                value=8, key="load-slots"))
+with right:
+    peers = []
+    if avail["llama-server"]:
+        st.caption(f"llama-server: {_ui.md_escape(avail['llama-server'])}")
+    elif st.checkbox("llama-server (llama.cpp, the catalog's Q4_K_M GGUF)", value=False, key="load-llama"):
+        peers.append("llama-server")
+    if avail["vllm"]:
+        st.caption(f"vLLM's CPU build is not offered: {_ui.md_escape(avail['vllm'])}")
+    elif st.checkbox("vLLM's CPU build (bf16; about 2-3 minutes to start)", value=False, key="load-vllm"):
+        peers.append("vllm")
+    urls_text = st.text_area("Any OpenAI-compatible URL, one per line (nothing is started or stopped)", value="",
+                             key="load-urls", height=80, placeholder="http://127.0.0.1:8000")
+
+# ---------------------------------------------------------------- workload, SLOs, loads
+st.subheader("Workload, SLOs and loads")
+a, b, c = st.columns(3)
+with a:
+    workload = _ui.workload_input("load-workload", "chat:8")
+    requests = int(st.number_input("Requests per load point", min_value=1, max_value=1000, value=8, key="load-requests"))
+    max_out = int(st.number_input("Longest answer (tokens)", min_value=1, max_value=2048, value=64, key="load-max-out",
+                                  help="Each request asks for its paired answer's length, capped here (ignore_eos "
+                                       "forces it where the server accepts it)."))
+with b:
+    ttft = st.number_input("TTFT SLO (s)", min_value=0.01, max_value=600.0, value=2.0, step=0.5, key="load-ttft")
+    itl = st.number_input("Inter-token latency SLO (s)", min_value=0.001, max_value=60.0, value=0.2, step=0.05,
+                          format="%.3f", key="load-itl")
+    attainment = st.number_input("Share of requests that must meet both", min_value=0.01, max_value=1.0, value=0.9,
+                                 step=0.05, key="load-attainment")
+with c:
+    mode = st.radio("Loads", ["concurrency list", "rate sweep"], horizontal=True, key="load-mode",
+                    help="Concurrency: N requests in flight at a time. Rate sweep (GuideLLM's): synchronous, then "
+                         "everything at once, then constant rates between the two.")
+    if mode == "concurrency list":
+        loads = st.text_input("Concurrency", value="1,4,8", key="load-concurrency")
+    else:
+        loads = f"sweep:{int(st.number_input('Constant rates between', 1, 20, 4, key='load-steps'))}"
+    max_seconds = float(st.number_input("Seconds per load point at most", min_value=10, max_value=3600, value=600,
+                                        key="load-max-seconds"))
+
+
+def _plan_and_specs():
+    plan = load_sweep.SweepPlan(loads=loads, workload=workload, requests=requests, max_output_len=max_out,
+                                slo=f"ttft={ttft:g},itl={itl:g}", slo_attainment=float(attainment),
+                                max_seconds=max_seconds, request_timeout_s=min(max_seconds, 300.0)).validate()
+    specs, notes = load_sweep.engine_specs(model, precisions, drafts, slots)
+    specs += [servers.ServerSpec(p, model=model, slots=slots).validate() for p in peers]
+    specs += load_sweep.url_specs(urls_text)
+    return plan, specs, notes
+
+
+def _work(specs, plan):
+    """The sweep, in the background job's thread (no Streamlit calls here)."""
+    def work(job):
+        res = load_sweep.run_sweep(specs, plan, job.store, progress=job.say,
+                                   on_record=lambda rec: job.add_run(rec.run_id),
+                                   should_cancel=job.cancel_event.is_set,
+                                   on_skip=lambda label, why, n: job.skip(f"{label}: {why}", n))
+        job.say(f"{len(res.records)} load points stored")
+    return work
+
+
+running = _ui.job_running(JOB)
+if st.button("Run load test", type="primary", disabled=running, key="load-run"):
+    try:
+        plan, specs, notes = _plan_and_specs()
+        for n in notes:
+            st.warning(_ui.md_escape(n))
+        if not specs:
+            st.error("Nothing to measure: pick a precision of our engine, a peer, or type a URL.")
+        else:
+            _ui.start_job(JOB, "load test", [], work=_work(specs, plan),
+                          total=len(specs) * plan.points_per_configuration())
+            st.session_state.pop("load-runs", None)
+            st.rerun()
+    except Exception as e:
+        _ui.show_error(e)
+
+job = _ui.job_section(JOB, "load test")
+if job is not None and job.finished and job.run_ids:
+    st.session_state["load-runs"] = list(job.run_ids)
+
+# ---------------------------------------------------------------- results
+ids = st.session_state.get("load-runs")
+if not ids:
+    if job is None:
+        st.info("Pick the servers, the workload and the loads, then press **Run load test**. On this CPU a point of "
+                "8 short requests takes well under a minute; vLLM takes 2-3 minutes to start.")
+    st.stop()
+
+st.subheader("Results")
+recs = [r for r in _ui.load_records(ids) if r.kind == "load"]
+usd = _ui.price_input("load")
+try:
+    table = load_view.load_rows(recs)
+    st.dataframe(pd.DataFrame(table)[load_view.load_columns(table)], hide_index=True, key="load-table")
+    st.plotly_chart(load_view.throughput_figure(recs), key="load-chart-latency", config={"displaylogo": False})
+    st.plotly_chart(load_view.goodput_figure(recs), key="load-chart-goodput", config={"displaylogo": False})
+
+    st.markdown("**$ per 1M output tokens at the SLO**")
+    costs = load_cost.costs_at_slo(recs, usd)
+    st.dataframe(pd.DataFrame(load_cost.cost_rows(costs)), hide_index=True, key="load-costs", column_config={
+        "usd_per_1m_out_at_slo": st.column_config.NumberColumn("$/1M out at the SLO", format="$%.4f"),
+        "usd_per_1m_out_single_stream": st.column_config.NumberColumn("$/1M out, one stream", format="$%.4f"),
+        "goodput_tok_s": st.column_config.NumberColumn("goodput tok/s", format="%.1f")})
+    st.plotly_chart(load_view.slo_cost_figure(costs), key="load-chart-cost", config={"displaylogo": False})
+    st.caption("Goodput = output tokens of the requests that met every SLO, per second of the load point. $/1M at "
+               "the SLO = $/hour ÷ (goodput at the highest load whose point met the SLO × 3600) × 10⁶; with no such "
+               "point the answer is 'infeasible at this SLO on this machine'. The one-stream figure prices the "
+               "concurrency-1 point's output tok/s.")
+
+    st.markdown("**Crossover: where speculation or a smaller precision stops paying**")
+    pairs = load_cost.crossover_pairs(recs)
+    if pairs:
+        st.plotly_chart(load_view.crossover_figure(pairs), key="load-chart-crossover", config={"displaylogo": False})
+        st.markdown("\n".join(f"- {_ui.md_escape(x.verdict)}" for x in pairs))
+    else:
+        st.caption("No pair to compare: serve a precision with and without a draft (or int4 beside int8/bf16) at "
+                   "the same loads.")
+    st.caption("These runs are now the current comparison: save them as a report on the Reports page.")
+except Exception as e:
+    _ui.show_error(e)

@@ -1,0 +1,157 @@
+"""Load test page (AppTest): a real short load test against our engine (0.5B int4) started once for the module,
+reached as a URL; progress and Cancel; results, $/1M at the SLO, the crossover; the Cost page beside it."""
+import os
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from tests.app_helpers import ROOT, TIMEOUT, app_env, frame, problems  # noqa: F401
+from tests.test_load_view import curve, point
+
+PAGE = str(ROOT / "pages/load.py")
+REAL_CACHE = os.environ.get("SCL_CACHE_DIR")  # the converted 0.5B: the client's tokenizer comes from there
+
+
+@pytest.fixture(scope="module")
+def server():
+    from engine.peers import servers
+    from engine.peers.servers import ServerSpec
+
+    spec = ServerSpec("serving-cost-lab", model="default-draft", precision="int4", slots=2, max_model_len=1024)
+    reason = servers.unavailable_reason(spec)
+    if reason:
+        pytest.skip(reason)
+    rs = servers.start(spec)
+    yield rs
+    rs.stop()
+
+
+@pytest.fixture(autouse=True)
+def real_models(app_env, monkeypatch):
+    if REAL_CACHE:
+        monkeypatch.setenv("SCL_CACHE_DIR", REAL_CACHE)
+    else:
+        monkeypatch.delenv("SCL_CACHE_DIR", raising=False)
+    import streamlit as st
+
+    st.cache_data.clear()  # the page caches which servers can run
+
+
+def page(url: str = "", loads: str = "1,2") -> AppTest:
+    at = AppTest.from_file(PAGE, default_timeout=TIMEOUT).run()
+    at.multiselect(key="load-precisions").set_value([])  # nothing of ours started: the module's server is a URL
+    at.text_area(key="load-urls").set_value(url)
+    at.text_input(key="load-workload").set_value("chat:3")
+    at.number_input(key="load-requests").set_value(3)
+    at.number_input(key="load-max-out").set_value(8)
+    at.number_input(key="load-ttft").set_value(60.0)
+    at.number_input(key="load-itl").set_value(5.0)
+    at.text_input(key="load-concurrency").set_value(loads)
+    return at.run()
+
+
+def test_a_load_test_runs_in_the_background_and_draws_every_chart(server):
+    from pages import _ui
+
+    at = page(server.url)
+    assert not problems(at)
+    with _ui.get_pool().lock:  # held: the job waits, so its progress bar and Cancel are on the page
+        at.button(key="load-run").click().run()
+        assert not problems(at)
+        job = at.session_state["load-job"]
+        assert at.button(key="load-run").disabled and any(b.label == "Cancel" for b in at.button)
+        assert job.total == 2
+    assert job.wait(TIMEOUT)
+    at.run()
+    assert not problems(at), job.message
+    assert any("load test: 2 of 2 runs finished" in s.value for s in at.success)
+    ids = at.session_state["comparison"]
+    assert ids == job.run_ids and len(ids) == 2  # the current comparison: saved as a report like any other
+    recs = [_ui.get_store().get_run(i) for i in ids]
+    assert all(r.kind == "load" and r.metrics["load"]["completed"] == 3 for r in recs)
+    assert [r.config["profile"]["label"] for r in recs] == ["concurrent:1", "concurrent:2"]
+    assert all(r.metrics["load"]["lengths_forced"] == "forced" for r in recs)
+    table = frame(at, "system", "profile", "out_tok_s")
+    assert list(table["profile"]) == ["concurrent:1", "concurrent:2"] and (table["out_tok_s"] > 0).all()
+    costs = frame(at, "configuration", "usd_per_1m_out_at_slo")
+    assert len(costs) == 1 and costs["usd_per_1m_out_at_slo"].iloc[0] > 0  # a loose SLO: every point meets it
+    assert costs["at"].iloc[0] == "concurrent:2 (concurrency 2)"
+    assert len(at.get("plotly_chart")) == 3  # latency against load, goodput, $/1M at the SLO (no pair: no crossover)
+    assert any("No pair to compare" in c.value for c in at.caption)
+
+
+def test_cancel_stops_before_the_next_point(server):
+    from pages import _ui
+
+    at = page(server.url, loads="1,1,1")
+    with _ui.get_pool().lock:
+        at.button(key="load-run").click().run()
+        at.button(key="load-job-cancel").click().run()
+    job = at.session_state["load-job"]
+    assert job.wait(TIMEOUT) and job.cancelled
+    at.run()
+    assert not at.exception
+    assert any("Cancelled: 0 of 3 runs finished" in w.value for w in at.warning)
+    assert not _ui.get_store().list_runs(kind="load")
+
+
+def test_missing_peers_are_listed_with_the_fix_and_bad_input_is_an_error_box(monkeypatch):
+    from engine.peers import servers
+
+    monkeypatch.setattr(servers, "vllm_python", lambda: None)
+    at = page("not a url")
+    assert not at.exception
+    assert any("make peers-vllm" in c.value.replace("\\", "") for c in at.caption)  # markdown-escaped
+    assert not any("vLLM" in c.label for c in at.checkbox)  # offered only when installed
+    at.button(key="load-run").click().run()
+    assert any("not an http(s) URL" in e.value for e in at.error)
+    at.text_area(key="load-urls").set_value("").run()
+    at.button(key="load-run").click().run()
+    assert any("Nothing to measure" in e.value for e in at.error)
+    at.text_area(key="load-urls").set_value("http://127.0.0.1:9").run()
+    at.text_input(key="load-concurrency").set_value("1,x").run()
+    at.button(key="load-run").click().run()
+    assert any("'x' in the loads" in e.value for e in at.error)
+
+
+def _stored(recs):
+    from pages import _ui
+
+    for r in recs:
+        _ui.get_store().save_run(r)
+    return [r.run_id for r in recs]
+
+
+def test_crossover_and_the_cost_page_from_stored_load_runs():
+    recs = (curve("ours int4", {1: 10, 4: 30, 8: 50}) + curve("ours int4 + ngram", {1: 15, 4: 36, 8: 40},
+                                                             draft="ngram")
+            + [point("hopeless", 1, met=[], missed=[100])])
+    ids = _stored(recs)
+    at = AppTest.from_file(PAGE, default_timeout=TIMEOUT)
+    at.session_state["load-runs"] = ids
+    at.run()
+    assert not problems(at)
+    assert len(at.get("plotly_chart")) == 4
+    verdicts = " ".join(m.value for m in at.markdown)
+    assert "stops paying at 8" in verdicts
+    costs = frame(at, "configuration", "usd_per_1m_out_at_slo")
+    assert "infeasible at this SLO on this machine" in set(costs["at"])
+    # Cost & capacity: $/1M at the SLO beside the single-stream figure, from the same records
+    cost = AppTest.from_file(str(ROOT / "pages/cost.py"), default_timeout=TIMEOUT)
+    cost.session_state["comparison"] = ids
+    cost.run()
+    assert not problems(cost)
+    slo = frame(cost, "configuration", "usd_per_1m_out_at_slo", "usd_per_1m_out_single_stream")
+    assert len(slo) == 3 and slo["usd_per_1m_out_single_stream"].notna().all()
+    assert any("at the SLO" in m.value for m in cost.markdown)
+
+
+def test_engine_configurations_leave_out_a_draft_that_is_its_target():
+    from engine.peers.load_sweep import engine_specs
+
+    specs, notes = engine_specs("default-draft", ["int4", "int8"], ["none", "ngram", "model"])
+    assert [(s.precision, s.draft) for s in specs] == [("int4", "none"), ("int4", "ngram"), ("int8", "none"),
+                                                        ("int8", "ngram")]
+    assert len(notes) == 2 and "the draft is the target itself" in notes[0]
+    specs, notes = engine_specs("default", ["int4"], ["model"])
+    assert specs[0].draft_model == "default-draft" and not notes

@@ -1,0 +1,125 @@
+"""The Load test page in headless Chromium: the page starts our engine (0.5B, int4) itself, sends a short sweep
+(ShareGPT chat, concurrency 1 and 2, 3 requests of at most 8 tokens), draws its charts, and stops the server
+by its PID. Saves docs/screenshots/09-load-test.png.
+
+Never runs `playwright install`: it needs Debian's chromium at /usr/bin/chromium and skips without it.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.test_browser_e2e import CHROMIUM, CHROMIUM_ARGS, SHOTS, _free_port, assert_clean, settle, shot
+
+ROOT = Path(__file__).resolve().parent.parent
+DOC_SHOT = ROOT / "docs" / "screenshots" / "09-load-test.png"
+
+pytestmark = pytest.mark.slow
+
+
+def _skip_reason() -> str | None:
+    if not Path(CHROMIUM).exists():
+        return f"{CHROMIUM} is missing: apt-get install -y chromium (never `playwright install`)"
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        return "the playwright package is missing: .venv/bin/pip install playwright"
+    from engine.peers import servers
+
+    return servers.unavailable_reason(servers.ServerSpec(servers.OURS))
+
+
+@pytest.fixture(scope="module")
+def app(tmp_path_factory):
+    reason = _skip_reason()
+    if reason:
+        pytest.skip(reason)
+    port = _free_port()
+    data = tmp_path_factory.mktemp("load-e2e-data")
+    log = data / "streamlit.log"
+    env = dict(os.environ, SCL_DATA_DIR=str(data), PYTHONUNBUFFERED="1")
+    cmd = [sys.executable, "-m", "streamlit", "run", str(ROOT / "app.py"), "--server.headless", "true",
+           "--server.port", str(port), "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false",
+           "--server.fileWatcherType", "none"]
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 90
+        while True:
+            try:
+                if urllib.request.urlopen(f"{url}/_stcore/health", timeout=2).read() == b"ok":
+                    break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.time() > deadline:
+                raise RuntimeError(f"streamlit did not start:\n{log.read_text()[-3000:]}")
+            time.sleep(0.5)
+        yield {"url": url, "log": log, "data": data}
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)  # the process group we started, nothing else
+        except ProcessLookupError:
+            pass
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(5)
+
+
+def _fill(page, label: str, value: str) -> None:
+    box = page.get_by_label(label, exact=True)
+    box.fill(value)
+    box.press("Enter")
+    settle(page)
+
+
+def test_load_test_page_in_a_browser(app):
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            page = browser.new_page(viewport={"width": 1440, "height": 1000})
+            page.set_default_timeout(60_000)
+            page.goto(f"{app['url']}/load", timeout=90_000)
+            page.get_by_role("heading", name="Load test").first.wait_for(timeout=90_000)
+            settle(page, 120)
+            assert_clean(page, "load page", app["log"])
+            assert page.locator('[data-testid="stSidebarNav"] a', has_text="Load test").count() == 1
+            _fill(page, "Workload", "chat:3")
+            _fill(page, "Requests per load point", "3")
+            _fill(page, "Longest answer (tokens)", "8")
+            _fill(page, "TTFT SLO (s)", "60")
+            _fill(page, "Concurrency", "1,2")
+            page.get_by_role("button", name="Run load test").click()
+            page.get_by_role("button", name="Cancel").first.wait_for(timeout=60_000)
+            page.get_by_text(re.compile(r"load test: 2 of 2 runs finished")).first.wait_for(timeout=900_000)
+            settle(page)
+            assert_clean(page, "after the load test", app["log"])
+            page.wait_for_function("document.querySelectorAll('.js-plotly-plot .main-svg').length >= 3",
+                                   timeout=60_000)
+            assert page.get_by_text("$ per 1M output tokens at the SLO").first.is_visible()
+            shot(page, "09-load-test")
+            DOC_SHOT.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(SHOTS / "09-load-test.png", DOC_SHOT)
+        finally:
+            browser.close()
+    # the page stopped the server it started, by its PID
+    from engine.measure.store import Store
+
+    recs = Store(app["data"] / "lab.sqlite").list_runs(kind="load")
+    assert len(recs) == 2 and {r.config["system"] for r in recs} == {"serving-cost-lab"}
+    pid = recs[0].config["server"]["launch"]["pid"]
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)

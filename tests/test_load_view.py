@@ -1,0 +1,151 @@
+"""$/1M at the SLO and the crossover, on hand-made `load` records whose answers are known."""
+import json
+
+import pytest
+
+from engine.common.errors import UserError
+from engine.common.formulas import usd_per_million_tokens
+from engine.measure.records import RunRecord
+from engine.present import load_cost as L
+from engine.present import load_view as V
+
+SLO = {"ttft": 2.0, "itl": 0.2, "e2e": None, "attainment": 0.9, "label": "ttft<=2s,itl<=0.2s"}
+
+
+def point(label="ours int4", streams=1, met=(100,), missed=(), window=10.0, meets=None, kind="concurrent",
+          rate=None, precision="int4", draft=None, model="qwen2.5-coder-0.5b", slo=SLO, samples=True):
+    """One load point: `met` / `missed` are the output tokens of requests that met / missed the SLO."""
+    ss = [{"ok": True, "met_slo": True, "output_tokens": n} for n in met] + \
+         [{"ok": True, "met_slo": False, "output_tokens": n} for n in missed]
+    done = len(ss)
+    attain = len(met) / done if done else None
+    out = sum(met) + sum(missed)
+    profile = {"kind": kind, "streams": streams if kind != "constant" else None, "rate": rate,
+               "label": f"constant:{rate:g}/s" if kind == "constant" else f"concurrent:{streams}"}
+    load = {"requests": done, "completed": done, "failed": 0, "duration_s": window, "output_tok_s": out / window,
+            "request_s": done / window, "goodput_req_s": len(met) / window, "slo_attainment": attain,
+            "meets_slo": (attain is not None and attain >= 0.9) if meets is None else meets,
+            "ttft_s_p90": 0.5 * streams, "itl_s_p90": 0.05 * streams, "itl_s_p50": 0.04 * streams}
+    cfg = {"system": "serving-cost-lab", "label": label, "model": model, "precision": precision,
+           "draft": {"kind": draft, "gamma": 4} if draft else None, "profile": profile, "slo": slo,
+           "workload": {"spec": "chat:8"}}
+    return RunRecord(kind="load", config=cfg, metrics={"load": load}, machine={"device": "cpu"},
+                     output={"samples": ss} if samples else {})
+
+
+def curve(label, tok_s_by_load, **kw):
+    """A configuration whose every point meets the SLO at the given output tok/s (window 10 s)."""
+    return [point(label, n, met=(int(t * 10),), **kw) for n, t in tok_s_by_load.items()]
+
+
+def test_cost_at_slo_is_goodput_at_the_highest_load_meeting_the_slo():
+    recs = [point(streams=1, met=[100]),                          # 10 tok/s, meets
+            point(streams=4, met=[100] * 9, missed=[100]),        # 90% met: meets; goodput 90 of 100 tok/s
+            point(streams=8, met=[100] * 5, missed=[100] * 5)]    # 50%: misses, though its goodput is higher
+    c = L.cost_at_slo(recs, 0.5)
+    assert c.feasible and c.point.load == 4 and c.point.profile == "concurrent:4"
+    assert c.point.goodput_tok_s == pytest.approx(90.0) and c.point.output_tok_s == pytest.approx(100.0)
+    assert c.usd_per_1m_out == pytest.approx(usd_per_million_tokens(90.0, 0.5))
+    assert c.single_stream_usd_per_1m_out == pytest.approx(usd_per_million_tokens(10.0, 0.5))
+    assert "concurrency 4" in c.answer and c.reason is None
+    json.dumps(c.to_dict())  # the page and reports hand it around as plain data
+
+
+def test_highest_load_wins_even_when_a_lower_one_had_more_goodput():
+    recs = [point(streams=2, met=[300] * 10), point(streams=4, met=[100] * 10)]
+    c = L.cost_at_slo(recs, 1.0)
+    assert c.point.load == 4 and c.point.goodput_tok_s == pytest.approx(100.0)
+
+
+def test_no_point_meets_the_slo_is_infeasible_not_a_number():
+    recs = [point(streams=n, met=[100], missed=[100] * 3) for n in (1, 4, 8)]
+    c = L.cost_at_slo(recs, 0.5)
+    assert not c.feasible and c.usd_per_1m_out is None and c.point is None
+    assert c.answer.startswith(L.INFEASIBLE) and "25%" in c.reason
+    assert c.single_stream_usd_per_1m_out is not None  # the one-stream figure is still there, labelled apart
+    row = L.cost_rows([c])[0]
+    assert row["usd_per_1m_out_at_slo"] is None and row["at"] == L.INFEASIBLE
+
+
+def test_goodput_without_samples_is_scaled_and_says_so():
+    r = point(streams=4, met=[100] * 9, missed=[300], samples=False)
+    g, how = L.goodput_tok_s(r)
+    assert g == pytest.approx(120.0 * 9 / 10) and "scaled" in how
+    assert L.goodput_tok_s(point(streams=4, met=[100] * 9, missed=[300]))[0] == pytest.approx(90.0)
+
+
+def test_rate_profiles_are_ranked_by_rate():
+    recs = [point(kind="constant", rate=r, met=[100] * (10 if r < 2 else 5), missed=[100] * (0 if r < 2 else 5))
+            for r in (0.5, 1.5, 3.0)]
+    c = L.cost_at_slo(recs, 0.5)
+    assert c.axis == "rate" and c.point.load == 1.5
+
+
+def test_several_configurations_are_priced_one_by_one_and_bad_input_refused():
+    recs = curve("ours int4", {1: 10, 4: 30}) + curve("ours int8", {1: 8, 4: 20}, precision="int8")
+    assert "2 configurations" in L.cost_at_slo(recs, 0.5).reason
+    costs = L.costs_at_slo(recs, 0.5)
+    assert [c.configuration for c in costs] == ["ours int4 · qwen2.5-coder-0.5b", "ours int8 · qwen2.5-coder-0.5b"]
+    assert costs[0].usd_per_1m_out < costs[1].usd_per_1m_out
+    assert L.cost_at_slo([], 0.5).reason == "no load records"
+    with pytest.raises(UserError):
+        L.cost_at_slo(recs[:2], 0.0)
+    # the same server at another SLO is another configuration, named apart
+    other = curve("ours int4", {1: 10}, slo={**SLO, "label": "ttft<=1s"})
+    assert len(L.configurations(recs + other)) == 3
+
+
+def test_crossover_is_the_first_load_where_the_candidate_loses_its_lead():
+    spec = curve("ours int4 + ngram", {1: 15, 4: 36, 8: 40}, draft="ngram")
+    plain = curve("ours int4", {1: 10, 4: 30, 8: 50})
+    x = L.crossover(spec, plain, "spec", "plain", kind="speculation")
+    assert x.loads == [1, 4, 8] and x.leads == [True, True, False]
+    assert x.stops_paying_at == 8 and x.ratios[0] == pytest.approx(1.5)
+    assert "up to concurrency 4" in x.verdict and "stops paying at 8" in x.verdict
+    always = L.crossover(plain, curve("slow", {1: 5, 4: 6, 8: 7}))
+    assert always.stops_paying_at is None and "every measured" in always.verdict
+    never = L.crossover(curve("a", {1: 9, 4: 40}), plain)
+    assert never.stops_paying_at == 1 and "leads at 4" in never.verdict
+    # lower-is-better metrics lead by being smaller; a tie does not lead
+    itl = L.crossover(spec, plain, metric="itl_s_p50")
+    assert itl.leads == [False, False, False]
+    tie = L.crossover(plain, curve("twin", {1: 10}))
+    assert tie.stops_paying_at == 1
+    assert "common" in L.crossover(plain, curve("c16", {16: 80})).verdict
+    with pytest.raises(UserError):
+        L.crossover(spec, plain, metric="vibes")
+
+
+def test_crossover_pairs_spec_and_precision_measured_side_by_side():
+    recs = (curve("int4", {1: 10, 8: 50}) + curve("int4 ngram", {1: 14, 8: 40}, draft="ngram")
+            + curve("int8", {1: 8, 8: 45}, precision="int8") + curve("bf16", {1: 5, 8: 30}, precision="bf16")
+            + curve("int4 tight", {1: 10}, slo={**SLO, "label": "ttft<=1s"}))
+    pairs = {(x.kind, x.candidate.split(" · ")[0], x.baseline.split(" · ")[0]): x for x in L.crossover_pairs(recs)}
+    assert set(pairs) == {("speculation", "int4 ngram", "int4"), ("precision", "int4", "int8"),
+                          ("precision", "int4", "bf16"), ("precision", "int8", "bf16")}
+    assert pairs[("speculation", "int4 ngram", "int4")].stops_paying_at == 8
+    assert pairs[("precision", "int4", "int8")].stops_paying_at is None
+
+
+def test_figures_draw_every_configuration():
+    recs = curve("int4", {1: 10, 4: 30, 8: 50}) + curve("int4 ngram", {1: 15, 4: 36, 8: 40}, draft="ngram")
+    fig = V.throughput_figure(recs)
+    assert len(fig.data) == 6 and list(fig.data[0].x) == [1, 4, 8]  # 2 configurations x 3 panels
+    assert len(V.goodput_figure(recs).data) == 2
+    costs = L.costs_at_slo(recs + [point("hopeless", 1, met=[], missed=[100])], 0.5)
+    cf = V.slo_cost_figure(costs)
+    assert L.INFEASIBLE in list(cf.data[0].text)
+    xf = V.crossover_figure(L.crossover_pairs(recs))
+    assert len(xf.data) == 2 and list(xf.data[1].x) == [8]  # the ratio line and the stops-paying marker
+
+
+def test_a_report_shows_its_load_records_in_their_own_section_escaped():
+    from engine.present import reports
+
+    evil = "<script>alert('x')</script>"
+    recs = curve(f"ours int4 {evil}", {1: 10, 8: 50}) + curve("ours int4 + ngram", {1: 15, 8: 40}, draft="ngram")
+    html = reports.export_html(reports.Report("load report", "", recs, 0.5))
+    section = html[html.index('id="under-load"'):html.index("<h3>Definitions</h3>")]
+    assert 'id="load-runs"' in section and 'id="load-costs"' in section and "stops paying at 8" in section
+    assert section.count('class="plotly-graph-div"') == 4  # latency, goodput, $/1M at the SLO, crossover
+    assert evil not in html and "&lt;script&gt;" in section
