@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from dataclasses import replace
@@ -26,6 +27,27 @@ from engine.peers import report as peer_report
 from engine import peers  # noqa: E402
 from engine.common.errors import UserError  # noqa: E402
 from engine.present import format_rows  # noqa: E402
+
+
+# A/B rows: the same configuration in a fresh process with one engine setting changed through its
+# environment (engine/ops/config.py), the label marked. CPU: the fused forward pass off (the PyTorch
+# reference path); GPU: plain decode steps replayed from a CUDA graph.
+AB_CPU = [("int4", "none", {"SCL_FUSED": "0"}, " (unfused)"),
+          ("int4", "model", {"SCL_FUSED": "0"}, " (unfused)")]
+AB_GPU = [("bf16", "none", {"SCL_CUDA_GRAPH": "1"}, " (cuda graph)"),
+          ("int4", "none", {"SCL_CUDA_GRAPH": "1"}, " (cuda graph)")]
+
+
+def ab_configs(cfgs: list[peers.PeerConfig], gpu: bool) -> list[tuple[peers.PeerConfig, dict, str]]:
+    """(config, environment changes, label suffix): every config as is, then the A/B rows, each a copy of
+    the first of our configs with that precision and draft kind (and default activations)."""
+    out = [(c, {}, "") for c in cfgs]
+    for prec, draft, env, suffix in (AB_GPU if gpu else AB_CPU):
+        base = next((c for c in cfgs if c.system == peers.OURS and c.precision == prec and c.draft == draft
+                     and c.act == "fp32"), None)
+        if base is not None:
+            out.append((base, env, suffix))
+    return out
 
 
 def gpu_configs(shape: str, max_new: int, reps: int, device: str) -> list[peers.PeerConfig]:
@@ -110,6 +132,8 @@ def main(argv=None) -> int:
     ap.add_argument("--timeout", type=int, default=1800, help="seconds per system")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
     ap.add_argument("--store", action="store_true", help="also save the records in the lab's store")
+    ap.add_argument("--no-ab", dest="ab", action="store_false",
+                    help="skip the A/B rows (CPU: the fused step off; GPU: CUDA graphs on)")
     a = ap.parse_args(argv)
     command = "python bench/peers.py " + " ".join(argv if argv is not None else sys.argv[1:])
     if a.random_init:
@@ -124,6 +148,7 @@ def main(argv=None) -> int:
     if not cfgs:
         print("no configuration matches --only", file=sys.stderr)
         return 2
+    runs = ab_configs(cfgs, a.device != "cpu") if a.ab else [(c, {}, "") for c in cfgs]
     store = None
     if a.store:
         from engine.measure.store import Store
@@ -131,15 +156,25 @@ def main(argv=None) -> int:
         store = Store()
     records = []
     t0 = time.time()
-    for i, c in enumerate(cfgs, 1):
+    for i, (c, env, suffix) in enumerate(runs, 1):
+        saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)   # the worker process inherits it (engine/peers/peer.py copies os.environ)
         try:
             rec = peers.measure(c, store)
         except UserError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+        if suffix:
+            rec.config["label"] = c.label + suffix
         records.append(rec)
         v = rec.metrics.get("decode_tok_s")
-        print(f"[{i}/{len(cfgs)} {time.time() - t0:5.0f}s] {c.label}: "
+        print(f"[{i}/{len(runs)} {time.time() - t0:5.0f}s] {c.label}{suffix}: "
               + (f"{v:.2f} tok/s, TTFT {rec.metrics['ttft_s'] * 1000:.0f} ms" if v else rec.notes), flush=True)
     title = "Peers: " + (f"random-init {a.random_init} on {a.device}" if a.random_init else
                          f"{a.model}, {a.max_new_tokens} new tokens, median of {a.reps}")
