@@ -16,23 +16,28 @@ def _probe_file() -> Path:
     return cache_dir() / "bandwidth.json"
 
 
-def measure_bandwidth(device: str = "cpu", mb: int = 256, reps: int = 10) -> float:
-    """Read bandwidth in GB/s: best of `reps` full reductions over a buffer much larger than cache.
-
-    Best-of, because other processes can only slow a reading down, never speed it up.
-    """
+def sum_times(device: str = "cpu", mb: int = 256, reps: int = 10) -> tuple[int, list[float]]:
+    """(bytes, seconds of each of `reps` full sums) over a buffer much larger than any cache, after one
+    discarded sum (the first read after writing the buffer finds part of it still in cache)."""
     dev = torch.device(device)
     x = torch.ones(mb * (1 << 20) // 4, dtype=torch.float32, device=dev)
-    best = float("inf")
-    for _ in range(reps + 1):
+    x.sum()
+    times = []
+    for _ in range(reps):
         if dev.type == "cuda":
             torch.cuda.synchronize()
         t = time.perf_counter()
         x.sum()
         if dev.type == "cuda":
             torch.cuda.synchronize()
-        best = min(best, time.perf_counter() - t)
-    return x.numel() * 4 / best / 1e9
+        times.append(time.perf_counter() - t)
+    return x.numel() * 4, times
+
+
+def measure_bandwidth(device: str = "cpu", mb: int = 256, reps: int = 10) -> float:
+    """Read bandwidth in GB/s: the best of `reps` sums (other processes can only slow a reading down)."""
+    nbytes, times = sum_times(device, mb, reps)
+    return nbytes / min(times) / 1e9
 
 
 def bandwidth_gbs(device: str = "cpu", refresh: bool = False) -> float:

@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 from engine.common.paths import cache_dir
+from engine.measure.bandwidth import sum_times
 from engine.measure.stats import median, relative_half_width
 
 PRESSURE_FILE = Path("/proc/pressure/cpu")
@@ -56,23 +57,10 @@ def _loadavg() -> float | None:
 
 
 def probe_gbs(device: str = "cpu", mb: int = PROBE_MB, reps: int = PROBE_REPS) -> float:
-    """Read bandwidth in GB/s: the median of `reps` full sums over `mb` MiB, after one discarded sum
-    (the first read after writing the buffer finds part of it still in cache)."""
-    import torch
-
-    dev = torch.device(device)
-    x = torch.ones(mb * (1 << 20) // 4, dtype=torch.float32, device=dev)
-    x.sum()
-    times = []
-    for _ in range(reps):
-        if dev.type == "cuda":
-            torch.cuda.synchronize()
-        t = time.perf_counter()
-        x.sum()
-        if dev.type == "cuda":
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - t)
-    return x.numel() * 4 / median(times) / 1e9
+    """Read bandwidth in GB/s: the median of `reps` full sums over `mb` MiB (bandwidth.sum_times).
+    The median, not the best: the guard asks how fast the machine is now, not at its best moment."""
+    nbytes, times = sum_times(device, mb, reps)
+    return nbytes / median(times) / 1e9
 
 
 def _probe(device: str) -> float | None:
