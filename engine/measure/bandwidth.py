@@ -16,11 +16,13 @@ def _probe_file() -> Path:
     return cache_dir() / "bandwidth.json"
 
 
-def sum_times(device: str = "cpu", mb: int = 256, reps: int = 10) -> tuple[int, list[float]]:
-    """(bytes, seconds of each of `reps` full sums) over a buffer much larger than any cache, after one
-    discarded sum (the first read after writing the buffer finds part of it still in cache)."""
+def sum_times(device: str = "cpu", mb: int = 256, reps: int = 10, x=None) -> tuple[int, list[float]]:
+    """(bytes, seconds of each of `reps` full sums) over a buffer much larger than any cache (`x`, or a
+    new one of `mb` MiB), after one discarded sum (the first read after writing the buffer finds part
+    of it still in cache)."""
     dev = torch.device(device)
-    x = torch.ones(mb * (1 << 20) // 4, dtype=torch.float32, device=dev)
+    if x is None:
+        x = torch.ones(mb * (1 << 20) // 4, dtype=torch.float32, device=dev)
     x.sum()
     times = []
     for _ in range(reps):

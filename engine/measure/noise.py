@@ -12,8 +12,11 @@ generation on 2 cores.
 The rule (`verdict`), every threshold below a named constant:
 - interval: the 95% repetition interval of decode tok/s or of the per-token latency reaches further
   than 10% from its median (stats.relative_half_width > INTERVAL_LIMIT);
-- probe: the lower of the two probes is more than 15% below the machine's best probe reading (kept
-  in the cache folder, per machine, as engine.measure.bandwidth keeps its own) (drop > PROBE_DROP_LIMIT);
+- probe: the bandwidth probe dropped by more than 15% between the start and the end of the run (1 - the
+  lower / the higher of the two; drop > PROBE_DROP_LIMIT): something started streaming memory
+  meanwhile. Within one run, not against an earlier one: on the VMs this lab runs on, a quiet guest
+  probes anywhere from 34 to 83 GB/s from one process to the next (measured: how the probe buffer's
+  pages happen to be mapped moves it), so a stored best or median would flag quiet runs;
 - CPU pressure: a task waited for a CPU during more than 25% of the run (share > PRESSURE_LIMIT);
   where /proc/pressure/cpu is absent, the 1-minute load average after the run above the number of
   cores stands in (a lagging average: it sees only long contention).
@@ -21,12 +24,10 @@ Any one makes the run noisy; `reasons` says which, with the numbers.
 """
 from __future__ import annotations
 
-import json
 import os
 import time
 from pathlib import Path
 
-from engine.common.paths import cache_dir
 from engine.measure.bandwidth import sum_times
 from engine.measure.stats import median, relative_half_width
 
@@ -56,48 +57,30 @@ def _loadavg() -> float | None:
         return None
 
 
-def probe_gbs(device: str = "cpu", mb: int = PROBE_MB, reps: int = PROBE_REPS) -> float:
+def probe_gbs(device: str = "cpu", mb: int = PROBE_MB, reps: int = PROBE_REPS, buffer=None) -> float:
     """Read bandwidth in GB/s: the median of `reps` full sums over `mb` MiB (bandwidth.sum_times).
     The median, not the best: the guard asks how fast the machine is now, not at its best moment."""
-    nbytes, times = sum_times(device, mb, reps)
+    nbytes, times = sum_times(device, mb, reps, buffer)
     return nbytes / median(times) / 1e9
 
 
-def _probe(device: str) -> float | None:
+# The probe buffer, kept from before() to after(): both probes then read the same pages (a new
+# 256 MiB allocation is mapped afresh, and how its pages are mapped moves the reading).
+_buffer: dict = {}
+
+
+def _probe(device: str, keep: bool) -> float | None:
+    import torch
+
     try:
-        return probe_gbs(device)
+        buf = _buffer.pop(device, None)
+        if buf is None:
+            buf = torch.ones(PROBE_MB * (1 << 20) // 4, dtype=torch.float32, device=torch.device(device))
+        if keep:
+            _buffer[device] = buf
+        return probe_gbs(device, buffer=buf)
     except Exception:  # noqa: BLE001 — a probe that cannot run (memory) leaves the other checks standing
         return None
-
-
-def _best_file() -> Path:
-    return cache_dir() / "noise_probe.json"
-
-
-def _machine_key(device: str) -> str:
-    from engine.measure.machine import cpu_model, gpu_facts
-
-    kind = "cuda" if str(device).startswith("cuda") else "cpu"
-    return f"{kind}|{cpu_model()}|{os.cpu_count()}|{gpu_facts().get('gpu_name', '') if kind == 'cuda' else ''}"
-
-
-def best_probe(device: str, readings) -> float | None:
-    """The machine's best probe reading, this run's readings included (and kept for the next run)."""
-    f, key = _best_file(), _machine_key(device)
-    try:
-        data = json.loads(f.read_text())
-    except (OSError, ValueError):
-        data = {}
-    old = data.get(key) if isinstance(data.get(key), (int, float)) else None
-    best = max([x for x in [old, *readings] if x] or [0.0]) or None
-    if best and best != old:
-        data[key] = best
-        try:
-            f.parent.mkdir(parents=True, exist_ok=True)
-            f.write_text(json.dumps(data, indent=1))
-        except OSError:
-            pass
-    return best
 
 
 def state(device: str = "cpu", probe: bool = True, probe_first: bool = True) -> dict:
@@ -105,10 +88,10 @@ def state(device: str = "cpu", probe: bool = True, probe_first: bool = True) -> 
 
     Before a run the probe goes first and after it last, so the pressure window holds the run alone.
     """
-    out = {"probe_gbs": _probe(device) if probe and probe_first else None}
+    out = {"probe_gbs": _probe(device, keep=True) if probe and probe_first else None}
     out.update(loadavg=_loadavg(), cpu_some_us=cpu_pressure_us(), t=time.perf_counter())
     if probe and not probe_first:
-        out["probe_gbs"] = _probe(device)
+        out["probe_gbs"] = _probe(device, keep=False)
     return out
 
 
@@ -128,10 +111,10 @@ def pressure_share(b: dict, a: dict) -> float | None:
     return None if wall <= 0 else min(1.0, max(0.0, (a["cpu_some_us"] - b["cpu_some_us"]) / 1e6 / wall))
 
 
-def verdict(b: dict, a: dict, metrics: dict, best_gbs: float | None, cores: int | None = None) -> dict:
+def verdict(b: dict, a: dict, metrics: dict, cores: int | None = None) -> dict:
     """Whether a run is noisy, why, and every number the rule looked at (the record's metrics.noise).
 
-    best_gbs: the machine's best probe reading (best_probe); pure otherwise, so tests feed it states.
+    b, a: state() before and after the run. Pure, so tests feed it states.
     """
     cores = cores or os.cpu_count() or 1
     reasons = []
@@ -144,11 +127,10 @@ def verdict(b: dict, a: dict, metrics: dict, best_gbs: float | None, cores: int 
         if w is not None and w > INTERVAL_LIMIT:
             reasons.append(f"{name} interval ±{w:.0%} of the median (limit ±{INTERVAL_LIMIT:.0%})")
     probes = [x for x in (b.get("probe_gbs"), a.get("probe_gbs")) if x]
-    best = max([best_gbs or 0.0, *probes]) or None  # best_probe() already holds them; a caller's own best too
-    drop = (1 - min(probes) / best) if (probes and best) else None
+    drop = (1 - min(probes) / max(probes)) if len(probes) == 2 else None
     if drop is not None and drop > PROBE_DROP_LIMIT:
-        reasons.append(f"bandwidth probe {min(probes):.1f} GB/s, {drop:.0%} below the best {best:.1f} GB/s "
-                       f"(limit {PROBE_DROP_LIMIT:.0%})")
+        reasons.append(f"bandwidth probe dropped {drop:.0%} during the run, {b['probe_gbs']:.1f} -> "
+                       f"{a['probe_gbs']:.1f} GB/s (limit {PROBE_DROP_LIMIT:.0%})")
     share = pressure_share(b, a)
     if share is not None:
         if share > PRESSURE_LIMIT:
@@ -160,7 +142,7 @@ def verdict(b: dict, a: dict, metrics: dict, best_gbs: float | None, cores: int 
     return {
         "noisy": bool(reasons), "reasons": reasons, "interval_checked": interval_checked,
         "interval_half_width": widths, "probe_before_gbs": b.get("probe_gbs"), "probe_after_gbs": a.get("probe_gbs"),
-        "probe_best_gbs": best, "probe_drop": drop, "cpu_pressure_share": share,
+        "probe_drop": drop, "cpu_pressure_share": share,
         "loadavg_before": b.get("loadavg"), "loadavg_after": a.get("loadavg"), "cores": cores,
         "window_s": a["t"] - b["t"] if "t" in a and "t" in b else None,
         "limits": {"interval": INTERVAL_LIMIT, "probe_drop": PROBE_DROP_LIMIT, "cpu_pressure": PRESSURE_LIMIT},

@@ -308,8 +308,7 @@ def execute(cfg: RunConfig, pool: ModelPool, store=None, progress=None, on_token
                            "categories": {c: sum(1 for r, _ in todo if r.category == c)
                                           for c in dict.fromkeys(r.category for r, _ in todo)},
                            "fingerprint": workloads.fingerprint([r for r, _ in todo])}
-    best = noise.best_probe(device, [before.get("probe_gbs"), after.get("probe_gbs")])
-    metrics["noise"] = noise.verdict(before, after, metrics, best, os.cpu_count())
+    metrics["noise"] = noise.verdict(before, after, metrics, os.cpu_count())
     extra = {"max_new_tokens": cfg.max_new_tokens, "sampling": sp.to_dict(), "chat": cfg.chat,
              "batch_size": cfg.batch_size, "workload": cfg.workload, "reps": cfg.reps, "run_config": cfg.to_dict(),
              "batch_settings": res.settings,  # the scheduler's max_seqs, token budget, policy (infer.scheduler)

@@ -228,8 +228,8 @@ COLUMNS: tuple[Column, ...] = (
     metric_column("tok_s", "decode_tok_s", "tokens/s", better="higher", chart="Decode throughput", interval=True,
                   views=_ALL_AND_CATEGORY),
     Column("noise", "noise", "", "the noise guard (engine/measure/noise.py): noisy when the tokens/s or "
-           "per-token latency interval reaches beyond ±10% of the median, the bandwidth probe fell more than 15% "
-           "below the machine's best, or a task waited for a CPU during more than 25% of the run",
+           "per-token latency interval reaches beyond ±10% of the median, the bandwidth probe dropped more than "
+           "15% between the run's start and end, or a task waited for a CPU during more than 25% of the run",
            _text(noise_label), text=True),
     Column("noisy", "noisy", "", "the noise guard's flag (true, false, or empty: not checked)",
            _text(lambda r: (_noise(r) or {}).get("noisy")), text=True, views=frozenset()),

@@ -225,13 +225,19 @@ def costs_at_slo(records, usd_per_hour: float) -> list[SLOCost]:
     return [cost_at_slo(recs, usd_per_hour, name) for name, recs in configurations(records).items()]
 
 
+def _sig(x: float | None, digits: int = 4) -> float | None:
+    """x to `digits` significant digits, for tables (the SLOCost keeps the exact value)."""
+    return None if x is None else float(f"{x:.{digits}g}")
+
+
 def cost_rows(costs: list[SLOCost]) -> list[dict]:
     """A table of costs at the SLO: the answer, the point, the single-stream figure beside it."""
     return [{"configuration": c.configuration, "slo": c.slo,
-             "usd_per_1m_out_at_slo": c.usd_per_1m_out,
+             "usd_per_1m_out_at_slo": _sig(c.usd_per_1m_out),
              "at": f"{c.point.profile} ({c.axis} {_fmt(c.point.load)})" if c.point else INFEASIBLE,
-             "goodput_tok_s": c.point.goodput_tok_s if c.point else None,
-             "usd_per_1m_out_single_stream": c.single_stream_usd_per_1m_out,
+             "goodput_tok_s": round(c.point.goodput_tok_s, 1) if c.point and c.point.goodput_tok_s is not None
+             else None,
+             "usd_per_1m_out_single_stream": _sig(c.single_stream_usd_per_1m_out),
              "why": c.reason or "", "run": c.point.run_id if c.point else None} for c in costs]
 
 
@@ -303,14 +309,14 @@ def crossover(candidate_records, baseline_records, candidate: str = "candidate",
     lost = next((load for load, lead in zip(x.loads, x.leads) if not lead), None)
     x.stops_paying_at = lost
     if lost is None:
-        x.verdict = f"{candidate} leads on {label} at every measured {axis}, up to {_fmt(x.loads[-1])}"
+        x.verdict = f"{candidate} leads {baseline} on {label} at every measured {axis}, up to {_fmt(x.loads[-1])}"
     elif lost == x.loads[0]:
         later = [_fmt(load) for load, lead in zip(x.loads, x.leads) if lead]
-        x.verdict = (f"{candidate} does not lead on {label} even at {axis} {_fmt(lost)} (ratio {x.ratios[0]:.2f})"
+        x.verdict = (f"{candidate} does not lead {baseline} on {label} even at {axis} {_fmt(lost)} (ratio {x.ratios[0]:.2f})"
                      + (f"; it leads at {', '.join(later)}" if later else ": it never pays here"))
     else:
         prev = x.loads[x.loads.index(lost) - 1]
-        x.verdict = (f"{candidate} leads on {label} up to {axis} {_fmt(prev)} and stops paying at {_fmt(lost)} "
+        x.verdict = (f"{candidate} leads {baseline} on {label} up to {axis} {_fmt(prev)} and stops paying at {_fmt(lost)} "
                      f"(ratio {x.ratios[x.loads.index(lost)]:.2f})")
     return x
 
