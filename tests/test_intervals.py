@@ -125,6 +125,8 @@ def test_the_probe_is_judged_within_the_run():
     process to the next); a drop between the two ends is something that started meanwhile."""
     steady = noise.verdict(_state(0, 0, probe=40.0), _state(10, 0, probe=38.0), _metrics(), cores=2)
     assert not steady["noisy"] and steady["probe_drop"] == pytest.approx(0.05)
+    rose = noise.verdict(_state(0, 0, probe=50.0), _state(10, 0, probe=80.0), _metrics(), cores=2)
+    assert not rose["noisy"] and rose["probe_drop"] == pytest.approx(-0.6)
     v = noise.verdict(_state(0, 0, probe=80.0), _state(10, 0, probe=50.0), _metrics(), cores=2)
     assert v["noisy"] and v["reasons"] == ["bandwidth probe dropped 38% during the run, 80.0 -> 50.0 GB/s (limit 15%)"]
 

@@ -163,7 +163,7 @@ NOISE: tuple[Field, ...] = (
     _f("probe_after_gbs", "GB/s", "the same right after them"),
     _f("probe_best_gbs", "GB/s", "older records only: the machine's best reading then, which the drop was "
        "taken against"),
-    _f("probe_drop", "", "1 - the lower of the two probes / the higher (noisy above 0.15)"),
+    _f("probe_drop", "", "1 - the probe after the run / the probe before it (noisy above 0.15; negative: it rose)"),
     _f("cpu_pressure_share", "", "/proc/pressure/cpu 'some total' gained during the run over its wall time: the "
        "share of the run in which a task waited for a CPU (noisy above 0.25)"),
     _f("loadavg_before", "", "1-minute load average before the run"),
