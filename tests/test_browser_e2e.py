@@ -42,13 +42,20 @@ EVIL = "<script>alert('x')</script>"
 pytestmark = pytest.mark.slow
 
 
-def _skip_reason() -> str | None:
+def browser_missing() -> str | None:
+    """Why no headless browser can run here (Debian's chromium, the playwright package), or None."""
     if not Path(CHROMIUM).exists():
         return f"{CHROMIUM} is missing: apt-get install -y chromium (never `playwright install`)"
     try:
         import playwright.sync_api  # noqa: F401
     except ImportError:
         return "the playwright package is missing: .venv/bin/pip install playwright"
+    return None
+
+
+def _skip_reason() -> str | None:
+    if browser_missing():
+        return browser_missing()
     if not TINY:
         from engine.infer.catalog import CATALOG, _cache_valid
 

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_browser_e2e import CHROMIUM, CHROMIUM_ARGS, SHOTS, assert_clean, running_dashboard, settle, shot
+from tests.test_browser_e2e import (CHROMIUM, CHROMIUM_ARGS, SHOTS, assert_clean, browser_missing, running_dashboard,
+                                    settle, shot)
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC_SHOT = ROOT / "docs" / "screenshots" / "09-load-test.png"
@@ -22,15 +23,9 @@ pytestmark = pytest.mark.slow
 
 
 def _skip_reason() -> str | None:
-    if not Path(CHROMIUM).exists():
-        return f"{CHROMIUM} is missing: apt-get install -y chromium (never `playwright install`)"
-    try:
-        import playwright.sync_api  # noqa: F401
-    except ImportError:
-        return "the playwright package is missing: .venv/bin/pip install playwright"
     from engine.peers import servers
 
-    return servers.unavailable_reason(servers.ServerSpec(servers.OURS))
+    return browser_missing() or servers.unavailable_reason(servers.ServerSpec(servers.OURS))
 
 
 @pytest.fixture(scope="module")
