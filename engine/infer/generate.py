@@ -88,14 +88,7 @@ def run_static(lm, ids: list[list[int]], max_new_tokens: int, sp: SamplingParams
         stats = SpecStats(proposer_spec.kind, gamma, adaptive, position_drafted=[0] * gamma,
                           position_accepted=[0] * gamma, draft_s=draft_s, verify_s=verify_s)
         for s in seqs:
-            stats.rounds += s.rounds
-            stats.drafted += s.drafted
-            stats.accepted += s.accepted
-            stats.emitted += s.emitted
-            stats.gamma_history += s.gamma_history
-            for j in range(gamma):
-                stats.position_drafted[j] += s.position_drafted[j]
-                stats.position_accepted[j] += s.position_accepted[j]
+            stats.add(s)
         res.spec, res.spec_stats = stats.to_dict(), stats
     return res
 

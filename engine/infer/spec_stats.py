@@ -39,6 +39,19 @@ class SpecStats:
     baseline_tok_s: float | None = None
     speedup: float | None = None
 
+    def add(self, counts) -> "SpecStats":
+        """Add one sequence's counters (an infer.batch.Sequence, or anything with the same fields): vLLM's
+        counters are sums over sequences and rounds."""
+        self.rounds += counts.rounds
+        self.drafted += counts.drafted
+        self.accepted += counts.accepted
+        self.emitted += counts.emitted
+        self.gamma_history += counts.gamma_history
+        for j, (d, a) in enumerate(zip(counts.position_drafted, counts.position_accepted)):
+            self.position_drafted[j] += d
+            self.position_accepted[j] += a
+        return self
+
     def to_dict(self) -> dict:
         d = asdict(self)
         a = self.acceptance_rate
