@@ -10,6 +10,8 @@ from engine.common.errors import UserError
 PRECISIONS = ("fp32", "bf16", "fp16", "int8", "int4", "llm.int8", "nf4", "fp8")
 FLOAT_PRECISIONS = ("fp32", "bf16", "fp16")
 BNB_PRECISIONS = ("llm.int8", "nf4")  # bitsandbytes' formats, in our engine and as a transformers peer
+# Bits a weight takes at each precision (scales aside): what makes one precision cheaper than another.
+WEIGHT_BITS = {"fp32": 32, "bf16": 16, "fp16": 16, "int8": 8, "llm.int8": 8, "fp8": 8, "int4": 4, "nf4": 4}
 GROUP_SIZES = (32, 64, 128)  # int4 group sizes our kernels support
 DESCRIPTIONS = {
     "fp32": "32-bit float (the reference)",

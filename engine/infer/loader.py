@@ -10,6 +10,7 @@ import torch
 from engine.infer import catalog
 from engine.common.errors import UserError
 from engine.infer.model import Transformer, build_model
+from engine.common.setup import EngineSetup  # noqa: F401  (annotations)
 from engine.quant import (QuantSpec, check_supported, compute_dtype_for, make_spec, quantize_model,
                           quantized_fraction, weight_breakdown)
 
@@ -104,3 +105,38 @@ def load(name: str = "default", spec: QuantSpec | str = "fp32", device: str | No
         folder=Path(folder), spec=spec, device=device, model=model, tokenizer=tok,
         load_s=time.perf_counter() - t0, weights=weight_breakdown(model), quantized=quantized_fraction(model),
     )
+
+
+@dataclass
+class LoadedSetup:
+    """A setup, loaded: the target, the draft model (model and self drafts) and the proposer to build per batch."""
+
+    setup: "EngineSetup"
+    target: LoadedModel
+    draft: LoadedModel | None
+    proposer: object | None  # infer.proposers.ProposerSpec, None without speculation
+
+
+def target_spec(setup) -> QuantSpec:
+    return make_spec(setup.precision, setup.group_size, setup.quantize_embeddings, setup.quantize_head)
+
+
+def draft_spec(setup) -> QuantSpec:
+    return make_spec(setup.draft_precision, setup.group_size, setup.quantize_embeddings, setup.quantize_head)
+
+
+def load_setup(setup, get=None, progress=None) -> LoadedSetup:
+    """Load a setup's target, its draft and its proposer: the one loader the CLI, server, peers and runs share.
+
+    `get(name, spec, device, progress)` loads one model (default: `load`; a ModelPool passes its own
+    `get` to reuse what it holds).
+    """
+    from engine.infer.proposers import make_proposer
+
+    setup = setup.validate()
+    get = get or load
+    device = resolve_device(setup.device)
+    target = get(setup.model, target_spec(setup), device, progress)
+    draft = get(setup.draft_model_name, draft_spec(setup), device, progress) if setup.draft_model_name else None
+    proposer = make_proposer(setup.draft, draft, target) if setup.speculative else None
+    return LoadedSetup(setup, target, draft, proposer)
