@@ -81,6 +81,19 @@ class Store:
             )
         return rec.run_id
 
+    def import_run(self, rec: RunRecord | dict) -> bool:
+        """Store a record measured elsewhere (a backend's), validated; False when its run_id is already here.
+
+        The dashboard imports the records its backend sends; the backend may share this very file.
+        """
+        if isinstance(rec, dict):
+            rec = RunRecord.from_dict(rec)
+        try:
+            self.save_run(rec)
+        except sqlite3.IntegrityError:  # the same run, stored before (or by the backend itself)
+            return False
+        return True
+
     def get_run(self, run_id: str) -> RunRecord:
         with self._conn() as c:
             row = c.execute("SELECT record FROM runs WHERE run_id=?", (run_id,)).fetchone()
