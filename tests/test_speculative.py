@@ -10,7 +10,7 @@ from engine.infer.generate import generate
 from engine.infer.sampling import SamplingParams, probs_from_logits
 from engine.common.formulas import expected_length
 from engine.infer.spec_stats import SpecStats
-from engine.infer.speculative import generate_speculative, make_proposer
+from engine.infer.speculative import generate_speculative, proposer_spec
 from engine.infer.verify import verify
 from tests.tiny import tiny_model
 
@@ -23,7 +23,7 @@ PROMPTS = ["Write a Python function that checks whether a number is prime.",
 def test_greedy_speculative_identical_small_target(small_fp32, request, kind, draft_fixture, batch):
     draft = request.getfixturevalue(draft_fixture) if draft_fixture else None
     ref = generate(small_fp32, PROMPTS[:batch], 40)
-    out = generate_speculative(small_fp32, make_proposer(kind, draft, small_fp32), PROMPTS[:batch], 40, gamma=4)
+    out = generate_speculative(small_fp32, proposer_spec(kind, draft, small_fp32), PROMPTS[:batch], 40, gamma=4)
     assert out.new_tokens == ref.new_tokens
     st = out.spec
     assert st["drafted"] > 0 and 0 <= st["accepted"] <= st["drafted"]
@@ -36,14 +36,14 @@ def test_greedy_speculative_identical_small_target(small_fp32, request, kind, dr
 def test_greedy_speculative_identical_default_pair(big_int4, small_int4, batch):
     """The default pair: 1.5B target (int4) drafted by the 0.5B (int4), and by its own int4 copy adaptively."""
     ref = generate(big_int4, PROMPTS[:batch], 32)
-    out = generate_speculative(big_int4, make_proposer("model", small_int4, big_int4), PROMPTS[:batch], 32, gamma=3)
+    out = generate_speculative(big_int4, proposer_spec("model", small_int4, big_int4), PROMPTS[:batch], 32, gamma=3)
     assert out.new_tokens == ref.new_tokens
     assert out.spec["acceptance_rate"] > 0.3  # same family: most drafts should be right
 
 
 def test_adaptive_gamma_changes_and_stays_lossless(small_fp32, small_int4):
     ref = generate(small_fp32, PROMPTS[:1], 40)
-    out = generate_speculative(small_fp32, make_proposer("self", small_int4, small_fp32), PROMPTS[:1], 40,
+    out = generate_speculative(small_fp32, proposer_spec("self", small_int4, small_fp32), PROMPTS[:1], 40,
                                gamma=8, adaptive=True)
     assert out.new_tokens == ref.new_tokens
     hist = out.spec["gamma_history"]
@@ -51,7 +51,7 @@ def test_adaptive_gamma_changes_and_stays_lossless(small_fp32, small_int4):
 
 
 def test_trace_marks_origins(small_fp32, small_int4):
-    out = generate_speculative(small_fp32, make_proposer("self", small_int4, small_fp32), PROMPTS[:1], 24, gamma=4)
+    out = generate_speculative(small_fp32, proposer_spec("self", small_int4, small_fp32), PROMPTS[:1], 24, gamma=4)
     kinds = set(out.trace[0])
     assert kinds <= {"target", "accepted", "bonus", "resample"}
     assert "accepted" in kinds and out.trace[0][0] == "target"
@@ -228,9 +228,9 @@ def test_expected_length_formula():
 def test_bad_gamma_and_sampling_refused(small_fp32):
     for g in (0, -1, 1000):
         with pytest.raises(UserError, match="gamma"):
-            generate_speculative(small_fp32, make_proposer("ngram"), "hi", 4, gamma=g)
+            generate_speculative(small_fp32, proposer_spec("ngram"), "hi", 4, gamma=g)
     with pytest.raises(UserError, match="top_p"):
-        generate_speculative(small_fp32, make_proposer("ngram"), "hi", 4, sampling=SamplingParams(1.0, 0, 1.5))
+        generate_speculative(small_fp32, proposer_spec("ngram"), "hi", 4, sampling=SamplingParams(1.0, 0, 1.5))
     with pytest.raises(UserError, match="temperature"):
         generate(small_fp32, "hi", 4, SamplingParams(-1.0))
 
@@ -243,9 +243,9 @@ def test_draft_with_other_tokenizer_refused(small_fp32, small_int4):
     tok.add_tokens(["<zzz_new_token>"])
     other.tokenizer = tok
     with pytest.raises(UserError, match="zzz_new_token"):
-        make_proposer("model", other, small_fp32)
+        proposer_spec("model", other, small_fp32)
     with pytest.raises(UserError, match="draft kind"):
-        make_proposer("medusa", small_int4, small_fp32)
+        proposer_spec("medusa", small_int4, small_fp32)
 
 
 def test_draft_precision_device_cannot_run_refused():

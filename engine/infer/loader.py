@@ -131,12 +131,12 @@ def load_setup(setup, get=None, progress=None) -> LoadedSetup:
     `get(name, spec, device, progress)` loads one model (default: `load`; a ModelPool passes its own
     `get` to reuse what it holds).
     """
-    from engine.infer.proposers import make_proposer
+    from engine.infer.proposers import proposer_spec
 
     setup = setup.validate()
     get = get or load
     device = resolve_device(setup.device)
     target = get(setup.model, target_spec(setup), device, progress)
     draft = get(setup.draft_model_name, draft_spec(setup), device, progress) if setup.draft_model_name else None
-    proposer = make_proposer(setup.draft, draft, target) if setup.speculative else None
+    proposer = proposer_spec(setup.draft, draft, target) if setup.speculative else None
     return LoadedSetup(setup, target, draft, proposer)

@@ -156,7 +156,7 @@ def check_gamma(gamma: int) -> int:
 
 
 class ProposerSpec:
-    """What make_proposer was asked for; the batch builds the proposer once it knows its slots."""
+    """A checked draft configuration (from `proposer_spec`); the batch builds the proposer once it knows its slots."""
 
     def __init__(self, kind: str, draft_lm=None, ngram_max: int = 3):
         self.kind, self.draft_lm, self.ngram_max = kind, draft_lm, ngram_max
@@ -167,8 +167,9 @@ class ProposerSpec:
         return ModelProposer(self.draft_lm, self.kind, slots, capacity)
 
 
-def make_proposer(kind: str, draft_lm=None, target_lm=None, ngram_max: int = 3) -> ProposerSpec:
-    """Check a draft configuration and return its spec (built per batch, since a model draft needs a cache)."""
+def proposer_spec(kind: str, draft_lm=None, target_lm=None, ngram_max: int = 3) -> ProposerSpec:
+    """Check a draft configuration and return its spec; the proposer itself is built per batch
+    (`ProposerSpec.build`), since a model draft needs a cache of the batch's slots."""
     if kind == "ngram":
         return ProposerSpec("ngram", ngram_max=ngram_max)
     if kind in ("model", "self"):

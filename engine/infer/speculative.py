@@ -12,7 +12,7 @@ import torch
 from engine.common.vocab import DRAFT_KINDS, MAX_GAMMA  # noqa: F401  (the draft vocabulary, re-exported)
 from engine.infer.generate import GenerationResult, prepare, run_static
 from engine.infer.proposers import (ModelProposer, NgramProposer, ProposerSpec, check_compatible,  # noqa: F401
-                                    check_gamma, make_proposer)
+                                    check_gamma, proposer_spec)
 from engine.infer.sampling import SamplingParams
 
 

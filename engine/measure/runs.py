@@ -26,7 +26,7 @@ from engine.measure.bandwidth import bandwidth_gbs
 from engine.measure.memory import PeakMemory
 from engine.measure.summary import aggregate, make_record, sample, summarize
 from engine.measure.records import RunRecord
-from engine.infer.speculative import DRAFT_KINDS, check_gamma, generate_speculative, make_proposer
+from engine.infer.speculative import DRAFT_KINDS, check_gamma, generate_speculative, proposer_spec
 
 MAX_REPS = 50
 
@@ -254,7 +254,7 @@ def execute(cfg: RunConfig, pool: ModelPool, store=None, progress=None, on_token
     with pool.lock:
         target = pool.get(cfg.model, cfg.target_spec(), device, say)
         draft = _draft_lm(cfg, pool, device, say)
-        proposer = make_proposer(cfg.draft, draft, target) if cfg.draft != "none" else None
+        proposer = proposer_spec(cfg.draft, draft, target) if cfg.draft != "none" else None
         bw = bandwidth_gbs(device)
         todo, skipped = _encode(cfg, target, draft, reqs)
         sp = cfg.sampling
@@ -262,7 +262,7 @@ def execute(cfg: RunConfig, pool: ModelPool, store=None, progress=None, on_token
 
         def run(spec_on: bool, req: Call, ids, n_tokens: int, cb=None):
             if spec_on:
-                p = make_proposer(cfg.draft, draft, target)
+                p = proposer_spec(cfg.draft, draft, target)
                 return generate_speculative(target, p, list(req.texts), n_tokens, cfg.gamma, cfg.adaptive_gamma, sp,
                                             cb, cfg.chat, prompt_ids=ids)
             return generate(target, list(req.texts), n_tokens, sp, cb, cfg.chat, prompt_ids=ids)

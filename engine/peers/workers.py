@@ -186,7 +186,7 @@ def _ours_worker(cfg: PeerConfig, folder, draft_folder) -> dict:
     from engine import ops as kernels
     from engine.infer.generate import generate
     from engine.infer.loader import load, make_spec
-    from engine.infer.speculative import generate_speculative, make_proposer
+    from engine.infer.speculative import generate_speculative, proposer_spec
 
     t = time.perf_counter()
     target = load(str(folder), make_spec(cfg.precision), cfg.device)
@@ -205,7 +205,7 @@ def _ours_worker(cfg: PeerConfig, folder, draft_folder) -> dict:
         if cfg.draft == "none":
             generate(target, [""], n, on_token=clock.on_token, prompt_ids=[ids], stop_at_eos=False)
         else:
-            res = generate_speculative(target, make_proposer(cfg.draft, draft, target), [""], n, cfg.gamma,
+            res = generate_speculative(target, proposer_spec(cfg.draft, draft, target), [""], n, cfg.gamma,
                                        on_token=clock.on_token, prompt_ids=[ids], stop_at_eos=False)
             last_spec.update(res.spec)
         return _Timed(clock.tokens, t0, clock.stamps)

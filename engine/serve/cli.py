@@ -38,7 +38,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
 def build(a):
     """Load the target (and the draft) and the engine loop; returns (loop, served name, facts)."""
     from engine.infer.loader import load, make_spec, resolve_device
-    from engine.infer.proposers import check_gamma, make_proposer
+    from engine.infer.proposers import check_gamma, proposer_spec
     from engine.infer.scheduler import BatchSettings
     from engine.serve.loop import EngineLoop
 
@@ -52,7 +52,7 @@ def build(a):
         if a.draft in ("model", "self"):
             draft = load(a.model if a.draft == "self" else a.draft_model, make_spec(a.draft_precision, a.group_size),
                          device, progress=say)
-        spec = make_proposer(a.draft, draft, target)
+        spec = proposer_spec(a.draft, draft, target)
     chunk = a.prefill_chunk
     batched = a.max_batched_tokens or a.max_seqs * (gamma + 1) + chunk
     settings = BatchSettings(max_seqs=a.max_seqs, max_model_len=a.max_model_len, max_batched_tokens=batched,
