@@ -336,7 +336,7 @@ def act_kl(models, tokens: int, json_path=None):
                 t0 = time.time()
                 q = quality.evaluate(lm, tokens, docs=docs)
                 kern = ops.backend_info()["int4_activations"]
-            keys = ("kl_mean", "kl_mean_err", "kld_median", "kld_p95", "kl_p99", "kl_max", "top1_agreement",
+            keys = ("kld_mean", "kld_mean_err", "kld_median", "kld_p95", "kld_p99", "kld_max", "top1_agreement",
                     "perplexity", "ref_perplexity", "ppl_ratio")
             rows.append({"model": lm.label, "activations": kern, "tokens": q.get("tokens"),
                          **{k: q.get(k) for k in keys}, "s": round(time.time() - t0)})

@@ -57,8 +57,8 @@ def _hand():
         return srt[lo] + (i - lo) * (srt[min(lo + 1, n - 1)] - srt[lo])
 
     lr = [a - b for a, b in zip(nll, ref_nll)]
-    return {"tokens": n, "kl_mean": mean(kl), "kl_mean_err": err(kl), "kld_median": srt[1], "kld_p90": pct(0.9),
-            "kl_p99": pct(0.99), "kl_max": srt[-1], "top1_agreement": mean(same),
+    return {"tokens": n, "kld_mean": mean(kl), "kld_mean_err": err(kl), "kld_median": srt[1], "kld_p90": pct(0.9),
+            "kld_p99": pct(0.99), "kld_max": srt[-1], "top1_agreement": mean(same),
             "top1_err": math.sqrt(mean(same) * (1 - mean(same)) / (n - 1)), "delta_p_mean": mean(dp),
             "delta_p_err": err(dp), "delta_p_rms": math.sqrt(mean([x * x for x in dp])),
             "perplexity": math.exp(mean(nll)), "ref_perplexity": math.exp(mean(ref_nll)),
@@ -74,7 +74,7 @@ def test_statistics_match_a_hand_computation():
         for k, v in hand.items():
             assert got[k] == pytest.approx(v, rel=1e-5, abs=1e-7), k
     assert hand["top1_agreement"] == pytest.approx(1 / 3)  # rows 0 and 2 change their most likely token
-    assert summarize(score(compress(ref_lp, targets, floor=0), ref_lp, targets))["kl_max"] == pytest.approx(0, abs=1e-7)
+    assert summarize(score(compress(ref_lp, targets, floor=0), ref_lp, targets))["kld_max"] == pytest.approx(0, abs=1e-7)
 
 
 def test_bucket_kl_is_a_lower_bound_and_exact_when_everything_is_kept():
@@ -136,7 +136,7 @@ def test_cache_is_keyed_by_the_weights_not_the_name(ref_cache):
     ra, rb = quality.load_reference(pa, docs), quality.load_reference(pb, docs)
     assert not torch.allclose(ra.target_lp, rb.target_lp)
     qa, qb = quality.evaluate(a, 64), quality.evaluate(b, 64)
-    assert qa["kl_mean"] == pytest.approx(0, abs=1e-6) and qb["kl_mean"] == pytest.approx(0, abs=1e-6)
+    assert qa["kld_mean"] == pytest.approx(0, abs=1e-6) and qb["kld_mean"] == pytest.approx(0, abs=1e-6)
     assert qa["perplexity"] != pytest.approx(qb["perplexity"])
     # b's weights were seen last under this name: a copy of them at another precision finds b's reference
     b8 = replace(b, spec=replace(b.spec, precision="int8"))
@@ -182,7 +182,7 @@ def test_eval_text_has_8000_tokens_of_chat_and_code_by_default(small_fp32):
 
 def test_fp32_against_itself_is_exact(small_fp32):
     q = quality.evaluate(small_fp32, SHORT)  # also caches the reference the tests below share
-    assert q["kl_mean"] < 1e-6 and q["top1_agreement"] == 1.0 and q["delta_p_rms"] < 1e-6
+    assert q["kld_mean"] < 1e-6 and q["top1_agreement"] == 1.0 and q["delta_p_rms"] < 1e-6
     assert 1.0 < q["perplexity"] < 150 and q["perplexity"] == q["ref_perplexity"]
 
 
@@ -191,11 +191,11 @@ def test_int8_is_close_to_fp32_and_int4_drifts(small_int8, small_int4, small_fp3
     q4 = quality.evaluate(small_int4, SHORT, ref_lm=small_fp32)
     assert q8["tokens"] == q4["tokens"] == SHORT
     assert set(q8["by_category"]) == {"chat", "code"} and q8["by_category"]["code"]["tokens"] == SHORT // 2
-    assert 1e-5 < q8["kl_mean"] < 0.01 and q8["top1_agreement"] > 0.95 and q8["delta_p_rms"] < 0.03
+    assert 1e-5 < q8["kld_mean"] < 0.01 and q8["top1_agreement"] > 0.95 and q8["delta_p_rms"] < 0.03
     assert 0.98 < q8["ppl_ratio"] < 1.03
-    assert q4["kl_mean"] > 5 * q8["kl_mean"] and 0.7 < q4["top1_agreement"] < 0.99
-    assert q4["kld_median"] <= q4["kld_p90"] <= q4["kld_p95"] <= q4["kl_p99"] <= q4["kld_p999"] <= q4["kl_max"]
-    assert q4["kl_mean_err"] > 0 and q4["delta_p_rms"] > q8["delta_p_rms"]
+    assert q4["kld_mean"] > 5 * q8["kld_mean"] and 0.7 < q4["top1_agreement"] < 0.99
+    assert q4["kld_median"] <= q4["kld_p90"] <= q4["kld_p95"] <= q4["kld_p99"] <= q4["kld_p999"] <= q4["kld_max"]
+    assert q4["kld_mean_err"] > 0 and q4["delta_p_rms"] > q8["delta_p_rms"]
     declared = {f.name for f in fields.QUALITY}
     assert set(q8) <= declared and set(q8["by_category"]["chat"]) <= declared  # every key is declared
 
@@ -210,7 +210,7 @@ def test_llama_cpp_q4km_on_a_short_slice(small_fp32):
     v = q["vocab_check"]
     assert v["n_vocab"] == v["ours"] and v["detokenized_same"] == v["documents"]
     # the catalog's fp32 is this GGUF dequantized: what is left is llama.cpp's arithmetic (0.0009 measured)
-    assert 0 < q["kl_mean"] < 0.01 and q["top1_agreement"] > 0.95
+    assert 0 < q["kld_mean"] < 0.01 and q["top1_agreement"] > 0.95
     assert set(q["by_category"]) == {"chat", "code"}
 
 
@@ -232,7 +232,7 @@ def test_llama_style_printout_and_table():
     q["by_category"] = {"chat": {**q, "documents": 1}}
     text = llama_style("m int8", q)
     assert "Mean    KLD" in text and "Same top p" in text and "RMS Δp" in text and "chat" in text
-    assert f"{q['kl_mean']:.6f} ± {q['kl_mean_err']:.6f}" in text
+    assert f"{q['kld_mean']:.6f} ± {q['kld_mean_err']:.6f}" in text
     rows = table_rows([("m int8", q)])
     assert [r["scope"] for r in rows] == ["overall", "chat"] and rows[0]["same top-1"] == "33.33 ± 33.33 %"
 
@@ -254,7 +254,7 @@ def test_cli_json_on_a_short_slice(small_fp32, capsys):
                  "--json", "--device", "cpu"]) == 0
     (q,) = json.loads(capsys.readouterr().out)
     assert q["precision"] == "int8" and q["tokens"] == SHORT and set(q["by_category"]) == {"chat", "code"}
-    assert 0 < q["kl_mean"] < 0.01
+    assert 0 < q["kld_mean"] < 0.01
 
 
 def test_precision_page_shows_the_statistics_table(tmp_path, tmp_path_factory, monkeypatch):

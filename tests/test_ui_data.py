@@ -13,7 +13,7 @@ def rec(precision="fp32", tok_s=10.0, weight=1e9, kl=None, draft=None, spec=None
     metrics = {"decode_tok_s": tok_s, "weight_bytes": weight, "peak_rss_bytes": rss, "ttft_s": 0.5,
                "token_latency_ms_median": 1000 / tok_s if tok_s else None, "kv_bytes": 1e6}
     if kl is not None:
-        metrics["quality"] = {"kl_mean": kl, "top1_agreement": 0.9, "perplexity": 3.0}
+        metrics["quality"] = {"kld_mean": kl, "top1_agreement": 0.9, "perplexity": 3.0}
     if spec is not None:
         metrics["spec"] = spec
         metrics["draft_weight_bytes"] = 5e8

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from engine.common.errors import UserError
+
 
 @dataclass(frozen=True)
 class Field:
@@ -113,6 +115,11 @@ SPEC: tuple[Field, ...] = (
     _f("expected_length", "tokens", "(1 - a^(g+1)) / (1 - a) for a = acceptance_rate, g = mean_gamma: what i.i.d. "
        "acceptance predicts for mean_acceptance_length"),
     _f("mean_gamma", "tokens", "mean draft tokens per round (adaptive gamma varies it)"),
+    _f("adaptive", "", "true when gamma adapted to the acceptance as the run went", "bool"),
+    _f("gamma_history", "tokens", "one generation's draft tokens of each round, in order (summed runs drop it)",
+       "list"),
+    _f("source", "", "load records: where the counters came from (the server's /metrics, over the load point)",
+       "text"),
     _f("position_rate", "", "share of rounds in which draft position i was accepted, of those that proposed it",
        "list"),
     _f("position_drafted", "", "rounds that proposed draft position i", "list"),
@@ -169,6 +176,31 @@ NOISE: tuple[Field, ...] = (
     _f("loadavg_before", "", "1-minute load average before the run"),
     _f("loadavg_after", "", "the same after it (judged only where /proc/pressure/cpu is absent: above the cores)"),
     _f("window_s", "s", "wall time between the two readings"),
+    _f("interval_checked", "", "true when the run had the repetitions to judge its intervals (2 or more)", "bool"),
+    _f("cores", "", "CPU cores of the machine (the load-average rule's limit)", "count"),
+    _f("limits", "", "the rules' thresholds as they were: interval, probe_drop, cpu_pressure", "object"),
+)
+
+# metrics.workload.<name>: what a run measured (engine/measure/runs.py)
+WORKLOAD: tuple[Field, ...] = (
+    _f("name", "", "the workload asked for (category:count, ...), or the category of the one prompt", "text"),
+    _f("reps", "", "repetitions of every prompt", "count"),
+    _f("prompts", "", "prompts measured", "count"),
+    _f("skipped", "", "prompts skipped: prompt + new tokens + speculation headroom beyond the context", "count"),
+    _f("skipped_ids", "", "the skipped prompts' ids", "list"),
+    _f("categories", "", "prompts measured per category", "object"),
+    _f("fingerprint", "", "sha256 of the measured prompts' ids and text", "text"),
+)
+
+# metrics.by_category.<category>.<name>: METRICS' names for the category's samples, and these
+CATEGORY: tuple[Field, ...] = (
+    _f("samples", "", "generations measured in the category (prompts x repetitions)", "count"),
+    _f("prompts", "", "prompts of the category", "count"),
+)
+
+# metrics.quality.by_category.<category>.<name>: QUALITY's names for the category's text, and this
+QUALITY_CATEGORY: tuple[Field, ...] = (
+    _f("documents", "", "documents of the category scored", "count"),
 )
 
 # metrics.quality.<name>; llama.cpp's `llama-perplexity --kl-divergence` statistics (engine.measure.kld)
@@ -183,16 +215,16 @@ QUALITY: tuple[Field, ...] = (
     _f("ln_ppl_ratio_err", "", "standard error of that mean"),
     _f("ppl_ratio", "", "PPL(Q)/PPL(base) = exp(ln_ppl_ratio)"),
     _f("ppl_ratio_err", "", "its uncertainty: ppl_ratio times ln_ppl_ratio_err"),
-    _f("kl_mean", "nats/token", "mean over positions of KL(fp32 || configuration) (llama.cpp's mean KLD; computed "
+    _f("kld_mean", "nats/token", "mean over positions of KL(fp32 || configuration) (llama.cpp's mean KLD; computed "
        "over the reference's tokens with p >= 1e-6 plus one bucket for the rest, a lower bound about 0.6% under "
        "the full sum)"),
-    _f("kl_mean_err", "nats/token", "standard error of that mean: sqrt(var / (n - 1)), as llama.cpp's ±"),
+    _f("kld_mean_err", "nats/token", "standard error of that mean: sqrt(var / (n - 1)), as llama.cpp's ±"),
     _f("kld_median", "nats/token", "median of the per-position KL"),
     _f("kld_p90", "nats/token", "90th percentile of that KL"),
     _f("kld_p95", "nats/token", "95th percentile of that KL"),
-    _f("kl_p99", "nats/token", "99th percentile of that KL"),
+    _f("kld_p99", "nats/token", "99th percentile of that KL"),
     _f("kld_p999", "nats/token", "99.9th percentile of that KL"),
-    _f("kl_max", "nats/token", "largest KL at any position"),
+    _f("kld_max", "nats/token", "largest KL at any position"),
     _f("top1_agreement", "", "share of positions where both models' most likely token agree (llama.cpp's "
        "'same top p')"),
     _f("top1_err", "", "its uncertainty sqrt(p (1 - p) / (n - 1))"),
@@ -256,19 +288,152 @@ LOAD: tuple[Field, ...] = (
        "over the load point", "object"),
 )
 
-BY_NAME = {f.name: f for f in METRICS}
-SPEC_BY_NAME = {f.name: f for f in SPEC}
-BASELINE_BY_NAME = {f.name: f for f in METRICS if f.name in ("decode_tok_s", "ttft_s", "token_latency_ms_median")}
-QUALITY_BY_NAME = {f.name: f for f in QUALITY}
-LOAD_BY_NAME = {f.name: f for f in LOAD}
+# metrics.baseline.<name>: the same target without speculation, three of METRICS' figures
+BASELINE: tuple[Field, ...] = tuple(f for f in METRICS
+                                    if f.name in ("decode_tok_s", "ttft_s", "token_latency_ms_median"))
+
+
+# ---------------------------------------------------------------- names: code refers to these, never to a string key
+
+class Names:
+    """A level's declared keys as attributes: `M.decode_tok_s == "decode_tok_s"`, `SPEC_AT.speedup ==
+    "spec.speedup"`. Code names a metric through these, so an undeclared name fails where it is written."""
+
+    def __init__(self, flds, prefix: str = ""):
+        self._prefix = prefix
+        for f in flds:
+            setattr(self, f.name, prefix + f.name)
+
+    def __getattr__(self, name):  # reached only for a name that is not declared
+        raise AttributeError(f"'{self._prefix}{name}' is not a declared record field: declare it in "
+                             "engine/measure/fields.py")
+
+
+# metrics.<k>; .spec.<k>, .quality.<k>, .load.<k>; .noise, .workload, .samples[i], .intervals[path];
+# .by_category.<c> (besides METRICS' names), .quality.by_category.<c> (besides QUALITY's), .baseline
+M, S, Q, L = Names(METRICS), Names(SPEC), Names(QUALITY), Names(LOAD)
+N, W, SMP, IV = Names(NOISE), Names(WORKLOAD), Names(SAMPLE), Names(INTERVAL)
+CAT, QC, B = Names(CATEGORY), Names(QUALITY_CATEGORY), Names(BASELINE)
+# dotted paths, as metrics.intervals and the columns name them
+SPEC_AT, QUALITY_AT, LOAD_AT, BASELINE_AT = (Names(SPEC, "spec."), Names(QUALITY, "quality."), Names(LOAD, "load."),
+                                            Names(BASELINE, "baseline."))
+
+
+# ---------------------------------------------------------------- the one writer: dicts that admit declared keys only
+
+class UndeclaredField(UserError):
+    """A record field that fields.py does not declare, refused when it is written."""
+
+    def __init__(self, where: str, key):
+        self.field = f"{where}.{key}"
+        super().__init__(f"'{self.field}' is not a declared record field",
+                         "declare it (name, unit, definition) in engine/measure/fields.py, or use a declared name")
+
+
+class Checked(dict):
+    """A dict that admits only its level's declared keys (LEVEL), checking nested objects as they arrive:
+    `m[M.decode_tok_s] = 3.0` passes, `m["decode_toks"] = 3.0` raises UndeclaredField naming the field."""
+
+    LEVEL: "Level"
+
+    def __init__(self, *args, **kw):
+        super().__init__()
+        self.update(*args, **kw)
+
+    def __setitem__(self, key, value):
+        super().__setitem__(key, self.LEVEL.admit(key, value))
+
+    def update(self, *args, **kw):
+        for k, v in dict(*args, **kw).items():
+            self[k] = v
+
+    def setdefault(self, key, default=None):
+        if key not in self:
+            self[key] = default
+        return self[key]
+
+    def __ior__(self, other):
+        self.update(other)
+        return self
+
+    def copy(self):
+        return type(self)(self)
+
+    def __reduce__(self):  # pickles (Ray, worker processes) and deep copies rebuild through the check
+        return type(self), (dict(self),)
+
+
+class Level:
+    """One object of the record's metrics: its declared fields and the shape of its nested parts.
+
+    parts[name] is ("object", Level) for a nested object, ("list", Level) for a list of objects, and
+    ("by_key", Level) / ("by_path", Level) for an object keyed by category / by metric path."""
+
+    def __init__(self, where: str, flds, parts: dict | None = None):
+        self.where, self.fields, self.parts = where, {f.name: f for f in flds}, dict(parts or {})
+        name = "Checked_" + "".join(c if c.isalnum() else "_" for c in where)
+        self.cls = type(name, (Checked,), {"LEVEL": self, "__module__": __name__, "__qualname__": name})
+        globals()[name] = self.cls  # importable by name, so a checked dict pickles
+
+    def admit(self, key, value):
+        if key not in self.fields:
+            raise UndeclaredField(self.where, key)
+        shape, level = self.parts.get(key, (None, None))
+        if shape == "object" and isinstance(value, dict):
+            return level.cls(value)
+        if shape == "list" and isinstance(value, list):
+            return [level.cls(x) if isinstance(x, dict) else x for x in value]
+        if shape in ("by_key", "by_path") and isinstance(value, dict):
+            return _keyed(level, shape == "by_path")(value)
+        return value
+
+
+_KEYED: dict = {}
+
+
+def _keyed(level: Level, paths: bool) -> type:
+    """The checked dict of a level's objects keyed freely (categories) or by metric path (intervals)."""
+    if (level.where, paths) not in _KEYED:
+        def setitem(self, key, value):
+            if paths:
+                try:
+                    lookup(key)
+                except KeyError:
+                    raise UndeclaredField(level.where.rpartition(".")[0], key) from None
+            dict.__setitem__(self, key, level.cls(value) if isinstance(value, dict) else value)
+
+        name = "Keyed_" + "".join(c if c.isalnum() else "_" for c in level.where)
+        _KEYED[(level.where, paths)] = globals()[name] = type(
+            name, (Checked,), {"__setitem__": setitem, "__module__": __name__, "__qualname__": name})
+    return _KEYED[(level.where, paths)]
+
+
+def _metrics_level(where: str, flds, extra: dict | None = None) -> Level:
+    return Level(where, flds, {"spec": ("object", Level(f"{where}.spec", SPEC)),
+                               "intervals": ("by_path", Level(f"{where}.intervals.<metric>", INTERVAL)),
+                               **(extra or {})})
+
+
+QUALITY_LEVEL = Level("metrics.quality", QUALITY, {
+    "by_category": ("by_key", Level("metrics.quality.by_category.<category>", QUALITY + QUALITY_CATEGORY))})
+METRICS_LEVEL = _metrics_level("metrics", METRICS, {
+    "quality": ("object", QUALITY_LEVEL), "load": ("object", Level("metrics.load", LOAD)),
+    "noise": ("object", Level("metrics.noise", NOISE)), "workload": ("object", Level("metrics.workload", WORKLOAD)),
+    "baseline": ("object", Level("metrics.baseline", BASELINE)),
+    "samples": ("list", Level("metrics.samples[]", SAMPLE)),
+    "baseline_samples": ("list", Level("metrics.baseline_samples[]", SAMPLE)),
+    "by_category": ("by_key", _metrics_level("metrics.by_category.<category>", METRICS + CATEGORY))})
+Metrics = METRICS_LEVEL.cls  # a record's metrics: Metrics({...}) checks every key, nested ones included
 
 
 def lookup(path: str) -> Field:
-    """The field at 'ttft_s', 'spec.acceptance_rate', 'quality.kl_mean' or 'load.ttft_s_p90'."""
-    head, _, rest = path.partition(".")
-    if not rest:
-        return BY_NAME[head]
-    return {"spec": SPEC_BY_NAME, "quality": QUALITY_BY_NAME, "load": LOAD_BY_NAME, "baseline": BASELINE_BY_NAME}[head][rest]
+    """The field at 'ttft_s', 'spec.acceptance_rate', 'quality.kld_mean' or 'load.ttft_s_p90' (KeyError: undeclared)."""
+    level, *heads, last = [METRICS_LEVEL] + path.split(".")
+    for h in heads:
+        shape, level = level.parts.get(h, (None, None))
+        if shape != "object":
+            raise KeyError(path)
+    return level.fields[last]
 
 
 def get(metrics: dict, path: str):

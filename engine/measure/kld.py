@@ -28,7 +28,9 @@ from dataclasses import dataclass, fields
 
 import torch
 
-PERCENTILES = {"kld_median": 0.5, "kld_p90": 0.9, "kld_p95": 0.95, "kl_p99": 0.99, "kld_p999": 0.999}
+from engine.measure.fields import Q
+
+PERCENTILES = {Q.kld_median: 0.5, Q.kld_p90: 0.9, Q.kld_p95: 0.95, Q.kld_p99: 0.99, Q.kld_p999: 0.999}
 PROB_FLOOR = 1e-6
 MAX_KEEP = 32768  # tokens kept at one position, at most (the flattest positions of chat text)
 
@@ -161,30 +163,30 @@ def _mean_err(x: torch.Tensor) -> tuple[float, float]:
 
 
 def summarize(s: Scores) -> dict:
-    """The statistics llama.cpp prints, as flat keys (fractions, not percent)."""
+    """The statistics llama.cpp prints, as flat keys (fractions, not percent): fields.QUALITY's names."""
     n = int(s.kl.numel())
     if n == 0:
-        return {"tokens": 0}
-    out: dict = {"tokens": n}
-    out["kl_mean"], out["kl_mean_err"] = _mean_err(s.kl)
+        return {Q.tokens: 0}
+    out: dict = {Q.tokens: n}
+    out[Q.kld_mean], out[Q.kld_mean_err] = _mean_err(s.kl)
     qs = torch.quantile(s.kl, torch.tensor(list(PERCENTILES.values()), dtype=s.kl.dtype))
     out.update({name: float(v) for name, v in zip(PERCENTILES, qs)})
-    out["kl_max"] = float(s.kl.max())
+    out[Q.kld_max] = float(s.kl.max())
     same = s.same_top1.double()
-    out["top1_agreement"] = float(same.mean())
-    out["top1_err"] = math.sqrt(out["top1_agreement"] * (1 - out["top1_agreement"]) / (n - 1)) if n > 1 else 0.0
+    out[Q.top1_agreement] = float(same.mean())
+    out[Q.top1_err] = math.sqrt(out[Q.top1_agreement] * (1 - out[Q.top1_agreement]) / (n - 1)) if n > 1 else 0.0
     dp = (-s.nll).exp() - (-s.ref_nll).exp()
-    out["delta_p_mean"], out["delta_p_err"] = _mean_err(dp)
+    out[Q.delta_p_mean], out[Q.delta_p_err] = _mean_err(dp)
     ms, ms_err = _mean_err(dp * dp)
-    out["delta_p_rms"] = math.sqrt(ms)
+    out[Q.delta_p_rms] = math.sqrt(ms)
     # d sqrt(x) = dx / (2 sqrt(x)): the error of the mean square carried to its root
-    out["delta_p_rms_err"] = ms_err / (2 * out["delta_p_rms"]) if out["delta_p_rms"] > 0 else 0.0
+    out[Q.delta_p_rms_err] = ms_err / (2 * out[Q.delta_p_rms]) if out[Q.delta_p_rms] > 0 else 0.0
     lnq, lnq_err = _mean_err(s.nll)
     lnr, lnr_err = _mean_err(s.ref_nll)
-    out["perplexity"], out["perplexity_err"] = math.exp(lnq), math.exp(lnq) * lnq_err
-    out["ref_perplexity"], out["ref_perplexity_err"] = math.exp(lnr), math.exp(lnr) * lnr_err
-    out["ln_ppl_ratio"], out["ln_ppl_ratio_err"] = _mean_err(s.nll - s.ref_nll)
-    out["ppl_ratio"] = math.exp(out["ln_ppl_ratio"])
-    out["ppl_ratio_err"] = out["ppl_ratio"] * out["ln_ppl_ratio_err"]
-    out["ref_kept_mass"] = float(s.ref_kept_mass.mean())
+    out[Q.perplexity], out[Q.perplexity_err] = math.exp(lnq), math.exp(lnq) * lnq_err
+    out[Q.ref_perplexity], out[Q.ref_perplexity_err] = math.exp(lnr), math.exp(lnr) * lnr_err
+    out[Q.ln_ppl_ratio], out[Q.ln_ppl_ratio_err] = _mean_err(s.nll - s.ref_nll)
+    out[Q.ppl_ratio] = math.exp(out[Q.ln_ppl_ratio])
+    out[Q.ppl_ratio_err] = out[Q.ppl_ratio] * out[Q.ln_ppl_ratio_err]
+    out[Q.ref_kept_mass] = float(s.ref_kept_mass.mean())
     return out

@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from engine.common.errors import UserError
+from engine.measure.fields import QC, Q
 from engine.measure.eval_text import DEFAULT_TOKENS, CATEGORIES, EvalDoc, describe, eval_docs, fingerprint, flat_ids
 from engine.measure.kld import PROB_FLOOR, Reference, Scores, compress, score, score_full, summarize
 
@@ -229,15 +230,15 @@ def results(scores: Scores, docs: list[EvalDoc]) -> dict:
     """Overall statistics (flat keys), `by_category`, and what was scored."""
     out = summarize(scores)
     cats = categories_of(docs)
-    out["by_category"] = {}
+    out[Q.by_category] = {}
     for c in CATEGORIES:
         mask = torch.tensor([x == c for x in cats], dtype=torch.bool)
         if mask.any():
-            out["by_category"][c] = {**summarize(scores.select(mask)),
-                                     "documents": sum(1 for d in docs if d.category == c)}
+            out[Q.by_category][c] = {**summarize(scores.select(mask)),
+                                     QC.documents: sum(1 for d in docs if d.category == c)}
     info = describe(docs)
-    out.update(eval_text=info["eval_text"], eval_fingerprint=info["eval_fingerprint"], documents=info["documents"],
-               reference_floor=PROB_FLOOR)
+    out.update({Q.eval_text: info["eval_text"], Q.eval_fingerprint: info["eval_fingerprint"],
+                Q.documents: info["documents"], Q.reference_floor: PROB_FLOOR})
     return out
 
 

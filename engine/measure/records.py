@@ -16,6 +16,10 @@ Schema versions:
   which for a one-generation record is that generation's value; new are samples, baseline_samples,
   intervals, by_category, workload and noise in metrics, the request-weighted acceptance in
   metrics.spec, and workload and reps in config. Still version 2.
+- 3: the KL statistics of metrics.quality share llama.cpp's KLD prefix: version 2's kl_mean,
+  kl_mean_err, kl_p99 and kl_max are kld_mean, kld_mean_err, kld_p99 and kld_max (the same numbers;
+  KL_RENAMES). A version-2 record is read with the new names; the stored row is never rewritten.
+  Records are written through fields.Metrics, and the store refuses one with an undeclared field.
 """
 from __future__ import annotations
 
@@ -32,8 +36,8 @@ from pydantic import ValidationError, create_model
 from engine.common.errors import UserError
 from engine.measure import fields as F
 
-SCHEMA_VERSION = 2
-READABLE_VERSIONS = (1, 2)
+SCHEMA_VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)
 KINDS = ("generate", "bench", "quality", "peer", "load")
 FIX = "import a file exported by the lab"
 
@@ -61,8 +65,7 @@ class RunRecord:
     @classmethod
     def from_dict(cls, d: dict) -> "RunRecord":
         """Validate (any readable version) and return the record as the current version."""
-        validate(d)
-        return cls(**{k: v for k, v in upgrade(d).items() if k in cls.__dataclass_fields__})
+        return cls(**{k: v for k, v in validate(d).items() if k in cls.__dataclass_fields__})
 
     @classmethod
     def from_json(cls, s: str) -> "RunRecord":
@@ -100,24 +103,58 @@ def _jsonable(o):
 # ---------------------------------------------------------------- reading older versions
 
 def upgrade(d: dict) -> dict:
-    """A record dict of any readable version as the current version (a new dict; `d` is untouched)."""
+    """A record dict of any readable version as the current version (a new dict; `d` is untouched).
+
+    Each step reads one version as the next; a malformed part is left for validation to name."""
     v = d.get("schema_version")
-    if v == SCHEMA_VERSION:
+    if v == SCHEMA_VERSION or v not in READABLE_VERSIONS:
         return d
     out = json.loads(json.dumps(d))
-    if v == 1:
-        b = out.get("config", {}).get("batch_size") or 1
-        m = out.get("metrics", {})
-        if b > 1 and out.get("kind") != "peer":
-            if isinstance(m.get("bw_efficiency"), (int, float)):
-                m["bw_efficiency"] = m["bw_efficiency"] / b
-            for k in ("token_latency_ms_median", "token_latency_ms_p90", "token_latency_ms_p99"):
-                if isinstance(m.get(k), (int, float)):
-                    m[k] = m[k] * b
-            out["notes"] = ((out.get("notes") or "") + f" [read from schema 1 at batch {b}: bw_efficiency divided "
-                            f"by {b} and per-token latencies multiplied by {b}, as version 1 mis-stated them]").strip()
-        out["schema_version"] = SCHEMA_VERSION
+    for step in _STEPS[READABLE_VERSIONS.index(v):]:
+        step(out)
+    out["schema_version"] = SCHEMA_VERSION
     return out
+
+
+def _part(d, key) -> dict:
+    v = d.get(key) if isinstance(d, dict) else None
+    return v if isinstance(v, dict) else {}
+
+
+def _from_1(out: dict) -> None:
+    """Version 1 at batch b > 1 overstated bw_efficiency b times and understated per-token latency b times."""
+    b = _part(out, "config").get("batch_size") or 1
+    m = _part(out, "metrics")
+    if not isinstance(b, int) or b <= 1 or out.get("kind") == "peer":
+        return
+    if isinstance(m.get(F.M.bw_efficiency), (int, float)):
+        m[F.M.bw_efficiency] = m[F.M.bw_efficiency] / b
+    for k in (F.M.token_latency_ms_median, F.M.token_latency_ms_p90, F.M.token_latency_ms_p99):
+        if isinstance(m.get(k), (int, float)):
+            m[k] = m[k] * b
+    out["notes"] = ((out.get("notes") or "") + f" [read from schema 1 at batch {b}: bw_efficiency divided "
+                    f"by {b} and per-token latencies multiplied by {b}, as version 1 mis-stated them]").strip()
+
+
+# version 2's KL names -> version 3's (llama.cpp's KLD prefix); the numbers are the same
+KL_RENAMES = {"kl_mean": F.Q.kld_mean, "kl_mean_err": F.Q.kld_mean_err, "kl_p99": F.Q.kld_p99, "kl_max": F.Q.kld_max}
+
+
+def _from_2(out: dict) -> None:
+    """The KL statistics renamed, in metrics.quality, its categories and the intervals."""
+    m = _part(out, "metrics")
+    q = _part(m, F.M.quality)
+    for block in [q, *(b for b in _part(q, "by_category").values() if isinstance(b, dict))]:
+        for old, new in KL_RENAMES.items():
+            if old in block:
+                block[new] = block.pop(old)
+    ivs = _part(m, F.M.intervals)
+    for old, new in KL_RENAMES.items():
+        if f"quality.{old}" in ivs:
+            ivs[f"quality.{new}"] = ivs.pop(f"quality.{old}")
+
+
+_STEPS = (_from_1, _from_2)  # _STEPS[i] reads READABLE_VERSIONS[i] as the next version
 
 
 # ---------------------------------------------------------------- validation (pydantic, from fields.py)
@@ -187,18 +224,24 @@ def _where(loc) -> str:
     return ".".join(str(p) for p in loc)
 
 
-def validate(d) -> None:
-    """Check a record's shape against the declared fields; a UserError names the first bad field."""
+def validate(d, strict: bool = False) -> dict:
+    """Check a record of any readable version against the declared fields, and return it as the current
+    version; a UserError names the first bad field. strict (what the store writes): every metric key,
+    nested ones included, must be declared in fields.py. Reading stays lenient: older rows keep opening."""
     if not isinstance(d, dict):
         raise UserError(f"a run record must be a JSON object, got {type(d).__name__}", FIX)
     v = d.get("schema_version")
     if isinstance(v, int) and not isinstance(v, bool) and v not in READABLE_VERSIONS:
         raise UserError(f"run record has schema version {v}, this lab reads versions "
                         f"{', '.join(map(str, READABLE_VERSIONS))}", "export it again with this version of the lab")
+    up = upgrade(d) if isinstance(v, int) and not isinstance(v, bool) else d
     try:
-        RecordModel.model_validate(d)
+        RecordModel.model_validate(up)
     except ValidationError as e:
         raise _user_error(e.errors()[0]) from None
+    if strict:
+        F.Metrics(up["metrics"])  # raises UndeclaredField naming the first undeclared key
+    return up
 
 
 _WANT = {"dict_type": "an object", "model_type": "an object", "int_type": "a whole number", "float_type": "a number",

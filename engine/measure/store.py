@@ -13,7 +13,7 @@ from pathlib import Path
 
 from engine.common.errors import UserError
 from engine.common.paths import data_dir
-from engine.measure.records import RunRecord
+from engine.measure.records import RunRecord, validate
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -70,7 +70,9 @@ class Store:
 
     # ---- runs
     def save_run(self, rec: RunRecord) -> str:
-        d = rec.to_dict()
+        """Insert a record, checked first against fields.py (records.validate, strict): a record with a bad or
+        undeclared field is refused by name and nothing is written."""
+        d = validate(rec.to_dict(), strict=True)
         draft = (d["config"].get("draft") or {}).get("kind")
         with self._conn() as c:
             c.execute(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from engine.common.formulas import expected_length, kv_bytes_per_token
+from engine.measure.fields import BASELINE_AT, CAT, IV, M, S, SMP, SPEC_AT, Metrics
 from engine.measure.machine import library_versions, machine_facts
 from engine.measure.memory import PeakMemory
 from engine.measure.records import RunRecord
@@ -29,8 +30,8 @@ def decode_bytes_per_step(lm, cache_slots: int, batch: int) -> int:
     return int(w + kv_bytes_per_slot(lm) * cache_slots * batch)
 
 
-def summarize(lm, res, mem: PeakMemory | None, bw_gbs: float) -> dict:
-    """Metrics of one generation; fields.py defines each one."""
+def summarize(lm, res, mem: PeakMemory | None, bw_gbs: float) -> Metrics:
+    """Metrics of one generation (checked against fields.py, which defines each one)."""
     b = len(res.new_tokens)
     tokens_after_first = res.n_new - b
     decode_s = sum(res.step_s)
@@ -46,31 +47,31 @@ def summarize(lm, res, mem: PeakMemory | None, bw_gbs: float) -> dict:
     bytes_per_token = bytes_step / max(tokens_per_step, 1e-9)  # the weights are read once for the whole step
     floor_ms = bytes_per_token / (bw_gbs * 1e9) * 1000 if bw_gbs else None
     med_step = percentile(step_ms, 50)
-    m = {
-        "ttft_s": res.ttft_s,
-        "prefill_s": res.prefill_s,
-        "prefill_tok_s": prompt_tok / res.prefill_s if res.prefill_s else None,
-        "prompt_tokens": prompt_tok,
-        "new_tokens": res.n_new,
-        "decode_s": decode_s,
-        "decode_tok_s": tokens_after_first / decode_s if decode_s else None,
-        "tokens_per_step": tokens_per_step,
-        "token_latency_ms_median": percentile(per_token_ms, 50),
-        "token_latency_ms_p90": percentile(per_token_ms, 90),
-        "token_latency_ms_p99": percentile(per_token_ms, 99),
-        "total_s": res.total_s,
-        "weight_bytes": lm.weight_bytes,
-        "weight_breakdown": dict(lm.weights),
-        "quantized_layers": dict(lm.quantized) or None,
-        "kv_bytes": res.kv_bytes,
-        "mem_bw_gbs": bw_gbs,
-        "bytes_per_token": bytes_per_token,
-        "bw_floor_ms": floor_ms,
+    m = Metrics({
+        M.ttft_s: res.ttft_s,
+        M.prefill_s: res.prefill_s,
+        M.prefill_tok_s: prompt_tok / res.prefill_s if res.prefill_s else None,
+        M.prompt_tokens: prompt_tok,
+        M.new_tokens: res.n_new,
+        M.decode_s: decode_s,
+        M.decode_tok_s: tokens_after_first / decode_s if decode_s else None,
+        M.tokens_per_step: tokens_per_step,
+        M.token_latency_ms_median: percentile(per_token_ms, 50),
+        M.token_latency_ms_p90: percentile(per_token_ms, 90),
+        M.token_latency_ms_p99: percentile(per_token_ms, 99),
+        M.total_s: res.total_s,
+        M.weight_bytes: lm.weight_bytes,
+        M.weight_breakdown: dict(lm.weights),
+        M.quantized_layers: dict(lm.quantized) or None,
+        M.kv_bytes: res.kv_bytes,
+        M.mem_bw_gbs: bw_gbs,
+        M.bytes_per_token: bytes_per_token,
+        M.bw_floor_ms: floor_ms,
         # The floor of the whole step over the measured step: per-token floor * tokens per step.
-        "bw_efficiency": (floor_ms * tokens_per_step / med_step) if (floor_ms and med_step) else None,
-        "load_s": lm.load_s,
-        "spec": res.spec,
-    }
+        M.bw_efficiency: (floor_ms * tokens_per_step / med_step) if (floor_ms and med_step) else None,
+        M.load_s: lm.load_s,
+        M.spec: res.spec,
+    })
     if mem is not None:
         m.update(mem.as_dict())
     return m
@@ -78,35 +79,36 @@ def summarize(lm, res, mem: PeakMemory | None, bw_gbs: float) -> dict:
 
 # ---------------------------------------------------------------- samples
 
-COUNTERS = ("drafted", "accepted", "rounds", "emitted")
+# the speculative counters a sample keeps and a run sums (fields.SPEC and fields.SAMPLE share their names)
+COUNTERS = (SMP.drafted, SMP.accepted, SMP.rounds, SMP.emitted)
 
 
 def sample(res, m: dict, category: str, prompt_id: str, rep: int) -> dict:
     """What the record keeps of one generation (fields.SAMPLE defines each key)."""
-    s = {"rep": rep, "category": category, "prompt_id": prompt_id, "prompt_tokens": len(res.prompt_tokens[0]),
-         "new_tokens": res.n_new, "ttft_s": m["ttft_s"], "decode_s": m["decode_s"],
-         "decode_tok_s": m["decode_tok_s"], "token_latency_ms": m["token_latency_ms_median"]}
+    s = {SMP.rep: rep, SMP.category: category, SMP.prompt_id: prompt_id, SMP.prompt_tokens: len(res.prompt_tokens[0]),
+         SMP.new_tokens: res.n_new, SMP.ttft_s: m[M.ttft_s], SMP.decode_s: m[M.decode_s],
+         SMP.decode_tok_s: m[M.decode_tok_s], SMP.token_latency_ms: m[M.token_latency_ms_median]}
     if res.spec:
         s.update({k: int(res.spec.get(k) or 0) for k in COUNTERS})
     return s
 
 
 # Each per-generation metric of the record is the median over the samples of the generation's value.
-PER_GENERATION = ("ttft_s", "prefill_s", "prefill_tok_s", "prompt_tokens", "new_tokens", "decode_s", "decode_tok_s",
-                  "tokens_per_step", "token_latency_ms_median", "token_latency_ms_p90", "token_latency_ms_p99",
-                  "total_s", "bytes_per_token", "bw_floor_ms", "bw_efficiency")
+PER_GENERATION = (M.ttft_s, M.prefill_s, M.prefill_tok_s, M.prompt_tokens, M.new_tokens, M.decode_s, M.decode_tok_s,
+                  M.tokens_per_step, M.token_latency_ms_median, M.token_latency_ms_p90, M.token_latency_ms_p99,
+                  M.total_s, M.bytes_per_token, M.bw_floor_ms, M.bw_efficiency)
 # (metric path, sample key): the speed figures whose interval comes from the repetitions.
-SPEED = (("decode_tok_s", "decode_tok_s"), ("ttft_s", "ttft_s"), ("token_latency_ms_median", "token_latency_ms"))
+SPEED = ((M.decode_tok_s, SMP.decode_tok_s), (M.ttft_s, SMP.ttft_s), (M.token_latency_ms_median, SMP.token_latency_ms))
 
 
 def _interval(ci, over: str, n: int) -> dict | None:
-    return None if ci is None else {"lo": ci[0], "hi": ci[1], "over": over, "n": n}
+    return None if ci is None else {IV.lo: ci[0], IV.hi: ci[1], IV.over: over, IV.n: n}
 
 
 def _reps(samples: list[dict]) -> list[list[dict]]:
     by: dict[int, list] = {}
     for s in samples:
-        by.setdefault(s["rep"], []).append(s)
+        by.setdefault(s[SMP.rep], []).append(s)
     return [by[r] for r in sorted(by)]
 
 
@@ -123,23 +125,23 @@ def speed(samples: list[dict], base: list[dict] | None = None) -> tuple[dict, di
         vals[path] = median([s.get(key) for s in samples])
         ivs[path] = _interval(bootstrap(reps, _pooled_median(key)), "repetitions", len(reps))
     if base:
-        b_reps = {r[0]["rep"]: r for r in _reps(base)}
-        pairs = [(r, b_reps[r[0]["rep"]]) for r in reps if r[0]["rep"] in b_reps]
-        b_tok = median([s.get("decode_tok_s") for s in base])
-        vals["baseline.decode_tok_s"] = b_tok
-        vals["baseline.ttft_s"] = median([s.get("ttft_s") for s in base])
-        vals["baseline.token_latency_ms_median"] = median([s.get("token_latency_ms") for s in base])
-        vals["spec.baseline_tok_s"] = b_tok
-        vals["spec.speedup"] = vals["decode_tok_s"] / b_tok if (b_tok and vals["decode_tok_s"]) else None
+        b_reps = {r[0][SMP.rep]: r for r in _reps(base)}
+        pairs = [(r, b_reps[r[0][SMP.rep]]) for r in reps if r[0][SMP.rep] in b_reps]
+        b_tok = median([s.get(SMP.decode_tok_s) for s in base])
+        vals[BASELINE_AT.decode_tok_s] = b_tok
+        vals[BASELINE_AT.ttft_s] = median([s.get(SMP.ttft_s) for s in base])
+        vals[BASELINE_AT.token_latency_ms_median] = median([s.get(SMP.token_latency_ms) for s in base])
+        vals[SPEC_AT.baseline_tok_s] = b_tok
+        vals[SPEC_AT.speedup] = vals[M.decode_tok_s] / b_tok if (b_tok and vals[M.decode_tok_s]) else None
 
         def ratio(draw):
-            a = median([s.get("decode_tok_s") for p in draw for s in p[0]])
-            b = median([s.get("decode_tok_s") for p in draw for s in p[1]])
+            a = median([s.get(SMP.decode_tok_s) for p in draw for s in p[0]])
+            b = median([s.get(SMP.decode_tok_s) for p in draw for s in p[1]])
             return a / b if a and b else None
 
-        ivs["baseline.decode_tok_s"] = _interval(bootstrap([p[1] for p in pairs], _pooled_median("decode_tok_s")),
+        ivs[BASELINE_AT.decode_tok_s] = _interval(bootstrap([p[1] for p in pairs], _pooled_median(SMP.decode_tok_s)),
                                                  "repetitions", len(pairs))
-        ivs["spec.speedup"] = _interval(bootstrap(pairs, ratio), "repetitions", len(pairs))
+        ivs[SPEC_AT.speedup] = _interval(bootstrap(pairs, ratio), "repetitions", len(pairs))
     return vals, ivs
 
 
@@ -147,35 +149,35 @@ def _per_prompt(samples: list[dict]) -> list[dict]:
     """Each prompt's acceptance counters summed over its repetitions."""
     by: dict[str, dict] = {}
     for s in samples:
-        if "drafted" not in s:
+        if SMP.drafted not in s:
             continue
-        p = by.setdefault(s["prompt_id"], {"category": s["category"], **{k: 0 for k in COUNTERS}})
+        p = by.setdefault(s[SMP.prompt_id], {SMP.category: s[SMP.category], **{k: 0 for k in COUNTERS}})
         for k in COUNTERS:
             p[k] += s[k]
     return list(by.values())
 
 
 def _token_rate(ps):
-    d = sum(p["drafted"] for p in ps)
-    return sum(p["accepted"] for p in ps) / d if d else None
+    d = sum(p[S.drafted] for p in ps)
+    return sum(p[S.accepted] for p in ps) / d if d else None
 
 
 def _token_length(ps):
-    r = sum(p["rounds"] for p in ps)
-    return sum(p["emitted"] for p in ps) / r if r else None
+    r = sum(p[S.rounds] for p in ps)
+    return sum(p[S.emitted] for p in ps) / r if r else None
 
 
 def _request_rate(ps):
-    return mean([p["accepted"] / p["drafted"] for p in ps if p["drafted"]])
+    return mean([p[S.accepted] / p[S.drafted] for p in ps if p[S.drafted]])
 
 
 def _request_length(ps):
-    return mean([p["emitted"] / p["rounds"] for p in ps if p["rounds"]])
+    return mean([p[S.emitted] / p[S.rounds] for p in ps if p[S.rounds]])
 
 
-ACCEPTANCE = (("acceptance_rate", _token_rate), ("mean_acceptance_length", _token_length),
-              ("acceptance_rate_request_mean", _request_rate),
-              ("mean_acceptance_length_request_mean", _request_length))
+ACCEPTANCE = ((S.acceptance_rate, _token_rate), (S.mean_acceptance_length, _token_length),
+              (S.acceptance_rate_request_mean, _request_rate),
+              (S.mean_acceptance_length_request_mean, _request_length))
 
 
 def acceptance(samples: list[dict]) -> tuple[dict, dict]:
@@ -183,13 +185,13 @@ def acceptance(samples: list[dict]) -> tuple[dict, dict]:
     ps = _per_prompt(samples)
     if not ps:
         return {}, {}
-    vals = {f"spec.{k}": int(sum(p[k] for p in ps)) for k in COUNTERS}
-    vals["spec.prompts"] = len(ps)
+    vals = {f"{M.spec}.{k}": int(sum(p[k] for p in ps)) for k in COUNTERS}
+    vals[SPEC_AT.prompts] = len(ps)
     ivs = {}
-    strata = [p["category"] for p in ps]
+    strata = [p[SMP.category] for p in ps]
     for name, fn in ACCEPTANCE:
-        vals[f"spec.{name}"] = fn(ps)
-        ivs[f"spec.{name}"] = _interval(bootstrap(ps, fn, strata), "prompts", len(ps))
+        vals[f"{M.spec}.{name}"] = fn(ps)
+        ivs[f"{M.spec}.{name}"] = _interval(bootstrap(ps, fn, strata), "prompts", len(ps))
     return vals, ivs
 
 
@@ -213,57 +215,59 @@ def _block(samples: list[dict], base: list[dict] | None) -> tuple[dict, dict]:
 def _spec_totals(specs: list[dict]) -> dict:
     """The run's speculative statistics: counters summed over every generation (vLLM's global counters)."""
     first = specs[0]
-    out = {k: first.get(k) for k in ("draft_kind", "gamma", "adaptive")}
+    out = {k: first.get(k) for k in (S.draft_kind, S.gamma, S.adaptive)}
     out.update({k: int(sum(s.get(k) or 0 for s in specs)) for k in COUNTERS})
-    width = max(len(s.get("position_drafted") or []) for s in specs)
+    width = max(len(s.get(S.position_drafted) or []) for s in specs)
     pos_d, pos_a = [0] * width, [0] * width
     for s in specs:
-        for j, (d, a) in enumerate(zip(s.get("position_drafted") or [], s.get("position_accepted") or [])):
+        for j, (d, a) in enumerate(zip(s.get(S.position_drafted) or [], s.get(S.position_accepted) or [])):
             pos_d[j] += d
             pos_a[j] += a
-    hist = [g for s in specs for g in (s.get("gamma_history") or [])]
-    a = out["accepted"] / out["drafted"] if out["drafted"] else None
-    out.update(position_drafted=pos_d, position_accepted=pos_a,
-               position_rate=[x / d if d else None for x, d in zip(pos_a, pos_d)],
-               acceptance_rate=a, mean_acceptance_length=out["emitted"] / out["rounds"] if out["rounds"] else None,
-               mean_gamma=sum(hist) / len(hist) if hist else float(first.get("gamma") or 0),
-               draft_s=median([s.get("draft_s") for s in specs]), verify_s=median([s.get("verify_s") for s in specs]))
-    out["expected_length"] = expected_length(a, out["mean_gamma"])
+    hist = [g for s in specs for g in (s.get(S.gamma_history) or [])]
+    a = out[S.accepted] / out[S.drafted] if out[S.drafted] else None
+    out.update({S.position_drafted: pos_d, S.position_accepted: pos_a,
+                S.position_rate: [x / d if d else None for x, d in zip(pos_a, pos_d)], S.acceptance_rate: a,
+                S.mean_acceptance_length: out[S.emitted] / out[S.rounds] if out[S.rounds] else None,
+                S.mean_gamma: sum(hist) / len(hist) if hist else float(first.get(S.gamma) or 0),
+                S.draft_s: median([s.get(S.draft_s) for s in specs]),
+                S.verify_s: median([s.get(S.verify_s) for s in specs])})
+    out[S.expected_length] = expected_length(a, out[S.mean_gamma])
     return out
 
 
-def aggregate(gens: list[dict], samples: list[dict], base: list[dict] | None = None) -> dict:
+def aggregate(gens: list[dict], samples: list[dict], base: list[dict] | None = None) -> Metrics:
     """The record's metrics from every measured generation (`gens`: summarize() of each) and its sample.
 
     Per-generation metrics: the median over the samples. Spec counters: summed. Intervals: stats.py.
     by_category holds the same figures for each category's samples.
     """
-    m = {k: gens[0].get(k) for k in ("weight_bytes", "weight_breakdown", "quantized_layers", "mem_bw_gbs", "load_s")}
+    m = Metrics({k: gens[0].get(k) for k in (M.weight_bytes, M.weight_breakdown, M.quantized_layers, M.mem_bw_gbs,
+                                             M.load_s)})
     for k in PER_GENERATION:
         m[k] = median([g.get(k) for g in gens])
-        if k in ("prompt_tokens", "new_tokens") and m[k] is not None and float(m[k]).is_integer():
+        if k in (M.prompt_tokens, M.new_tokens) and m[k] is not None and float(m[k]).is_integer():
             m[k] = int(m[k])  # counts stay whole where the median is one
-    m["kv_bytes"] = max(finite(g.get("kv_bytes") for g in gens) or [0])
-    specs = [g["spec"] for g in gens if g.get("spec")]
+    m[M.kv_bytes] = max(finite(g.get(M.kv_bytes) for g in gens) or [0])
+    specs = [g[M.spec] for g in gens if g.get(M.spec)]
     vals, ivs = _block(samples, base)
     nested = _nest(vals)
     if specs:
-        m["spec"] = {**_spec_totals(specs), **nested.get("spec", {})}
-    if "baseline" in nested:
-        m["baseline"] = nested["baseline"]
-    m["intervals"] = ivs
-    cats = list(dict.fromkeys(s["category"] for s in samples))
-    m["by_category"] = {}
+        m[M.spec] = {**_spec_totals(specs), **nested.get(M.spec, {})}
+    if M.baseline in nested:
+        m[M.baseline] = nested[M.baseline]
+    m[M.intervals] = ivs
+    cats = list(dict.fromkeys(s[SMP.category] for s in samples))
+    m[M.by_category] = {}
     for c in cats:
-        cs = [s for s in samples if s["category"] == c]
-        cb = [s for s in (base or []) if s["category"] == c] or None
+        cs = [s for s in samples if s[SMP.category] == c]
+        cb = [s for s in (base or []) if s[SMP.category] == c] or None
         v, i = _block(cs, cb)
-        block = _nest({k: x for k, x in v.items() if not k.startswith("baseline.")})
-        block.update(samples=len(cs), prompts=len({s["prompt_id"] for s in cs}), intervals=i)
-        m["by_category"][c] = block
-    m["samples"] = samples
+        block = _nest({k: x for k, x in v.items() if k.partition(".")[0] != M.baseline})
+        block.update({CAT.samples: len(cs), CAT.prompts: len({s[SMP.prompt_id] for s in cs}), M.intervals: i})
+        m[M.by_category][c] = block
+    m[M.samples] = samples
     if base:
-        m["baseline_samples"] = base
+        m[M.baseline_samples] = base
     return m
 
 
@@ -281,8 +285,8 @@ def make_record(kind: str, lm, metrics: dict, output: dict, config_extra: dict |
     }
     cfg.update(config_extra or {})
     if draft_lm is not None:
-        metrics["draft_weight_bytes"] = draft_lm.weight_bytes
+        metrics[M.draft_weight_bytes] = draft_lm.weight_bytes
     if quality:
-        metrics["quality"] = quality
+        metrics[M.quality] = quality
     return RunRecord(kind=kind, config=cfg, metrics=metrics, machine=machine_facts(lm.device),
                      versions=library_versions(), kernels=kernels.backend_info(), output=output)

@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 from engine.common.formulas import usd_per_million_tokens
 from engine.measure import fields as F
+from engine.measure.fields import CAT, IV, M, N, QUALITY_AT, SPEC_AT, W
 
 MB = 1e6
 
@@ -73,11 +74,11 @@ def _metric(path: str, scale: float = 1.0) -> Callable:
 def _interval(path: str, scale: float = 1.0) -> Callable:
     """The record's interval of the metric at `path` (metrics.intervals[path]), times `scale`."""
     def get(rec, _usd):
-        ivs = (rec.metrics or {}).get("intervals")
+        ivs = (rec.metrics or {}).get(M.intervals)
         iv = ivs.get(path) if isinstance(ivs, dict) else None
         if not isinstance(iv, dict):
             return None
-        lo, hi = num(iv.get("lo")), num(iv.get("hi"))
+        lo, hi = num(iv.get(IV.lo)), num(iv.get(IV.hi))
         return None if lo is None or hi is None else (lo * scale, hi * scale)
     return get
 
@@ -97,27 +98,27 @@ def _draft(rec) -> dict:
 
 def _weights_total(rec, _usd):
     m = rec.metrics or {}
-    w, d = num(m.get("weight_bytes")), num(m.get("draft_weight_bytes"))
+    w, d = num(m.get(M.weight_bytes)), num(m.get(M.draft_weight_bytes))
     return None if w is None else (w + (d or 0)) / MB
 
 
 def _usd_per_1m(rec, usd):
     if usd is None:
         return None
-    return usd_per_million_tokens(num((rec.metrics or {}).get("decode_tok_s")), usd)
+    return usd_per_million_tokens(num((rec.metrics or {}).get(M.decode_tok_s)), usd)
 
 
 def _usd_interval(rec, usd):
     """Cost falls as tokens/s rises: the cost interval is the tok/s interval's ends, swapped."""
-    b = _interval("decode_tok_s")(rec, usd)
+    b = _interval(M.decode_tok_s)(rec, usd)
     if usd is None or b is None or b[0] <= 0:
         return None
     return usd_per_million_tokens(b[1], usd), usd_per_million_tokens(b[0], usd)
 
 
 def _noise(rec) -> dict | None:
-    n = (rec.metrics or {}).get("noise")
-    return n if isinstance(n, dict) and isinstance(n.get("noisy"), bool) else None
+    n = (rec.metrics or {}).get(M.noise)
+    return n if isinstance(n, dict) and isinstance(n.get(N.noisy), bool) else None
 
 
 def noise_label(rec) -> str | None:
@@ -125,44 +126,44 @@ def noise_label(rec) -> str | None:
     n = _noise(rec)
     if n is None:
         return None
-    if not n["noisy"]:
-        return "quiet" if n.get("interval_checked") else "quiet (1 repetition: no interval)"
-    lim = n.get("limits") if isinstance(n.get("limits"), dict) else {}
+    if not n[N.noisy]:
+        return "quiet" if n.get(N.interval_checked) else "quiet (1 repetition: no interval)"
+    lim = n.get(N.limits) if isinstance(n.get(N.limits), dict) else {}
     parts = []
-    widths = n.get("interval_half_width") if isinstance(n.get("interval_half_width"), dict) else {}
-    for path, short in (("decode_tok_s", "tok/s"), ("token_latency_ms_median", "ms/token")):
+    widths = n.get(N.interval_half_width) if isinstance(n.get(N.interval_half_width), dict) else {}
+    for path, short in ((M.decode_tok_s, "tok/s"), (M.token_latency_ms_median, "ms/token")):
         w = num(widths.get(path))
         if w is not None and w > (num(lim.get("interval")) or 0.10):
             parts.append(f"{short} ±{w:.0%}")
-    drop = num(n.get("probe_drop"))
+    drop = num(n.get(N.probe_drop))
     if drop is not None and drop > (num(lim.get("probe_drop")) or 0.15):
         parts.append(f"bandwidth −{drop:.0%}")
-    share = num(n.get("cpu_pressure_share"))
+    share = num(n.get(N.cpu_pressure_share))
     if share is not None and share > (num(lim.get("cpu_pressure")) or 0.25):
         parts.append(f"CPU waits {share:.0%}")
     if not parts:
-        parts = [str(x) for x in n.get("reasons") or []][:2]
+        parts = [str(x) for x in n.get(N.reasons) or []][:2]
     return "⚠ noisy: " + ", ".join(parts)
 
 
 def _workload(rec) -> str | None:
-    w = (rec.metrics or {}).get("workload")
+    w = (rec.metrics or {}).get(M.workload)
     if not isinstance(w, dict):
         return (rec.config or {}).get("workload")
-    s = str(w.get("name") or "")
-    if isinstance(w.get("reps"), int):
-        s += f" ×{w['reps']}"
-    if w.get("skipped"):
-        s += f" ({w['skipped']} skipped)"
+    s = str(w.get(W.name) or "")
+    if isinstance(w.get(W.reps), int):
+        s += f" ×{w[W.reps]}"
+    if w.get(W.skipped):
+        s += f" ({w[W.skipped]} skipped)"
     return s or None
 
 
 def _prompts(rec, _usd):
     m = rec.metrics or {}
-    if isinstance(m.get("prompts"), int):  # a category block
-        return m["prompts"]
-    w = m.get("workload")
-    return w.get("prompts") if isinstance(w, dict) else None
+    if isinstance(m.get(CAT.prompts), int):  # a category block
+        return m[CAT.prompts]
+    w = m.get(M.workload)
+    return w.get(W.prompts) if isinstance(w, dict) else None
 
 
 def _kernels(rec):
@@ -210,44 +211,44 @@ COLUMNS: tuple[Column, ...] = (
            _text(lambda r: getattr(r, "category", None)), text=True, views=frozenset({"category"})),
     Column("prompts", "prompts", "", "prompts measured (each once per repetition)", _prompts, digits=None,
            views=frozenset({"category"})),
-    metric_column("weights_MB", "weight_bytes", "weights MB", "MB", 1 / MB, digits=1, views=frozenset({"cli"})),
+    metric_column("weights_MB", M.weight_bytes, "weights MB", "MB", 1 / MB, digits=1, views=frozenset({"cli"})),
     Column("weights_total_MB", "weights MB", "MB", "bytes of the target's weights plus the draft's (a second copy)",
            _weights_total, digits=1, better="lower", chart="Memory: weights (target + draft)",
            views=frozenset({"page", "report"})),
-    Column("qlayers_vs_fp32", "quantized / fp32", "", F.lookup("quantized_layers").definition,
-           lambda r, _u: num(((r.metrics or {}).get("quantized_layers") or {}).get("ratio")), digits=3,
+    Column("qlayers_vs_fp32", "quantized / fp32", "", F.lookup(M.quantized_layers).definition,
+           lambda r, _u: num(((r.metrics or {}).get(M.quantized_layers) or {}).get("ratio")), digits=3,
            views=frozenset({"cli"})),
-    metric_column("peak_rss_MB", "peak_rss_bytes", "peak RSS MB", "MB", 1 / MB, digits=1, better="lower",
+    metric_column("peak_rss_MB", M.peak_rss_bytes, "peak RSS MB", "MB", 1 / MB, digits=1, better="lower",
                   chart="Memory: peak process RSS"),
-    metric_column("kv_MB", "kv_bytes", "KV cache MB", "MB", 1 / MB, views=frozenset({"page"})),
-    metric_column("ttft_ms", "ttft_s", "TTFT ms", "ms", 1000.0, digits=1, better="lower",
+    metric_column("kv_MB", M.kv_bytes, "KV cache MB", "MB", 1 / MB, views=frozenset({"page"})),
+    metric_column("ttft_ms", M.ttft_s, "TTFT ms", "ms", 1000.0, digits=1, better="lower",
                   chart="Time to first token", interval=True, views=_ALL_AND_CATEGORY),
-    metric_column("tok_ms_p50", "token_latency_ms_median", "ms/token p50", better="lower",
+    metric_column("tok_ms_p50", M.token_latency_ms_median, "ms/token p50", better="lower",
                   chart="Per-token latency (median)", interval=True),
-    metric_column("tok_ms_p90", "token_latency_ms_p90", "ms/token p90", views=frozenset({"cli", "page"})),
-    metric_column("tok_s", "decode_tok_s", "tokens/s", better="higher", chart="Decode throughput", interval=True,
+    metric_column("tok_ms_p90", M.token_latency_ms_p90, "ms/token p90", views=frozenset({"cli", "page"})),
+    metric_column("tok_s", M.decode_tok_s, "tokens/s", better="higher", chart="Decode throughput", interval=True,
                   views=_ALL_AND_CATEGORY),
     Column("noise", "noise", "", "the noise guard (engine/measure/noise.py): noisy when the tokens/s or "
            "per-token latency interval reaches beyond ±10% of the median, the bandwidth probe dropped more than "
            "15% between the run's start and end, or a task waited for a CPU during more than 25% of the run",
            _text(noise_label), text=True),
     Column("noisy", "noisy", "", "the noise guard's flag (true, false, or empty: not checked)",
-           _text(lambda r: (_noise(r) or {}).get("noisy")), text=True, views=frozenset()),
-    metric_column("bw_eff", "bw_efficiency", "bandwidth efficiency", views=frozenset({"cli", "page"})),
-    metric_column("accept_rate", "spec.acceptance_rate", "acceptance", "share", better="higher",
+           _text(lambda r: (_noise(r) or {}).get(N.noisy)), text=True, views=frozenset()),
+    metric_column("bw_eff", M.bw_efficiency, "bandwidth efficiency", views=frozenset({"cli", "page"})),
+    metric_column("accept_rate", SPEC_AT.acceptance_rate, "acceptance", "share", better="higher",
                   chart="Draft acceptance rate", interval=True, views=_ALL_AND_CATEGORY),
-    metric_column("accept_rate_req", "spec.acceptance_rate_request_mean", "acceptance, per request", "share",
+    metric_column("accept_rate_req", SPEC_AT.acceptance_rate_request_mean, "acceptance, per request", "share",
                   interval=True, views=frozenset({"page", "report", "category"})),
-    metric_column("accept_len", "spec.mean_acceptance_length", "acceptance length", interval=True,
+    metric_column("accept_len", SPEC_AT.mean_acceptance_length, "acceptance length", interval=True,
                   views=_ALL_AND_CATEGORY),
-    metric_column("accept_len_req", "spec.mean_acceptance_length_request_mean", "acceptance length, per request",
+    metric_column("accept_len_req", SPEC_AT.mean_acceptance_length_request_mean, "acceptance length, per request",
                   interval=True, views=frozenset({"page", "report", "category"})),
-    metric_column("expected_len", "spec.expected_length", "expected length", views=frozenset({"cli", "page"})),
-    metric_column("speedup", "spec.speedup", "speedup", interval=True, views=_ALL_AND_CATEGORY),
-    metric_column("quality_loss_kl", "quality.kl_mean", "KL vs fp32", digits=5, better="lower",
+    metric_column("expected_len", SPEC_AT.expected_length, "expected length", views=frozenset({"cli", "page"})),
+    metric_column("speedup", SPEC_AT.speedup, "speedup", interval=True, views=_ALL_AND_CATEGORY),
+    metric_column("quality_loss_kl", QUALITY_AT.kld_mean, "KL vs fp32", digits=5, better="lower",
                   chart="Quality loss: KL(fp32 || config)"),
-    metric_column("top1", "quality.top1_agreement", "same top-1", digits=4),
-    metric_column("ppl", "quality.perplexity", "perplexity", digits=3),
+    metric_column("top1", QUALITY_AT.top1_agreement, "same top-1", digits=4),
+    metric_column("ppl", QUALITY_AT.perplexity, "perplexity", digits=3),
     Column("usd_per_1m_out", "$/1M out, one stream", "USD",
            "$/hour / (decode tokens/s x 3600) x 1e6: the cost of output tokens from one stream at the measured "
            "batch size, the machine busy all the time (not cost under load)", _usd_per_1m, digits=4, better="lower",

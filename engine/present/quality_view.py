@@ -5,6 +5,7 @@ same keys); never runs a model. Probabilities are shown in % as llama.cpp prints
 """
 from __future__ import annotations
 
+from engine.measure.fields import QC, Q
 from engine.present.columns import num as _num
 
 SCOPES = ("overall", "chat", "code")
@@ -26,34 +27,34 @@ def _one(v, digits: int = 6, scale: float = 1.0, unit: str = "") -> str:
 def scopes(q: dict) -> dict[str, dict]:
     """{'overall': q, 'chat': ..., 'code': ...}: the statistics of each scope present."""
     out = {"overall": q}
-    out.update({c: s for c, s in (q.get("by_category") or {}).items() if s and s.get("tokens")})
+    out.update({c: s for c, s in (q.get(Q.by_category) or {}).items() if s and s.get(Q.tokens)})
     return out
 
 
 # llama.cpp's labels (tools/perplexity), each with how to show it from a statistics dict
 LLAMA_LINES = (
-    ("Mean PPL(Q)", lambda s: _pm(s.get("perplexity"), s.get("perplexity_err"))),
-    ("Mean PPL(base)", lambda s: _pm(s.get("ref_perplexity"), s.get("ref_perplexity_err"))),
-    ("Mean ln(PPL(Q)/PPL(base))", lambda s: _pm(s.get("ln_ppl_ratio"), s.get("ln_ppl_ratio_err"))),
-    ("Mean PPL(Q)/PPL(base)", lambda s: _pm(s.get("ppl_ratio"), s.get("ppl_ratio_err"))),
-    ("Mean    KLD", lambda s: _pm(s.get("kl_mean"), s.get("kl_mean_err"))),
-    ("Maximum KLD", lambda s: _one(s.get("kl_max"))),
-    ("99.9%   KLD", lambda s: _one(s.get("kld_p999"))),
-    ("99.0%   KLD", lambda s: _one(s.get("kl_p99"))),
-    ("95.0%   KLD", lambda s: _one(s.get("kld_p95"))),
-    ("90.0%   KLD", lambda s: _one(s.get("kld_p90"))),
-    ("Median  KLD", lambda s: _one(s.get("kld_median"))),
-    ("Mean    Δp", lambda s: _pm(s.get("delta_p_mean"), s.get("delta_p_err"), 3, 100, " %")),
-    ("RMS Δp", lambda s: _pm(s.get("delta_p_rms"), s.get("delta_p_rms_err"), 3, 100, " %")),
-    ("Same top p", lambda s: _pm(s.get("top1_agreement"), s.get("top1_err"), 3, 100, " %")),
+    ("Mean PPL(Q)", lambda s: _pm(s.get(Q.perplexity), s.get(Q.perplexity_err))),
+    ("Mean PPL(base)", lambda s: _pm(s.get(Q.ref_perplexity), s.get(Q.ref_perplexity_err))),
+    ("Mean ln(PPL(Q)/PPL(base))", lambda s: _pm(s.get(Q.ln_ppl_ratio), s.get(Q.ln_ppl_ratio_err))),
+    ("Mean PPL(Q)/PPL(base)", lambda s: _pm(s.get(Q.ppl_ratio), s.get(Q.ppl_ratio_err))),
+    ("Mean    KLD", lambda s: _pm(s.get(Q.kld_mean), s.get(Q.kld_mean_err))),
+    ("Maximum KLD", lambda s: _one(s.get(Q.kld_max))),
+    ("99.9%   KLD", lambda s: _one(s.get(Q.kld_p999))),
+    ("99.0%   KLD", lambda s: _one(s.get(Q.kld_p99))),
+    ("95.0%   KLD", lambda s: _one(s.get(Q.kld_p95))),
+    ("90.0%   KLD", lambda s: _one(s.get(Q.kld_p90))),
+    ("Median  KLD", lambda s: _one(s.get(Q.kld_median))),
+    ("Mean    Δp", lambda s: _pm(s.get(Q.delta_p_mean), s.get(Q.delta_p_err), 3, 100, " %")),
+    ("RMS Δp", lambda s: _pm(s.get(Q.delta_p_rms), s.get(Q.delta_p_rms_err), 3, 100, " %")),
+    ("Same top p", lambda s: _pm(s.get(Q.top1_agreement), s.get(Q.top1_err), 3, 100, " %")),
 )
 
 
 def heading(label: str, q: dict) -> str:
     """'label: 8,192 tokens (chat 4,096 in 16 documents, code 4,096 in 22)'."""
-    parts = [f"{c} {s['tokens']:,} in {s.get('documents', '?')} document{'' if s.get('documents') == 1 else 's'}"
+    parts = [f"{c} {s[Q.tokens]:,} in {s.get(QC.documents, '?')} document{'' if s.get(QC.documents) == 1 else 's'}"
              for c, s in scopes(q).items() if c != "overall"]
-    return f"{label}: {q.get('tokens', 0):,} tokens" + (f" ({', '.join(parts)})" if parts else "")
+    return f"{label}: {q.get(Q.tokens, 0):,} tokens" + (f" ({', '.join(parts)})" if parts else "")
 
 
 def llama_style(label: str, q: dict) -> str:
@@ -73,14 +74,14 @@ def table_rows(results: list[tuple[str, dict]]) -> list[dict]:
     for label, q in results:
         for scope, s in scopes(q).items():
             rows.append({
-                "config": label, "scope": scope, "tokens": s.get("tokens"),
-                "mean KLD": _pm(s.get("kl_mean"), s.get("kl_mean_err"), 5),
-                "median": _one(s.get("kld_median"), 5), "p90": _one(s.get("kld_p90"), 4),
-                "p95": _one(s.get("kld_p95"), 4), "p99": _one(s.get("kl_p99"), 4),
-                "p99.9": _one(s.get("kld_p999"), 3), "max": _one(s.get("kl_max"), 3),
-                "same top-1": _pm(s.get("top1_agreement"), s.get("top1_err"), 2, 100, " %"),
-                "RMS Δp": _pm(s.get("delta_p_rms"), s.get("delta_p_rms_err"), 2, 100, " %"),
-                "PPL ratio": _pm(s.get("ppl_ratio"), s.get("ppl_ratio_err"), 4),
+                "config": label, "scope": scope, "tokens": s.get(Q.tokens),
+                "mean KLD": _pm(s.get(Q.kld_mean), s.get(Q.kld_mean_err), 5),
+                "median": _one(s.get(Q.kld_median), 5), "p90": _one(s.get(Q.kld_p90), 4),
+                "p95": _one(s.get(Q.kld_p95), 4), "p99": _one(s.get(Q.kld_p99), 4),
+                "p99.9": _one(s.get(Q.kld_p999), 3), "max": _one(s.get(Q.kld_max), 3),
+                "same top-1": _pm(s.get(Q.top1_agreement), s.get(Q.top1_err), 2, 100, " %"),
+                "RMS Δp": _pm(s.get(Q.delta_p_rms), s.get(Q.delta_p_rms_err), 2, 100, " %"),
+                "PPL ratio": _pm(s.get(Q.ppl_ratio), s.get(Q.ppl_ratio_err), 4),
             })
     return rows
 
