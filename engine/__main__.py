@@ -315,6 +315,8 @@ def build_parser() -> argparse.ArgumentParser:
     load_cli.add_parser(sub, ray_sender=_ray_load_sender)
     from engine.serve import cli as serve_cli
     serve_cli.add_parser(sub)
+    from engine.backend import cli as backend_cli
+    backend_cli.add_parser(sub)
     return ap
 
 

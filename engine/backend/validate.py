@@ -1,0 +1,196 @@
+"""A submission checked in full before it is queued: each bad value refused by its path in the body.
+
+The path names the field the way a reader finds it in the JSON they sent, e.g.
+`work.configs[2].setup.precision`. Which field is at fault is found by building the object from
+its fields in declaration order: the first prefix of fields that no longer validates names it
+(so a self-draft equal to its target blames `draft_precision`, the field that made it so).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+from engine.backend.protocol import RECORD_KINDS, WORK_KINDS
+from engine.common.errors import UserError
+
+MAX_CONFIGS = 500  # one job; a bigger grid is a mistake more often than a plan
+MAX_TEXT = 200  # title and client id
+
+
+class Rejected(UserError):
+    """A submission the backend will not queue: what, where (`field`) and the fix."""
+
+    def __init__(self, problem: str, field: str | None, fix: str = ""):
+        super().__init__(problem, fix)
+        self.field = field
+
+
+@dataclass
+class RunsWork:
+    configs: list  # measure.RunConfig
+    record_kind: str = "bench"
+    stream: bool = False
+    kind: str = "runs"
+
+    @property
+    def total(self) -> int:
+        return len(self.configs)
+
+
+@dataclass
+class PeersWork:
+    configs: list  # peers.PeerConfig
+    kind: str = "peers"
+
+    @property
+    def total(self) -> int:
+        return len(self.configs)
+
+
+@dataclass
+class LoadSweepWork:
+    specs: list  # peers.ServerSpec
+    plan: object  # peers.load_sweep.SweepPlan
+    kind: str = "load-sweep"
+
+    @property
+    def total(self) -> int:
+        return len(self.specs) * self.plan.points_per_configuration()
+
+
+@dataclass
+class Submission:
+    title: str
+    client: str | None
+    work: RunsWork | PeersWork | LoadSweepWork
+
+
+def _why(e: BaseException) -> tuple[str, str]:
+    if isinstance(e, UserError):
+        return e.problem, e.fix
+    return f"{type(e).__name__}: {e}", ""
+
+
+def _first_bad(d: dict, names: list[str], check) -> str | None:
+    """The first of `names` (present in d) whose addition to the fields before it makes check() fail."""
+    present = [n for n in names if n in d]
+    for j, name in enumerate(present):
+        try:
+            check({k: d[k] for k in present[:j + 1]})
+        except Exception:
+            return name
+    return None
+
+
+def _refuse_unknown(d, known, where: str, what: str):
+    if not isinstance(d, dict):
+        raise Rejected(f"{where} must be an object, got {type(d).__name__}", where, f"send the fields of {what}")
+    unknown = sorted(set(d) - set(known))
+    if unknown:
+        raise Rejected(f"unknown field '{unknown[0]}' in {where}", f"{where}.{unknown[0]}",
+                       f"{what} fields are: {', '.join(known)}")
+
+
+def _list(d: dict, key: str, where: str, what: str) -> list:
+    v = d.get(key)
+    if not isinstance(v, list) or not v:
+        raise Rejected(f"{where}.{key} must be a non-empty list of {what}", f"{where}.{key}",
+                       f"send at least one {what[:-1]}")
+    if len(v) > MAX_CONFIGS:
+        raise Rejected(f"{where}.{key} has {len(v)} entries", f"{where}.{key}", f"send at most {MAX_CONFIGS} per job")
+    return v
+
+
+def run_config(d, where: str):
+    """A measure.RunConfig from its wire dict (RunConfig.to_dict()), validated; Rejected names the field."""
+    from engine.common.setup import EngineSetup
+    from engine.measure import RunConfig
+
+    top = list(RunConfig().to_dict())
+    _refuse_unknown(d, top, where, "RunConfig")
+    setup = d.get("setup")
+    if setup is not None:
+        _refuse_unknown(setup, [f.name for f in fields(EngineSetup)], f"{where}.setup", "EngineSetup")
+
+    def build(part: dict):
+        return RunConfig.from_dict(part).validate()
+
+    try:
+        return build(d)
+    except Exception as e:
+        problem, fix = _why(e)
+        bad = _first_bad(d, top, build)
+        if bad == "setup" and isinstance(setup, dict):
+            sub = _first_bad(setup, [f.name for f in fields(EngineSetup)], lambda s: build({"setup": s}))
+            bad = f"setup.{sub}" if sub else "setup"
+        raise Rejected(problem, f"{where}.{bad}" if bad else where, fix) from None
+
+
+def _dataclass_from(cls, d, where: str, what: str):
+    """cls(**d).validate(), unknown keys refused, the failing field named."""
+    from dataclasses import MISSING
+
+    names = [f.name for f in fields(cls)]
+    _refuse_unknown(d, names, where, what)
+    for f in fields(cls):
+        if f.default is MISSING and f.default_factory is MISSING and f.name not in d:
+            raise Rejected(f"{where} has no {f.name}", f"{where}.{f.name}", f"{what} needs {f.name}")
+
+    def build(part: dict):
+        return cls(**part).validate()
+
+    try:
+        return build(d)
+    except Exception as e:
+        problem, fix = _why(e)
+        bad = _first_bad(d, names, build)
+        raise Rejected(problem, f"{where}.{bad}" if bad else where, fix) from None
+
+
+def _runs(w: dict) -> RunsWork:
+    _refuse_unknown(w, ["kind", "configs", "record_kind", "stream"], "work", "a runs job")
+    kind = w.get("record_kind", "bench")
+    if kind not in RECORD_KINDS:
+        raise Rejected(f"unknown record kind {kind!r}", "work.record_kind", f"use one of: {', '.join(RECORD_KINDS)}")
+    stream = w.get("stream", False)
+    if not isinstance(stream, bool):
+        raise Rejected(f"stream must be true or false, got {stream!r}", "work.stream", "send a JSON boolean")
+    cfgs = [run_config(c, f"work.configs[{i}]") for i, c in enumerate(_list(w, "configs", "work", "RunConfigs"))]
+    return RunsWork(cfgs, kind, stream)
+
+
+def _peers(w: dict) -> PeersWork:
+    from engine.peers import PeerConfig
+
+    _refuse_unknown(w, ["kind", "configs"], "work", "a peers job")
+    items = _list(w, "configs", "work", "PeerConfigs")
+    return PeersWork([_dataclass_from(PeerConfig, c, f"work.configs[{i}]", "PeerConfig") for i, c in enumerate(items)])
+
+
+def _load_sweep(w: dict) -> LoadSweepWork:
+    from engine.peers.load_sweep import SweepPlan
+    from engine.peers.servers import ServerSpec
+
+    _refuse_unknown(w, ["kind", "specs", "plan"], "work", "a load-sweep job")
+    specs = [_dataclass_from(ServerSpec, s, f"work.specs[{i}]", "ServerSpec")
+             for i, s in enumerate(_list(w, "specs", "work", "ServerSpecs"))]
+    plan = _dataclass_from(SweepPlan, w.get("plan", {}), "work.plan", "SweepPlan")
+    return LoadSweepWork(specs, plan)
+
+
+def submission(body) -> Submission:
+    """The POST /v1/jobs body, checked in full (every config validated) before anything is queued."""
+    _refuse_unknown(body, ["title", "client", "work"], "the body", "a job submission")
+    title = body.get("title", "")
+    if not isinstance(title, str) or not title.strip() or len(title) > MAX_TEXT:
+        raise Rejected("title must be a non-empty string", "title", f"name the job in 1 to {MAX_TEXT} characters")
+    client = body.get("client")
+    if client is not None and (not isinstance(client, str) or len(client) > MAX_TEXT):
+        raise Rejected("client must be a string (a tab or session id)", "client", f"send 1 to {MAX_TEXT} characters or null")
+    w = body.get("work")
+    if not isinstance(w, dict):
+        raise Rejected("work must be an object with a kind", "work", f"send {{\"kind\": one of {', '.join(WORK_KINDS)}, ...}}")
+    kind = w.get("kind")
+    if kind not in WORK_KINDS:
+        raise Rejected(f"unknown work kind {kind!r}", "work.kind", f"use one of: {', '.join(WORK_KINDS)}")
+    work = {"runs": _runs, "peers": _peers, "load-sweep": _load_sweep}[kind](w)
+    return Submission(title.strip(), client, work)
