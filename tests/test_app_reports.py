@@ -121,7 +121,7 @@ def test_a_saved_version_1_report_still_opens():
     """A report saved before schema 2 (its records at version 1, one at batch 4) opens and is drawn."""
     import json
 
-    from engine.measure.records import RunRecord
+    from engine.measure.records import SCHEMA_VERSION, RunRecord
     from engine.present import reports
     from pages import _ui
 
@@ -141,4 +141,4 @@ def test_a_saved_version_1_report_still_opens():
     assert len(t) == 2
     assert sorted(t["bw_eff"].dropna().tolist())[-1] == 0.5  # read as 2.0 / batch 4, the v1 defect corrected
     assert store.get_report(rid)["body"]["runs"][1]["metrics"]["bw_efficiency"] == 2.0  # the stored body is untouched
-    assert RunRecord.from_dict(body["runs"][0]).schema_version == 2
+    assert RunRecord.from_dict(body["runs"][0]).schema_version == SCHEMA_VERSION == 3
