@@ -56,7 +56,7 @@ def config_from(a, **over):
               max_new_tokens=a.max_new_tokens,
               temperature=a.temperature, top_k=a.top_k, top_p=a.top_p, seed=a.seed, chat=not a.no_chat)
     kw.update(over)
-    return RunConfig(**kw)
+    return RunConfig.of(**kw)
 
 
 def cmd_models(a) -> int:
@@ -72,7 +72,8 @@ def cmd_models(a) -> int:
 
 
 def cmd_generate(a) -> int:
-    from engine.measure.runs import ModelPool, execute
+    from engine.measure.pool import ModelPool
+    from engine.measure.runs import execute
     from engine.measure.store import Store
 
     cfg = config_from(a, precision=a.precision, draft=a.draft, draft_precision=a.draft_precision, gamma=a.gamma,
@@ -87,7 +88,7 @@ def cmd_generate(a) -> int:
 
     cfg.validate()  # a bad workload is refused before a model loads
     rec = execute(cfg, ModelPool(keep=2), Store(), progress=lambda s: print(f"[{s}]", file=sys.stderr),
-                  on_token=on_token)
+                  on_token=on_token, kind="generate")
     if a.json:
         print(rec.to_json(indent=1))
     else:
@@ -128,7 +129,8 @@ def cmd_bench(a) -> int:
 
     from engine.infer.loader import resolve_device
     from engine.measure.bandwidth import bandwidth_gbs
-    from engine.measure.runs import ModelPool, execute
+    from engine.measure.pool import ModelPool
+    from engine.measure.runs import execute
     from engine.measure.store import Store
     from engine.measure.sweep import sweep_configs
 
@@ -154,7 +156,7 @@ def cmd_bench(a) -> int:
             bar.write(f"  [{s}]", file=sys.stderr)
 
     for c in bar:
-        bar.set_postfix_str(f"{c.model} {c.precision} draft={c.draft}")
+        bar.set_postfix_str(c.label)
         recs.append(execute(c, pool, store, progress=say))
     bar.close()
     return _bench_output(recs, a)

@@ -19,7 +19,7 @@ _register_tiny_models()  # "tiny" and "tiny-draft" in engine.measure's model reg
 
 @pytest.fixture(scope="session")
 def pool():
-    from engine.measure.runs import ModelPool
+    from engine.measure.pool import ModelPool
 
     return ModelPool(keep=8)
 
@@ -66,3 +66,14 @@ def store(tmp_path):
     from engine.measure.store import Store
 
     return Store(tmp_path / "lab.sqlite")
+
+
+@pytest.fixture(scope="session")
+def lab_backend(tmp_path_factory):
+    """The backend the pages drive in the AppTests: real (engine.backend's app, queue and pool), on a free
+    127.0.0.1 port, in a thread of this process so the tiny models registered above are served; its own
+    store; stopped when the session ends (tests/app_helpers.backend_in_thread)."""
+    from tests.app_helpers import backend_in_thread
+
+    with backend_in_thread(tmp_path_factory.mktemp("backend") / "lab.sqlite") as b:
+        yield b

@@ -123,7 +123,7 @@ def test_pick_stored_runs():
     from engine.measure.runs import RunConfig, execute
     from pages import _ui
 
-    ids = [execute(RunConfig(model="tiny", precision=p, max_new_tokens=4), _ui.get_pool(), _ui.get_store()).run_id
+    ids = [execute(RunConfig.of(model="tiny", precision=p, max_new_tokens=4), _ui.get_pool(), _ui.get_store()).run_id
            for p in ("fp32", "int8")]
     at = AppTest.from_file(PAGE, default_timeout=TIMEOUT).run()
     at.multiselect(key="cmp-picked").set_value(ids).run()
@@ -182,7 +182,7 @@ def test_noisy_runs_are_offered_again_and_replaced():
     store = _ui.get_store()
 
     def stored(precision, noisy, reasons):  # a real run, its verdict set (this machine may be busy or quiet)
-        d = copy.deepcopy(execute(RunConfig(model="tiny", precision=precision, max_new_tokens=4, reps=2),
+        d = copy.deepcopy(execute(RunConfig.of(model="tiny", precision=precision, max_new_tokens=4, reps=2),
                                   _ui.get_pool(), None).to_dict())
         d["run_id"] = uuid.uuid4().hex[:12]
         d["metrics"]["noise"].update(noisy=noisy, reasons=reasons, cpu_pressure_share=0.9 if noisy else 0.01,

@@ -13,7 +13,7 @@ def with_runs():
     from engine.measure.runs import RunConfig, execute
     from pages import _ui
 
-    ids = [execute(RunConfig(model="tiny", precision=p, max_new_tokens=6), _ui.get_pool(), _ui.get_store()).run_id
+    ids = [execute(RunConfig.of(model="tiny", precision=p, max_new_tokens=6), _ui.get_pool(), _ui.get_store()).run_id
            for p in ("fp32", "int8")]
     at = AppTest.from_file(PAGE, default_timeout=TIMEOUT)
     at.session_state["comparison"] = ids

@@ -14,7 +14,7 @@ def runs(precisions=("fp32", "int4")):
     from engine.measure.runs import RunConfig, execute
     from pages import _ui
 
-    return [execute(RunConfig(model="tiny", precision=p, max_new_tokens=4), _ui.get_pool(), _ui.get_store()).run_id
+    return [execute(RunConfig.of(model="tiny", precision=p, max_new_tokens=4), _ui.get_pool(), _ui.get_store()).run_id
             for p in precisions]
 
 

@@ -89,14 +89,14 @@ def test_a_configuration_asks_for_a_gpu_or_a_nodes_cores():
     from engine.cluster import label_of, resources
     from engine.measure.runs import RunConfig
 
-    gpu, cpu, auto = RunConfig(device="cuda"), RunConfig(device="cpu"), RunConfig(device="auto")
+    gpu, cpu, auto = RunConfig.of(device="cuda"), RunConfig.of(device="cpu"), RunConfig.of(device="auto")
     assert resources(gpu, 16, gpus_in_cluster=4) == {"num_gpus": 1, "num_cpus": 1}
     assert resources(auto, 16, gpus_in_cluster=4) == {"num_gpus": 1, "num_cpus": 1}  # auto on a GPU cluster
     assert resources(auto, 16, gpus_in_cluster=0) == {"num_cpus": 16} == resources(cpu, 16, gpus_in_cluster=4)
     with pytest.raises(UserError, match="asks for a GPU and the Ray cluster has none"):
         resources(gpu, 16, gpus_in_cluster=0)  # refused, not left pending for ever
-    spec = RunConfig(model="default", precision="int4", draft="model", draft_precision="int4", gamma=3, batch_size=2)
-    assert label_of(spec) == "default@int4 + model@int4 g=3 b=2"
+    spec = RunConfig.of(model="default", precision="int4", draft="model", draft_precision="int4", gamma=3, batch_size=2)
+    assert label_of(spec) == "default@int4 + default-draft@int4 g=3 b=2" == spec.label
 
 
 def test_comparisons_warn_when_configurations_ran_on_different_machines():
@@ -204,7 +204,7 @@ def test_the_compare_pages_sweep_runs_on_ray(ray_cluster, tmp_path, monkeypatch)
 def _tiny(**kw):
     from engine.measure.runs import RunConfig
 
-    return RunConfig(model="default-draft", max_new_tokens=2, reps=1, device="cpu", **kw).validate()
+    return RunConfig.of(model="default-draft", max_new_tokens=2, reps=1, device="cpu", **kw).validate()
 
 
 def test_a_worker_that_dies_mid_sweep_is_reported_and_the_rest_land(ray_cluster, tmp_path):
@@ -236,7 +236,7 @@ def test_a_worker_that_dies_mid_sweep_is_reported_and_the_rest_land(ray_cluster,
 
 def test_cancel_from_the_dashboard_cancels_the_outstanding_tasks(ray_cluster, tmp_path):
     from engine.cluster import sweep_job
-    from engine.measure.runs import ModelPool
+    from engine.measure.pool import ModelPool
     from pages._ui import Job
 
     class Slow:

@@ -64,7 +64,7 @@ def test_metrics_at_batch_4_match_a_hand_computation():
 def test_bf16_batch_8_bandwidth_efficiency_is_at_most_one(pool, store):
     from engine.measure.runs import RunConfig, execute
 
-    rec = execute(RunConfig(model="default-draft", precision="bf16", batch_size=8, max_new_tokens=8,
+    rec = execute(RunConfig.of(model="default-draft", precision="bf16", batch_size=8, max_new_tokens=8,
                             prompt="Write a haiku about the sea.", warmup=True), pool, store)
     m = rec.metrics
     assert rec.config["batch_size"] == 8 and m["tokens_per_step"] > 4

@@ -38,7 +38,7 @@ def test_quiet_machine_is_not_flagged(pool, small_int4):
             seen.append(f"{before:.0f}% of the CPUs used by others before the run")
             time.sleep(5)
             continue
-        rec = execute(RunConfig(**CFG), pool)
+        rec = execute(RunConfig.of(**CFG), pool)
         after = _others_busy_pct()
         n = rec.metrics["noise"]
         if after > OTHERS_QUIET:
@@ -60,7 +60,7 @@ def test_cpu_burners_beside_the_run_are_flagged(pool, small_int4):
         for _ in range(os.cpu_count() or 1):  # one per core: busy on any machine, as two were on this 2-core one
             burners.append(subprocess.Popen([sys.executable, "-c", BURN]))
         time.sleep(0.5)
-        rec = execute(RunConfig(**CFG), pool)
+        rec = execute(RunConfig.of(**CFG), pool)
     finally:
         for p in burners:
             p.kill()  # by its PID, nothing else

@@ -7,7 +7,8 @@ import pytest
 from engine.common.errors import UserError
 from engine.measure.records import SCHEMA_VERSION, RunRecord
 from engine.measure.stats import percentile
-from engine.measure.runs import ModelPool, RunConfig, execute
+from engine.measure.pool import ModelPool
+from engine.measure.runs import RunConfig, execute
 
 
 def _rec(**kw):
@@ -70,7 +71,7 @@ def test_store_keeps_runs_and_reports(store):
 
 
 def test_execute_stores_a_complete_record(store, pool, small_int4):
-    cfg = RunConfig(model="default-draft", precision="int4", draft="ngram", gamma=3, max_new_tokens=16,
+    cfg = RunConfig.of(model="default-draft", precision="int4", draft="ngram", gamma=3, max_new_tokens=16,
                     baseline=True, device="cpu")
     rec = execute(cfg, pool, store)
     saved = store.get_run(rec.run_id)
@@ -88,4 +89,4 @@ def test_bad_config_refused_before_loading():
     for kw, msg in [(dict(precision="int3"), "unknown precision"), (dict(draft="medusa"), "draft kind"),
                     (dict(draft="ngram", gamma=0), "gamma"), (dict(batch_size=0), "batch size")]:
         with pytest.raises(UserError, match=msg):
-            execute(RunConfig(**kw), ModelPool(), None)
+            execute(RunConfig.of(**kw), ModelPool(), None)

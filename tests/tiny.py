@@ -80,7 +80,7 @@ def _cache_reference(name: str) -> None:
 
 
 def register() -> None:
-    from engine.measure.runs import register_model
+    from engine.measure.pool import register_model
 
     for name, (_, label) in TINY_MODELS.items():
         register_model(name, lambda spec, device, name=name: make_tiny(name, spec, device), label)

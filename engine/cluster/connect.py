@@ -77,7 +77,7 @@ def default_cpus(ray) -> int:
 
 def is_gpu(config, gpus_in_cluster: float) -> bool:
     """A GPU configuration: device cuda, or auto on a cluster that has GPUs."""
-    device = str(getattr(config, "device", "cpu") or "cpu")
+    device = str(getattr(getattr(config, "setup", None), "device", None) or "cpu")
     return device.startswith("cuda") or (device == "auto" and gpus_in_cluster > 0)
 
 
@@ -102,12 +102,4 @@ def check_cpus(ray, cpus: int) -> int:
 
 def label_of(config) -> str:
     """What a configuration is called before it has a record (a RunConfig's label is its record's)."""
-    if hasattr(config, "precision") and hasattr(config, "batch_size") and not hasattr(config, "label"):
-        s = f"{config.model}@{config.precision}"
-        if config.draft != "none":
-            s += f" + {config.draft}"
-            if config.draft in ("model", "self"):
-                s += f"@{config.draft_precision}"
-            s += f" g={config.gamma}"
-        return s + (f" b={config.batch_size}" if config.batch_size != 1 else "")
     return str(getattr(config, "label", None) or type(config).__name__)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import socket
 
-from engine.measure.runs import ModelPool
+from engine.measure.pool import ModelPool
 
 _pool: ModelPool | None = None  # per worker process
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import math
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Annotated, Any, Literal, Optional
 
@@ -34,11 +34,12 @@ from pydantic import BaseModel, ConfigDict, Field as PField, PlainValidator, Str
 from pydantic import ValidationError, create_model
 
 from engine.common.errors import UserError
+from engine.common.record_setup import setup_from_record
 from engine.measure import fields as F
 
 SCHEMA_VERSION = 3
 READABLE_VERSIONS = (1, 2, 3)
-KINDS = ("generate", "bench", "quality", "peer", "load")
+KINDS = ("generate", "bench", "quality", "peer", "load", "playground")
 FIX = "import a file exported by the lab"
 
 
@@ -80,13 +81,11 @@ class RunRecord:
         c = self.config
         if self.kind in ("peer", "load") and c.get("label"):
             return c["label"] + ("" if c.get("model") in (None, "default") else f" ({c['model']})")
-        draft = c.get("draft") or {}
-        s = f"{c.get('model', '?')}@{c.get('precision', '?')}"
-        if draft.get("kind"):
-            s += f" + {draft['kind']}"
-            if draft.get("precision"):
-                s += f"@{draft['precision']}"
-            s += f" g={draft.get('gamma', '?')}"
+        try:  # one builder, EngineSetup.label, for records of every schema (config.setup, run_config or flat)
+            setup = setup_from_record(c)
+            s = replace(setup, model=c.get("model") or setup.model).label
+        except (UserError, TypeError, ValueError):
+            s = f"{c.get('model', '?')}@{c.get('precision', '?')}"
         if c.get("batch_size", 1) != 1:
             s += f" b={c['batch_size']}"
         return s

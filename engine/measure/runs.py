@@ -1,34 +1,38 @@
-"""One measured run from a config: load (pooled), warm up, generate every prompt R times, measure, store.
+"""One measured run from a config: load (pooled), probe, warm up, measure, judge noise, quality, store.
 
 The CLI, the dashboard and the benchmarks all call `execute`; it is the only place a run record
 for a generation is made. A run's prompts are a workload (engine.measure.workloads: `code:8,edit:8`)
 or, without one, the prompt given (or the first of data/prompts.json); each is generated `reps`
 times after a warm-up, and the noise guard (noise.py) records the machine's state around them.
+`execute` is a short loop over the named steps below; `Run` is what they share.
 """
 from __future__ import annotations
 
-import gc
 import json
 import os
-import threading
-from collections import OrderedDict
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from types import SimpleNamespace
 
 from engine.common.errors import UserError
 from engine.common.paths import DATA
+from engine.common.setup import EngineSetup
 from engine.infer.generate import generate
+from engine.infer.loader import LoadedSetup, load_setup, make_spec, resolve_device
 from engine.infer.sampling import SamplingParams
-from engine.infer.loader import LoadedModel, load, make_spec, resolve_device
+from engine.infer.speculative import generate_speculative
 from engine.infer.tokens import check_length, encode_prompts
 from engine.measure import noise, workloads
 from engine.measure.bandwidth import bandwidth_gbs
 from engine.measure.memory import PeakMemory
-from engine.measure.summary import aggregate, make_record, sample, summarize
+from engine.measure.pool import ModelPool
+from engine.measure.record_config import RecordConfig
 from engine.measure.records import RunRecord
-from engine.infer.speculative import DRAFT_KINDS, check_gamma, generate_speculative, proposer_spec
+from engine.measure.summary import aggregate, make_record, sample, summarize
 
 MAX_REPS = 50
+MAX_BATCH = 64
+# The kinds a measured generation is stored as: a benchmark run, `python -m engine generate`, the Speculative playground.
+RUN_KINDS = ("bench", "generate", "playground")
 
 PROMPTS_FILE = DATA / "prompts.json"
 
@@ -37,19 +41,14 @@ def default_prompts() -> list[str]:
     return json.loads(PROMPTS_FILE.read_text())["prompts"]
 
 
+SETUP_FIELDS = tuple(f.name for f in fields(EngineSetup))
+
+
 @dataclass
 class RunConfig:
-    model: str = "default"
-    precision: str = "fp32"
-    group_size: int = 64
-    quantize_embeddings: bool = False
-    quantize_head: bool = True
-    device: str = "auto"
-    draft: str = "none"  # none | model | self | ngram
-    draft_model: str = "default-draft"
-    draft_precision: str = "int4"
-    gamma: int = 4
-    adaptive_gamma: bool = False
+    """A measured run: the engine setup, and what this run asks of it (prompts, repetitions, sampling)."""
+
+    setup: EngineSetup = field(default_factory=EngineSetup)
     prompt: str | None = None  # None: the first of data/prompts.json (unless a workload is given)
     workload: str | None = None  # e.g. "code:8,edit:8" (engine.measure.workloads); None: the prompt above
     reps: int = 3  # repetitions of every prompt after the warm-up
@@ -65,16 +64,16 @@ class RunConfig:
     quality: bool = False
     quality_tokens: int = 256
 
+    @classmethod
+    def of(cls, **flat) -> "RunConfig":
+        """A config from flat keyword arguments: the setup's fields go to the setup, the rest to the run."""
+        return cls.from_dict(flat)
+
     def validate(self) -> "RunConfig":
-        make_spec(self.precision, self.group_size)
-        if self.draft not in DRAFT_KINDS:
-            raise UserError(f"unknown draft kind '{self.draft}'", f"use one of: {', '.join(DRAFT_KINDS)}")
-        if self.draft != "none":
-            check_gamma(self.gamma)
-            if self.draft in ("model", "self"):
-                make_spec(self.draft_precision, self.group_size)
-        if not isinstance(self.batch_size, int) or not 1 <= self.batch_size <= 64:
-            raise UserError(f"batch size {self.batch_size} is out of range", "use 1 to 64")
+        self.setup = self.setup.validate()
+        if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) \
+                or not 1 <= self.batch_size <= MAX_BATCH:
+            raise UserError(f"batch size {self.batch_size} is out of range", f"use 1 to {MAX_BATCH}")
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
             raise UserError(f"max_new_tokens {self.max_new_tokens} is out of range", "ask for at least 1 new token")
         if isinstance(self.reps, bool) or not isinstance(self.reps, int) or not 1 <= self.reps <= MAX_REPS:
@@ -91,11 +90,10 @@ class RunConfig:
     def sampling(self) -> SamplingParams:
         return SamplingParams(self.temperature, self.top_k, self.top_p, self.seed)
 
-    def target_spec(self):
-        return make_spec(self.precision, self.group_size, self.quantize_embeddings, self.quantize_head)
-
-    def draft_spec(self):
-        return make_spec(self.draft_precision, self.group_size, self.quantize_embeddings, self.quantize_head)
+    @property
+    def label(self) -> str:
+        """What the run's record will be called: the setup's label, and the batch when it is not 1."""
+        return self.setup.label + (f" b={self.batch_size}" if self.batch_size != 1 else "")
 
     def prompts(self) -> list[str]:
         if self.prompt is not None:
@@ -104,82 +102,45 @@ class RunConfig:
         return [ps[i % len(ps)] for i in range(self.batch_size)]
 
     def to_dict(self) -> dict:
+        """{"setup": {EngineSetup fields}, and the run's own fields}: the wire and record format."""
         return asdict(self)
 
     @classmethod
+    def from_dict(cls, d: dict) -> "RunConfig":
+        """A config from `to_dict()`'s form, or the flat form of schema-2 records (setup fields at the top
+        level); an unknown key is refused by name, so a typo never becomes a default."""
+        if not isinstance(d, dict):
+            raise UserError(f"a run config must be an object, got {type(d).__name__}", "send RunConfig.to_dict()")
+        run_names = [f.name for f in fields(cls) if f.name != "setup"]
+        unknown = sorted(k for k in d if k not in run_names and k not in SETUP_FIELDS and k != "setup")
+        if unknown:
+            raise UserError(f"unknown run config field '{unknown[0]}'",
+                            f"run fields are: setup, {', '.join(run_names)}; setup fields are: {', '.join(SETUP_FIELDS)}")
+        flat_setup = {k: d[k] for k in SETUP_FIELDS if k in d}
+        if "setup" in d:
+            if flat_setup:
+                raise UserError(f"setup field '{next(iter(flat_setup))}' was given both inside and beside 'setup'",
+                                "give the setup's fields inside 'setup' only")
+            setup = d["setup"] if isinstance(d["setup"], EngineSetup) else EngineSetup.from_dict(d["setup"])
+        else:
+            setup = EngineSetup(**flat_setup)
+        return cls(setup=setup, **{k: d[k] for k in run_names if k in d})
+
+    @classmethod
     def from_record(cls, rec) -> "RunConfig | None":
-        """The config a lab record was measured with (to measure it again); None for peers and old records."""
-        d = (rec.config or {}).get("run_config") if rec.kind in ("bench", "generate") else None
+        """The config a lab record was measured with (to measure it again); None for peers, old records
+        without one, and stored configs this version cannot read."""
+        d = (rec.config or {}).get("run_config") if rec.kind in RUN_KINDS else None
         if not isinstance(d, dict):
             return None
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in names})
+        try:
+            return cls.from_dict(d)
+        except (UserError, TypeError):
+            return None
 
-    def measure(self, pool: "ModelPool", store=None, progress=None) -> RunRecord:
+    def measure(self, pool: ModelPool, store=None, progress=None) -> RunRecord:
         """Run this configuration (the interface sweep.run_many calls; peers.PeerConfig has the same)."""
         return execute(self, pool, store, progress)
-
-
-# Extra models by name: factory(spec, device) -> LoadedModel. Tests register small random-init models
-# here (tests/tiny.py); production code registers none, so the catalog is all a user sees.
-_REGISTERED: dict[str, tuple] = {}
-
-
-def register_model(name: str, factory, label: str | None = None) -> None:
-    """Serve `name` from `factory(spec, device)` instead of the catalog (a test hook)."""
-    _REGISTERED[name] = (factory, label or name)
-
-
-def unregister_model(name: str) -> None:
-    _REGISTERED.pop(name, None)
-
-
-def registered_models() -> dict[str, str]:
-    """Registered model names and their labels."""
-    return {n: lbl for n, (_, lbl) in _REGISTERED.items()}
-
-
-class ModelPool:
-    """Loaded models keyed by (name, spec, device); least recently used ones are dropped past `keep`."""
-
-    def __init__(self, keep: int = 3):
-        self.keep = keep
-        self._models: OrderedDict[tuple, LoadedModel] = OrderedDict()
-        self.lock = threading.RLock()  # one generation at a time: no two runs share a KV cache
-
-    def get(self, name, spec, device, progress=None) -> LoadedModel:
-        key = (name, spec, device)
-        with self.lock:
-            if key in self._models:
-                self._models.move_to_end(key)
-                return self._models[key]
-            while len(self._models) >= self.keep:
-                self._models.popitem(last=False)
-                gc.collect()
-            lm = _REGISTERED[name][0](spec, device) if name in _REGISTERED else load(name, spec, device, progress)
-            self._models[key] = lm
-            return lm
-
-    def peek(self, name, spec, device) -> LoadedModel | None:
-        """The model if the pool holds it, without loading it."""
-        with self.lock:
-            return self._models.get((name, spec, device))
-
-    def loaded(self) -> list[str]:
-        return [lm.label for lm in self._models.values()]
-
-    def clear(self):
-        with self.lock:
-            self._models.clear()
-            gc.collect()
-
-
-def _draft_lm(cfg: RunConfig, pool: ModelPool, device, progress):
-    if cfg.draft == "model":
-        return pool.get(cfg.draft_model, cfg.draft_spec(), device, progress)
-    if cfg.draft == "self":
-        return pool.get(cfg.model, cfg.draft_spec(), device, progress)
-    return None
 
 
 @dataclass(frozen=True)
@@ -204,17 +165,13 @@ def calls(cfg: RunConfig) -> list[Call]:
     return [Call("prompts.json", "default", tuple(cfg.prompts()))]
 
 
-def _headroom(cfg: RunConfig) -> int:
-    return cfg.gamma + 1 if cfg.draft != "none" else 0  # speculation drafts gamma + 1 slots ahead
-
-
 def _context(lms) -> int:
     return min(lm.cfg.max_position for lm in lms if lm is not None)
 
 
 def _fits(ids: list[list[int]], cfg: RunConfig, lms) -> bool:
     """Prompt + new tokens + speculation headroom within every model's context."""
-    return max(len(x) for x in ids) + cfg.max_new_tokens + _headroom(cfg) <= _context(lms)
+    return max(len(x) for x in ids) + cfg.max_new_tokens + cfg.setup.headroom <= _context(lms)
 
 
 def _encode(cfg, target, draft, reqs: list[Call]):
@@ -228,7 +185,7 @@ def _encode(cfg, target, draft, reqs: list[Call]):
         ids = encode_prompts(target.tokenizer, list(r.texts), cfg.chat)
         if not cfg.workload:  # says what would fit, before the warm-up
             check_length(SimpleNamespace(max_position=_context((target, draft))), max(len(x) for x in ids),
-                         cfg.max_new_tokens, _headroom(cfg))
+                         cfg.max_new_tokens, cfg.setup.headroom)
         if cfg.workload and not _fits(ids, cfg, (target, draft)):
             skipped.append(r.id)
         else:
@@ -240,83 +197,163 @@ def _encode(cfg, target, draft, reqs: list[Call]):
     return todo, skipped
 
 
-def execute(cfg: RunConfig, pool: ModelPool, store=None, progress=None, on_token=None) -> RunRecord:
-    """Measure one configuration: warm up, then every prompt R times; saved to `store` once complete.
+# ---------------------------------------------------------------- the run and its steps
+
+@dataclass
+class Run:
+    """What the steps of one run share: its config, what was loaded, and what has been measured so far."""
+
+    cfg: RunConfig
+    pool: ModelPool
+    say: object
+    on_token: object = None
+    device: str = "cpu"
+    loaded: LoadedSetup | None = None
+    bw: float | None = None  # the machine's read bandwidth, GB/s
+    todo: list = field(default_factory=list)  # (Call, token ids) that fit
+    skipped: list = field(default_factory=list)  # ids of workload prompts that did not
+    gens: list = field(default_factory=list)  # summarize() of each measured generation
+    samples: list = field(default_factory=list)
+    base: list = field(default_factory=list)  # samples of the paired baseline
+    output: dict | None = None  # the first measured generation
+    settings: dict | None = None  # the scheduler settings the generations ran with
+    before: dict | None = None  # the noise guard's machine state around the measurement
+    after: dict | None = None
+    metrics: dict = field(default_factory=dict)
+    quality: dict | None = None
+
+    @property
+    def speculative(self) -> bool:
+        return self.loaded is not None and self.loaded.proposer is not None
+
+    @property
+    def paired(self) -> bool:
+        return self.cfg.baseline and self.speculative
+
+    def generate(self, spec_on: bool, req: Call, ids, n_tokens: int, cb=None):
+        """One generation of `req`: speculative with the setup's proposer, else the target alone."""
+        cfg, target = self.cfg, self.loaded.target
+        if spec_on:
+            return generate_speculative(target, self.loaded.proposer, list(req.texts), n_tokens, cfg.setup.gamma,
+                                        cfg.setup.adaptive_gamma, cfg.sampling, cb, cfg.chat, prompt_ids=ids)
+        return generate(target, list(req.texts), n_tokens, cfg.sampling, cb, cfg.chat, prompt_ids=ids)
+
+
+def load_step(run: Run) -> None:
+    """The target, draft and proposer (from the pool), and the prompts encoded and checked against the context."""
+    run.loaded = load_setup(run.cfg.setup, get=run.pool.get, progress=run.say)
+    run.todo, run.skipped = _encode(run.cfg, run.loaded.target, run.loaded.draft, calls(run.cfg))
+
+
+def probe_step(run: Run) -> None:
+    """The machine's memory read bandwidth, the floor every decode step is compared against."""
+    run.bw = bandwidth_gbs(run.device)
+
+
+def warm_up_step(run: Run) -> None:
+    """A few tokens of the first prompt through each path the run will time (kernels built, caches hot)."""
+    if not run.cfg.warmup:
+        return
+    run.say("warming up")
+    n = min(4, run.cfg.max_new_tokens)
+    run.generate(run.speculative, *run.todo[0], n)
+    if run.paired:
+        run.generate(False, *run.todo[0], n)
+
+
+def measure_step(run: Run) -> None:
+    """Every prompt `reps` times (the baseline right before its speculative twin when paired), under the
+    noise guard and the peak-memory tracker; the record's metrics aggregated from the samples."""
+    cfg, target = run.cfg, run.loaded.target
+    run.say(f"generating with {target.label}" + (f" + {cfg.setup.draft} draft" if run.speculative else ""))
+    run.before = noise.before(run.device)
+    with PeakMemory(run.device) as mem:
+        for rep in range(cfg.reps):
+            for j, (req, ids) in enumerate(run.todo):
+                if len(run.todo) * cfg.reps > 1:
+                    run.say(f"repetition {rep + 1}/{cfg.reps}, prompt {j + 1}/{len(run.todo)} ({req.category})")
+                if run.paired:
+                    rb = run.generate(False, req, ids, cfg.max_new_tokens)
+                    run.base.append(sample(rb, summarize(target, rb, None, run.bw), req.category, req.id, rep))
+                first = run.output is None
+                res = run.generate(run.speculative, req, ids, cfg.max_new_tokens, run.on_token if first else None)
+                m = summarize(target, res, None, run.bw)
+                run.gens.append(m)
+                run.samples.append(sample(res, m, req.category, req.id, rep))
+                run.settings = res.settings
+                if first:
+                    run.output = {"texts": res.texts, "new_tokens": res.new_tokens, "trace": res.trace,
+                                  "finish": res.finish, "prompt_id": req.id}
+    run.after = noise.after(run.device)
+    run.metrics = aggregate(run.gens, run.samples, run.base or None)
+    run.metrics.update(mem.as_dict())
+    todo = [r for r, _ in run.todo]
+    run.metrics["workload"] = {"name": cfg.workload or todo[0].category, "reps": cfg.reps, "prompts": len(todo),
+                               "skipped": len(run.skipped), "skipped_ids": run.skipped,
+                               "categories": {c: sum(1 for r in todo if r.category == c)
+                                              for c in dict.fromkeys(r.category for r in todo)},
+                               "fingerprint": workloads.fingerprint(todo)}
+
+
+def judge_noise_step(run: Run) -> None:
+    """Whether the machine was busy or throttled while the run was measured (noise.py)."""
+    run.metrics["noise"] = noise.verdict(run.before, run.after, run.metrics, os.cpu_count())
+
+
+def quality_step(run: Run) -> None:
+    """Perplexity and KL against fp32, when asked (the pool's fp32 copy is the reference, loaded once)."""
+    if not run.cfg.quality:
+        return
+    from engine.measure.quality import evaluate, has_reference
+
+    target = run.loaded.target
+    run.say("measuring quality against fp32")
+    ref = None
+    if target.spec.precision != "fp32" and not has_reference(target, run.cfg.quality_tokens):
+        ref = run.pool.get(run.cfg.setup.model, make_spec("fp32"), run.device, run.say)
+    run.quality = evaluate(target, run.cfg.quality_tokens, ref_lm=ref, progress=run.say)
+
+
+def record_config(run: Run) -> RecordConfig:
+    """The record's typed config: the setup as loaded (canonical model names), the run's settings."""
+    from engine import ops as kernels
+
+    cfg, target, draft = run.cfg, run.loaded.target, run.loaded.draft
+    setup = replace(cfg.setup, model=target.name)
+    if setup.draft == "model" and draft is not None:
+        setup = replace(setup, draft_model=draft.name)
+    return RecordConfig(setup=setup, device=run.device, precision_label=target.spec.label,
+                        quant=target.spec.to_dict(), workload=cfg.workload, reps=cfg.reps,
+                        sampling=cfg.sampling.to_dict(), chat=cfg.chat, batch_size=cfg.batch_size,
+                        max_new_tokens=cfg.max_new_tokens, batch_settings=run.settings,
+                        kernel_settings=kernels.kernel_config().to_dict(), run_config=cfg.to_dict())
+
+
+def store_step(run: Run, kind: str, store) -> RunRecord:
+    """The run record, saved to `store` (when given) now that it is complete."""
+    rec = make_record(kind, run.loaded.target, run.metrics, run.output, record_config(run), run.loaded.draft,
+                      run.quality)
+    if store is not None:
+        store.save_run(rec)
+    return rec
+
+
+STEPS = (load_step, probe_step, warm_up_step, measure_step, judge_noise_step, quality_step)
+
+
+def execute(cfg: RunConfig, pool: ModelPool, store=None, progress=None, on_token=None,
+            kind: str = "bench") -> RunRecord:
+    """Measure one configuration and store it as a record of `kind` (bench, generate or playground).
 
     With a baseline, each prompt also runs on the same target without speculation, right before
     the speculative generation of the same repetition (paired: drift hits both alike). `on_token`
     streams the first measured generation only.
     """
+    if kind not in RUN_KINDS:
+        raise UserError(f"a measured run cannot be stored as kind '{kind}'", f"use one of: {', '.join(RUN_KINDS)}")
     cfg.validate()
-    device = resolve_device(cfg.device)
-    say = progress or (lambda s: None)
-    reqs = calls(cfg)
+    run = Run(cfg, pool, progress or (lambda s: None), on_token, device=resolve_device(cfg.setup.device))
     with pool.lock:
-        target = pool.get(cfg.model, cfg.target_spec(), device, say)
-        draft = _draft_lm(cfg, pool, device, say)
-        proposer = proposer_spec(cfg.draft, draft, target) if cfg.draft != "none" else None
-        bw = bandwidth_gbs(device)
-        todo, skipped = _encode(cfg, target, draft, reqs)
-        sp = cfg.sampling
-        paired = cfg.baseline and proposer is not None
-
-        def run(spec_on: bool, req: Call, ids, n_tokens: int, cb=None):
-            if spec_on:
-                p = proposer_spec(cfg.draft, draft, target)
-                return generate_speculative(target, p, list(req.texts), n_tokens, cfg.gamma, cfg.adaptive_gamma, sp,
-                                            cb, cfg.chat, prompt_ids=ids)
-            return generate(target, list(req.texts), n_tokens, sp, cb, cfg.chat, prompt_ids=ids)
-
-        if cfg.warmup:
-            say("warming up")
-            run(proposer is not None, *todo[0], min(4, cfg.max_new_tokens))
-            if paired:
-                run(False, *todo[0], min(4, cfg.max_new_tokens))
-        gens, samples, base, output = [], [], [], None
-        say(f"generating with {target.label}" + (f" + {cfg.draft} draft" if proposer else ""))
-        before = noise.before(device)
-        with PeakMemory(device) as mem:
-            for rep in range(cfg.reps):
-                for j, (req, ids) in enumerate(todo):
-                    if len(todo) * cfg.reps > 1:
-                        say(f"repetition {rep + 1}/{cfg.reps}, prompt {j + 1}/{len(todo)} ({req.category})")
-                    if paired:
-                        rb = run(False, req, ids, cfg.max_new_tokens)
-                        base.append(sample(rb, summarize(target, rb, None, bw), req.category, req.id, rep))
-                    res = run(proposer is not None, req, ids, cfg.max_new_tokens, on_token if output is None else None)
-                    m = summarize(target, res, None, bw)
-                    gens.append(m)
-                    samples.append(sample(res, m, req.category, req.id, rep))
-                    if output is None:
-                        output = {"texts": res.texts, "new_tokens": res.new_tokens, "trace": res.trace,
-                                  "finish": res.finish, "prompt_id": req.id}
-        after = noise.after(device)
-        quality = None
-        if cfg.quality:
-            from engine.measure.quality import evaluate, has_reference
-
-            say("measuring quality against fp32")
-            ref = None
-            if target.spec.precision != "fp32" and not has_reference(target, cfg.quality_tokens):
-                # Reuse (or keep) the pool's fp32 copy rather than loading a private second one.
-                ref = pool.get(cfg.model, make_spec("fp32"), device, say)
-            quality = evaluate(target, cfg.quality_tokens, ref_lm=ref, progress=say)
-    metrics = aggregate(gens, samples, base or None)
-    metrics.update(mem.as_dict())
-    metrics["workload"] = {"name": cfg.workload or todo[0][0].category, "reps": cfg.reps, "prompts": len(todo),
-                           "skipped": len(skipped), "skipped_ids": skipped,
-                           "categories": {c: sum(1 for r, _ in todo if r.category == c)
-                                          for c in dict.fromkeys(r.category for r, _ in todo)},
-                           "fingerprint": workloads.fingerprint([r for r, _ in todo])}
-    metrics["noise"] = noise.verdict(before, after, metrics, os.cpu_count())
-    extra = {"max_new_tokens": cfg.max_new_tokens, "sampling": sp.to_dict(), "chat": cfg.chat,
-             "batch_size": cfg.batch_size, "workload": cfg.workload, "reps": cfg.reps, "run_config": cfg.to_dict(),
-             "batch_settings": res.settings,  # the scheduler's max_seqs, token budget, policy (infer.scheduler)
-             "draft": None if proposer is None else {
-                 "kind": cfg.draft, "model": draft.name if draft else None,
-                 "precision": draft.spec.label if draft else None, "gamma": cfg.gamma,
-                 "adaptive": cfg.adaptive_gamma}}
-    rec = make_record("bench" if cfg.warmup else "generate", target, metrics, output, extra, draft, quality)
-    if store is not None:
-        store.save_run(rec)
-    return rec
+        for step in STEPS:
+            step(run)
+    return store_step(run, kind, store)

@@ -271,19 +271,11 @@ def aggregate(gens: list[dict], samples: list[dict], base: list[dict] | None = N
     return m
 
 
-def make_record(kind: str, lm, metrics: dict, output: dict, config_extra: dict | None = None, draft_lm=None,
+def make_record(kind: str, lm, metrics: dict, output: dict, config, draft_lm=None,
                 quality: dict | None = None) -> RunRecord:
+    """The record of a measured run; `config` is its typed config (measure.record_config.RecordConfig)."""
     from engine import ops as kernels
-    cfg = {
-        "model": lm.name,
-        "precision": lm.spec.label,
-        "quant": lm.spec.to_dict(),
-        "device": lm.device,
-        "batch_size": 1,
-        "max_new_tokens": None,
-        "draft": None,
-    }
-    cfg.update(config_extra or {})
+    cfg = config.to_dict()
     if draft_lm is not None:
         metrics[M.draft_weight_bytes] = draft_lm.weight_bytes
     if quality:
