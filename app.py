@@ -3,13 +3,12 @@
 This file only sets up navigation; each page lives in pages/ and draws what engine/ computes.
 """
 from pathlib import Path
-import sys
 
 import streamlit as st
 
+from pages import _ui  # `streamlit run app.py` puts this folder on sys.path (engine is installed in the venv)
+
 ROOT = Path(__file__).resolve().parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 st.set_page_config(page_title="Serving Cost Lab", page_icon=":material/science:", layout="wide")
 
@@ -23,8 +22,6 @@ PAGES = [
     st.Page(ROOT / "pages" / "cost.py", title="Cost & capacity", icon=":material/payments:", url_path="cost"),
     st.Page(ROOT / "pages" / "load.py", title="Load test", icon=":material/speed:", url_path="load"),
 ]
-
-from pages import _ui  # noqa: E402
 
 nav = st.navigation(PAGES)
 sidebar_note = st.sidebar.empty()

@@ -10,28 +10,22 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+import pandas as pd
+import streamlit as st
 
-import pandas as pd  # noqa: E402
-import streamlit as st  # noqa: E402
-
-from engine import present  # noqa: E402
-from engine.common.errors import UserError  # noqa: E402
-from engine.common.paths import data_dir  # noqa: E402
-from engine.measure import ModelPool, Store, registered_models, run_many  # noqa: E402
+from engine import present
+from engine.common.errors import UserError
+from engine.common.formulas import DEFAULT_USD_PER_HOUR
+from engine.common.paths import data_dir
+from engine.measure import ModelPool, Store, registered_models, run_many
 
 log = logging.getLogger("scl.dashboard")
 
-MACHINE_GPU_NAME = "this machine"  # the planner's row for this computer; its price is the user's
-DEFAULT_USD_PER_HOUR = 0.10
 MODEL_LABELS = {
     "default": "default: Qwen2.5-Coder-1.5B-Instruct (target)",
     "default-draft": "default-draft: Qwen2.5-Coder-0.5B-Instruct (draft, or a small target)",
@@ -130,15 +124,14 @@ def load_records(ids: list[str]):
 
 
 def usd_per_hour() -> float:
+    """This machine's $/hour (the planner's price table keeps it), read once per session."""
     if "usd_per_hour" not in st.session_state:
-        price = DEFAULT_USD_PER_HOUR
+        from engine.present import planning
+
         try:
-            for ov in get_store().gpu_overrides():
-                if ov.get("name") == MACHINE_GPU_NAME and isinstance(ov.get("price_usd_per_hr"), (int, float)) \
-                        and ov["price_usd_per_hr"] > 0:
-                    price = float(ov["price_usd_per_hr"])
+            price = planning.machine_price(get_store())
         except Exception:  # a damaged override table must not hide the page
-            pass
+            price = DEFAULT_USD_PER_HOUR
         st.session_state["usd_per_hour"] = price
     return float(st.session_state["usd_per_hour"])
 
@@ -162,8 +155,9 @@ def price_input(where: str) -> float:
     if abs(v - cur) > 1e-12:
         st.session_state["usd_per_hour"] = v
         try:
-            get_store().set_gpu_override(MACHINE_GPU_NAME, {"price_usd_per_hr": v,
-                                                            "price_source": "set in the dashboard"})
+            from engine.present import planning
+
+            planning.set_machine_price(get_store(), v)
         except Exception as e:
             show_error(e)
     return v
@@ -328,52 +322,21 @@ def finish_job(key: str, source: str) -> Job | None:
 
 # ---------------------------------------------------------------- the comparison view
 
-TABLE_COLUMNS = ["config", "system", "precision", "draft", "draft_precision", "gamma", "batch", "workload",
-                 "weights_total_MB", "peak_rss_MB", "ttft_ms", "ttft_ms_pm", "tok_ms_p50", "tok_ms_p50_pm",
-                 "tok_ms_p90", "tok_s", "tok_s_pm", "noise", "accept_rate", "accept_rate_pm", "accept_rate_req",
-                 "accept_rate_req_pm", "accept_len", "accept_len_pm", "accept_len_req", "accept_len_req_pm",
-                 "expected_len", "speedup", "speedup_pm", "quality_loss_kl", "top1", "ppl", "usd_per_1m_out",
-                 "usd_per_1m_out_pm", "bw_eff", "kernels", "created_at", "run"]
-CATEGORY_COLUMNS = ["config", "category", "prompts", "ttft_ms", "ttft_ms_pm", "tok_s", "tok_s_pm", "accept_rate",
-                    "accept_rate_pm", "accept_rate_req", "accept_rate_req_pm", "accept_len", "accept_len_pm",
-                    "accept_len_req", "accept_len_req_pm", "speedup", "speedup_pm"]
-USD_LABEL = "$/1M out, one stream"  # the cost of one stream at the measured batch size, not cost under load
-_PM_HELP = "± the larger distance from the median to an end of its 95% interval (speed: over repetitions; " \
-           "acceptance: over prompts)"
+USD_LABEL = present.COLUMNS_BY_NAME["usd_per_1m_out"].label  # one stream at the measured batch size, not under load
 
 
-def _column_config(cols) -> dict:
-    cfg = {
-        "weights_total_MB": st.column_config.NumberColumn("weights MB", help="target + draft weights"),
-        "peak_rss_MB": st.column_config.NumberColumn("peak RSS MB"),
-        "ttft_ms": st.column_config.NumberColumn("TTFT ms", help="median over the samples"),
-        "tok_ms_p50": st.column_config.NumberColumn("ms/token p50", help="median over the samples"),
-        "tok_ms_p90": st.column_config.NumberColumn("ms/token p90"),
-        "tok_s": st.column_config.NumberColumn("tokens/s", help="median over the samples"),
-        "noise": st.column_config.TextColumn("noise", help=present.COLUMNS_BY_NAME["noise"].definition),
-        "accept_rate": st.column_config.NumberColumn("acceptance", help="token-weighted: accepted / drafted"),
-        "accept_rate_req": st.column_config.NumberColumn("acceptance per request",
-                                                         help="request-weighted: the mean over prompts"),
-        "accept_len": st.column_config.NumberColumn("acceptance length"),
-        "accept_len_req": st.column_config.NumberColumn("acceptance length per request"),
-        "usd_per_1m_out": st.column_config.NumberColumn(USD_LABEL, format="$%.4f",
-                                                        help=present.COLUMNS_BY_NAME["usd_per_1m_out"].definition),
-        "quality_loss_kl": st.column_config.NumberColumn("KL vs fp32", format="%.5f"),
-    }
-    for c in cols:
-        if c.endswith("_pm"):
-            cfg[c] = st.column_config.NumberColumn("±", help=_PM_HELP)
-    return cfg
-
-
-def _frame(rows: list[dict], wanted: list[str]):
+def _table(rows: list[dict], view: str, key: str) -> None:
+    """A view of present.columns drawn as a sortable table: its columns that hold a value, with the columns'
+    labels, help and formats."""
     df = pd.DataFrame(present.with_half_widths(rows))
-    return df[[c for c in wanted if c in df.columns and df[c].notna().any()]]
+    cells = [c for c in present.table_cells(view) if c.name in df.columns and df[c.name].notna().any()]
+    kind = {True: st.column_config.TextColumn, False: st.column_config.NumberColumn}
+    config = {c.name: kind[c.text](c.label, help=c.help, **({"format": c.fmt} if c.fmt else {})) for c in cells}
+    st.dataframe(df[[c.name for c in cells]], hide_index=True, key=key, column_config=config)
 
 
 def comparison_table(rows: list[dict], key: str) -> None:
-    df = _frame(rows, TABLE_COLUMNS)
-    st.dataframe(df, hide_index=True, key=key, column_config=_column_config(df.columns))
+    _table(rows, "page", key)
 
 
 def category_table(records, key: str) -> None:
@@ -382,8 +345,7 @@ def category_table(records, key: str) -> None:
     if not any(r.get("category") not in ("all", "default", "prompt") for r in rows):
         return
     with st.expander("By workload category", expanded=True):
-        df = _frame(rows, CATEGORY_COLUMNS)
-        st.dataframe(df, hide_index=True, key=key, column_config=_column_config(df.columns))
+        _table(rows, "category", key)
         st.caption("Speed: median over the category's samples, ± over repetitions. Acceptance: token-weighted "
                    "(accepted / drafted) and per request (the mean of each prompt's), ± over prompts.")
 

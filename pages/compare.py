@@ -1,18 +1,11 @@
 """Compare: sweep target precision × draft × draft precision × gamma × batch (plus peer systems), or pick stored runs."""
-import sys
-from pathlib import Path
+import streamlit as st
 
-ROOT = str(Path(__file__).resolve().parent.parent)
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
-
-import streamlit as st  # noqa: E402
-
-from pages import _ui  # noqa: E402
-from engine import peers  # noqa: E402
-from engine import present  # noqa: E402
-from engine.common.vocab import DRAFT_KINDS, MAX_GAMMA, PRECISIONS  # noqa: E402
-from engine.measure import RunConfig, sweep_configs  # noqa: E402
+from pages import _ui
+from engine import peers
+from engine import present
+from engine.common.vocab import DRAFT_KINDS, MAX_GAMMA, PRECISIONS
+from engine.measure import RunConfig, sweep_configs
 
 JOB = "sweep-job"
 

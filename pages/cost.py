@@ -1,16 +1,9 @@
 """Cost & capacity: $ per 1M output tokens from measured tokens/s, and the GPU planner for a workload."""
-import sys
-from pathlib import Path
+import pandas as pd
+import streamlit as st
 
-ROOT = str(Path(__file__).resolve().parent.parent)
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
-
-import pandas as pd  # noqa: E402
-import streamlit as st  # noqa: E402
-
-from pages import _ui  # noqa: E402
-from engine import present  # noqa: E402
+from pages import _ui
+from engine import present
 
 _ui.page_header("Cost & capacity", "What the measured speed costs on this machine, and what a workload would "
                 "cost on production GPUs.")
@@ -167,7 +160,7 @@ if PLANNER:
                 fields = {"price_usd_per_hr": float(op), "price_source": osrc}
                 planning.check_override(overrides, og, fields)  # refuse a bad override before storing it
                 store.set_gpu_override(og, fields)
-                if og == _ui.MACHINE_GPU_NAME:
+                if og == planning.THIS_MACHINE:
                     st.session_state["usd_per_hour"] = float(op)
                 st.session_state["ov-saved"] = f"Saved: {og} at ${op:.2f}/hour. Plans use it from now on."
                 st.rerun()

@@ -1,18 +1,13 @@
 """Home: what the lab answers, this machine, the models, and the one-click default comparison."""
-import sys
 from dataclasses import replace
-from pathlib import Path
 
-ROOT = str(Path(__file__).resolve().parent.parent)
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
 
-import pandas as pd  # noqa: E402
-import streamlit as st  # noqa: E402
+import pandas as pd
+import streamlit as st
 
-from pages import _ui  # noqa: E402
-from engine import present  # noqa: E402
-from engine.measure import DEFAULT_WORKLOAD  # noqa: E402
+from pages import _ui
+from engine import present
+from engine.measure import DEFAULT_WORKLOAD
 
 JOB = "home-job"
 

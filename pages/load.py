@@ -1,18 +1,11 @@
 """Load test: servers under concurrent load, side by side; throughput against latency, goodput, $/1M at the SLO,
 and the load at which speculation or a smaller precision stops paying."""
-import sys
-from pathlib import Path
+import pandas as pd
+import streamlit as st
 
-ROOT = str(Path(__file__).resolve().parent.parent)
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
-
-import pandas as pd  # noqa: E402
-import streamlit as st  # noqa: E402
-
-from pages import _ui  # noqa: E402
-from engine.peers import load_sweep, servers  # noqa: E402
-from engine.present import load_cost, load_view  # noqa: E402
+from pages import _ui
+from engine.peers import load_sweep, servers
+from engine.present import load_cost, load_view
 
 JOB = "load-job"
 PRECISIONS = ["int4", "int8", "bf16", "fp32"]

@@ -1,18 +1,12 @@
 """Speculative playground: stream a generation with each token coloured by where it came from."""
-import sys
 import time
-from pathlib import Path
 
-ROOT = str(Path(__file__).resolve().parent.parent)
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
+import streamlit as st
 
-import streamlit as st  # noqa: E402
-
-from pages import _ui  # noqa: E402
-from engine import present  # noqa: E402
-from engine.common.vocab import MAX_GAMMA, PRECISIONS  # noqa: E402
-from engine.measure import RunConfig, default_prompts  # noqa: E402
+from pages import _ui
+from engine import present
+from engine.common.vocab import MAX_GAMMA, PRECISIONS
+from engine.measure import RunConfig, default_prompts
 
 _ui.page_header("Speculative playground", "A draft proposes gamma tokens, the target checks them in one pass and "
                 "keeps the longest agreeing prefix plus one token of its own. The output is exactly what the "

@@ -1,21 +1,14 @@
 """Precision: load a model at a precision, see where its memory goes, and measure quality vs fp32."""
-import sys
-from pathlib import Path
+import pandas as pd
+import streamlit as st
 
-ROOT = str(Path(__file__).resolve().parent.parent)
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
-
-import pandas as pd  # noqa: E402
-import streamlit as st  # noqa: E402
-
-from pages import _ui  # noqa: E402
-from engine import present  # noqa: E402
-from engine.common.vocab import DESCRIPTIONS, GROUP_SIZES, PRECISIONS  # noqa: E402
-from engine.measure import load_into_pool, quality_in_pool  # noqa: E402
-from engine.measure.loaded import reference_in_pool  # noqa: E402
-from engine.peers.quality_worker import llama_cpp_quality, llama_cpp_unavailable  # noqa: E402
-from engine.present.quality_view import heading, table_rows, unavailable_line  # noqa: E402
+from pages import _ui
+from engine import present
+from engine.common.vocab import DESCRIPTIONS, GROUP_SIZES, PRECISIONS
+from engine.measure import load_into_pool, quality_in_pool
+from engine.measure.loaded import reference_in_pool
+from engine.peers.quality_worker import llama_cpp_quality, llama_cpp_unavailable
+from engine.present.quality_view import heading, table_rows, unavailable_line
 
 _ui.page_header("Precision", "Load a model at a precision: memory by layer type, KV cache for your context and "
                 "batch, load time, and what the precision costs in quality against fp32.")

@@ -1,17 +1,10 @@
 """Reports: save the current comparison, open/delete/compare saved reports, export HTML/JSON, import JSON."""
-import sys
-from pathlib import Path
+import pandas as pd
+import streamlit as st
 
-ROOT = str(Path(__file__).resolve().parent.parent)
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
-
-import pandas as pd  # noqa: E402
-import streamlit as st  # noqa: E402
-
-from pages import _ui  # noqa: E402
+from pages import _ui
 from engine.present import reports
-from engine import present  # noqa: E402
+from engine import present
 
 _ui.page_header("Reports", "A report is a named set of runs with your notes. Share it as one HTML file that opens "
                 "offline, or as JSON another lab can import.")

@@ -215,3 +215,41 @@ def test_machine_rows_say_when_there_is_no_gpu():
     d = {r["what"]: r["value"] for r in rows}
     assert d["SIMD level"] == "avx2+fma" and d["measured read bandwidth"] == "12.5 GB/s"
     assert "none detected" in d["GPU"]
+
+
+# ---------------------------------------------------------------- the page tables and this machine's price
+
+def test_page_tables_are_views_of_the_columns():
+    """Every table a page draws is a named view of present.columns: its labels, help and formats come from there."""
+    page = present.table_cells("page")
+    names = [c.name for c in page]
+    assert names[:2] == ["config", "system"] and "tok_s" in names and "run" in names
+    assert names[names.index("tok_s") + 1] == "tok_s_pm" and "precision_pm" not in names  # ± after interval columns
+    by = {c.name: c for c in page}
+    assert by["tok_s"].label == present.COLUMNS_BY_NAME["tok_s"].label
+    assert by["usd_per_1m_out"].fmt == "$%.4f" and by["quality_loss_kl"].fmt == "%.5f" and by["config"].text
+    assert "[tokens/s]" in by["tok_s"].help and by["tok_s_pm"].help == present.PM_DEFINITION
+    assert [c.name for c in present.table_cells("category") if not c.name.endswith("_pm")] == [
+        "config", "category", "prompts", "ttft_ms", "tok_s", "accept_rate", "accept_rate_req", "accept_len",
+        "accept_len_req", "speedup"]
+    with pytest.raises(KeyError, match="no view 'nope'"):
+        present.table_cells("nope")
+
+
+def test_this_machines_price_lives_with_the_planners_price_table(tmp_path):
+    from engine.measure.store import Store
+    from engine.planner import load_gpus
+    from engine.present import planning
+
+    store = Store(tmp_path / "lab.sqlite")
+    assert planning.machine_price(store) == 0.10  # the default until the user sets one
+    store.set_gpu_override(planning.THIS_MACHINE, {"memory_gb": 64})
+    assert planning.set_machine_price(store, 0.5) == 0.5
+    assert planning.machine_price(store) == 0.5
+    ov = {o["name"]: o for o in store.gpu_overrides()}[planning.THIS_MACHINE]
+    assert ov["memory_gb"] == 64 and ov["price_source"] == "set in the dashboard"  # the row's other fields kept
+    assert load_gpus(store.gpu_overrides())[planning.THIS_MACHINE].price_usd_per_hr == 0.5  # what the planner prices
+    for bad in (0, -1.0, float("nan"), True):
+        with pytest.raises(UserError, match="not a positive number"):
+            planning.set_machine_price(store, bad)
+    assert planning.machine_price(store) == 0.5

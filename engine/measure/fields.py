@@ -77,6 +77,7 @@ METRICS: tuple[Field, ...] = (
     _f("load_s", "s", "time to load and convert the model"),
     _f("spec", "", "speculative decoding statistics (see SPEC)", "object"),
     _f("quality", "", "quality against the fp32 model (see QUALITY)", "object"),
+    _f("load", "", "load records: one load point against an OpenAI-compatible endpoint (see LOAD)", "object"),
     _f("baseline", "", "the same target without speculation, measured in the same run on the same "
        "prompts, each right before the speculative generation of the same repetition (decode_tok_s, ttft_s, "
        "token_latency_ms_median: medians over its samples)", "object"),

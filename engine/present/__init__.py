@@ -4,8 +4,8 @@ columns.py declares every column once (unit, definition, chart); rows.py turns r
 printers.py formats them; the other modules shape data for one view each.
 """
 from engine.present.capacity import capacity_rows, plan_rows
-from engine.present.columns import (BY_NAME as COLUMNS_BY_NAME, CHARTS, COLUMNS, Column, definitions, display,
-                                    for_view, noise_label, plus_minus)
+from engine.present.columns import (BY_NAME as COLUMNS_BY_NAME, CHARTS, COLUMNS, PM_DEFINITION, VIEWS, Cell, Column,
+                                    definitions, display, for_view, noise_label, plus_minus, table_cells)
 from engine.present.compare import (DIFF_METRICS, available_charts, chart_series, diff_table, frontier_line,
                                     highlights, missing_charts, noise_note, pareto_frontier, pct_diff, report_diff)
 from engine.present.figures import (acceptance_figure, bar_figure, error_bars, expected_length_figure, kv_figure,

@@ -51,6 +51,7 @@ class Column:
     views: frozenset = field(default_factory=lambda: frozenset({"cli", "page", "report"}))
     text: bool = False  # left-aligned text rather than a number
     interval: Callable[[Any, float | None], tuple | None] | None = None  # (lo, hi) of the 95% interval
+    fmt: str | None = None  # printf-style format where a page table shows more than the rounded number
 
     def value(self, rec, usd_per_hour: float | None = None):
         v = self.get(rec, usd_per_hour)
@@ -184,6 +185,13 @@ def _text(fn):
     return lambda rec, _usd: fn(rec)
 
 
+# The named views: each table the lab draws shows the columns whose `views` name it, in COLUMNS' order.
+VIEWS = {
+    "cli": "the CLI's tables, CSV and JSON (python -m engine runs/bench)",
+    "page": "the dashboard's comparison table (Home, Compare, Reports)",
+    "report": "the report's HTML table",
+    "category": "the per-category table: the same columns read from metrics.by_category[c]",
+}
 _ALL_AND_CATEGORY = frozenset({"cli", "page", "report", "category"})
 
 COLUMNS: tuple[Column, ...] = (
@@ -245,7 +253,7 @@ COLUMNS: tuple[Column, ...] = (
                   interval=True, views=frozenset({"page", "report", "category"})),
     metric_column("expected_len", SPEC_AT.expected_length, "expected length", views=frozenset({"cli", "page"})),
     metric_column("speedup", SPEC_AT.speedup, "speedup", interval=True, views=_ALL_AND_CATEGORY),
-    metric_column("quality_loss_kl", QUALITY_AT.kld_mean, "KL vs fp32", digits=5, better="lower",
+    metric_column("quality_loss_kl", QUALITY_AT.kld_mean, "KL vs fp32", digits=5, better="lower", fmt="%.5f",
                   chart="Quality loss: KL(fp32 || config)"),
     metric_column("top1", QUALITY_AT.top1_agreement, "same top-1", digits=4),
     metric_column("ppl", QUALITY_AT.perplexity, "perplexity", digits=3),
@@ -253,7 +261,7 @@ COLUMNS: tuple[Column, ...] = (
            "$/hour / (decode tokens/s x 3600) x 1e6: the cost of output tokens from one stream at the measured "
            "batch size, the machine busy all the time (not cost under load)", _usd_per_1m, digits=4, better="lower",
            chart="$ per 1M output tokens, one stream at the measured batch size", views=frozenset({"page", "report"}),
-           interval=_usd_interval),
+           interval=_usd_interval, fmt="$%.4f"),
     Column("kernels", "kernels", "", "the kernel path that ran (CPU ISA or CUDA)", _text(_kernels), text=True,
            views=frozenset({"cli", "page"})),
     Column("machine", "machine", "", "the kind of machine the run measured on (CPU model, and the GPU where it "
@@ -269,7 +277,35 @@ CHARTS = tuple(c for c in COLUMNS if c.chart)
 
 
 def for_view(view: str) -> list[Column]:
+    if view not in VIEWS:
+        raise KeyError(f"no view '{view}': the views are {', '.join(VIEWS)}")
     return [c for c in COLUMNS if view in c.views]
+
+
+PM_DEFINITION = ("± the larger distance from the median to an end of its 95% interval (speed: over repetitions; "
+                 "acceptance: over prompts)")
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One column of a drawn table: the row key it shows, its label, its help text and format."""
+
+    name: str
+    label: str
+    help: str
+    fmt: str | None = None
+    text: bool = False
+
+
+def table_cells(view: str) -> list[Cell]:
+    """A view as a page draws it: each column, followed by its ± (`<name>_pm`, rows.with_half_widths) where
+    it has an interval. Labels, help (definition and unit) and formats all come from the columns above."""
+    out = []
+    for c in for_view(view):
+        out.append(Cell(c.name, c.label, c.definition + (f" [{c.unit}]" if c.unit else ""), c.fmt, c.text))
+        if c.interval is not None:
+            out.append(Cell(f"{c.name}_pm", "±", PM_DEFINITION))
+    return out
 
 
 def plus_minus(value, lo, hi):

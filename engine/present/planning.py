@@ -8,6 +8,8 @@ from __future__ import annotations
 from typing import Sequence
 
 from engine import planner
+from engine.planner.gpus import THIS_MACHINE  # noqa: F401  (the pages' name for the row the price sets)
+from engine.planner.machine_price import machine_price, set_machine_price  # noqa: F401  (the pages call these)
 from engine.common.vocab import PRECISIONS
 from engine.present.figures import _safe
 
