@@ -177,7 +177,8 @@ def main(argv=None) -> int:
     if a.url:
         url, label, model = a.url.rstrip("/"), a.url, None
     else:
-        spec = ServerSpec(a.system, model=a.model, precision=a.precision, slots=a.slots, max_model_len=a.max_model_len)
+        spec = ServerSpec.of(a.system, model=a.model, precision=a.precision, slots=a.slots,
+                             max_model_len=a.max_model_len)
         rs = servers.start(spec, progress=say)
         url, label, model = rs.url, spec.label, spec.served_name
     try:

@@ -58,18 +58,18 @@ def gpu_configs(shape: str, max_new: int, reps: int, device: str) -> list[peers.
     vocab = shapes.get_model(shape).vocab
     rnd = random.Random(0)
     ids = [rnd.randrange(2, min(vocab, 150000)) for _ in range(128)]
-    base = peers.PeerConfig(model=shape, random_init=shape, prompt_ids=ids, max_new_tokens=max_new, reps=reps,
+    base = peers.PeerConfig.of(model=shape, random_init=shape, prompt_ids=ids, max_new_tokens=max_new, reps=reps,
                             device=device, timeout_s=900)
     hf, us = "transformers", peers.OURS
     if shapes.param_count(shapes.get_model(shape)) > 3e9:
         # Big shapes load for 30-60 s each: the essentials only, so one device call (10 min) holds both shapes.
-        return ([replace(base, system=hf, precision=p) for p in ("bf16", "nf4")]
-                + [replace(base, system=us, precision=p) for p in ("bf16", "int8", "int4", "fp8")])
-    out = [replace(base, system=hf, precision=p) for p in ("bf16", "fp16", "llm.int8", "nf4")]
-    out += [replace(base, system=hf, precision="bf16", draft="ngram")]
-    out += [replace(base, system=us, precision=p) for p in ("bf16", "fp16", "int8", "int4", "fp8")]
-    out += [replace(base, system=us, precision="bf16", draft="self", draft_precision="int4", gamma=4),
-            replace(base, system=us, precision="int8", draft="self", draft_precision="int4", gamma=4)]
+        return ([base.with_fields(system=hf, precision=p) for p in ("bf16", "nf4")]
+                + [base.with_fields(system=us, precision=p) for p in ("bf16", "int8", "int4", "fp8")])
+    out = [base.with_fields(system=hf, precision=p) for p in ("bf16", "fp16", "llm.int8", "nf4")]
+    out += [base.with_fields(system=hf, precision="bf16", draft="ngram")]
+    out += [base.with_fields(system=us, precision=p) for p in ("bf16", "fp16", "int8", "int4", "fp8")]
+    out += [base.with_fields(system=us, precision="bf16", draft="self", draft_precision="int4", gamma=4),
+            base.with_fields(system=us, precision="int8", draft="self", draft_precision="int4", gamma=4)]
     return out
 
 

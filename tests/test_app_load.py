@@ -17,7 +17,7 @@ def server():
     from engine.peers import servers
     from engine.peers.servers import ServerSpec
 
-    spec = ServerSpec("serving-cost-lab", model="default-draft", precision="int4", slots=2, max_model_len=1024)
+    spec = ServerSpec.of("serving-cost-lab", model="default-draft", precision="int4", slots=2, max_model_len=1024)
     reason = servers.unavailable_reason(spec)
     if reason:
         pytest.skip(reason)

@@ -304,7 +304,7 @@ def _serve(spec):
 def llama_server():
     from engine.peers.servers import ServerSpec
 
-    rs = _serve(ServerSpec("llama-server", model="default-draft", slots=2, max_model_len=1024))
+    rs = _serve(ServerSpec.of("llama-server", model="default-draft", slots=2, max_model_len=1024))
     yield rs
     rs.stop()
 
@@ -337,7 +337,7 @@ def test_cli_against_llama_server(llama_server, tmp_path):
 def test_cli_against_vllm_cpu(tmp_path):
     from engine.peers.servers import ServerSpec
 
-    with _serve(ServerSpec("vllm", model="default-draft", slots=2, max_model_len=1024)) as rs:
+    with _serve(ServerSpec.of("vllm", model="default-draft", slots=2, max_model_len=1024)) as rs:
         rec = _check_cli_record(rs.url, tmp_path, "vllm test")
     assert "vllm" in rec.metrics["load"]["server_metrics"]["families"]
 
@@ -345,7 +345,7 @@ def test_cli_against_vllm_cpu(tmp_path):
 def test_cli_against_our_server(tmp_path):
     from engine.peers.servers import ServerSpec
 
-    with _serve(ServerSpec("serving-cost-lab", model="default-draft", precision="int4", slots=2,
+    with _serve(ServerSpec.of("serving-cost-lab", model="default-draft", precision="int4", slots=2,
                            max_model_len=1024)) as rs:
         rec = _check_cli_record(rs.url, tmp_path, "ours test")
     assert "vllm" in rec.metrics["load"]["server_metrics"]["families"]  # our server uses vLLM's names

@@ -24,7 +24,7 @@ N = 8
 def real_records():
     """transformers fp32 and our fp32 on the real 0.5B, same prompt ids, N greedy tokens each."""
     base = dict(model="default-draft", max_new_tokens=N, reps=1)
-    return {s: peers.measure(PeerConfig(system=s, precision="fp32", **base))
+    return {s: peers.measure(PeerConfig.of(system=s, precision="fp32", **base))
             for s in ("transformers", "serving-cost-lab")}
 
 
@@ -46,7 +46,7 @@ def test_transformers_and_our_engine_agree_on_real_weights(real_records):
 def test_llama_cpp_runs_the_shipped_gguf(real_records):
     if not peer_mod._has("llama_cpp"):
         pytest.skip("llama-cpp-python is not installed here (`make peers` builds it)")
-    rec = peers.measure(PeerConfig(system="llama.cpp", model="default-draft", precision="Q4_K_M",
+    rec = peers.measure(PeerConfig.of(system="llama.cpp", model="default-draft", precision="Q4_K_M",
                                    max_new_tokens=N, reps=1))
     assert rec.notes == "", rec.notes
     from engine.infer import catalog
@@ -61,7 +61,7 @@ def test_unavailable_peer_is_reported_not_dropped(monkeypatch, tmp_path):
 
     store = Store(tmp_path / "runs.db")
     monkeypatch.setattr(peer_mod, "_has", lambda m: m != "llama_cpp")
-    rec = peers.measure(PeerConfig(system="llama.cpp", precision="Q4_K_M"), store)
+    rec = peers.measure(PeerConfig.of(system="llama.cpp", precision="Q4_K_M"), store)
     assert rec.notes.startswith("unavailable: llama-cpp-python is not installed") and "make peers" in rec.notes
     assert rec.metrics == {}
     assert store.list_runs() == []  # nothing measured, nothing stored
@@ -70,7 +70,7 @@ def test_unavailable_peer_is_reported_not_dropped(monkeypatch, tmp_path):
 
 
 def test_a_failing_peer_says_why():
-    rec = peers.measure(PeerConfig(system="transformers", model="no-such-model", max_new_tokens=4, reps=1))
+    rec = peers.measure(PeerConfig.of(system="transformers", model="no-such-model", max_new_tokens=4, reps=1))
     assert "unknown model 'no-such-model'" in rec.notes
 
 
@@ -84,11 +84,11 @@ def test_a_failing_peer_says_why():
 ])
 def test_bad_configs_name_the_fix(kw, match):
     with pytest.raises(UserError, match=match):
-        PeerConfig(**kw).validate()
+        PeerConfig.of(**kw).validate()
 
 
 def _rec(system, precision, tok_s, draft=None, notes=""):
-    cfg = PeerConfig(system=system, precision=precision, draft=draft or "none")
+    cfg = PeerConfig.of(system=system, precision=precision, draft=draft or "none")
     return RunRecord(kind="peer", config=peer_mod._record_config(cfg, None),
                      metrics={} if tok_s is None else {"decode_tok_s": tok_s, "ttft_s": 0.1, "new_tokens": 64},
                      machine={}, notes=notes)
@@ -125,7 +125,7 @@ def test_random_init_shape_loads_in_both_systems_and_agrees(tmp_path, monkeypatc
     cfg = json.loads((folder / "config.json").read_text())
     assert cfg["num_hidden_layers"] == 2 and cfg["model_type"] == "llama"
     ids = [5, 100, 2000, 31000, 7, 9, 11, 13]
-    recs = [peers.measure(PeerConfig(system=s, precision="fp32", random_init="vicuna-68m", model="vicuna-68m",
+    recs = [peers.measure(PeerConfig.of(system=s, precision="fp32", random_init="vicuna-68m", model="vicuna-68m",
                                      prompt_ids=ids, max_new_tokens=N, reps=1))
             for s in ("transformers", "serving-cost-lab")]
     assert all(r.notes == "" for r in recs), [r.notes for r in recs]

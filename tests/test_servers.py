@@ -25,47 +25,49 @@ def _alive(pid: int) -> bool:
 
 
 def test_specs_are_validated_with_the_fix():
-    for spec, word in [(ServerSpec("tgi"), "unknown server"), (ServerSpec("url"), "needs its URL"),
-                       (ServerSpec("llama-server", precision="int4"), "Q4_K_M"),
-                       (ServerSpec("vllm", draft="ngram"), "without a draft"),
-                       (ServerSpec("llama-server", slots=0), "slots")]:
+    for spec, word in [(ServerSpec.of("tgi"), "unknown server"), (ServerSpec.of("url"), "needs its URL"),
+                       (ServerSpec.of("llama-server", precision="int4"), "Q4_K_M"),
+                       (ServerSpec.of("vllm", draft="ngram"), "without a draft"),
+                       (ServerSpec.of("llama-server", slots=0), "slots")]:
         with pytest.raises(UserError, match=word):
             spec.validate()
 
 
 def test_missing_peers_say_why_and_how_to_get_them(monkeypatch, tmp_path):
     monkeypatch.setattr(servers, "VLLM_VENV", tmp_path / "no-venv")
-    problem, fix = servers.unavailable(ServerSpec("vllm"))
+    problem, fix = servers.unavailable(ServerSpec.of("vllm"))
     assert "not installed" in problem and "make peers-vllm" in fix
     monkeypatch.setenv("SCL_LLAMA_SERVER", str(tmp_path / "absent"))
     monkeypatch.setenv("SCL_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("PATH", str(tmp_path))
-    problem, fix = servers.unavailable(ServerSpec("llama-server"))
+    problem, fix = servers.unavailable(ServerSpec.of("llama-server"))
     assert "not built" in problem and "make peers" in fix
     with pytest.raises(servers.ServerUnavailable, match="make peers"):
-        servers.start(ServerSpec("llama-server"))
+        servers.start(ServerSpec.of("llama-server"))
 
 
 def test_commands_name_the_model_slots_and_context():
-    spec = ServerSpec("serving-cost-lab", precision="int4", draft="model", gamma=3, slots=4, max_model_len=1024)
+    spec = ServerSpec.of("serving-cost-lab", precision="int4", draft="model", gamma=3, slots=4, max_model_len=1024)
     cmd = spec.command(8123)
     assert cmd[1:4] == ["-m", "engine", "serve"] and cmd[cmd.index("--max-seqs") + 1] == "4"
     assert cmd[cmd.index("--gamma") + 1] == "3" and cmd[cmd.index("--port") + 1] == "8123"
-    assert spec.draft_record() == {"kind": "model", "model": "default-draft", "precision": "int4", "gamma": 3}
+    assert spec.setup.to_record()["draft"] == {"kind": "model", "model": "default-draft", "precision": "int4", "gamma": 3,
+                                               "adaptive": False}
+    assert spec.label == "serving-cost-lab int4 + default-draft@int4 g=3 (4 seqs)"
     if servers.llama_server_binary() is not None:
-        cmd = ServerSpec("llama-server", slots=8, max_model_len=2048).command(8124)
+        cmd = ServerSpec.of("llama-server", slots=8, max_model_len=2048).command(8124)
         assert cmd[cmd.index("-np") + 1] == "8" and cmd[cmd.index("-c") + 1] == str(8 * 2048)  # c is split by np
         assert cmd[cmd.index("-m") + 1].endswith(".gguf") and "--metrics" in cmd
 
 
 def test_url_peer_that_does_not_answer():
     with pytest.raises(UserError, match="did not answer"):
-        servers.start(ServerSpec("url", url=f"http://127.0.0.1:{servers.free_port()}", startup_timeout_s=1.5))
+        servers.start(ServerSpec.of("url", url=f"http://127.0.0.1:{servers.free_port()}", startup_timeout_s=1.5))
 
 
 @pytest.fixture(scope="module")
 def llama():
-    spec = ServerSpec("llama-server", model="default-draft", slots=2, max_model_len=512)
+    spec = ServerSpec.of("llama-server", model="default-draft", slots=2, max_model_len=512)
     reason = servers.unavailable_reason(spec)
     if reason:
         pytest.skip(reason)
@@ -83,7 +85,7 @@ def test_llama_server_starts_answers_and_stops_by_pid(llama):
     models = httpx.get(llama.url + "/v1/models").json()
     assert models["data"][0]["id"] == "qwen2.5-coder-0.5b"  # --alias: the served name
     # the URL peer wraps a running server without owning it
-    other = servers.start(ServerSpec("url", url=llama.url))
+    other = servers.start(ServerSpec.of("url", url=llama.url))
     other.stop()
     assert _alive(llama.pid)
     pid = llama.pid
@@ -92,7 +94,7 @@ def test_llama_server_starts_answers_and_stops_by_pid(llama):
 
 
 def test_a_server_that_cannot_start_fails_with_its_log(tmp_path):
-    spec = ServerSpec("llama-server", model="default-draft", slots=1, max_model_len=256,
+    spec = ServerSpec.of("llama-server", model="default-draft", slots=1, max_model_len=256,
                       extra_args=["--no-such-flag"], startup_timeout_s=60)
     if servers.unavailable_reason(spec):
         pytest.skip(servers.unavailable_reason(spec))

@@ -190,7 +190,9 @@ DRAFT_LABELS = {"none": "no draft", "ngram": "n-gram (prompt lookup)", "model": 
 def engine_specs(model: str, precisions: list[str], drafts: list[str], slots: int = 8, max_model_len: int = 2048,
                  gamma: int = 4) -> tuple[list[ServerSpec], list[str]]:
     """Our engine at every precision x draft asked for, and notes on the combinations left out (a model
-    draft that is the target itself says nothing about drafting)."""
+    draft that is the target itself, or a self-draft no cheaper than its target, says nothing about drafting)."""
+    from engine.common.errors import UserError
+    from engine.common.setup import EngineSetup
     from engine.infer.catalog import canonical_name
 
     specs, notes = [], []
@@ -200,9 +202,15 @@ def engine_specs(model: str, precisions: list[str], drafts: list[str], slots: in
                 notes.append(f"{model} {p} with the 0.5B draft model: the draft is the target itself, left out "
                              "(pick the 1.5B target, or the n-gram draft)")
                 continue
-            specs.append(ServerSpec(servers.OURS, model=model, precision=p, draft=d, draft_model="default-draft",
-                                    draft_precision="int4", gamma=gamma, slots=slots,
-                                    max_model_len=max_model_len).validate())
+            setup = EngineSetup(model=model, precision=p, draft=d, draft_model="default-draft", draft_precision="int4",
+                                gamma=gamma)
+            if d == "self":
+                try:
+                    setup.validate()
+                except UserError as e:  # the self-draft reads as much as its target: it saves nothing
+                    notes.append(f"{model} {p} with a self-draft: {e.problem}, left out")
+                    continue
+            specs.append(ServerSpec(servers.OURS, setup, slots=slots, max_model_len=max_model_len).validate())
     return specs, notes
 
 
@@ -211,5 +219,5 @@ def url_specs(text: str) -> list[ServerSpec]:
     record's model is the one the server says it serves."""
     from engine.load.client import check_url
 
-    return [ServerSpec("url", url=check_url(u.strip()), model=None).validate()
+    return [ServerSpec.of("url", url=check_url(u.strip()), model=None).validate()
             for u in (text or "").splitlines() if u.strip()]

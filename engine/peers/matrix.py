@@ -2,27 +2,24 @@
 from __future__ import annotations
 
 import os
-from dataclasses import replace
-
 from engine.peers.peer import OURS, SYSTEMS, PeerConfig, unavailable_reason
 
 
 def available_systems(device: str = "cpu") -> dict[str, str | None]:
     """System -> None when installed, else the reason (for the dashboard's peer picker)."""
-    return {s: unavailable_reason(PeerConfig(system=s, precision=("Q4_K_M" if s == "llama.cpp" else "bf16"),
-                                             device=device)) for s in SYSTEMS}
+    return {s: unavailable_reason(PeerConfig.of(system=s, precision=("Q4_K_M" if s == "llama.cpp" else "bf16"),
+                                                device=device)) for s in SYSTEMS}
 
 
 def default_peer_configs(model="default", draft_model="default-draft", max_new_tokens=64, reps=3,
                          device="cpu", prompt=None) -> list[PeerConfig]:
     """The benchmark's matrix: each peer the way people run it, and our engine at each precision and draft."""
-    base = PeerConfig(model=model, draft_model=draft_model, max_new_tokens=max_new_tokens, reps=reps,
-                      device=device, prompt=prompt)
+    base = PeerConfig.of(model=model, draft_model=draft_model, max_new_tokens=max_new_tokens, reps=reps,
+                         device=device, prompt=prompt)
     hf, ll, us = "transformers", "llama.cpp", OURS
 
     def c(system, precision, draft="none", **kw):
-        d = base.to_dict() | {"system": system, "precision": precision, "draft": draft} | kw
-        return PeerConfig.from_dict(d)
+        return base.with_fields(system=system, precision=precision, draft=draft, **kw)
 
     out = [c(hf, "fp32"), c(hf, "bf16"), c(hf, "fp32", "model"), c(hf, "bf16", "model"), c(hf, "fp32", "ngram"),
            c(hf, "llm.int8"), c(hf, "nf4"),
@@ -46,13 +43,13 @@ def dashboard_peer_configs(model: str, draft_model: str, max_new_tokens: int, de
     """Peer rows the Compare page offers for this model: (installed configs, {label: why not} for the rest)."""
     from engine.infer import catalog
     cname = catalog.canonical_name(model)
-    base = PeerConfig(model=model, draft_model=draft_model, max_new_tokens=max(2, int(max_new_tokens)),
-                      reps=reps, device=device)
-    cands = [replace(base, system="transformers", precision=p) for p in ("fp32", "bf16", "llm.int8", "nf4")]
-    cands += [replace(base, system="transformers", precision="fp32", draft="model"),
-              replace(base, system="transformers", precision="fp32", draft="ngram"),
-              replace(base, system="llama.cpp", precision="Q4_K_M"),
-              replace(base, system="llama.cpp", precision="Q4_K_M", draft="ngram")]
+    base = PeerConfig.of(model=model, draft_model=draft_model, max_new_tokens=max(2, int(max_new_tokens)),
+                         reps=reps, device=device)
+    cands = [base.with_fields(system="transformers", precision=p) for p in ("fp32", "bf16", "llm.int8", "nf4")]
+    cands += [base.with_fields(system="transformers", precision="fp32", draft="model"),
+              base.with_fields(system="transformers", precision="fp32", draft="ngram"),
+              base.with_fields(system="llama.cpp", precision="Q4_K_M"),
+              base.with_fields(system="llama.cpp", precision="Q4_K_M", draft="ngram")]
     ok, missing = [], {}
     for c in cands:
         why = unavailable_reason(c)

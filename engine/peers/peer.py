@@ -20,10 +20,11 @@ import json
 import os
 import subprocess
 import sys
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 
 from engine.common.errors import UserError
 from engine.common.paths import REPO_ROOT
+from engine.common.setup import EngineSetup
 from engine.common.vocab import BNB_PRECISIONS, parse_precision
 
 SYSTEMS = ("serving-cost-lab", "transformers", "llama.cpp")
@@ -39,23 +40,36 @@ HF_PROMPT_LOOKUP_TOKENS = 10
 LLAMA_LOOKUP_TOKENS = 10
 
 
+def _default_setup() -> EngineSetup:
+    return EngineSetup(device="cpu")
+
+
 @dataclass
 class PeerConfig:
+    """One system measured the same way as every other. `setup` is the engine setup: all of it for ours;
+    for a peer its model, precision (in that system's vocabulary: Q4_K_M for llama.cpp), device, draft
+    kind and draft model (transformers' assistant runs at the target's precision, with its own gamma)."""
+
     system: str = OURS
-    model: str = "default"
-    precision: str = "fp32"
-    draft: str = "none"  # none | model | self | ngram
-    draft_model: str = "default-draft"
-    draft_precision: str = "int4"  # ours; transformers' assistant runs at the target's precision
-    gamma: int = 4  # ours; transformers and llama.cpp use their own defaults (recorded)
+    setup: EngineSetup = field(default_factory=_default_setup)
     prompt: str | None = None  # None: the first of data/prompts.json
     prompt_ids: list[int] | None = None  # overrides prompt (random-init models have no useful tokenizer)
     max_new_tokens: int = 64
     reps: int = 3
-    device: str = "cpu"
     random_init: str | None = None  # a data/models.json shape: random weights of that shape (GPU runs)
     act: str = "fp32"  # ours on CPU: "int8" quantizes int4 kernels' activations (SCL_KERNEL_ACT), as llama.cpp does
     timeout_s: int = 1800
+
+    @classmethod
+    def of(cls, **flat) -> "PeerConfig":
+        """A config from flat keyword arguments: the setup's fields go to the setup (device cpu unless given)."""
+        return cls().with_fields(**flat)
+
+    def with_fields(self, **flat) -> "PeerConfig":
+        """A copy with these fields changed, the setup's (model, precision, draft, ...) in the setup."""
+        names = {f.name for f in fields(EngineSetup)}
+        setup = {k: flat.pop(k) for k in list(flat) if k in names}
+        return replace(self, setup=replace(self.setup, **setup), **flat)
 
     def measure(self, pool=None, store=None, progress=None):
         """Measure in a fresh process (the interface sweep.run_many calls; the pool is not used)."""
@@ -63,37 +77,34 @@ class PeerConfig:
 
     def __post_init__(self):
         # One vocabulary: "bnb-nf4", "bfloat16" and the like are accepted and stored canonically.
-        if self.system != "llama.cpp" and isinstance(self.precision, str):
+        if self.system != "llama.cpp" and isinstance(self.setup.precision, str):
             try:
-                self.precision = parse_precision(self.precision)
+                self.setup = replace(self.setup, precision=parse_precision(self.setup.precision))
             except UserError:
                 pass  # validate() names the choices
 
     def validate(self) -> "PeerConfig":
+        st = self.setup
         if self.system not in SYSTEMS:
             raise UserError(f"unknown peer system '{self.system}'", f"use one of: {', '.join(SYSTEMS)}")
-        if self.draft not in DRAFTS[self.system]:
-            raise UserError(f"{self.system} has no '{self.draft}' draft",
+        if st.draft not in DRAFTS[self.system]:
+            raise UserError(f"{self.system} has no '{st.draft}' draft",
                             f"use one of: {', '.join(DRAFTS[self.system])}")
-        if self.system == "transformers" and self.precision not in HF_PRECISIONS:
-            raise UserError(f"transformers peer has no precision '{self.precision}'",
+        if self.system == "transformers" and st.precision not in HF_PRECISIONS:
+            raise UserError(f"transformers peer has no precision '{st.precision}'",
                             f"use one of: {', '.join(HF_PRECISIONS)}")
         if self.system == "llama.cpp":
-            if self.precision not in LLAMA_PRECISIONS:
-                raise UserError(f"llama.cpp peer runs the catalog GGUF as shipped, not '{self.precision}'",
+            if st.precision not in LLAMA_PRECISIONS:
+                raise UserError(f"llama.cpp peer runs the catalog GGUF as shipped, not '{st.precision}'",
                                 "use precision Q4_K_M")
-        if self.random_init and (self.system == "llama.cpp" or self.draft == "model"):
+        if self.random_init and (self.system == "llama.cpp" or st.draft == "model"):
             raise UserError(f"{self.label} cannot run on random weights: it needs a GGUF file or a trained draft",
                             "on random-init shapes use self or ngram drafts, and no llama.cpp")
         if self.act not in ("fp32", "int8") or (self.act == "int8" and self.system != OURS):
             raise UserError(f"activation mode '{self.act}' is not offered for {self.system}",
                             "use act='int8' only with serving-cost-lab (its int4 CPU kernels), else 'fp32'")
         if self.system == OURS:
-            from engine.infer.loader import make_spec
-
-            make_spec(self.precision)
-            if self.draft in ("model", "self"):
-                make_spec(self.draft_precision)
+            self.setup = st.validate()
         if not isinstance(self.max_new_tokens, int) or not 2 <= self.max_new_tokens <= 4096:
             raise UserError(f"max_new_tokens {self.max_new_tokens} is out of range", "use 2 to 4096")
         if not isinstance(self.reps, int) or not 1 <= self.reps <= 50:
@@ -102,15 +113,16 @@ class PeerConfig:
 
     @property
     def label(self) -> str:
-        s = f"{self.system} {self.precision}" + (" (bitsandbytes)" if self.precision in BNB_PRECISIONS else "") \
-            + (" a8" if self.act == "int8" else "")
-        if self.draft == "model":
-            dp = self.draft_precision if self.system == OURS else self.precision
-            s += f" + {self.draft_model}@{dp} draft" + (f" g={self.gamma}" if self.system == OURS else "")
-        elif self.draft == "self":
-            s += f" + self@{self.draft_precision} g={self.gamma}"
-        elif self.draft == "ngram":
-            s += " + prompt lookup" + (f" g={self.gamma}" if self.system == OURS else "")
+        """Ours: the system, the setup's precision and draft labels (EngineSetup's, the model said once per
+        record) and a8 for int8 activations; a peer: its system, precision and draft."""
+        st = self.setup
+        if self.system == OURS:
+            return f"{OURS} {st.precision_label}{st.draft_label}" + (" a8" if self.act == "int8" else "")
+        s = f"{self.system} {st.precision}" + (" (bitsandbytes)" if st.precision in BNB_PRECISIONS else "")
+        if st.draft == "model":
+            s += f" + {st.draft_model}@{st.precision} draft"
+        elif st.draft == "ngram":
+            s += " + prompt lookup"
         return s
 
     def to_dict(self) -> dict:
@@ -118,8 +130,18 @@ class PeerConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "PeerConfig":
-        known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in known})
+        """A config from `to_dict()`'s form (the setup nested), or the flat form older records keep; an
+        unknown key is refused by name."""
+        if not isinstance(d, dict):
+            raise UserError(f"a peer config must be an object, got {type(d).__name__}", "send PeerConfig.to_dict()")
+        d = dict(d)
+        setup = d.pop("setup", None)
+        known = {f.name for f in fields(cls)} | {f.name for f in fields(EngineSetup)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise UserError(f"unknown peer config field '{unknown[0]}'", f"fields are: {', '.join(sorted(known))}")
+        base = cls(setup=EngineSetup.from_dict(setup)) if isinstance(setup, dict) else cls()
+        return base.with_fields(**d)
 
 
 # ---------------------------------------------------------------- availability
@@ -133,13 +155,13 @@ def unavailable_reason(cfg: PeerConfig) -> str | None:
     if cfg.system == "transformers":
         if not _has("transformers"):
             return "transformers is not installed (pip install transformers)"
-        if cfg.precision in BNB_PRECISIONS and not _has("bitsandbytes"):
+        if cfg.setup.precision in BNB_PRECISIONS and not _has("bitsandbytes"):
             return "bitsandbytes is not installed (pip install bitsandbytes)"
-        if cfg.precision == "fp16" and cfg.device == "cpu":
+        if cfg.setup.precision == "fp16" and cfg.setup.device == "cpu":
             return "fp16 matmuls on CPU are emulated and not a configuration anyone serves; use bf16"
     if cfg.system == "llama.cpp" and not _has("llama_cpp"):
         return ("llama-cpp-python is not installed; `make peers` builds it from PyPI (about 8 minutes on 2 cores)")
-    if cfg.device.startswith("cuda"):
+    if cfg.setup.device.startswith("cuda"):
         import torch
 
         if not torch.cuda.is_available():
@@ -165,7 +187,7 @@ def measure(cfg: PeerConfig, store=None, progress=None):
         result, reason, status = _spawn(cfg)
     config = _record_config(cfg, result)
     rec = RunRecord(kind="peer", config=config, metrics=(result or {}).get("metrics", {}),
-                    machine=(result or {}).get("machine") or _machine(cfg.device),
+                    machine=(result or {}).get("machine") or _machine(cfg.setup.device),
                     versions=(result or {}).get("versions") or {},
                     kernels=(result or {}).get("kernels") or {},
                     output=(result or {}).get("output") or {},
@@ -176,16 +198,16 @@ def measure(cfg: PeerConfig, store=None, progress=None):
 
 
 def _record_config(cfg: PeerConfig, result: dict | None) -> dict:
-    draft = None
-    if cfg.draft != "none":
-        draft = {"kind": cfg.draft, "model": cfg.draft_model if cfg.draft == "model" else None,
-                 "precision": (cfg.draft_precision if cfg.system == OURS else cfg.precision)
-                 if cfg.draft in ("model", "self") else None,
-                 "gamma": cfg.gamma if cfg.system == OURS else None,
-                 "setting": (result or {}).get("draft_setting")}
-    return {"system": cfg.system, "label": cfg.label, "model": cfg.model, "precision": cfg.precision,
-            "device": cfg.device, "batch_size": 1, "max_new_tokens": cfg.max_new_tokens, "draft": draft,
-            "reps": cfg.reps, "random_init": cfg.random_init, "peer_config": cfg.to_dict()}
+    st = cfg.setup
+    draft = st.to_record()["draft"]
+    if draft is not None:
+        if cfg.system != OURS:  # a peer drafts at its target's precision, with its own number of tokens
+            draft.update(precision=st.precision if st.draft == "model" else None, gamma=None, adaptive=None)
+        draft["setting"] = (result or {}).get("draft_setting")
+    return {"system": cfg.system, "label": cfg.label, "model": st.model, "precision": st.precision,
+            "device": st.device, "batch_size": 1, "max_new_tokens": cfg.max_new_tokens, "draft": draft,
+            "reps": cfg.reps, "random_init": cfg.random_init, "setup": st.to_dict() if cfg.system == OURS else None,
+            "peer_config": cfg.to_dict()}
 
 
 def _machine(device: str) -> dict:

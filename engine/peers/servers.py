@@ -19,13 +19,14 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime, timezone
 from functools import lru_cache
 from pathlib import Path
 
 from engine.common.errors import UserError
 from engine.common.paths import REPO_ROOT, cache_dir
+from engine.common.setup import EngineSetup
 
 OURS = "serving-cost-lab"
 SYSTEMS = (OURS, "llama-server", "vllm", "url")
@@ -69,18 +70,18 @@ def _serve_missing() -> str | None:
     return f"{' and '.join(missing)} not installed" if missing else None
 
 
+DEFAULT_PRECISION = {OURS: "int4", "llama-server": "Q4_K_M", "vllm": "bf16"}
+
+
 @dataclass
 class ServerSpec:
-    """Which server to start, and how. `slots` is what each calls its concurrency: llama-server's -np,
-    vLLM's --max-num-seqs, our --max-seqs. `max_model_len` is the context of one request."""
+    """Which server to start, and how. `setup` is the engine setup: all of it for ours; for a peer only
+    its model and precision count, in the peer's own vocabulary (llama-server: Q4_K_M). `slots` is what
+    each calls its concurrency: llama-server's -np, vLLM's --max-num-seqs, our --max-seqs.
+    `max_model_len` is the context of one request."""
 
     system: str
-    model: str = "default-draft"
-    precision: str | None = None  # ours: int4, int8, bf16, fp32; llama-server: Q4_K_M; vllm: bf16
-    draft: str = "none"  # ours: none, ngram, model, self
-    draft_model: str = "default-draft"
-    draft_precision: str = "int4"
-    gamma: int = 4
+    setup: EngineSetup | None = None  # None: the 0.5B at the system's usual precision
     slots: int = 8
     max_model_len: int = 2048
     threads: int | None = None  # llama-server -t (None: its default, every core)
@@ -89,19 +90,35 @@ class ServerSpec:
     startup_timeout_s: float | None = None
 
     def __post_init__(self):
-        if self.precision is None:
-            self.precision = {OURS: "int4", "llama-server": "Q4_K_M", "vllm": "bf16"}.get(self.system)
+        if self.setup is None:
+            self.setup = EngineSetup(model="default-draft", precision=DEFAULT_PRECISION.get(self.system, "fp32"))
+
+    @classmethod
+    def of(cls, system: str, **flat) -> "ServerSpec":
+        """A spec from flat keyword arguments: the setup's fields (model, precision, draft, ...) go to the
+        setup, the rest to the server; a precision not given (or None) is the system's usual one."""
+        names = {f.name for f in fields(EngineSetup)}
+        setup = {k: flat.pop(k) for k in list(flat) if k in names}
+        setup.setdefault("model", "default-draft")  # None stays: a URL's model is what the server says
+        if setup.get("precision") is None:
+            setup["precision"] = DEFAULT_PRECISION.get(system, "fp32")
+        return cls(system, EngineSetup(**setup), **flat)
 
     def validate(self) -> "ServerSpec":
         if self.system not in SYSTEMS:
             raise UserError(f"unknown server '{self.system}'", f"use one of: {', '.join(SYSTEMS)}")
         if self.system == "url" and not self.url:
             raise UserError("a 'url' server needs its URL", "pass url='http://host:port'")
-        if self.system == "llama-server" and self.precision != "Q4_K_M":
-            raise UserError(f"llama-server runs the catalog GGUF as shipped, not '{self.precision}'",
+        if self.system == "llama-server" and self.setup.precision != "Q4_K_M":
+            raise UserError(f"llama-server runs the catalog GGUF as shipped, not '{self.setup.precision}'",
                             "use precision Q4_K_M")
-        if self.system != OURS and self.draft != "none":
+        if self.system != OURS and self.setup.speculative:
             raise UserError(f"the lab starts {self.system} without a draft", "use draft='none' for peers")
+        if self.system == OURS:
+            self.setup = self.setup.validate()
+            if self.setup.adaptive_gamma:
+                raise UserError("our server drafts a fixed gamma; adaptive gamma is a benchmark setting",
+                                "set adaptive_gamma=False for a server")
         if not isinstance(self.slots, int) or not 1 <= self.slots <= 256:
             raise UserError(f"{self.slots} slots is out of range", "use 1 to 256")
         if not isinstance(self.max_model_len, int) or not 16 <= self.max_model_len <= 131072:
@@ -112,31 +129,20 @@ class ServerSpec:
     def served_name(self) -> str:
         from engine.infer.catalog import canonical_name
 
-        return canonical_name(self.model)
+        return canonical_name(self.setup.model)
 
     @property
     def label(self) -> str:
+        """Ours: the system and the setup's precision and draft (EngineSetup's label without the model), and
+        its sequences; a peer: its system, precision and slots."""
         if self.system == "url":
             return self.url or "url"
         if self.system == OURS:
-            s = f"{OURS} {self.precision}"
-            if self.draft == "model":
-                s += f" + {self.draft_model}@{self.draft_precision} draft g={self.gamma}"
-            elif self.draft == "self":
-                s += f" + self@{self.draft_precision} g={self.gamma}"
-            elif self.draft == "ngram":
-                s += f" + prompt lookup g={self.gamma}"
-            return s + f" ({self.slots} seqs)"
+            return f"{OURS} {self.setup.precision_label}{self.setup.draft_label} ({self.slots} seqs)"
         if self.system == "llama-server":
             threads = f", -t {self.threads}" if self.threads else ""
-            return f"llama-server {self.precision} ({self.slots} slots{threads})"
-        return f"vLLM CPU {self.precision} ({self.slots} seqs)"
-
-    def draft_record(self) -> dict | None:
-        if self.draft == "none":
-            return None
-        return {"kind": self.draft, "model": self.draft_model if self.draft == "model" else None,
-                "precision": self.draft_precision if self.draft in ("model", "self") else None, "gamma": self.gamma}
+            return f"llama-server {self.setup.precision} ({self.slots} slots{threads})"
+        return f"vLLM CPU {self.setup.precision} ({self.slots} seqs)"
 
     def command(self, port: int) -> list[str]:
         """The launch command (paths resolved; the model converted or joined first if needed)."""
@@ -144,23 +150,28 @@ class ServerSpec:
 
         n, ctx = str(self.slots), str(self.max_model_len)
         if self.system == OURS:
-            cmd = [sys.executable, "-m", "engine", "serve", "--model", self.model, "--precision", self.precision,
-                   "--draft", self.draft]
-            if self.draft != "none":
-                cmd += ["--draft-model", self.draft_model, "--draft-precision", self.draft_precision,
-                        "--gamma", str(self.gamma)]
+            st = self.setup
+            cmd = [sys.executable, "-m", "engine", "serve", "--model", st.model, "--precision", st.precision,
+                   "--group-size", str(st.group_size), "--device", st.device, "--draft", st.draft]
+            if st.quantize_embeddings:
+                cmd.append("--quantize-embeddings")
+            if not st.quantize_head:
+                cmd.append("--no-quantize-head")
+            if st.speculative:
+                cmd += ["--draft-model", st.draft_model, "--draft-precision", st.draft_precision,
+                        "--gamma", str(st.gamma)]
             cmd += ["--host", HOST, "--port", str(port), "--max-seqs", n, "--max-model-len", ctx,
                     "--served-model-name", self.served_name]
         elif self.system == "llama-server":
             # llama-server splits -c across its slots: each request gets c / np.
-            cmd = [str(llama_server_binary()), "-m", str(catalog.gguf_path(self.model)), "--host", HOST,
+            cmd = [str(llama_server_binary()), "-m", str(catalog.gguf_path(self.setup.model)), "--host", HOST,
                    "--port", str(port), "-np", n, "-c", str(self.slots * self.max_model_len), "-cb", "--metrics",
                    "--no-webui", "--alias", self.served_name]
             if self.threads:
                 cmd += ["-t", str(self.threads)]
         elif self.system == "vllm":
             cmd = [str(vllm_python()), "-m", "vllm.entrypoints.openai.api_server", "--model",
-                   str(catalog.resolve(self.model)), "--host", HOST, "--port", str(port), "--max-model-len", ctx,
+                   str(catalog.resolve(self.setup.model)), "--host", HOST, "--port", str(port), "--max-model-len", ctx,
                    "--max-num-seqs", n, "--served-model-name", self.served_name, "--dtype", "bfloat16"]
         else:
             return []
@@ -227,9 +238,11 @@ class RunningServer:
 
     def facts(self) -> dict:
         """What a load record keeps about the server: what it is and how it was launched."""
-        return {"system": self.spec.system, "label": self.spec.label, "model": self.spec.served_name
-                if self.spec.system != "url" else self.spec.model, "precision": self.spec.precision,
-                "draft": self.spec.draft_record(), "slots": self.spec.slots, "max_model_len": self.spec.max_model_len,
+        sp = self.spec
+        return {"system": sp.system, "label": sp.label, "model": sp.served_name if sp.system != "url" else sp.setup.model,
+                "precision": sp.setup.precision, "draft": sp.setup.to_record()["draft"],
+                "setup": sp.setup.to_dict() if sp.system == OURS else None, "slots": sp.slots,
+                "max_model_len": sp.max_model_len,
                 "launch": {"command": self.command, "pid": self.pid, "port": self.port, "log": self.log_path,
                            "started_at": self.started_at, "ready_s": self.ready_s}}
 

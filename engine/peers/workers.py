@@ -80,7 +80,7 @@ def _run_reps(cfg: PeerConfig, one) -> tuple[list[_Timed], object]:
 
     one(min(8, cfg.max_new_tokens))
     runs = []
-    with PeakMemory(cfg.device) as mem:
+    with PeakMemory(cfg.setup.device) as mem:
         for _ in range(cfg.reps):
             r = one(cfg.max_new_tokens)
             if len(r.stamps) < cfg.max_new_tokens:
@@ -93,18 +93,18 @@ def _hf_worker(cfg: PeerConfig, folder, draft_folder) -> dict:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    dev = cfg.device
+    dev = cfg.setup.device
     kw: dict = {}
-    if cfg.precision in BNB_PRECISIONS:
+    if cfg.setup.precision in BNB_PRECISIONS:
         from transformers import BitsAndBytesConfig
 
-        kw["quantization_config"] = (BitsAndBytesConfig(load_in_8bit=True) if cfg.precision == "llm.int8" else
+        kw["quantization_config"] = (BitsAndBytesConfig(load_in_8bit=True) if cfg.setup.precision == "llm.int8" else
                                      BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
                                                         bnb_4bit_compute_dtype=torch.bfloat16))
         kw["dtype"] = torch.bfloat16 if dev.startswith("cuda") else torch.float32
         kw["device_map"] = dev
     else:
-        kw["dtype"] = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[cfg.precision]
+        kw["dtype"] = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[cfg.setup.precision]
     t = time.perf_counter()
     model = AutoModelForCausalLM.from_pretrained(str(folder), **kw)
     if "device_map" not in kw:
@@ -113,14 +113,14 @@ def _hf_worker(cfg: PeerConfig, folder, draft_folder) -> dict:
     tok = AutoTokenizer.from_pretrained(str(folder)) if cfg.prompt_ids is None else None
     gen_kw: dict = {}
     setting = None
-    if cfg.draft == "model":
+    if cfg.setup.draft == "model":
         gen_kw["assistant_model"] = AutoModelForCausalLM.from_pretrained(str(draft_folder), **kw)
         if "device_map" not in kw:
             gen_kw["assistant_model"] = gen_kw["assistant_model"].to(dev)
         gc = gen_kw["assistant_model"].generation_config
         setting = {k: (getattr(gc, k, None) if getattr(gc, k, None) is not None else "transformers default")
                    for k in ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")}
-    elif cfg.draft == "ngram":
+    elif cfg.setup.draft == "ngram":
         gen_kw["prompt_lookup_num_tokens"] = HF_PROMPT_LOOKUP_TOKENS
         setting = {"prompt_lookup_num_tokens": HF_PROMPT_LOOKUP_TOKENS}
     load_s = time.perf_counter() - t
@@ -148,10 +148,10 @@ def _llama_worker(cfg: PeerConfig) -> dict:
     from engine.infer.catalog import gguf_path, resolve
     from engine.infer.loader import load_tokenizer
 
-    path = gguf_path(cfg.model)
+    path = gguf_path(cfg.setup.model)
     kw = {}
     setting = None
-    if cfg.draft == "ngram":
+    if cfg.setup.draft == "ngram":
         from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
         kw["draft_model"] = LlamaPromptLookupDecoding(num_pred_tokens=LLAMA_LOOKUP_TOKENS)
@@ -159,10 +159,10 @@ def _llama_worker(cfg: PeerConfig) -> dict:
     t = time.perf_counter()
     threads = os.cpu_count() or 1
     llm = llama_cpp.Llama(model_path=str(path), n_ctx=2048, n_threads=threads, n_threads_batch=threads,
-                          n_gpu_layers=-1 if cfg.device.startswith("cuda") else 0, seed=0, verbose=False, **kw)
+                          n_gpu_layers=-1 if cfg.setup.device.startswith("cuda") else 0, seed=0, verbose=False, **kw)
     load_s = time.perf_counter() - t
     # The same ids as everyone else: the lab's tokenizer (the GGUF's own tokenizer is the same vocabulary).
-    ids = _prompt_ids(cfg, load_tokenizer(resolve(cfg.model)) if cfg.prompt_ids is None else None)
+    ids = _prompt_ids(cfg, load_tokenizer(resolve(cfg.setup.model)) if cfg.prompt_ids is None else None)
 
     def one(n):
         toks, stamps = [], []
@@ -183,18 +183,18 @@ def _llama_worker(cfg: PeerConfig) -> dict:
 
 
 def _ours_worker(cfg: PeerConfig, folder, draft_folder) -> dict:
+    from dataclasses import replace
+
     from engine import ops as kernels
     from engine.infer.generate import generate
-    from engine.infer.loader import load, make_spec
-    from engine.infer.speculative import generate_speculative, proposer_spec
+    from engine.infer.loader import load_setup
+    from engine.infer.speculative import generate_speculative
 
     t = time.perf_counter()
-    target = load(str(folder), make_spec(cfg.precision), cfg.device)
-    draft = None
-    if cfg.draft == "model":
-        draft = load(str(draft_folder), make_spec(cfg.draft_precision), cfg.device)
-    elif cfg.draft == "self":
-        draft = load(str(folder), make_spec(cfg.draft_precision), cfg.device)
+    # The setup's models as the folders resolved here (the catalog's cache, or random weights of a shape).
+    setup = replace(cfg.setup, model=str(folder), draft_model=str(draft_folder) if draft_folder else cfg.setup.draft_model)
+    loaded = load_setup(setup)
+    target, draft = loaded.target, loaded.draft
     load_s = time.perf_counter() - t
     ids = _prompt_ids(cfg, target.tokenizer)
     last_spec = {}
@@ -202,10 +202,10 @@ def _ours_worker(cfg: PeerConfig, folder, draft_folder) -> dict:
     def one(n):
         clock = _Clock()
         t0 = time.perf_counter()
-        if cfg.draft == "none":
+        if loaded.proposer is None:
             generate(target, [""], n, on_token=clock.on_token, prompt_ids=[ids], stop_at_eos=False)
         else:
-            res = generate_speculative(target, proposer_spec(cfg.draft, draft, target), [""], n, cfg.gamma,
+            res = generate_speculative(target, loaded.proposer, [""], n, setup.gamma, setup.adaptive_gamma,
                                        on_token=clock.on_token, prompt_ids=[ids], stop_at_eos=False)
             last_spec.update(res.spec)
         return _Timed(clock.tokens, t0, clock.stamps)
@@ -238,7 +238,7 @@ def _folders(cfg: PeerConfig):
         from engine.peers.random_models import random_model_folder
 
         return random_model_folder(cfg.random_init), None
-    return resolve(cfg.model), (resolve(cfg.draft_model) if cfg.draft == "model" else None)
+    return resolve(cfg.setup.model), (resolve(cfg.setup.draft_model) if cfg.setup.draft == "model" else None)
 
 
 def run_worker(cfg: PeerConfig) -> dict:
@@ -265,7 +265,7 @@ def run_worker(cfg: PeerConfig) -> dict:
     m["prompt_tokens"] = len(out["prompt_ids"])
     if out.get("spec"):
         m["spec"] = out["spec"]
-    return {"metrics": m, "machine": machine_facts(cfg.device), "versions": out["versions"],
+    return {"metrics": m, "machine": machine_facts(cfg.setup.device), "versions": out["versions"],
             "kernels": out.get("kernels") or {}, "draft_setting": out.get("draft_setting"),
             "output": {"new_tokens": [runs[0].tokens[:n]], "prompt_ids": out["prompt_ids"]}}
 

@@ -15,6 +15,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--model", default="default", help="catalog name (default, default-draft), folder or hub id")
     p.add_argument("--precision", default="int4", help="fp32, bf16, fp16, int8, int4, llm.int8, nf4, fp8")
     p.add_argument("--group-size", type=int, default=64, help="int4 group size: 32, 64 or 128")
+    p.add_argument("--quantize-embeddings", action="store_true", help="also quantize the embedding table")
+    p.add_argument("--no-quantize-head", action="store_true", help="keep the output head in float")
     p.add_argument("--draft", default="none", help="none, model, self or ngram")
     p.add_argument("--draft-model", default="default-draft")
     p.add_argument("--draft-precision", default="int4")
@@ -35,33 +37,34 @@ def add_parser(sub) -> argparse.ArgumentParser:
     return p
 
 
+def setup_from(a):
+    """The engine setup the arguments ask for (validated: a bad one is refused before anything loads)."""
+    from engine.common.setup import EngineSetup
+
+    return EngineSetup(model=a.model, precision=a.precision, group_size=a.group_size,
+                       quantize_embeddings=a.quantize_embeddings, quantize_head=not a.no_quantize_head,
+                       device=a.device, draft=a.draft, draft_model=a.draft_model, draft_precision=a.draft_precision,
+                       gamma=a.gamma).validate()
+
+
 def build(a):
-    """Load the target (and the draft) and the engine loop; returns (loop, served name, facts)."""
-    from engine.infer.loader import load, make_spec, resolve_device
-    from engine.infer.proposers import check_gamma, proposer_spec
+    """Load the setup (target, draft, proposer) and the engine loop; returns (loop, served name, facts)."""
+    from engine.infer.loader import load_setup
     from engine.infer.scheduler import BatchSettings
     from engine.serve.loop import EngineLoop
 
-    device = resolve_device(a.device)
+    setup = setup_from(a)
     say = lambda s: print(f"[{s}]", file=sys.stderr, flush=True)  # noqa: E731
-    target = load(a.model, make_spec(a.precision, a.group_size), device, progress=say)
-    spec, gamma = None, 0
-    if a.draft != "none":
-        gamma = check_gamma(a.gamma)
-        draft = None
-        if a.draft in ("model", "self"):
-            draft = load(a.model if a.draft == "self" else a.draft_model, make_spec(a.draft_precision, a.group_size),
-                         device, progress=say)
-        spec = proposer_spec(a.draft, draft, target)
+    loaded = load_setup(setup, progress=say)
+    target, gamma = loaded.target, setup.gamma if setup.speculative else 0
     chunk = a.prefill_chunk
-    batched = a.max_batched_tokens or a.max_seqs * (gamma + 1) + chunk
+    # A decode round of every slot (each verifying its drafts) plus one prefill chunk.
+    batched = a.max_batched_tokens or a.max_seqs * max(setup.headroom, 1) + chunk
     settings = BatchSettings(max_seqs=a.max_seqs, max_model_len=a.max_model_len, max_batched_tokens=batched,
                              prefill_chunk=chunk, max_waiting=a.max_waiting, policy="decode-first")
-    loop = EngineLoop(target, settings, spec, gamma, log_text=a.log_requests_text)
-    facts = {"model": target.name, "precision": target.spec.label, "device": device, "draft": a.draft,
-             "draft_model": (a.model if a.draft == "self" else a.draft_model) if a.draft in ("model", "self") else None,
-             "draft_precision": a.draft_precision if a.draft in ("model", "self") else None,
-             "gamma": gamma or None, "settings": settings.to_dict()}
+    loop = EngineLoop(target, settings, loaded.proposer, gamma, log_text=a.log_requests_text)
+    facts = {"model": target.name, "precision": target.spec.label, "device": target.device,
+             "draft": setup.to_record()["draft"], "setup": setup.to_dict(), "settings": settings.to_dict()}
     return loop, a.served_model_name or a.model, facts
 
 
