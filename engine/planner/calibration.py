@@ -18,6 +18,8 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Iterable, Mapping
 
+from engine.common.errors import UserError
+from engine.common.record_setup import setup_from_record
 from engine.common.vocab import PRECISIONS, canonical_model_name
 from engine.planner import shapes
 from engine.planner.efficiency import FAMILIES
@@ -247,12 +249,11 @@ def record_bytes_per_token(rec: Mapping, models: Mapping[str, ModelShape] | None
             return None
         cfg = rec.get("config") or {}
         base = "fp32" if _get(rec, "machine", "device", default="cpu") == "cpu" else None
-        try:
-            wb = shapes.decode_read_bytes(shape, _record_precision(cfg), 1,
-                                          bool(cfg.get("quantize_embeddings", False)),
-                                          bool(cfg.get("quantize_head", True)), int(cfg.get("group_size", 64)),
-                                          base_dtype=base)
-        except ShapeError:
+        try:  # the quantization options as the record's setup states them, whichever schema stored it
+            setup = setup_from_record(cfg)
+            wb = shapes.decode_read_bytes(shape, _record_precision(cfg), 1, bool(setup.quantize_embeddings),
+                                          bool(setup.quantize_head), int(setup.group_size), base_dtype=base)
+        except (ShapeError, UserError, TypeError, ValueError):
             return None
     kv = m.get("kv_bytes")
     batch = _get(rec, "config", "batch_size", default=1) or 1
