@@ -10,7 +10,8 @@ from dataclasses import replace
 import pytest
 import torch
 
-from engine.measure import fields, quality
+from engine.common import fields
+from engine.measure import quality
 from engine.measure.eval_text import CATEGORIES, DEFAULT_TOKENS, MAX_DOC_TOKENS, eval_docs, fingerprint
 from engine.measure.kld import Scores, compress, score, score_full, summarize
 from engine.present.quality_view import llama_style, table_rows, unavailable_line

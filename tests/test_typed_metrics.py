@@ -1,4 +1,4 @@
-"""The record's metrics are typed by measure/fields.py: written through one checked writer, stored only when
+"""The record's metrics are typed by common/fields.py: written through one checked writer, stored only when
 every key is declared, named in code through the declaration, and older schemas read with today's names."""
 import copy
 import json
@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from engine.common.errors import UserError
-from engine.measure import fields as F
-from engine.measure.fields import M, Metrics, UndeclaredField
+from engine.common import fields as F
+from engine.common.fields import M, Metrics, UndeclaredField
 from engine.measure.records import KL_RENAMES, SCHEMA_VERSION, RunRecord, validate
 from engine.measure.store import Store
 from engine.measure.summary import aggregate

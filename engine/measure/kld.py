@@ -28,7 +28,7 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from engine.measure.fields import Q
+from engine.common.fields import Q
 
 PERCENTILES = {Q.kld_median: 0.5, Q.kld_p90: 0.9, Q.kld_p95: 0.95, Q.kld_p99: 0.99, Q.kld_p999: 0.999}
 PROB_FLOOR = 1e-6

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from engine.common.errors import UserError
-from engine.measure.fields import QC, Q
+from engine.common.fields import QC, Q
 from engine.measure.eval_text import DEFAULT_TOKENS, CATEGORIES, EvalDoc, describe, eval_docs, fingerprint, flat_ids
 from engine.measure.kld import PROB_FLOOR, Reference, Scores, compress, score, score_full, summarize
 

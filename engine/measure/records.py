@@ -35,7 +35,7 @@ from pydantic import ValidationError, create_model
 
 from engine.common.errors import UserError
 from engine.common.record_setup import setup_from_record
-from engine.measure import fields as F
+from engine.common import fields as F
 
 SCHEMA_VERSION = 3
 READABLE_VERSIONS = (1, 2, 3)

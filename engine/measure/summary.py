@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from engine.common.formulas import expected_length, kv_bytes_per_token
-from engine.measure.fields import BASELINE_AT, CAT, IV, M, S, SMP, SPEC_AT, Metrics
+from engine.common.fields import BASELINE_AT, CAT, IV, M, S, SMP, SPEC_AT, Metrics
 from engine.measure.machine import library_versions, machine_facts
 from engine.measure.memory import PeakMemory
 from engine.measure.records import RunRecord

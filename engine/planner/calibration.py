@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Iterable, Mapping
 
 from engine.common.errors import UserError
+from engine.common.fields import L, M, S
 from engine.common.record_setup import setup_from_record
 from engine.common.vocab import PRECISIONS, canonical_model_name
 from engine.planner import shapes
@@ -238,10 +239,10 @@ def record_bytes_per_token(rec: Mapping, models: Mapping[str, ModelShape] | None
     weight_bytes (or computed from the model shape) + KV bytes read (half the allocated cache,
     the mean over a run that fills it)."""
     m = rec.get("metrics") or {}
-    bpt = m.get("bytes_per_token")
+    bpt = m.get(M.bytes_per_token)
     if _finite_pos(bpt):
         return float(bpt)
-    wb = m.get("weight_bytes")
+    wb = m.get(M.weight_bytes)
     if not _finite_pos(wb):
         try:
             shape = shapes.get_model(_get(rec, "config", "model") or "", models)
@@ -255,7 +256,7 @@ def record_bytes_per_token(rec: Mapping, models: Mapping[str, ModelShape] | None
                                           bool(setup.quantize_head), int(setup.group_size), base_dtype=base)
         except (ShapeError, UserError, TypeError, ValueError):
             return None
-    kv = m.get("kv_bytes")
+    kv = m.get(M.kv_bytes)
     batch = _get(rec, "config", "batch_size", default=1) or 1
     kv_read = 0.5 * float(kv) / batch if _finite_pos(kv) else 0.0
     return float(wb) + kv_read
@@ -263,18 +264,18 @@ def record_bytes_per_token(rec: Mapping, models: Mapping[str, ModelShape] | None
 
 def _acceptance_obs(rec: Mapping, rid: str, models) -> AcceptanceObs | str:
     """The acceptance a speculative record measured, or why it has none usable."""
-    cfg, spec = rec.get("config") or {}, (rec.get("metrics") or {}).get("spec")
-    a = spec.get("acceptance_rate")
-    g = spec.get("gamma") or spec.get("mean_gamma") or _get(cfg, "draft", "gamma")
-    mal = spec.get("mean_acceptance_length")
+    cfg, spec = rec.get("config") or {}, (rec.get("metrics") or {}).get(M.spec)
+    a = spec.get(S.acceptance_rate)
+    g = spec.get(S.gamma) or spec.get(S.mean_gamma) or _get(cfg, "draft", "gamma")
+    mal = spec.get(S.mean_acceptance_length)
     if not _finite_pos(a) and _finite_pos(mal) and _finite_pos(g):
         a = acceptance_from_mean_length(float(mal), float(g))
     if not (isinstance(a, (int, float)) and 0 <= a <= 1 and _finite_pos(g)):
         return "speculative record without a usable acceptance_rate/gamma"
     dm, dp = _get(cfg, "draft", "model"), _get(cfg, "draft", "precision")
-    drafted = spec.get("drafted")
+    drafted = spec.get(S.drafted)
     obs = AcceptanceObs(_model_name(cfg.get("model") or "?", models),
-                        str(spec.get("draft_kind") or _get(cfg, "draft", "kind") or "model"),
+                        str(spec.get(S.draft_kind) or _get(cfg, "draft", "kind") or "model"),
                         _model_name(dm, models) if dm else None, float(a), float(g),
                         float(mal) if _finite_pos(mal) else None, rid,
                         int(drafted) if _finite_pos(drafted) else 1,
@@ -315,14 +316,14 @@ def calibrate(records: Iterable[Mapping], fit_overhead: bool = False, overhead_s
         device = str(_get(rec, "machine", "device") or cfg.get("device") or "cpu")
         device = "cuda" if device.startswith("cuda") else device
         prec = _record_precision(cfg)
-        if rec.get("kind") == "load" and not isinstance(met.get("spec"), Mapping):
+        if rec.get("kind") == "load" and not isinstance(met.get(M.spec), Mapping):
             pt = _load_point(rec, models)
             if isinstance(pt, str):
                 skipped.append((rid, pt))
             else:
                 loads.setdefault((device, prec, pt[3], pt[4]), []).append((pt[0], pt[1], rid, pt[2]))
             continue
-        if isinstance(met.get("spec"), Mapping):
+        if isinstance(met.get(M.spec), Mapping):
             obs = _acceptance_obs(rec, rid, models)
             if isinstance(obs, str):
                 skipped.append((rid, obs))
@@ -332,7 +333,7 @@ def calibrate(records: Iterable[Mapping], fit_overhead: bool = False, overhead_s
         if prec not in PRECISIONS:
             skipped.append((rid, f"unknown precision '{prec}'"))
             continue
-        tok_s, bw = met.get("decode_tok_s"), met.get("mem_bw_gbs")
+        tok_s, bw = met.get(M.decode_tok_s), met.get(M.mem_bw_gbs)
         if not _finite_pos(tok_s):
             skipped.append((rid, "no decode_tok_s"))
             continue
@@ -385,12 +386,12 @@ LAB_SERVER = "serving-cost-lab"
 
 def _load_point(rec: Mapping, models) -> tuple[float, float, float, str, int] | str:
     """(batch, step s, FLOPs per token, model, layers) of a load record of the lab's own server, or why not."""
-    cfg, m = rec.get("config") or {}, _get(rec, "metrics", "load") or {}
+    cfg, m = rec.get("config") or {}, _get(rec, "metrics", M.load) or {}
     if cfg.get("system") != LAB_SERVER:
         return f"load record of {cfg.get('system') or 'an unknown server'}: its kernels say nothing about the lab's"
     if cfg.get("draft"):
         return "speculative load record: its steps verify drafts (acceptance comes from its server counters)"
-    step, inflight = m.get("itl_s_p50"), m.get("concurrency_mean")
+    step, inflight = m.get(L.itl_s_p50), m.get(L.concurrency_mean)
     if not (_finite_pos(step) and _finite_pos(inflight)):
         return "load record without itl_s_p50 and concurrency_mean"
     try:
@@ -424,7 +425,7 @@ def _batch_fit(dev: str, prec: str, model: str, layers: int, pts) -> BatchFit | 
 def _record_prefill_tflops(rec: Mapping, models) -> float | None:
     """Prefill FLOP rate a record achieved: batch * prefill_flops(prompt per sequence) / prefill_s."""
     m, cfg = rec.get("metrics") or {}, rec.get("config") or {}
-    ps, pt = m.get("prefill_s"), m.get("prompt_tokens")
+    ps, pt = m.get(M.prefill_s), m.get(M.prompt_tokens)
     if not (_finite_pos(ps) and _finite_pos(pt)):
         return None
     try:

@@ -1,7 +1,7 @@
 """The comparison columns: each names the record field it shows, its unit, its definition and how to draw it.
 
 Every table the lab prints (CLI md/csv/json, the pages, the report HTML) and every bar chart is
-driven by this list; units and definitions come from measure.fields where the column shows a
+driven by this list; units and definitions come from common.fields where the column shows a
 record field as is (scaled), and are written here for the derived ones.
 
 A column with an `interval` reads the 95% interval of its figure from the record's
@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from engine.common.formulas import usd_per_million_tokens
-from engine.measure import fields as F
-from engine.measure.fields import CAT, IV, M, N, QUALITY_AT, SPEC_AT, W
+from engine.common import fields as F
+from engine.common.fields import CAT, IV, M, N, QUALITY_AT, SPEC_AT, W
 
 MB = 1e6
 
@@ -86,7 +86,7 @@ def _interval(path: str, scale: float = 1.0) -> Callable:
 
 def metric_column(name: str, path: str, label: str, unit: str | None = None, scale: float = 1.0,
                   interval: bool = False, **kw) -> Column:
-    """A record field shown as is (times `scale`): its definition comes from measure.fields; with
+    """A record field shown as is (times `scale`): its definition comes from common.fields; with
     interval=True its 95% interval comes from metrics.intervals at the same path."""
     f = F.lookup(path)
     return Column(name, label, unit if unit is not None else f.unit, f.definition, _metric(path, scale),

@@ -3,10 +3,12 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
+from engine.common.fields import M, N
+
 
 def _noisy(rec) -> bool:
-    n = (rec.metrics or {}).get("noise")
-    return isinstance(n, dict) and n.get("noisy") is True
+    n = (rec.metrics or {}).get(M.noise)
+    return isinstance(n, dict) and n.get(N.noisy) is True
 
 
 def run_choice_label(rec) -> str:

@@ -22,15 +22,16 @@ import math
 from dataclasses import asdict, dataclass, field
 
 from engine.common.formulas import usd_per_million_tokens
+from engine.common.fields import L, M
 
 INFEASIBLE = "infeasible at this SLO on this machine"
 CLOSED = ("synchronous", "concurrent", "throughput")
 OPEN = ("constant", "poisson")
 # metric -> (where it is in metrics.load, higher is better, label)
-METRICS = {"output_tok_s": ("output_tok_s", True, "output tok/s"),
+METRICS = {L.output_tok_s: (L.output_tok_s, True, "output tok/s"),
            "goodput_tok_s": (None, True, "goodput tok/s (requests meeting the SLO)"),
-           "itl_s_p50": ("itl_s_p50", False, "ITL p50"),
-           "ttft_s_p90": ("ttft_s_p90", False, "TTFT p90")}
+           L.itl_s_p50: (L.itl_s_p50, False, "ITL p50"),
+           L.ttft_s_p90: (L.ttft_s_p90, False, "TTFT p90")}
 
 
 def _cfg(rec) -> dict:
@@ -38,7 +39,7 @@ def _cfg(rec) -> dict:
 
 
 def _load(rec) -> dict:
-    return (rec.metrics or {}).get("load") or {}
+    return (rec.metrics or {}).get(M.load) or {}
 
 
 def _num(x) -> float | None:
@@ -96,13 +97,13 @@ def load_level(rec, axis: str = "concurrency") -> float | None:
     if axis == "rate":
         if kind in OPEN:
             return _num(p.get("rate"))
-        return _num(_load(rec).get("request_s"))
+        return _num(_load(rec).get(L.request_s))
     if kind == "synchronous":
         return 1.0
     if kind == "concurrent":
         return _num(p.get("streams"))
     if kind == "throughput":
-        return _num(_load(rec).get("requests"))
+        return _num(_load(rec).get(L.requests))
     return None
 
 
@@ -112,12 +113,12 @@ def goodput_tok_s(rec) -> tuple[float | None, str]:
     From the per-request samples when the record has them; otherwise output tok/s scaled by the share
     of completed requests that met the SLO (assumes they were of average length; said so)."""
     m = _load(rec)
-    window = _num(m.get("duration_s"))
+    window = _num(m.get(L.duration_s))
     samples = (rec.output or {}).get("samples") if isinstance(rec.output, dict) else None
     if samples and window and window > 0:
         toks = sum(s.get("output_tokens") or 0 for s in samples if s.get("ok") and s.get("met_slo"))
         return toks / window, "samples"
-    out, good, done = _num(m.get("output_tok_s")), _num(m.get("goodput_req_s")), _num(m.get("request_s"))
+    out, good, done = _num(m.get(L.output_tok_s)), _num(m.get(L.goodput_req_s)), _num(m.get(L.request_s))
     if out is None or good is None or not done:
         return None, "unknown"
     return out * good / done, "scaled from goodput req/s (no samples)"
@@ -144,7 +145,7 @@ def points(records, axis: str | None = None) -> list[LoadPoint]:
         m = _load(r)
         g, src = goodput_tok_s(r)
         out.append(LoadPoint(r.run_id, (_cfg(r).get("profile") or {}).get("label") or "?", load_level(r, axis),
-                             bool(m.get("meets_slo")), _num(m.get("slo_attainment")), _num(m.get("output_tok_s")),
+                             bool(m.get(L.meets_slo)), _num(m.get(L.slo_attainment)), _num(m.get(L.output_tok_s)),
                              g, src))
     return sorted(out, key=lambda p: (p.load is None, p.load or 0.0))
 
@@ -283,7 +284,7 @@ def _by_load(records, metric: str, axis: str) -> dict[float, float]:
 
 
 def crossover(candidate_records, baseline_records, candidate: str = "candidate", baseline: str = "baseline",
-              metric: str = "output_tok_s", kind: str = "custom", margin: float = 0.0) -> Crossover:
+              metric: str = L.output_tok_s, kind: str = "custom", margin: float = 0.0) -> Crossover:
     """The first load at which the candidate stops leading its baseline (see the module docstring)."""
     if metric not in METRICS:
         from engine.common.errors import UserError
@@ -333,7 +334,7 @@ CHEAPER = ("int4", "int8")  # candidate precisions, each against the wider ones 
 WIDER = {"int4": ("int8", "bf16", "fp32"), "int8": ("bf16", "fp32")}
 
 
-def crossover_pairs(records, metric: str = "output_tok_s") -> list[Crossover]:
+def crossover_pairs(records, metric: str = L.output_tok_s) -> list[Crossover]:
     """Every pair measured side by side: spec on vs off (same server, model, precision), and int4 vs
     int8/bf16 (our engine without a draft, same model); same workload and SLO in each pair."""
     groups = configurations(records)

@@ -1,11 +1,12 @@
 """The load tables: each column declared once (columns.py's Column), rows from `load` records.
 
-A load record's metrics live under metrics.load (measure/fields.py LOAD); acceptance over the load
+A load record's metrics live under metrics.load (common/fields.py LOAD); acceptance over the load
 point, where the server's counters gave it, under metrics.spec.
 """
 from __future__ import annotations
 
-from engine.measure import fields as F
+from engine.common import fields as F
+from engine.common.fields import LOAD_AT, SPEC_AT, L, M
 from engine.present.columns import Column, metric_column, num
 
 MS = 1000.0
@@ -24,11 +25,12 @@ def _profile(rec) -> str | None:
 
 
 def _count(name: str, key: str, label: str) -> Column:
-    """A count of metrics.load shown as a whole number (its definition from measure.fields)."""
+    """A count of metrics.load shown as a whole number (its definition from common.fields)."""
     def get(rec, _usd):
-        v = num(((rec.metrics or {}).get("load") or {}).get(key))
+        v = num(((rec.metrics or {}).get(M.load) or {}).get(key))
         return None if v is None else int(v)
-    return Column(name, label, F.lookup(f"load.{key}").unit, F.lookup(f"load.{key}").definition, get, digits=None)
+    f = F.lookup(f"{M.load}.{key}")
+    return Column(name, label, f.unit, f.definition, get, digits=None)
 
 
 LOAD_COLUMNS: tuple[Column, ...] = (
@@ -36,29 +38,29 @@ LOAD_COLUMNS: tuple[Column, ...] = (
            _text(lambda r: _cfg(r).get("label") or _cfg(r).get("system")), text=True),
     Column("profile", "load", "", "the load profile: synchronous, concurrent:N, throughput, constant:R/s, poisson:R/s",
            _text(_profile), text=True),
-    _count("requests", "requests", "requests"),
-    _count("failed", "failed", "failed"),
-    metric_column("out_tok_s", "load.output_tok_s", "output tok/s", digits=1, better="higher",
+    _count("requests", L.requests, "requests"),
+    _count("failed", L.failed, "failed"),
+    metric_column("out_tok_s", LOAD_AT.output_tok_s, "output tok/s", digits=1, better="higher",
                   chart="Output throughput under load"),
-    metric_column("req_s", "load.request_s", "requests/s", digits=3),
-    metric_column("goodput", "load.goodput_req_s", "goodput req/s", digits=3, better="higher",
+    metric_column("req_s", LOAD_AT.request_s, "requests/s", digits=3),
+    metric_column("goodput", LOAD_AT.goodput_req_s, "goodput req/s", digits=3, better="higher",
                   chart="Goodput (requests/s meeting every SLO)"),
-    metric_column("slo_share", "load.slo_attainment", "met SLO", digits=2),
-    metric_column("ttft_p50_ms", "load.ttft_s_p50", "TTFT p50 ms", "ms", MS, digits=0),
-    metric_column("ttft_p90_ms", "load.ttft_s_p90", "TTFT p90 ms", "ms", MS, digits=0, better="lower",
+    metric_column("slo_share", LOAD_AT.slo_attainment, "met SLO", digits=2),
+    metric_column("ttft_p50_ms", LOAD_AT.ttft_s_p50, "TTFT p50 ms", "ms", MS, digits=0),
+    metric_column("ttft_p90_ms", LOAD_AT.ttft_s_p90, "TTFT p90 ms", "ms", MS, digits=0, better="lower",
                   chart="TTFT p90 under load"),
-    metric_column("ttft_p99_ms", "load.ttft_s_p99", "TTFT p99 ms", "ms", MS, digits=0),
-    metric_column("itl_p50_ms", "load.itl_s_p50", "ITL p50 ms", "ms", MS, digits=1),
-    metric_column("itl_p90_ms", "load.itl_s_p90", "ITL p90 ms", "ms", MS, digits=1, better="lower",
+    metric_column("ttft_p99_ms", LOAD_AT.ttft_s_p99, "TTFT p99 ms", "ms", MS, digits=0),
+    metric_column("itl_p50_ms", LOAD_AT.itl_s_p50, "ITL p50 ms", "ms", MS, digits=1),
+    metric_column("itl_p90_ms", LOAD_AT.itl_s_p90, "ITL p90 ms", "ms", MS, digits=1, better="lower",
                   chart="Inter-token latency p90 under load"),
-    metric_column("gap_p99_ms", "load.gap_s_p99", "gap p99 ms", "ms", MS, digits=1),
-    metric_column("e2e_p50_s", "load.e2e_s_p50", "e2e p50 s", digits=2),
-    metric_column("e2e_p90_s", "load.e2e_s_p90", "e2e p90 s", digits=2),
-    metric_column("e2e_p99_s", "load.e2e_s_p99", "e2e p99 s", digits=2),
-    metric_column("accept_rate", "spec.acceptance_rate", "acceptance", "share", digits=3),
-    metric_column("accept_len", "spec.mean_acceptance_length", "acceptance length", digits=2),
+    metric_column("gap_p99_ms", LOAD_AT.gap_s_p99, "gap p99 ms", "ms", MS, digits=1),
+    metric_column("e2e_p50_s", LOAD_AT.e2e_s_p50, "e2e p50 s", digits=2),
+    metric_column("e2e_p90_s", LOAD_AT.e2e_s_p90, "e2e p90 s", digits=2),
+    metric_column("e2e_p99_s", LOAD_AT.e2e_s_p99, "e2e p99 s", digits=2),
+    metric_column("accept_rate", SPEC_AT.acceptance_rate, "acceptance", "share", digits=3),
+    metric_column("accept_len", SPEC_AT.mean_acceptance_length, "acceptance length", digits=2),
     Column("forced", "lengths forced", "", "whether every answer ran to the length it asked for (ignore_eos)",
-           _text(lambda r: ((r.metrics or {}).get("load") or {}).get("lengths_forced")), text=True),
+           _text(lambda r: ((r.metrics or {}).get(M.load) or {}).get(L.lengths_forced)), text=True),
     Column("run", "run id", "", "the record's id in the store", _text(lambda r: r.run_id), text=True),
 )
 
@@ -102,9 +104,9 @@ def _series(records, key: str):
     for name, recs in configurations(records).items():
         pts = []
         for r in recs:
-            m = (r.metrics or {}).get("load") or {}
+            m = (r.metrics or {}).get(M.load) or {}
             x = load_level(r, axis)
-            if x is None or not m.get("completed"):
+            if x is None or not m.get(L.completed):
                 continue
             pts.append((x, goodput_tok_s(r)[0] if key == "goodput_tok_s" else m.get(key)))
         pts.sort(key=lambda p: p[0])
@@ -132,7 +134,7 @@ def throughput_figure(records):
                                                         "TTFT p90, s (lower is better)",
                                                         "ITL p90, s (lower is better)"))
     axis = "concurrency"
-    for col, key in enumerate(("output_tok_s", "ttft_s_p90", "itl_s_p90"), start=1):
+    for col, key in enumerate((L.output_tok_s, L.ttft_s_p90, L.itl_s_p90), start=1):
         axis, series = _series(records, key)
         for i, (name, (x, y)) in enumerate(series.items()):
             fig.add_trace(go.Scatter(x=x, y=y, name=_safe(name), mode="lines+markers", legendgroup=str(i),

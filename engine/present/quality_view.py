@@ -5,7 +5,7 @@ same keys); never runs a model. Probabilities are shown in % as llama.cpp prints
 """
 from __future__ import annotations
 
-from engine.measure.fields import QC, Q
+from engine.common.fields import QC, Q
 from engine.present.columns import num as _num
 
 SCOPES = ("overall", "chat", "code")

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable
 
+from engine.common.fields import M
 from engine.present.columns import BY_NAME, COLUMNS, display, for_view, plus_minus
 
 
@@ -73,7 +74,7 @@ class CategoryView:
     def metrics(self) -> dict:
         if self.category == "all":
             return self.rec.metrics or {}
-        b = ((self.rec.metrics or {}).get("by_category") or {}).get(self.category)
+        b = ((self.rec.metrics or {}).get(M.by_category) or {}).get(self.category)
         return b if isinstance(b, dict) else {}
 
     def __getattr__(self, name):  # config, label, run_id, kernels, created_at, kind: the record's
@@ -84,7 +85,7 @@ def category_views(records: Iterable) -> list[CategoryView]:
     """Each record's categories, then 'all' when it has more than one."""
     out = []
     for r in records:
-        cats = (r.metrics or {}).get("by_category")
+        cats = (r.metrics or {}).get(M.by_category)
         names = list(cats) if isinstance(cats, dict) else []
         out += [CategoryView(r, c) for c in names]
         if len(names) != 1:

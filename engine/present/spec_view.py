@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import Mapping
 
 from engine.common.formulas import expected_length
+from engine.common.fields import M, S
 from engine.present.columns import num as _num
 
 
@@ -11,8 +12,8 @@ def acceptance_rows(spec: Mapping | None) -> list[dict]:
     """Per draft position (1-based): share accepted, and how often that position was proposed."""
     if not spec:
         return []
-    rates = spec.get("position_rate") or []
-    drafted = spec.get("position_drafted") or []
+    rates = spec.get(S.position_rate) or []
+    drafted = spec.get(S.position_drafted) or []
     return [{"position": i + 1, "acceptance": _num(r), "proposed": (drafted[i] if i < len(drafted) else None)}
             for i, r in enumerate(rates)]
 
@@ -26,20 +27,20 @@ def expected_length_curve(a: float | None, max_gamma: int = 16) -> list[dict]:
 def spec_summary(rec) -> dict | None:
     """Measured vs theoretical acceptance length and the speedup over the same target, for the playground."""
     m = rec.metrics or {}
-    s = m.get("spec")
+    s = m.get(M.spec)
     if not s:
         return None
-    a = _num(s.get("acceptance_rate"))
-    g = _num(s.get("mean_gamma")) or _num(s.get("gamma"))
+    a = _num(s.get(S.acceptance_rate))
+    g = _num(s.get(S.mean_gamma)) or _num(s.get(S.gamma))
     return {
-        "acceptance_rate": a,
-        "mean_acceptance_length": _num(s.get("mean_acceptance_length")),
+        S.acceptance_rate: a,
+        S.mean_acceptance_length: _num(s.get(S.mean_acceptance_length)),
         "theoretical_length": expected_length(a, g) if g is not None else None,
-        "mean_gamma": g,
-        "tok_s": _num(m.get("decode_tok_s")),
-        "baseline_tok_s": _num(s.get("baseline_tok_s")),
-        "speedup": _num(s.get("speedup")),
-        "rounds": s.get("rounds"),
-        "draft_s": _num(s.get("draft_s")),
-        "verify_s": _num(s.get("verify_s")),
+        S.mean_gamma: g,
+        "tok_s": _num(m.get(M.decode_tok_s)),
+        S.baseline_tok_s: _num(s.get(S.baseline_tok_s)),
+        S.speedup: _num(s.get(S.speedup)),
+        S.rounds: s.get(S.rounds),
+        S.draft_s: _num(s.get(S.draft_s)),
+        S.verify_s: _num(s.get(S.verify_s)),
     }

@@ -307,7 +307,7 @@ class Names:
 
     def __getattr__(self, name):  # reached only for a name that is not declared
         raise AttributeError(f"'{self._prefix}{name}' is not a declared record field: declare it in "
-                             "engine/measure/fields.py")
+                             "engine/common/fields.py")
 
 
 # metrics.<k>; .spec.<k>, .quality.<k>, .load.<k>; .noise, .workload, .samples[i], .intervals[path];
@@ -328,7 +328,7 @@ class UndeclaredField(UserError):
     def __init__(self, where: str, key):
         self.field = f"{where}.{key}"
         super().__init__(f"'{self.field}' is not a declared record field",
-                         "declare it (name, unit, definition) in engine/measure/fields.py, or use a declared name")
+                         "declare it (name, unit, definition) in engine/common/fields.py, or use a declared name")
 
 
 class Checked(dict):
