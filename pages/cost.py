@@ -4,6 +4,7 @@ import streamlit as st
 
 from pages import _ui
 from engine import present
+from engine.common.fields import M
 
 _ui.page_header("Cost & capacity", "What the measured speed costs on this machine, and what a workload would "
                 "cost on production GPUs.")
@@ -17,7 +18,7 @@ load_recs = [r for r in recs if r.kind == "load"]  # priced at the SLO below, no
 recs = [r for r in recs if r.kind != "load"]
 if not recs:
     try:
-        recs = [r for r in store.list_runs(limit=20) if (r.metrics or {}).get("decode_tok_s")]
+        recs = [r for r in store.list_runs(limit=20) if (r.metrics or {}).get(M.decode_tok_s)]
     except Exception as e:
         _ui.show_error(e)
     if recs:

@@ -5,6 +5,7 @@ import streamlit as st
 
 from pages import _ui
 from engine import present
+from engine.common.fields import M
 from engine.common.vocab import MAX_GAMMA, PRECISIONS
 from engine.measure import RunConfig, default_prompts
 
@@ -99,8 +100,8 @@ st.caption(" · ".join(f"{present.ORIGINS[k][0]}: {v}" for k, v in counts.items(
 m = rec.metrics
 summary = present.spec_summary(rec)
 c = st.columns(4)
-c[0].metric("Tokens/s", f"{m['decode_tok_s']:.2f}" if m.get("decode_tok_s") else "n/a")
-c[1].metric("TTFT", f"{m['ttft_s'] * 1000:.0f} ms" if m.get("ttft_s") is not None else "n/a")
+c[0].metric("Tokens/s", f"{m[M.decode_tok_s]:.2f}" if m.get(M.decode_tok_s) else "n/a")
+c[1].metric("TTFT", f"{m[M.ttft_s] * 1000:.0f} ms" if m.get(M.ttft_s) is not None else "n/a")
 if summary:
     c[2].metric("Without speculation", f"{summary['baseline_tok_s']:.2f} tok/s" if summary["baseline_tok_s"] else
                 "not timed", f"{(summary['speedup'] - 1) * 100:+.0f}% ({summary['speedup']:.2f}x)" if summary["speedup"]
@@ -116,7 +117,7 @@ if summary:
                 help="What i.i.d. acceptance at the measured rate a and the mean gamma g predicts.")
     d[2].metric("Draft vs verify time", f"{summary['draft_s']:.2f} s / {summary['verify_s']:.2f} s"
                 if summary["draft_s"] is not None else "n/a")
-    rows = present.acceptance_rows(m.get("spec"))
+    rows = present.acceptance_rows(m.get(M.spec))
     p1, p2 = st.columns(2)
     with p1:
         if rows:
