@@ -127,3 +127,26 @@ def test_default_comparisons_and_sweeps_hold_only_setups_that_validate():
     assert [c.label for c in grid] == ["default@int8 + self@int4 g=4"]  # int4 drafting int4 saves nothing
     with pytest.raises(UserError, match="no cheaper"):
         sweep_configs(RunConfig(), ["int4"], ["self"], ["int4"], [4])
+
+
+def test_peer_and_server_configs_hold_the_setup_and_read_their_wire_forms():
+    from engine.peers.peer import PeerConfig, _record_config
+    from engine.peers.servers import ServerSpec
+
+    ours = PeerConfig.of(system="serving-cost-lab", precision="int8", draft="self", draft_precision="int4", gamma=3)
+    assert PeerConfig.from_dict(ours.to_dict()) == ours and ours.setup.device == "cpu"
+    assert ours.validate().label == "serving-cost-lab int8 + self@int4 g=3"
+    assert _record_config(ours, None)["draft"] == {**ours.setup.to_record()["draft"], "setting": None}
+    flat = {"system": "transformers", "model": "default", "precision": "bf16", "draft": "model", "reps": 2}
+    hf = PeerConfig.from_dict(flat)  # the flat form older peer records keep
+    assert (hf.setup.precision, hf.setup.draft, hf.reps) == ("bf16", "model", 2)
+    assert _record_config(hf, None)["draft"]["precision"] == "bf16"  # the assistant runs at the target's precision
+    with pytest.raises(UserError, match="'presicion'"):
+        PeerConfig.from_dict({"presicion": "int4"})
+    with pytest.raises(UserError, match="no cheaper|saves nothing"):
+        PeerConfig.of(system="serving-cost-lab", precision="int4", draft="self", draft_precision="int4").validate()
+    spec = ServerSpec.of("serving-cost-lab", precision="int8", draft="ngram", gamma=2, slots=4)
+    assert ServerSpec.from_dict(spec.to_dict()) == spec and spec.label == "serving-cost-lab int8 + ngram g=2 (4 seqs)"
+    assert ServerSpec("llama-server").setup.precision == "Q4_K_M"
+    with pytest.raises(UserError, match="'precision'"):  # the setup's fields live in its setup
+        ServerSpec.from_dict({"system": "vllm", "precision": "bf16"})

@@ -187,6 +187,20 @@ class ServerSpec:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    @classmethod
+    def from_dict(cls, d: dict) -> "ServerSpec":
+        """A spec from `to_dict()`'s form (the setup nested); an unknown key is refused by name."""
+        if not isinstance(d, dict):
+            raise UserError(f"a server spec must be an object, got {type(d).__name__}", "send ServerSpec.to_dict()")
+        known = [f.name for f in fields(cls)]
+        unknown = sorted(set(d) - set(known))
+        if unknown:
+            raise UserError(f"unknown server spec field '{unknown[0]}'", f"fields are: {', '.join(known)}")
+        if "system" not in d:
+            raise UserError("a server spec names no system", f"use one of: {', '.join(SYSTEMS)}")
+        setup = d.get("setup")
+        return cls(**{**d, "setup": EngineSetup.from_dict(setup) if isinstance(setup, dict) else setup})
+
 
 def unavailable(spec: ServerSpec) -> tuple[str, str] | None:
     """(why this server cannot run here, the fix), or None when it can. Loads no model."""
