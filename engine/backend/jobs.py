@@ -277,6 +277,8 @@ class JobQueue:
             finally:
                 with self.cond:
                     self.running = None
+                    if job.state == "running" and not job.error and not job.cancelled and not job.run_ids and job.skipped:
+                        job.error = f"nothing was measured: {len(job.skipped)} skipped, the first: {job.skipped[0]}"
                     if job.state == "running":  # stop() may have failed it already
                         job.state = "failed" if job.error else ("cancelled" if job.cancelled and job.done < job.total
                                                                 else "finished")

@@ -100,40 +100,48 @@ def _list(d: dict, key: str, where: str, what: str) -> list:
     return v
 
 
-def run_config(d, where: str):
-    """A measure.RunConfig from its wire dict (RunConfig.to_dict()), validated; Rejected names the field."""
+def _checked(cls, d, where: str, what: str, required: tuple = (), flat_setup: bool = True):
+    """cls.from_dict(d).validate() for a config holding an EngineSetup (RunConfig, PeerConfig, ServerSpec);
+    a Rejected names the field: `where.reps`, `where.setup.precision` (or `where.precision` in the flat form)."""
     from engine.common.setup import EngineSetup
-    from engine.measure import RunConfig
 
-    top = list(RunConfig().to_dict())
-    _refuse_unknown(d, top, where, "RunConfig")
+    setup_names = [f.name for f in fields(EngineSetup)]
+    names = [f.name for f in fields(cls)]
+    _refuse_unknown(d, names + (setup_names if flat_setup else []), where, what)
+    for name in required:
+        if name not in d:
+            raise Rejected(f"{where} has no {name}", f"{where}.{name}", f"{what} needs {name}")
     setup = d.get("setup")
     if setup is not None:
-        _refuse_unknown(setup, [f.name for f in fields(EngineSetup)], f"{where}.setup", "EngineSetup")
+        _refuse_unknown(setup, setup_names, f"{where}.setup", "EngineSetup")
+    order = [k for n in names for k in ([n] + [s for s in setup_names if s in d] if n == "setup" else [n])]
+    fixed = {k: d[k] for k in required}
 
     def build(part: dict):
-        return RunConfig.from_dict(part).validate()
+        return cls.from_dict({**fixed, **part}).validate()
 
     try:
         return build(d)
     except Exception as e:
         problem, fix = _why(e)
-        bad = _first_bad(d, top, build)
+        bad = _first_bad(d, order, build)
         if bad == "setup" and isinstance(setup, dict):
-            sub = _first_bad(setup, [f.name for f in fields(EngineSetup)], lambda s: build({"setup": s}))
+            sub = _first_bad(setup, setup_names, lambda s: build({"setup": s}))
             bad = f"setup.{sub}" if sub else "setup"
         raise Rejected(problem, f"{where}.{bad}" if bad else where, fix) from None
 
 
-def _dataclass_from(cls, d, where: str, what: str):
-    """cls(**d).validate(), unknown keys refused, the failing field named."""
-    from dataclasses import MISSING
+def run_config(d, where: str):
+    """A measure.RunConfig from its wire dict (RunConfig.to_dict()), validated; Rejected names the field."""
+    from engine.measure import RunConfig
 
+    return _checked(RunConfig, d, where, "RunConfig")
+
+
+def _dataclass_from(cls, d, where: str, what: str):
+    """cls(**d).validate() for a flat dataclass (SweepPlan), unknown keys refused, the failing field named."""
     names = [f.name for f in fields(cls)]
     _refuse_unknown(d, names, where, what)
-    for f in fields(cls):
-        if f.default is MISSING and f.default_factory is MISSING and f.name not in d:
-            raise Rejected(f"{where} has no {f.name}", f"{where}.{f.name}", f"{what} needs {f.name}")
 
     def build(part: dict):
         return cls(**part).validate()
@@ -163,7 +171,7 @@ def _peers(w: dict) -> PeersWork:
 
     _refuse_unknown(w, ["kind", "configs"], "work", "a peers job")
     items = _list(w, "configs", "work", "PeerConfigs")
-    return PeersWork([_dataclass_from(PeerConfig, c, f"work.configs[{i}]", "PeerConfig") for i, c in enumerate(items)])
+    return PeersWork([_checked(PeerConfig, c, f"work.configs[{i}]", "PeerConfig") for i, c in enumerate(items)])
 
 
 def _load_sweep(w: dict) -> LoadSweepWork:
@@ -171,7 +179,7 @@ def _load_sweep(w: dict) -> LoadSweepWork:
     from engine.peers.servers import ServerSpec
 
     _refuse_unknown(w, ["kind", "specs", "plan"], "work", "a load-sweep job")
-    specs = [_dataclass_from(ServerSpec, s, f"work.specs[{i}]", "ServerSpec")
+    specs = [_checked(ServerSpec, s, f"work.specs[{i}]", "ServerSpec", required=("system",), flat_setup=False)
              for i, s in enumerate(_list(w, "specs", "work", "ServerSpecs"))]
     plan = _dataclass_from(SweepPlan, w.get("plan", {}), "work.plan", "SweepPlan")
     return LoadSweepWork(specs, plan)
