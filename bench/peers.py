@@ -26,6 +26,7 @@ from engine.peers import report as peer_report
 
 from engine import peers  # noqa: E402
 from engine.common.errors import UserError  # noqa: E402
+from engine.common.fields import M  # noqa: E402
 from engine.present import format_rows  # noqa: E402
 
 
@@ -173,7 +174,7 @@ def main(argv=None) -> int:
         if suffix:
             rec.config["label"] = c.label + suffix
         records.append(rec)
-        v = rec.metrics.get("decode_tok_s")
+        v = rec.metrics.get(M.decode_tok_s)
         print(f"[{i}/{len(runs)} {time.time() - t0:5.0f}s] {c.label}{suffix}: "
               + (f"{v:.2f} tok/s, TTFT {rec.metrics['ttft_s'] * 1000:.0f} ms" if v else rec.notes), flush=True)
     title = "Peers: " + (f"random-init {a.random_init} on {a.device}" if a.random_init else

@@ -30,6 +30,7 @@ import os
 import time
 from pathlib import Path
 
+from engine.common.fields import IV, M, N
 from engine.measure.bandwidth import sum_times
 from engine.measure.stats import median, relative_half_width
 
@@ -38,7 +39,7 @@ INTERVAL_LIMIT = 0.10
 PROBE_DROP_LIMIT = 0.15
 PRESSURE_LIMIT = 0.25
 PROBE_MB, PROBE_REPS = 256, 5  # about 0.2 s; larger than any last-level cache this lab runs on
-JUDGED = (("decode_tok_s", "decode tok/s"), ("token_latency_ms_median", "per-token latency"))
+JUDGED = ((M.decode_tok_s, "decode tok/s"), (M.token_latency_ms_median, "per-token latency"))
 
 
 def cpu_pressure_us() -> int | None:
@@ -120,11 +121,11 @@ def verdict(b: dict, a: dict, metrics: dict, cores: int | None = None) -> dict:
     """
     cores = cores or os.cpu_count() or 1
     reasons = []
-    ivs = metrics.get("intervals") or {}
+    ivs = metrics.get(M.intervals) or {}
     widths = {}
     for path, name in JUDGED:
         iv = ivs.get(path) or {}
-        w = relative_half_width(metrics.get(path), iv.get("lo"), iv.get("hi"))
+        w = relative_half_width(metrics.get(path), iv.get(IV.lo), iv.get(IV.hi))
         widths[path] = w
         if w is not None and w > INTERVAL_LIMIT:
             reasons.append(f"{name} interval ±{w:.0%} of the median (limit ±{INTERVAL_LIMIT:.0%})")
@@ -142,11 +143,11 @@ def verdict(b: dict, a: dict, metrics: dict, cores: int | None = None) -> dict:
         reasons.append(f"load average {a['loadavg']:.2f} above {cores} cores (no /proc/pressure/cpu)")
     interval_checked = any(w is not None for w in widths.values())
     return {
-        "noisy": bool(reasons), "reasons": reasons, "interval_checked": interval_checked,
-        "interval_half_width": widths, "probe_before_gbs": b.get("probe_gbs"), "probe_after_gbs": a.get("probe_gbs"),
-        "probe_drop": drop, "cpu_pressure_share": share,
-        "loadavg_before": b.get("loadavg"), "loadavg_after": a.get("loadavg"), "cores": cores,
-        "window_s": a["t"] - b["t"] if "t" in a and "t" in b else None,
-        "limits": {"interval": INTERVAL_LIMIT, "probe_drop": PROBE_DROP_LIMIT, "cpu_pressure": PRESSURE_LIMIT},
+        N.noisy: bool(reasons), N.reasons: reasons, N.interval_checked: interval_checked,
+        N.interval_half_width: widths, N.probe_before_gbs: b.get("probe_gbs"), N.probe_after_gbs: a.get("probe_gbs"),
+        N.probe_drop: drop, N.cpu_pressure_share: share,
+        N.loadavg_before: b.get("loadavg"), N.loadavg_after: a.get("loadavg"), N.cores: cores,
+        N.window_s: a["t"] - b["t"] if "t" in a and "t" in b else None,
+        N.limits: {"interval": INTERVAL_LIMIT, "probe_drop": PROBE_DROP_LIMIT, "cpu_pressure": PRESSURE_LIMIT},
     }
 

@@ -1,11 +1,12 @@
 """Peer benchmark records as a table, target checks and a chart (bench/peers.py and the dashboard)."""
 from __future__ import annotations
 
+from engine.common.fields import M
 from engine.peers.peer import OURS, token_agreement
 
 
 def _tok_s(rec) -> float | None:
-    v = (rec.metrics or {}).get("decode_tok_s")
+    v = (rec.metrics or {}).get(M.decode_tok_s)
     return float(v) if isinstance(v, (int, float)) else None
 
 

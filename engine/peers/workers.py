@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass, field
 
 from engine.common.errors import UserError
+from engine.common.fields import M
 from engine.common.vocab import BNB_PRECISIONS
 from engine.peers.peer import HF_PROMPT_LOOKUP_TOKENS, LLAMA_LOOKUP_TOKENS, RESULT_TAG, PeerConfig
 
@@ -67,11 +68,11 @@ def _stats(runs: list[_Timed], n: int) -> dict:
     gaps = sorted(b - a for r in runs for a, b in zip(r.stamps[:n - 1], r.stamps[1:n]))
     from engine.measure.stats import percentile
 
-    return {"ttft_s": statistics.median(ttft), "decode_tok_s": statistics.median(tok_s) if tok_s else None,
-            "e2e_tok_s": n / statistics.median(total), "new_tokens": n,
-            "token_latency_ms_mean": 1000 * (sum(gaps) / len(gaps)) if gaps else None,
-            "token_gap_ms_p90": 1000 * percentile(gaps, 90) if gaps else None,
-            "reps_decode_tok_s": tok_s, "reps_ttft_s": ttft}
+    return {M.ttft_s: statistics.median(ttft), M.decode_tok_s: statistics.median(tok_s) if tok_s else None,
+            M.e2e_tok_s: n / statistics.median(total), M.new_tokens: n,
+            M.token_latency_ms_mean: 1000 * (sum(gaps) / len(gaps)) if gaps else None,
+            M.token_gap_ms_p90: 1000 * percentile(gaps, 90) if gaps else None,
+            M.reps_decode_tok_s: tok_s, M.reps_ttft_s: ttft}
 
 
 def _run_reps(cfg: PeerConfig, one) -> tuple[list[_Timed], object]:

@@ -10,6 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from engine.common.fields import M
 from engine.common.paths import DATA
 from engine.planner import shapes
 from engine.planner.errors import PlanError
@@ -42,7 +43,7 @@ def predict_published(row: Mapping, gpus: Mapping[str, GPU] | None = None,
                      quantize_head=bool(c.get("quantize_head", False)), group_size=int(c.get("group_size", 64)),
                      kv_dtype=c.get("kv_dtype", "bf16"), mem_util=c.get("mem_util"))
     metric = row["metric"]
-    if metric == "decode_tok_s":
+    if metric == M.decode_tok_s:
         return 1.0 / decode_step(dep, c.get("batch", 1), c.get("context", 128)).total
     if metric == "itl_ms":
         cl = closed_loop_point(dep, c["concurrency"], c["input"], c["output"])
