@@ -197,6 +197,46 @@ def test_two_clients_at_once_are_queued_not_interleaved(backend):
         assert [j["job_id"] for j in c.jobs(tab)] == [job["job_id"]]  # each tab sees its own
 
 
+@pytest.fixture()
+def stub_endpoint():
+    """The OpenAI-compatible stub of tests/test_load.py, streaming at known times, in this process."""
+    from http.server import ThreadingHTTPServer
+
+    from tests.test_load import StubHandler
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), StubHandler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}"
+    srv.shutdown()
+    srv.server_close()
+
+
+def test_a_load_sweep_job_measures_an_endpoint_and_stores_its_load_records(backend, stub_endpoint):
+    from engine.peers.load_sweep import SweepPlan
+    from engine.peers.servers import ServerSpec
+
+    spec = ServerSpec.of("url", url=stub_endpoint, model=None).to_dict()
+    plan = SweepPlan(loads="1,2", workload="chat:2", requests=2, max_output_len=4, slo="ttft=5,itl=1",
+                     max_seconds=60, request_timeout_s=30).to_dict()
+    c = backend.client()
+    job = c.wait(c.submit("load", {"kind": "load-sweep", "specs": [spec], "plan": plan}, client="tab-l"), 300)
+    assert job["state"] == "finished" and job["done"] == job["total"] == 2, job
+    recs = c.records(job["run_ids"])
+    assert [r["kind"] for r in recs] == ["load", "load"]
+    assert [r["config"]["profile"]["streams"] for r in recs] == [1, 2]
+
+
+def test_a_peers_job_measures_in_a_fresh_process_and_stores_the_peer_record(backend):
+    from engine.peers import PeerConfig
+
+    cfg = PeerConfig.of(model="default-draft", precision="fp32", max_new_tokens=4, reps=1).to_dict()
+    c = backend.client()
+    job = c.wait(c.submit("peers", {"kind": "peers", "configs": [cfg]}, client="tab-p"), 300)
+    assert job["state"] == "finished" and job["done"] == 1 and job["skipped"] == [], job
+    (rec,) = c.records(job["run_ids"])
+    assert rec["kind"] == "peer" and rec["metrics"]["new_tokens"] > 0
+
+
 def test_malformed_submissions_get_a_400_naming_the_field(backend):
     c = backend.client()
     good = run_cfg()
@@ -342,3 +382,21 @@ def test_the_client_imports_no_torch():
     code = "import engine.backend.client, engine.backend, sys; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "False", out.stderr
+
+
+def test_with_ray_a_runs_job_goes_to_the_cluster_and_lands_in_the_backends_store(tmp_path):
+    """--ray local: each configuration a Ray task (engine.cluster), its record stored by the backend.
+    The 0.5B (catalog) model: Ray's workers are fresh processes without the test registry."""
+    pytest.importorskip("ray")
+    b = BackendProc(tmp_path, "--ray", "local")
+    try:
+        c = b.client()
+        assert c.info()["ray"] == "local"
+        cfg = {"setup": {"model": "default-draft", "precision": "fp32"}, "reps": 1, "max_new_tokens": 4,
+               "warmup": False}
+        job = c.wait(c.submit("on ray", {"kind": "runs", "configs": [cfg]}), 400)
+        assert job["state"] == "finished" and job["done"] == 1, job
+        (rec,) = c.records(job["run_ids"])
+        assert rec["machine"]["ray_node_id"] and rec["config"]["setup"]["model"] == "default-draft"
+    finally:
+        b.stop()
