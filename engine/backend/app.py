@@ -15,6 +15,7 @@ import os
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
+from starlette.concurrency import run_in_threadpool
 
 from engine.backend import protocol
 from engine.backend.jobs import JobQueue
@@ -79,7 +80,7 @@ def create_app(queue: JobQueue, info, token: str | None = None) -> FastAPI:
         except ValueError as e:
             return _error(400, f"the body is not valid JSON ({str(e)[:80]})", None, "send one JSON object")
         try:
-            sub = submission(body)  # every config validated before anything is queued
+            sub = await run_in_threadpool(submission, body)  # every config validated before anything is queued
         except Rejected as e:
             return _error(400, e.problem, e.field, e.fix)
         try:

@@ -16,6 +16,7 @@ from engine.common.errors import UserError
 TOKEN_FIX = ("create one and pass it: python -c 'import secrets; print(secrets.token_urlsafe(32))' > F && chmod 600 F; "
              "then --token-file F here, and SCL_BACKEND_TOKEN_FILE=F (or the token in SCL_BACKEND_TOKEN) for the dashboard")
 POOL_KEEP = 8  # models; the byte budget is what usually evicts
+MODELS_TTL_S = 10.0  # how stale GET /v1/info's catalog (installed, converted) may be
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -106,14 +107,17 @@ def info_source(device: str, pool, ray: str | None, store, started_at: float):
     from engine.measure import kernel_info, list_models, registered_models
 
     facts, version = machine(device), lab_version()
+    catalog = {"at": 0.0, "models": []}  # list_models reads package metadata (~0.1 s): at most once per MODELS_TTL_S
 
     def info() -> dict:
         try:  # never compile just to say so; the first quantized run builds the kernels
             kernels = kernel_info(build=False)
         except Exception as e:
             kernels = {"cpu": f"unavailable ({type(e).__name__})"}
-        models = [{**m, "registered": False} for m in list_models()]
-        models += [{"name": n, "label": lbl, "registered": True} for n, lbl in registered_models().items()]
+        if time.monotonic() - catalog["at"] > MODELS_TTL_S:
+            catalog.update(at=time.monotonic(), models=[{**m, "registered": False} for m in list_models()])
+        models = catalog["models"] + [{"name": n, "label": lbl, "registered": True}
+                                      for n, lbl in registered_models().items()]
         return {"api_version": API_VERSION, "lab_version": version, "machine": {**facts, "kernels": kernels},
                 "models": models, "loaded": loaded_facts(pool), "pool_budget_bytes": pool.budget_bytes, "ray": ray,
                 "store": str(store.path), "started_at": started_at}
