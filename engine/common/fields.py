@@ -30,6 +30,11 @@ class Field:
     definition: str
     kind: str = "number"  # number | count | object | list | text | bool
 
+    @property
+    def per_generation(self) -> bool:
+        """Declared "per generation:": a run states it as the median over its samples (module docstring)."""
+        return self.definition.startswith("per generation:")
+
 
 def _f(name, unit, definition, kind="number") -> Field:
     return Field(name, unit, definition, kind)
@@ -288,6 +293,9 @@ LOAD: tuple[Field, ...] = (
     _f("server_metrics", "", "the server's /metrics counters: which families it offers and each counter's change "
        "over the load point", "object"),
 )
+
+# the per-generation metrics of METRICS: a run states each as the median over its samples
+PER_GENERATION: tuple[str, ...] = tuple(f.name for f in METRICS if f.per_generation)
 
 # metrics.baseline.<name>: the same target without speculation, three of METRICS' figures
 BASELINE: tuple[Field, ...] = tuple(f for f in METRICS

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from engine.common.formulas import expected_length, kv_bytes_per_token
-from engine.common.fields import BASELINE_AT, CAT, IV, M, S, SMP, SPEC_AT, Metrics
+from engine.common.fields import BASELINE_AT, CAT, IV, M, PER_GENERATION, S, SMP, SPEC_AT, Metrics
 from engine.measure.machine import library_versions, machine_facts
 from engine.measure.memory import PeakMemory
 from engine.measure.records import RunRecord
@@ -93,10 +93,6 @@ def sample(res, m: dict, category: str, prompt_id: str, rep: int) -> dict:
     return s
 
 
-# Each per-generation metric of the record is the median over the samples of the generation's value.
-PER_GENERATION = (M.ttft_s, M.prefill_s, M.prefill_tok_s, M.prompt_tokens, M.new_tokens, M.decode_s, M.decode_tok_s,
-                  M.tokens_per_step, M.token_latency_ms_median, M.token_latency_ms_p90, M.token_latency_ms_p99,
-                  M.total_s, M.bytes_per_token, M.bw_floor_ms, M.bw_efficiency)
 # (metric path, sample key): the speed figures whose interval comes from the repetitions.
 SPEED = ((M.decode_tok_s, SMP.decode_tok_s), (M.ttft_s, SMP.ttft_s), (M.token_latency_ms_median, SMP.token_latency_ms))
 
@@ -241,8 +237,9 @@ def aggregate(gens: list[dict], samples: list[dict], base: list[dict] | None = N
     Per-generation metrics: the median over the samples. Spec counters: summed. Intervals: stats.py.
     by_category holds the same figures for each category's samples.
     """
-    m = Metrics({k: gens[0].get(k) for k in (M.weight_bytes, M.weight_breakdown, M.quantized_layers, M.mem_bw_gbs,
-                                             M.load_s)})
+    # The run's own figures (weights, bandwidth, load time): the first generation's. Each per-generation
+    # metric (fields.PER_GENERATION): the median over the generations.
+    m = Metrics({k: v for k, v in gens[0].items() if k not in PER_GENERATION and k not in (M.kv_bytes, M.spec)})
     for k in PER_GENERATION:
         m[k] = median([g.get(k) for g in gens])
         if k in (M.prompt_tokens, M.new_tokens) and m[k] is not None and float(m[k]).is_integer():
