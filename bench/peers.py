@@ -44,8 +44,8 @@ def ab_configs(cfgs: list[peers.PeerConfig], gpu: bool) -> list[tuple[peers.Peer
     the first of our configs with that precision and draft kind (and default activations)."""
     out = [(c, {}, "") for c in cfgs]
     for prec, draft, env, suffix in (AB_GPU if gpu else AB_CPU):
-        base = next((c for c in cfgs if c.system == peers.OURS and c.precision == prec and c.draft == draft
-                     and c.act == "fp32"), None)
+        base = next((c for c in cfgs if c.system == peers.OURS and c.setup.precision == prec
+                     and c.setup.draft == draft and c.act == "fp32"), None)
         if base is not None:
             out.append((base, env, suffix))
     return out

@@ -14,6 +14,6 @@ from engine.measure.sweep import DEFAULT_WORKLOAD, default_comparison, run_many,
 from engine.measure.workloads import canonical as canonical_workload, categories as workload_categories
 
 __all__ = ["bandwidth_gbs", "list_models", "load_into_pool", "model_facts", "quality_in_pool", "machine_facts", "kernel_info",
-           "nvml_gpus", "SCHEMA_VERSION", "RunRecord", "RecordConfig", "ModelPool", "RunConfig", "default_prompts", "execute",
+           "nvml_gpus", "SCHEMA_VERSION", "RunRecord", "ModelPool", "RunConfig", "default_prompts", "execute",
            "register_model", "registered_models", "unregister_model", "Store", "default_comparison", "run_many",
-           "sweep_configs"]
+           "sweep_configs", "RecordConfig"]

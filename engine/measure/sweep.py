@@ -36,15 +36,16 @@ def sweep_configs(base: RunConfig, precisions, drafts, draft_precisions, gammas,
                     continue
                 for g in (gammas if d != "none" else [None]):
                     for bsz in batch_sizes:
-                        setup = replace(base.setup, precision=p, draft=d, draft_precision=dp or base.setup.draft_precision,
-                                        gamma=g or base.setup.gamma)
+                        setup = replace(base.setup, precision=p, draft=d, gamma=g or base.setup.gamma,
+                                        draft_precision=dp or base.setup.draft_precision)
                         c = replace(base, setup=setup, batch_size=bsz)
                         key = json.dumps(c.to_dict(), sort_keys=True)
                         if key not in seen:
                             seen.add(key)
                             out.append(c)
     if not out and left_out:
-        raise UserError(f"every configuration of the grid is a self-draft no cheaper than its target ({', '.join(left_out)})",
+        raise UserError(f"every configuration of the grid is a self-draft no cheaper than its target "
+                        f"({', '.join(left_out)})",
                         "draft at a cheaper precision than the target (int4 drafting int8 or bf16, say)")
     return out
 
@@ -62,8 +63,8 @@ def default_comparison(model: str = "default", draft_model: str = "default-draft
     """
     base = RunConfig(EngineSetup(model=model, draft_model=draft_model), max_new_tokens=max_new_tokens,
                      baseline=False, workload=workload, reps=reps)
-    spec_setup = replace(base.setup, precision="int8" if self_draft else "int4", draft="self" if self_draft else "model",
-                         draft_precision="int4", gamma=4)
+    spec_setup = replace(base.setup, precision="int8" if self_draft else "int4",
+                         draft="self" if self_draft else "model", draft_precision="int4", gamma=4)
     spec = replace(base, setup=spec_setup, baseline=True)
     return [replace(base, setup=replace(base.setup, precision=p)) for p in ("fp32", "int8", "int4")] + [spec]
 

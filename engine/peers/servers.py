@@ -253,7 +253,8 @@ class RunningServer:
     def facts(self) -> dict:
         """What a load record keeps about the server: what it is and how it was launched."""
         sp = self.spec
-        return {"system": sp.system, "label": sp.label, "model": sp.served_name if sp.system != "url" else sp.setup.model,
+        return {"system": sp.system, "label": sp.label,
+                "model": sp.served_name if sp.system != "url" else sp.setup.model,
                 "precision": sp.setup.precision, "draft": sp.setup.to_record()["draft"],
                 "setup": sp.setup.to_dict() if sp.system == OURS else None, "slots": sp.slots,
                 "max_model_len": sp.max_model_len,

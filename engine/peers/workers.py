@@ -193,7 +193,8 @@ def _ours_worker(cfg: PeerConfig, folder, draft_folder) -> dict:
 
     t = time.perf_counter()
     # The setup's models as the folders resolved here (the catalog's cache, or random weights of a shape).
-    setup = replace(cfg.setup, model=str(folder), draft_model=str(draft_folder) if draft_folder else cfg.setup.draft_model)
+    setup = replace(cfg.setup, model=str(folder),
+                    draft_model=str(draft_folder) if draft_folder else cfg.setup.draft_model)
     loaded = load_setup(setup)
     target, draft = loaded.target, loaded.draft
     load_s = time.perf_counter() - t
