@@ -31,7 +31,8 @@ from engine.measure.summary import aggregate, make_record, sample, summarize
 
 MAX_REPS = 50
 MAX_BATCH = 64
-# The kinds a measured generation is stored as: a benchmark run, `python -m engine generate`, the Speculative playground.
+# The kinds a measured generation is stored as: a benchmark run, `python -m engine generate`, and a run of the
+# Speculative playground.
 RUN_KINDS = ("bench", "generate", "playground")
 
 PROMPTS_FILE = DATA / "prompts.json"
@@ -114,8 +115,8 @@ class RunConfig:
         run_names = [f.name for f in fields(cls) if f.name != "setup"]
         unknown = sorted(k for k in d if k not in run_names and k not in SETUP_FIELDS and k != "setup")
         if unknown:
-            raise UserError(f"unknown run config field '{unknown[0]}'",
-                            f"run fields are: setup, {', '.join(run_names)}; setup fields are: {', '.join(SETUP_FIELDS)}")
+            raise UserError(f"unknown run config field '{unknown[0]}'", f"run fields are: setup, {', '.join(run_names)}; "
+                            f"setup fields are: {', '.join(SETUP_FIELDS)}")
         flat_setup = {k: d[k] for k in SETUP_FIELDS if k in d}
         if "setup" in d:
             if flat_setup:
