@@ -158,9 +158,7 @@ if PLANNER:
         osrc = o3.text_input("Source (e.g. our contract)", value="my price", key="ov-src", max_chars=200)
         if st.form_submit_button("Save price"):
             try:
-                fields = {"price_usd_per_hr": float(op), "price_source": osrc}
-                planning.check_override(overrides, og, fields)  # refuse a bad override before storing it
-                store.set_gpu_override(og, fields)
+                planning.set_gpu_price(store, og, float(op), osrc)  # refused by name before anything is stored
                 if og == planning.THIS_MACHINE:
                     st.session_state["usd_per_hour"] = float(op)
                 st.session_state["ov-saved"] = f"Saved: {og} at ${op:.2f}/hour. Plans use it from now on."

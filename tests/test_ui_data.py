@@ -236,7 +236,7 @@ def test_page_tables_are_views_of_the_columns():
         present.table_cells("nope")
 
 
-def test_this_machines_price_lives_with_the_planners_price_table(tmp_path):
+def test_prices_live_with_the_planners_price_table(tmp_path):
     from engine.measure.store import Store
     from engine.planner import load_gpus
     from engine.present import planning
@@ -253,3 +253,11 @@ def test_this_machines_price_lives_with_the_planners_price_table(tmp_path):
         with pytest.raises(UserError, match="not a positive number"):
             planning.set_machine_price(store, bad)
     assert planning.machine_price(store) == 0.5
+    # any GPU of the table: priced the same way, an unknown one refused by name before anything is stored
+    assert planning.set_gpu_price(store, "L4", 0.9, "our contract") == 0.9
+    assert load_gpus(store.gpu_overrides())["L4"].price_source == "our contract"
+    from engine.planner import CatalogError
+
+    with pytest.raises(CatalogError, match="new GPU 'no such gpu' needs"):
+        planning.set_gpu_price(store, "no such gpu", 1.0, "typo")
+    assert "no such gpu" not in {o["name"] for o in store.gpu_overrides()}

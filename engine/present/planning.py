@@ -8,8 +8,9 @@ from __future__ import annotations
 from typing import Sequence
 
 from engine import planner
-from engine.planner.gpus import THIS_MACHINE  # noqa: F401  (the pages' name for the row the price sets)
-from engine.planner.machine_price import machine_price, set_machine_price  # noqa: F401  (the pages call these)
+from engine.planner.gpus import THIS_MACHINE  # noqa: F401
+# the pages set and read the user's prices through these (they never import the planner themselves)
+from engine.planner.price_overrides import machine_price, set_gpu_price, set_machine_price  # noqa: F401
 from engine.common.vocab import PRECISIONS
 from engine.present.figures import _safe
 
@@ -37,11 +38,6 @@ def plan_workload(inputs: dict, model: str, rate: float, input_tokens: int, outp
 
 def price_rows(inputs: dict) -> list[dict]:
     return planner.price_table(inputs["gpus"])
-
-
-def check_override(overrides: list[dict], name: str, fields: dict) -> None:
-    """Refuse a bad price override before it is stored (UserError/CatalogError naming the field)."""
-    planner.load_gpus(overrides + [{"name": name, **fields}])
 
 
 def gpu_names(inputs: dict) -> list[str]:
