@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
-from engine.present.columns import CHARTS, num as _num, plus_minus
+from engine.present.columns import CHARTS, COLUMNS, num as _num, plus_minus
 
 
 def chart_series(rows: Sequence[dict], column: str) -> tuple[list[str], list[float | None]]:
@@ -48,10 +48,8 @@ def frontier_line(points: Sequence[Mapping], x: str, y: str) -> list[dict]:
     return sorted(on, key=lambda p: (_num(p.get(x)), _num(p.get(y))))
 
 
-DIFF_METRICS: list[tuple[str, str]] = [
-    ("tok_s", "higher"), ("ttft_ms", "lower"), ("tok_ms_p50", "lower"), ("weights_total_MB", "lower"),
-    ("peak_rss_MB", "lower"), ("accept_rate", "higher"), ("quality_loss_kl", "lower"), ("usd_per_1m_out", "lower"),
-]
+# the figures two reports are compared on: every column that says which way is better (columns.py)
+DIFF_METRICS: list[tuple[str, str]] = [(c.name, c.better) for c in COLUMNS if c.better]
 
 
 def pct_diff(base, new) -> float | None:
