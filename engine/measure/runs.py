@@ -354,7 +354,10 @@ def execute(cfg: RunConfig, pool: ModelPool, store=None, progress=None, on_token
         raise UserError(f"a measured run cannot be stored as kind '{kind}'", f"use one of: {', '.join(RUN_KINDS)}")
     cfg.validate()
     run = Run(cfg, pool, progress or (lambda s: None), on_token, device=resolve_device(cfg.setup.device))
-    with pool.lock:
-        for step in STEPS:
-            step(run)
-    return store_step(run, kind, store)
+    from engine import ops as kernels
+
+    with kernels.count_steps():  # record.kernels counts this run's forward passes, not the process's
+        with pool.lock:
+            for step in STEPS:
+                step(run)
+        return store_step(run, kind, store)

@@ -20,14 +20,20 @@ The model is read by duck typing (``model.model.layers[i].self_attn.qkv_proj.pre
 imports neither infer nor quant. The C++ plan (pointers into the prepared weights, the RoPE
 frequencies, every workspace) is built once per model and kept in a weak dictionary.
 
-Which path ran is counted: ``fused_info()`` (carried by ``backend_info()`` into record.kernels).
+Which path ran is counted, per run: a run opens ``count_steps()`` around itself, and inside it
+``fused_info()`` (carried by ``backend_info()`` into record.kernels) reports that run's passes only.
+Outside any run it reports the whole process's. The open counters live in a context variable, so
+runs in two threads (two dashboard sessions) never count each other's steps.
 """
 from __future__ import annotations
 
 import threading
 import weakref
 from collections import Counter
-from typing import Optional
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Iterator, Optional
 
 import torch
 
@@ -36,14 +42,54 @@ from engine.ops import config as _config
 from engine.ops.prepared import PreparedInt4, PreparedInt8
 from engine.ops.rope import rope_inv_freq
 
-__all__ = ["fused_forward_rows", "fused_info", "fused_profile", "reset_fused_stats", "FUSED_MAX_ROWS", "rope_inv_freq",
-           "split_rows"]
+__all__ = ["fused_forward_rows", "fused_info", "fused_profile", "reset_fused_stats", "count_steps", "StepCounts",
+           "FUSED_MAX_ROWS", "rope_inv_freq", "split_rows"]
 
 FUSED_MAX_ROWS = 64  # rows per C++ call (FUSED_MAX_ROWS in kernels/cpu/fused_kernels.h); more are split
 
 _lock = threading.Lock()
 _plans: "weakref.WeakKeyDictionary[torch.nn.Module, tuple]" = weakref.WeakKeyDictionary()
-_stats = {"fused": 0, "reference": 0, "last": "", "reasons": Counter()}
+
+
+@dataclass
+class StepCounts:
+    """Forward passes that took each path: the fused step, or the PyTorch reference and why."""
+    fused: int = 0
+    reference: int = 0
+    last: str = ""
+    reasons: Counter = field(default_factory=Counter)
+
+    def as_dict(self) -> dict:
+        return {"fused_steps": self.fused, "reference_steps": self.reference, "last_step": self.last,
+                "reference_reasons": dict(self.reasons)}
+
+
+_process = StepCounts()  # every pass since the process started (or reset_fused_stats)
+_open: ContextVar[tuple] = ContextVar("scl_open_step_counts", default=())  # this context's runs, outermost first
+_count_lock = threading.Lock()  # the server's thread and a dashboard run may step at once
+
+
+@contextmanager
+def count_steps() -> Iterator[StepCounts]:
+    """Count the passes of the run inside the block apart from everything else in the process.
+    Inside it, ``fused_info()`` / ``backend_info()`` report this run's counts (innermost block)."""
+    counts = StepCounts()
+    token = _open.set(_open.get() + (counts,))
+    try:
+        yield counts
+    finally:
+        _open.reset(token)
+
+
+def _count(last: str, reason: str | None = None) -> None:
+    with _count_lock:
+        for c in (_process, *_open.get()):
+            if reason is None:
+                c.fused += 1
+            else:
+                c.reference += 1
+                c.reasons[reason] += 1
+            c.last = last
 
 
 class _Unsupported(Exception):
@@ -51,14 +97,13 @@ class _Unsupported(Exception):
 
 
 def _decline(reason: str) -> None:
-    _stats["reference"] += 1
-    _stats["last"] = "reference: " + reason
-    _stats["reasons"][reason] += 1
+    _count("reference: " + reason, reason)
     return None
 
 
 def fused_info() -> dict:
-    """Whether the fused step is on, and how many forward passes took each path in this process."""
+    """Whether the fused step is on, and how many forward passes took each path: in the run this is
+    called from (inside ``count_steps()``), else in the whole process ("steps_counted" says which)."""
     cfg = _config.kernel_config()
     if not cfg.enabled:
         state = "off: kernels disabled"
@@ -68,8 +113,11 @@ def fused_info() -> dict:
         state = "off: CPU extension not built" + (f" ({_build._cpu_state['reason']})" if _build._cpu_state["tried"] else "")
     else:
         state = "on (CPU int4/int8 models)"
-    return {"fused": state, "cuda_graph": "on" if (cfg.enabled and cfg.cuda_graph) else "off", "fused_steps": _stats["fused"], "reference_steps": _stats["reference"],
-            "last_step": _stats["last"], "reference_reasons": dict(_stats["reasons"])}
+    runs = _open.get()
+    with _count_lock:
+        counts = (runs[-1] if runs else _process).as_dict()
+    return {"fused": state, "cuda_graph": "on" if (cfg.enabled and cfg.cuda_graph) else "off", **counts,
+            "steps_counted": "this run" if runs else "this process"}
 
 
 def fused_profile(model, on: bool = True, reset: bool = True) -> dict | None:
@@ -82,8 +130,10 @@ def fused_profile(model, on: bool = True, reset: bool = True) -> dict | None:
 
 
 def reset_fused_stats() -> None:
-    _stats.update(fused=0, reference=0, last="")
-    _stats["reasons"].clear()
+    """Zero the process-wide counts (a run's own counts come from ``count_steps()``)."""
+    global _process
+    with _count_lock:
+        _process = StepCounts()
 
 
 def _lin_spec(mod, what: str, optional: bool = False):
@@ -214,8 +264,7 @@ def fused_forward_rows(model, tokens: torch.Tensor, rows, cache, logits_at: Opti
                 out[[j for j, _ in sel]] = part
     if not plan.has_head:
         out = model.lm_head(out)
-    _stats["fused"] += 1
-    _stats["last"] = "fused"
+    _count("fused")
     return out.float()
 
 
@@ -235,8 +284,7 @@ def _cuda_step(model, tokens, rows, cache, logits_at, cfg):
     if _graph_ok[model] is not None:
         return _decline("CUDA: " + _graph_ok[model])
     out = cuda_graph.graphed_forward(model, tokens, rows, cache, logits_at)
-    _stats["fused"] += 1
-    _stats["last"] = "cuda graph"
+    _count("cuda graph")
     return out
 
 

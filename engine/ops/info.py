@@ -17,7 +17,8 @@ def backend_info(build: bool = True) -> dict:
     """{"cpu": "avx512"|"avx2"|"scalar"|"torch-fallback", "cpu_reason", "cpu_best", "cpu_vnni",
     "int4_activations", "cuda": "built"|"unavailable: <reason>", "threads", "small_m", "tile_rows",
     "config": the KernelConfig as a dict, "fused": on/off and why, "fused_steps" / "reference_steps":
-    forward passes that took each path in this process, "last_step", "reference_reasons"}.
+    forward passes that took each path in the enclosing ``count_steps()`` run (else in this process;
+    "steps_counted" says which), "last_step", "reference_reasons"}.
     Builds the extensions lazily if build=True."""
     cfg = _config.kernel_config()
     info: dict = {"threads": torch.get_num_threads(), "small_m": cfg.small_m, "tile_rows": TILE,
