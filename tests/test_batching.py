@@ -4,7 +4,7 @@ import pytest
 
 from engine.common.errors import UserError
 from engine.infer.batch import Request
-from engine.infer.proposers import make_proposer
+from engine.infer.proposers import proposer_spec
 from engine.infer.sampling import SamplingParams
 from engine.infer.scheduler import BatchSettings, QueueFull, Scheduler
 from engine.infer.tokens import encode_prompts
@@ -69,7 +69,7 @@ def test_greedy_batch_is_token_identical_to_each_request_alone(kind, small_int4,
     and verified per sequence, give exactly the tokens each gives alone (int4 rows are batch-invariant)."""
     lm = small_int4
     draft = {"model": small_int4, "self": small_int8}.get(kind)
-    spec = None if kind == "none" else make_proposer(kind, draft, lm)
+    spec = None if kind == "none" else proposer_spec(kind, draft, lm)
     gamma = 0 if kind == "none" else 3
     ids = _ids(lm)
     alone = _alone(lm, ids, spec, gamma)
@@ -77,7 +77,7 @@ def test_greedy_batch_is_token_identical_to_each_request_alone(kind, small_int4,
     assert together == alone
     assert all(len(o) == N_NEW for o in together)
     if kind != "none":  # the proposer really drafted, per sequence
-        assert sum(s.drafted for s in seqs) > 0 and sum(s.rounds for s in seqs) >= len(seqs)
+        assert sum(s.spec_stats.drafted for s in seqs) > 0 and sum(s.spec_stats.rounds for s in seqs) >= len(seqs)
     assert len(sched.free_slots) == SETTINGS.max_seqs  # every slot came back
 
 
@@ -86,7 +86,7 @@ def test_sequences_keep_their_own_acceptance(small_int4):
     lm = small_int4
     text = "alpha beta gamma delta epsilon zeta eta theta iota kappa " * 3
     ids = encode_prompts(lm.tokenizer, ["Repeat exactly: " + text, "Name a colour."], chat=True)
-    sched = Scheduler(lm, SETTINGS, make_proposer("ngram"), 4)
+    sched = Scheduler(lm, SETTINGS, proposer_spec("ngram"), 4)
     seqs = []
     for x in ids:
         r = Request(list(x), 24, stop_at_eos=False)
@@ -94,9 +94,9 @@ def test_sequences_keep_their_own_acceptance(small_int4):
         sched.submit(r)
     while sched.has_work():
         sched.step()
-    rates = [s.accepted / s.drafted if s.drafted else 0.0 for s in seqs]
+    rates = [s.spec_stats.acceptance_rate or 0.0 for s in seqs]
     assert len(seqs) == 2 and max(rates) > min(rates)
-    assert sum(s.rounds for s in seqs) > 0
+    assert sum(s.spec_stats.rounds for s in seqs) > 0
 
 
 def test_sampled_requests_do_not_depend_on_their_neighbours(small_int4):

@@ -21,6 +21,7 @@ import torch
 
 from engine.infer.model import Rows
 from engine.infer.sampling import SamplingParams, make_generator, pick, probs_from_logits
+from engine.infer.spec_stats import SpecStats
 from engine.infer.tokens import StreamDecoder
 from engine.infer.verify import verify
 
@@ -56,14 +57,7 @@ class Sequence:
     t_first: float | None = None
     token_times: list[float] = field(default_factory=list)
     pending: list[tuple[int, str]] = field(default_factory=list)  # emitted this step, not yet streamed
-    # speculative counts (vLLM's definitions, spec_stats.py)
-    rounds: int = 0
-    drafted: int = 0
-    accepted: int = 0
-    emitted: int = 0
-    position_drafted: list[int] = field(default_factory=list)
-    position_accepted: list[int] = field(default_factory=list)
-    gamma_history: list[int] = field(default_factory=list)
+    spec_stats: SpecStats = field(default_factory=lambda: SpecStats("none", 0, False))  # this sequence's rounds
 
     @property
     def sampling(self) -> SamplingParams:
@@ -103,11 +97,11 @@ class Batch:
 
     def new_sequence(self, req: Request, slot: int) -> Sequence:
         g = self.gamma_max if not self.adaptive else min(2, self.gamma_max)
-        seq = Sequence(req, slot, self.vocab, list(req.prompt_ids), len(req.prompt_ids), gamma=g,
-                       gen=make_generator(req.sampling, self.target.device), stream=StreamDecoder(self.target.tokenizer),
-                       t_admit=time.perf_counter(), position_drafted=[0] * self.gamma_max,
-                       position_accepted=[0] * self.gamma_max)
-        return seq
+        stats = SpecStats(self.proposer.kind if self.proposer else "none", self.gamma_max, self.adaptive,
+                          position_drafted=[0] * self.gamma_max, position_accepted=[0] * self.gamma_max)
+        return Sequence(req, slot, self.vocab, list(req.prompt_ids), len(req.prompt_ids), gamma=g,
+                        gen=make_generator(req.sampling, self.target.device), stream=StreamDecoder(self.target.tokenizer),
+                        t_admit=time.perf_counter(), spec_stats=stats)
 
     def free(self, seq: Sequence) -> None:
         if self.proposer is not None:
@@ -175,24 +169,9 @@ class Batch:
         if g == 0:
             self._emit(s, int(pick(logits[:1], s.sampling, s.gen)[0]), "target")
             return 1
-        if s.sampling.greedy:
-            best = logits.argmax(-1).tolist()
-            acc = 0
-            while acc < g and best[acc] == d[acc]:
-                acc += 1
-            nxt = best[acc]
-        else:
-            p = probs_from_logits(logits, s.sampling)
-            a, n = verify(p[None], None if q is None else q[None], torch.tensor([d], device=p.device), s.sampling,
-                          s.gen)
-            acc, nxt = int(a[0]), int(n[0])
-        s.rounds += 1
-        s.gamma_history.append(g)
-        s.drafted += g
-        s.accepted += acc
-        for j in range(g):
-            s.position_drafted[j] += 1
-            s.position_accepted[j] += int(j < acc)
+        p = logits if s.sampling.greedy else probs_from_logits(logits, s.sampling)  # greedy reads the argmax only
+        a, n = verify(p[None], None if q is None else q[None], torch.tensor([d], device=p.device), s.sampling, s.gen)
+        acc, nxt = int(a[0]), int(n[0])
         before = len(s.out)
         for j in range(acc):
             if s.finish is None:
@@ -200,7 +179,7 @@ class Batch:
         if s.finish is None:
             self._emit(s, nxt, "bonus" if acc == g else "resample")
         committed = len(s.out) - before
-        s.emitted += committed
+        s.spec_stats.count_round(g, acc, committed)
         if self.proposer is not None:
             self.proposer.rollback(s)
         if self.adaptive:

@@ -88,7 +88,7 @@ def run_static(lm, ids: list[list[int]], max_new_tokens: int, sp: SamplingParams
         stats = SpecStats(proposer_spec.kind, gamma, adaptive, position_drafted=[0] * gamma,
                           position_accepted=[0] * gamma, draft_s=draft_s, verify_s=verify_s)
         for s in seqs:
-            stats.add(s)
+            stats.add(s.spec_stats)
         res.spec, res.spec_stats = stats.to_dict(), stats
     return res
 

@@ -39,8 +39,20 @@ class SpecStats:
     baseline_tok_s: float | None = None
     speedup: float | None = None
 
-    def add(self, counts) -> "SpecStats":
-        """Add one sequence's counters (an infer.batch.Sequence, or anything with the same fields): vLLM's
+    def count_round(self, drafted: int, accepted: int, emitted: int) -> None:
+        """One verification round of one sequence: `drafted` draft tokens, the first `accepted` of
+        them kept, `emitted` tokens committed (the accepted ones and the target's, unless it finished)."""
+        self.rounds += 1
+        self.gamma_history.append(drafted)
+        self.drafted += drafted
+        self.accepted += accepted
+        self.emitted += emitted
+        for j in range(drafted):
+            self.position_drafted[j] += 1
+            self.position_accepted[j] += int(j < accepted)
+
+    def add(self, counts: "SpecStats") -> "SpecStats":
+        """Add another stats object's counters (one sequence's, infer.batch.Sequence.spec_stats): vLLM's
         counters are sums over sequences and rounds."""
         self.rounds += counts.rounds
         self.drafted += counts.drafted

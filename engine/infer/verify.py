@@ -1,6 +1,6 @@
 """Verification of draft tokens by the target: greedy, or lossless rejection sampling.
 
-The one verifier of the engine. Greedy is the argmax-prefix rule. Sampling draws the uniforms
+The one verifier of the engine (the batch calls it per sequence). Greedy is the argmax-prefix rule. Sampling draws the uniforms
 here, from the run's generator, and hands them to engine.ops.verify_drafts: the rejection rule
 written once (vectorised torch on CPU and as the GPU fallback, the fused CUDA kernel on CUDA).
 """
@@ -15,7 +15,8 @@ from engine.ops.verify import verify_drafts
 def verify(p: torch.Tensor, q: torch.Tensor | None, d: torch.Tensor, sp: SamplingParams, gen):
     """Accepted counts [B] and the target's token after them [B], per sequence.
 
-    p [B, g+1, V]: target probabilities; q [B, g, V] or None for a deterministic draft (q = 1 on d);
+    p [B, g+1, V]: target probabilities (greedy reads only their argmax, so logits serve as well);
+    q [B, g, V] or None for a deterministic draft (q = 1 on d);
     d [B, g]: draft tokens. Greedy: accept while d equals the target's argmax, then the argmax.
     Sampling: accept d_i with probability min(1, p/q); at the first rejection sample from
     normalize(max(0, p - q)); after g acceptances sample the bonus from p_{g+1}. One uniform per

@@ -137,7 +137,7 @@ class EngineLoop:
         self.stats.request_done(seq, reason, h.t_arrival, h.t_admit or seq.t_admit, now)
         info = {"finish_reason": reason, "prompt_tokens": seq.n_prompt, "completion_tokens": len(seq.out),
                 "ttft_s": None if seq.t_first is None else seq.t_first - h.t_arrival, "e2e_s": now - h.t_arrival,
-                "accepted": seq.accepted, "drafted": seq.drafted}
+                "accepted": seq.spec_stats.accepted, "drafted": seq.spec_stats.drafted}
         tail = seq.stream.flush() if seq.stream is not None else ""
         if tail:
             h.put(("token", tail))

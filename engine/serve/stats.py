@@ -76,10 +76,11 @@ class ServerStats:
             if seq is None:
                 return
             self.generation_tokens += len(seq.out)
-            self.num_drafts += seq.rounds
-            self.num_draft_tokens += seq.drafted
-            self.num_accepted_tokens += seq.accepted
-            for i, a in enumerate(seq.position_accepted[:self.gamma]):
+            counts = seq.spec_stats
+            self.num_drafts += counts.rounds
+            self.num_draft_tokens += counts.drafted
+            self.num_accepted_tokens += counts.accepted
+            for i, a in enumerate(counts.position_accepted[:self.gamma]):
                 self.accepted_per_pos[i] += a
             if seq.t_first is not None:
                 self.ttft.observe(seq.t_first - t_arrival)
