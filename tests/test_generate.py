@@ -15,6 +15,14 @@ def test_streaming_callback_sees_every_token(small_int4):
     assert res.ttft_s > 0 and len(res.step_s) == len(res.new_tokens[0]) - 1
 
 
+def test_prefill_time_is_the_prefill_steps_not_the_ttft(small_int4):
+    """prefill_s times the prefill steps alone (prefill_tok_s divides by it); the TTFT adds the
+    scheduling and streaming around them, and the decode steps come after."""
+    res = generate(small_int4, ["Count from 1 to 5.", "Name a colour."], 6, stop_at_eos=False)
+    assert 0 < res.prefill_s < res.ttft_s
+    assert res.prefill_s + sum(res.step_s) <= res.total_s
+
+
 def test_stops_at_eos(small_int4):
     res = generate(small_int4, "Reply with just the word: yes", 64)
     assert res.finish == ["eos"] and len(res.new_tokens[0]) < 64

@@ -27,7 +27,7 @@ class GenerationResult:
     texts: list[str]
     ttft_s: float  # start until every sequence has its first token (one sequence: its TTFT)
     step_s: list[float]  # wall time of each decode step after the first token
-    prefill_s: float
+    prefill_s: float  # wall time of the prefill steps (every prompt, and a model draft's), first tokens included
     total_s: float
     finish: list[str]
     spec: dict | None = None  # speculative stats, see spec_stats.SpecStats
@@ -61,7 +61,7 @@ def run_static(lm, ids: list[list[int]], max_new_tokens: int, sp: SamplingParams
         index[id(r)] = i
         reqs.append(sched.submit(r))
     seqs = [None] * b
-    steps, draft_s, verify_s = [], 0.0, 0.0
+    steps, draft_s, verify_s, prefill_s = [], 0.0, 0.0, 0.0
     t0 = time.perf_counter()
     ttft = None
     while sched.has_work():
@@ -76,13 +76,15 @@ def run_static(lm, ids: list[list[int]], max_new_tokens: int, sp: SamplingParams
             steps.append(st.wall_s)
             draft_s += st.draft_s
             verify_s += st.verify_s
+        else:  # prefill-first: every prompt is read before the first decode step
+            prefill_s += st.wall_s
         if ttft is None and all(s is not None and s.out for s in seqs):
             ttft = time.perf_counter() - t0
     total = time.perf_counter() - t0
     ttft = ttft if ttft is not None else total
     tok = lm.tokenizer
     res = GenerationResult(ids, [s.out for s in seqs], [tok.decode(s.out, skip_special_tokens=True) for s in seqs],
-                           ttft, steps, ttft, total, [s.finish for s in seqs], trace=[s.trace for s in seqs],
+                           ttft, steps, prefill_s, total, [s.finish for s in seqs], trace=[s.trace for s in seqs],
                            kv_bytes=sched.batch.kv_bytes(), settings=settings.to_dict())
     if proposer_spec is not None:
         stats = SpecStats(proposer_spec.kind, gamma, adaptive, position_drafted=[0] * gamma,

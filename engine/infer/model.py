@@ -82,10 +82,6 @@ class KVCache(nn.Module):
         self.register_buffer("v", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
         self.slots, self.capacity = slots, capacity
 
-    @property
-    def max_slots(self) -> int:  # positions per sequence (the name older callers use)
-        return self.capacity
-
     def nbytes(self) -> int:
         return self.k.numel() * self.k.element_size() * 2
 
