@@ -2,13 +2,16 @@
 latency SLOs), how many GPUs of which kind, at which precision, with or without speculative
 decoding, and what that costs per million tokens and per month. Every number is a formula over
 datasheet figures (gpus), model shapes (shapes), documented kernel efficiencies (efficiency) or the
-lab's own run records (calibration), through a roofline of one replica (roofline, speculation), a
-serving model under load (queueing) and a search over candidates (workload, search, sweep); it is
-checked against published measurements (published). Pure functions and dataclasses: the planner
-imports nothing of the engine except engine.common, and its callers hand it records as plain dicts.
+lab's own run records (calibration), through a roofline of one replica (roofline; acceptance and
+speculation for drafts), a serving model under load (queueing) and a search over candidates
+(workload, search, sweep); it is checked against published measurements (published). Pure
+functions and dataclasses: the planner imports nothing of the engine except engine.common, and its
+callers hand it records as plain dicts.
 docs/PLANNER.md states the formulas, defaults and sources.
 """
 from engine.planner import shapes
+from engine.planner.acceptance import (acceptance_from_mean_length, expected_tokens_per_step, spec_speedup,
+                                       tokens_per_step_variance)
 from engine.planner.calibration import AcceptanceObs, Calibration, Fit, calibrate, record_bytes_per_token
 from engine.planner.efficiency import FAMILIES, Efficiency, KernelFamily, compute_dtype
 from engine.planner.errors import PlanError
@@ -22,9 +25,7 @@ from engine.planner.roofline import (ALLREDUCE_BW_FRACTION, DEFAULT_MAX_BATCH, D
 from engine.planner.search import (MAX_GPUS_PER_PLAN, TP_OPTIONS, Plan, PlanResult, Why, evaluate_plan, make_deployment,
                                    plan)
 from engine.planner.shapes import ModelShape, ShapeError
-from engine.planner.speculation import (ASSUMED_ACCEPTANCE, ASSUMED_GAMMA, SpecConfig, acceptance_from_mean_length,
-                                        choose_spec, default_draft, expected_tokens_per_step, spec_speedup,
-                                        tokens_per_step_variance)
+from engine.planner.speculation import ASSUMED_ACCEPTANCE, ASSUMED_GAMMA, SpecConfig, choose_spec, default_draft
 from engine.planner.sweep import batch_sweep, crossovers, packing
 from engine.planner.workload import MAX_REQUEST_RATE, MAX_TOKENS, MAX_USD_PER_GPU_HOUR, Workload
 

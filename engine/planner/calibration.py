@@ -23,9 +23,9 @@ from engine.common.fields import L, M, S
 from engine.common.record_setup import setup_from_record
 from engine.common.vocab import PRECISIONS, canonical_model_name
 from engine.planner import shapes
+from engine.planner.acceptance import acceptance_from_mean_length, relation
 from engine.planner.efficiency import FAMILIES
 from engine.planner.shapes import ModelShape, ShapeError
-from engine.planner.speculation import acceptance_from_mean_length, relation
 
 IDENTICAL_DRAFT = ("draft identical to its target (same model and precision): its acceptance of 1.0 says "
                    "nothing about drafting")

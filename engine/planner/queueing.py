@@ -11,7 +11,7 @@ import math
 from dataclasses import asdict, dataclass
 
 from engine.planner.roofline import Deployment, memory, per_token_step, prefill_step
-from engine.planner.speculation import tokens_per_step_variance
+from engine.planner.acceptance import tokens_per_step_variance
 
 Z90 = 1.2816            # standard normal 90th percentile
 

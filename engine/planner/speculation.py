@@ -1,6 +1,6 @@
-"""Speculative decoding in closed form: tokens per target step, its variance, speedup, and which
-draft and acceptance rate a plan uses (typed in, measured by the lab for the same target and
-draft, else an assumed default that the plan says it assumed).
+"""Speculative decoding in a plan: which draft and acceptance rate a plan uses (typed in, measured
+by the lab for the same target and draft, else an assumed default that the plan says it assumed).
+The closed-form formulas (tokens per target step, its variance, speedup) live in planner.acceptance.
 """
 from __future__ import annotations
 
@@ -8,13 +8,13 @@ import math
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Mapping
 
-from engine.common.formulas import expected_length
 from engine.common.vocab import PRECISIONS
 from engine.planner import shapes
+from engine.planner.acceptance import expected_tokens_per_step, relation
 from engine.planner.errors import PlanError
 from engine.planner.shapes import ModelShape
 
-if TYPE_CHECKING:  # calibration imports this module (acceptance_from_mean_length)
+if TYPE_CHECKING:  # annotations only; calibration reads the acceptance formulas from planner.acceptance, not here
     from engine.planner.calibration import Calibration
 
 ASSUMED_ACCEPTANCE = 0.6         # used only when nothing is typed in or measured for the same relation
@@ -22,45 +22,6 @@ ASSUMED_GAMMA = 4
 ASSUMED_SOURCE = "assumed default"
 HEADS_DRAFT_COST_RATIO = 0.06
 SPEC_DRAFT_KINDS = ("model", "self", "ngram", "heads")
-
-
-def expected_tokens_per_step(a: float, gamma: float) -> float:
-    """E = (1 - a^(g+1)) / (1 - a): tokens per target step with per-token acceptance a (i.i.d.),
-    counting the bonus/resampled token (Leviathan et al. 2023, eq. 1). a=1 gives g+1."""
-    # The planner's own check first: its PlanError names the field (NaN fails it too).
-    if not 0 <= a <= 1:
-        raise PlanError("acceptance_rate", f"{a} is outside [0, 1]")
-    return expected_length(a, gamma)
-
-
-def acceptance_from_mean_length(mean_len: float, gamma: float) -> float:
-    """Invert E(a, g) for a (bisection; E is increasing in a)."""
-    if mean_len <= 1:
-        return 0.0
-    if mean_len >= gamma + 1:
-        return 1.0
-    lo, hi = 0.0, 1.0
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        if expected_tokens_per_step(mid, gamma) < mean_len:
-            lo = mid
-        else:
-            hi = mid
-    return (lo + hi) / 2
-
-
-def tokens_per_step_variance(a: float, gamma: int) -> float:
-    """Variance of tokens emitted per step: P(X=k) = a^(k-1)(1-a) for k <= g, P(X=g+1) = a^g."""
-    g = int(round(gamma))
-    ps = [(a ** (k - 1)) * (1 - a) for k in range(1, g + 1)] + [a ** g]
-    mean = sum(k * p for k, p in zip(range(1, g + 2), ps))
-    return sum((k - mean) ** 2 * p for k, p in zip(range(1, g + 2), ps))
-
-
-def spec_speedup(a: float, gamma: int, draft_cost_ratio: float, verify_cost_ratio: float = 1.0) -> float:
-    """Speedup over plain decoding: E / (verify/plain + gamma * draft/plain) (Leviathan et al. eq. 3
-    with c = draft_cost_ratio; verify_cost_ratio > 1 once the verify pass is compute-bound)."""
-    return expected_tokens_per_step(a, gamma) / (verify_cost_ratio + gamma * draft_cost_ratio)
 
 
 @dataclass(frozen=True)
@@ -117,11 +78,6 @@ def default_draft(model: ModelShape, models: Mapping[str, ModelShape]) -> ModelS
     if not same:
         return None
     return min(same, key=lambda m: (m.name.rsplit("-", 1)[0] != prefix, shapes.param_count(m)))
-
-
-def relation(model: str, draft_kind: str, draft_model: str | None = None) -> str:
-    """A target/draft pair in words: 'llama-3.1-8b + model llama-3.2-1b', 'qwen2.5-7b + ngram'."""
-    return f"{model} + {draft_kind}" + (f" {draft_model}" if draft_model and draft_kind == "model" else "")
 
 
 def choose_spec(w, model: ModelShape, models: Mapping[str, ModelShape], calibration: Calibration | None = None
