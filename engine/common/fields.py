@@ -435,6 +435,17 @@ METRICS_LEVEL = _metrics_level("metrics", METRICS, {
 Metrics = METRICS_LEVEL.cls  # a record's metrics: Metrics({...}) checks every key, nested ones included
 
 
+def _make_keyed(level: Level) -> None:
+    """Create every keyed class now, at import: a fresh process (Ray, a worker) must find it by name to unpickle."""
+    for shape, sub in level.parts.values():
+        if shape in ("by_key", "by_path"):
+            _keyed(sub, shape == "by_path")
+        _make_keyed(sub)
+
+
+_make_keyed(METRICS_LEVEL)
+
+
 def lookup(path: str) -> Field:
     """The field at 'ttft_s', 'spec.acceptance_rate', 'quality.kld_mean' or 'load.ttft_s_p90' (KeyError: undeclared)."""
     level, *heads, last = [METRICS_LEVEL] + path.split(".")
