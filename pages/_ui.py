@@ -1,18 +1,12 @@
-"""Shared Streamlit pieces for the pages: the model pool and store, errors, prices, background jobs,
-and the comparison view (table + charts + Pareto). Pages only draw and collect input; every
-number comes from engine/.
-
-Test hook (documented in docs/DASHBOARD.md): models registered with engine.measure.register_model
-(tests/conftest.py registers the tiny random-init models of tests/tiny.py) are offered beside the
-default pair, so AppTests can drive every page in seconds. Production code registers none.
+"""Shared Streamlit pieces for the pages: the store, errors, prices and the comparison view (table + charts +
+Pareto). Pages only draw and collect input; every number comes from engine/, and every measurement runs
+in the backend (pages/_backend.py): this process never loads a model.
 """
 from __future__ import annotations
 
 import logging
 import os
 import threading
-import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import pandas as pd
@@ -22,7 +16,7 @@ from engine import present
 from engine.common.errors import UserError
 from engine.common.formulas import DEFAULT_USD_PER_HOUR
 from engine.common.paths import data_dir
-from engine.measure import ModelPool, Store, registered_models, run_many
+from engine.measure.store import Store
 
 log = logging.getLogger("scl.dashboard")
 
@@ -32,13 +26,7 @@ MODEL_LABELS = {
 }
 
 
-# ---------------------------------------------------------------- pool and store
-
-@st.cache_resource(show_spinner=False)
-def get_pool() -> ModelPool:
-    """One pool per server process: every tab shares the loaded models and the generation lock."""
-    return ModelPool(keep=3)
-
+# ---------------------------------------------------------------- the store (records the backend sent)
 
 @st.cache_resource(show_spinner=False)
 def _store(path: str) -> Store:
@@ -47,37 +35,6 @@ def _store(path: str) -> Store:
 
 def get_store() -> Store:
     return _store(str(data_dir() / "lab.sqlite"))
-
-
-@contextmanager
-def pool_turn(what: str):
-    """Hold the pool's lock (one generation or load at a time), saying so when another run has it."""
-    lock = get_pool().lock
-    if not lock.acquire(blocking=False):
-        note = st.empty()
-        note.info(f"Waiting for the run in progress to finish before {what} (one at a time)…")
-        lock.acquire()
-        note.empty()
-    try:
-        yield
-    finally:
-        lock.release()
-
-
-def model_options() -> list[str]:
-    """The default pair, plus any model a test registered (measure.register_model)."""
-    return ["default", "default-draft"] + list(registered_models())
-
-
-def registered_pairs() -> dict[str, tuple]:
-    """Registered models NAME with a NAME-draft beside them, as Home-page pairs (target, draft, self, label)."""
-    reg = registered_models()
-    return {n: (n, f"{n}-draft", False, f"{n} test pair (registered: {reg[n]})")
-            for n in reg if f"{n}-draft" in reg}
-
-
-def model_label(name: str) -> str:
-    return MODEL_LABELS.get(name) or registered_models().get(name, name)
 
 
 # ---------------------------------------------------------------- errors and text
@@ -161,163 +118,6 @@ def price_input(where: str) -> float:
         except Exception as e:
             show_error(e)
     return v
-
-
-# ---------------------------------------------------------------- background jobs (comparison, sweep)
-
-class Job:
-    """run_many in a thread: the page polls it, Cancel stops it before the next run (finished runs stay stored).
-
-    `work(job)` runs instead of run_many when given (the Load test page's sweep): it reports through
-    job.add_run / job.skip / job.say and stops when job.cancelled; `total` is then its number of runs.
-    """
-
-    def __init__(self, title: str, configs, pool: ModelPool, store: Store, keep_ids: list[str] | None = None,
-                 work=None, total: int | None = None):
-        self.title, self.configs, self.pool, self.store = title, list(configs), pool, store
-        self.keep_ids = list(keep_ids or [])  # a re-run keeps these beside its new runs in the comparison
-        self.work = work
-        self.total = len(self.configs) if total is None else total
-        self.done = 0
-        self.eta_s: float | None = None
-        self.run_ids: list[str] = []
-        self.skipped: list[str] = []  # peers that could not run, with the reason
-        self.message = "starting"
-        self.error: str | None = None
-        self.cancel_event = threading.Event()
-        self.finished = False
-        self.started = time.time()
-        self.thread = threading.Thread(target=self._run, name=f"scl-job-{title}", daemon=True)
-
-    def start(self) -> "Job":
-        self.thread.start()
-        return self
-
-    @property
-    def cancelled(self) -> bool:
-        return self.cancel_event.is_set()
-
-    def cancel(self) -> None:
-        self.cancel_event.set()
-        self.message = "cancelling: the run in progress finishes and is kept, the rest are skipped"
-
-    def _progress(self, done, total, eta_s, rec):
-        self.done, self.eta_s = done, eta_s
-        if rec.kind == "peer" and not rec.metrics:  # a peer that could not run: said, not stored
-            self.skipped.append(f"{rec.label}: {rec.notes}")
-        else:
-            self.run_ids.append(rec.run_id)
-
-    def _say(self, msg: str):
-        if not self.cancelled:
-            self.message = msg
-
-    say = _say
-
-    def add_run(self, run_id: str) -> None:
-        """A run a `work` job finished (stored): counted, with the time left at the pace so far."""
-        self.run_ids.append(run_id)
-        self.done += 1
-        left = max(0, self.total - self.done)
-        self.eta_s = (time.time() - self.started) / self.done * left
-
-    def skip(self, what: str, runs: int = 0) -> None:
-        """Something a `work` job could not measure (said on the page), and the runs it will not make."""
-        self.skipped.append(what)
-        self.total = max(self.done, self.total - runs)
-
-    def _run(self):
-        try:
-            if not self.pool.lock.acquire(blocking=False):
-                self.message = "waiting for another run to finish (the lab runs one generation at a time)"
-                self.pool.lock.acquire()
-            try:
-                if self.work is not None:
-                    self.work(self)
-                else:
-                    run_many(self.configs, self.pool, self.store, on_progress=self._progress,
-                             should_cancel=self.cancel_event.is_set, progress=self._say)
-            finally:
-                self.pool.lock.release()
-        except UserError as e:
-            self.error = str(e)
-        except Exception as e:  # shown as one line on the page; the traceback goes to the server log
-            log.exception("job %s failed", self.title)
-            self.error = f"{type(e).__name__}: {e}"
-        finally:
-            self.message = "finished"
-            self.finished = True
-
-    def wait(self, timeout: float | None = None) -> bool:
-        self.thread.join(timeout)
-        return self.finished
-
-
-def job_running(key: str) -> bool:
-    job = st.session_state.get(key)
-    return job is not None and not job.finished
-
-
-def start_job(key: str, title: str, configs, keep_ids: list[str] | None = None, work=None,
-              total: int | None = None) -> Job:
-    job = Job(title, configs, get_pool(), get_store(), keep_ids, work, total).start()
-    st.session_state[key] = job
-    return job
-
-
-def job_panel(key: str, poll_s: float = 1.0) -> None:
-    """Progress bar with time left and a Cancel button, refreshed every poll_s while the job runs.
-
-    When the job has finished the fragment asks for a full rerun, so the page draws the results.
-    """
-    if st.session_state.get(key) is None:
-        return
-
-    @st.fragment(run_every=poll_s)
-    def _panel():
-        j: Job = st.session_state[key]
-        if j.finished:
-            st.rerun()
-        frac = (j.done / j.total) if j.total else 1.0
-        st.progress(min(frac, 1.0), text=present.eta_text(j.done, j.total, j.eta_s))
-        st.caption(f"{md_escape(j.title)} · {md_escape(j.message)} · {time.time() - j.started:.0f} s elapsed")
-        if st.button("Cancel", key=f"{key}-cancel", disabled=j.cancelled,
-                     help="Stops after the run in progress; finished runs are already saved."):
-            j.cancel()
-            st.toast("Cancelling after the current run")
-
-    _panel()
-
-
-def job_section(key: str, source: str) -> Job | None:
-    """Draw the job under `key`: its progress while running, how it ended once finished."""
-    job: Job | None = st.session_state.get(key)
-    if job is None:
-        return None
-    if not job.finished:
-        job_panel(key)
-        return job
-    return finish_job(key, source)
-
-
-def finish_job(key: str, source: str) -> Job | None:
-    """When a job has finished: make its runs the current comparison and say how it ended."""
-    job: Job | None = st.session_state.get(key)
-    if job is None or not job.finished:
-        return None
-    if not st.session_state.get(f"{key}-reported") == id(job):
-        st.session_state[f"{key}-reported"] = id(job)
-        if job.run_ids:
-            set_current(job.keep_ids + job.run_ids, source)
-    if job.error:
-        st.error(job.error)
-    for s in job.skipped:
-        st.warning(f"Not measured: {s}")
-    if job.cancelled:
-        st.warning(f"Cancelled: {job.done} of {job.total} runs finished and are kept.")
-    elif not job.error:
-        st.success(f"{job.title}: {job.done} of {job.total} runs finished in {time.time() - job.started:.0f} s.")
-    return job
 
 
 # ---------------------------------------------------------------- the comparison view

@@ -1,13 +1,31 @@
 """Compare: sweep target precision × draft × draft precision × gamma × batch (plus peer systems), or pick stored runs."""
 import streamlit as st
 
-from pages import _ui
+from pages import _backend, _ui
 from engine import peers
 from engine import present
+from engine.common.record_setup import SETUP_FIELDS, setup_from_record
 from engine.common.vocab import DRAFT_KINDS, MAX_GAMMA, PRECISIONS
 from engine.measure import RunConfig, sweep_configs
 
 JOB = "sweep-job"
+PEERS_JOB = "sweep-peers-job"  # peers beside a grid: a second job, queued right after the grid's
+
+
+def peer_dict(pc) -> dict:
+    """A PeerConfig as the backend takes it."""
+    from dataclasses import asdict
+
+    return pc.to_dict() if hasattr(pc, "to_dict") else asdict(pc)
+
+
+def rerun_config(rec) -> dict | None:
+    """The config that measures a stored run again, as the backend takes it (any readable schema), or None."""
+    rc = (rec.config or {}).get("run_config")
+    if rec.kind not in ("bench", "generate", "playground") or not isinstance(rc, dict):
+        return None
+    own = {k: v for k, v in rc.items() if k != "setup" and k not in SETUP_FIELDS}
+    return {"setup": setup_from_record(rec.config).to_dict(), **own}
 
 _ui.page_header("Compare (sweep)", "Every combination you tick is measured on this machine and stored as it "
                 "finishes; cancel keeps what is done. Or pick runs you measured before.")
@@ -17,16 +35,17 @@ tab_sweep, tab_pick = st.tabs(["New sweep", "Pick stored runs"])
 with tab_sweep:
     a, b, c = st.columns(3)
     with a:
-        model = st.selectbox("Target model", _ui.model_options(), format_func=_ui.model_label, key="cmp-model")
+        model = st.selectbox("Target model", _backend.model_options(), format_func=_backend.model_label,
+                             key="cmp-model")
         precisions = st.multiselect("Target precisions", PRECISIONS, default=["fp32", "int8", "int4"],
                                     key="cmp-precisions")
         batches = st.multiselect("Batch sizes", [1, 2, 4, 8, 16, 32, 64], default=[1], key="cmp-batches")
     with b:
         drafts = st.multiselect("Drafts", list(DRAFT_KINDS), default=["none", "model"], key="cmp-drafts")
-        opts = _ui.model_options()
+        opts = _backend.model_options()
         dm_default = "tiny-draft" if model == "tiny" and "tiny-draft" in opts else "default-draft"
         draft_model = st.selectbox("Draft model (for 'model')", opts, index=opts.index(dm_default),
-                                   format_func=_ui.model_label, key="cmp-draft-model")
+                                   format_func=_backend.model_label, key="cmp-draft-model")
         draft_precisions = st.multiselect("Draft precisions (model and self)", PRECISIONS, default=["int4"],
                                           key="cmp-draft-precisions")
     with c:
@@ -52,12 +71,13 @@ with tab_sweep:
         for label, why in peer_missing.items():
             st.caption(f"Not offered: {_ui.md_escape(label)}: {_ui.md_escape(why)}")
 
-    cfgs, problem = [], None
+    cfgs, peer_cfgs, problem = [], [], None
     try:
-        base = RunConfig(model=model, draft_model=draft_model, max_new_tokens=int(max_new), quality=bool(quality),
-                         workload=workload.strip() or None, reps=int(reps))
+        base = RunConfig.of(model=model, draft_model=draft_model, max_new_tokens=int(max_new), quality=bool(quality),
+                            workload=workload.strip() or None, reps=int(reps))
+        peer_cfgs = [peer_dict(peer_labels[p].validate()) for p in picked_peers]
         if picked_peers and not precisions:
-            cfgs = [peer_labels[p].validate() for p in picked_peers]  # peers alone are a valid comparison
+            pass  # peers alone are a valid comparison
         elif not precisions or not drafts or not batches:
             problem = "pick at least one target precision, one draft kind (none counts) and one batch size"
         elif any(d in ("model", "self") for d in drafts) and not draft_precisions:
@@ -65,31 +85,32 @@ with tab_sweep:
         elif any(d != "none" for d in drafts) and not gammas:
             problem = "pick at least one gamma for the drafts"
         else:
-            cfgs = [x.validate() for x in sweep_configs(base, precisions, drafts, draft_precisions or ["int4"],
-                                                        gammas or [4], batches)]
-            cfgs += [peer_labels[p].validate() for p in picked_peers]
+            cfgs = [x.validate().to_dict() for x in sweep_configs(base, precisions, drafts, draft_precisions or ["int4"],
+                                                                  gammas or [4], batches)]
     except Exception as e:
         _ui.show_error(e)
+    n = len(cfgs) + len(peer_cfgs)
     if problem:
         st.warning(f"Nothing to run yet: {problem}.")
     else:
-        st.caption(f"{len(cfgs)} run(s) in this grid. Models are loaded once and kept (up to 3 at a time).")
-    running = _ui.job_running(JOB)
-    col_run, col_ray = st.columns([1, 2])
-    ray_at = col_ray.text_input("Ray cluster", "", key="cmp-ray",
-                                placeholder="blank: this process; local, auto or HOST:6379",
-                                help="Run each configuration as a task on a Ray cluster (docs/CLUSTER.md); records "
-                                     "land in this lab's store as tasks finish, Cancel cancels the outstanding tasks."
-                                ).strip()
-    if col_run.button("Run sweep", type="primary", disabled=running or not cfgs, key="cmp-run"):
-        if ray_at:
-            from engine.cluster import sweep_job
-
-            _ui.start_job(JOB, f"sweep of {len(cfgs)} runs on Ray ({ray_at})", cfgs, work=sweep_job(cfgs, ray_at))
-        else:
-            _ui.start_job(JOB, f"sweep of {len(cfgs)} runs", cfgs)
-        st.rerun()
-    _ui.job_section(JOB, "sweep")
+        st.caption(f"{n} run(s) in this grid. The backend measures them one at a time and keeps loaded models for "
+                   "the next run.")
+    running = _backend.job_running(JOB) or _backend.job_running(PEERS_JOB)
+    if st.button("Run sweep", type="primary", disabled=running or not n or problem is not None, key="cmp-run"):
+        try:
+            st.session_state.pop(PEERS_JOB, None)
+            if cfgs:
+                _backend.submit(JOB, f"sweep of {len(cfgs)} runs", _backend.runs_work(cfgs))
+                if peer_cfgs:
+                    _backend.submit(PEERS_JOB, f"{len(peer_cfgs)} peer runs", {"kind": "peers", "configs": peer_cfgs},
+                                    with_keys=[JOB])
+            else:
+                _backend.submit(JOB, f"{len(peer_cfgs)} peer runs", {"kind": "peers", "configs": peer_cfgs})
+            st.rerun()
+        except Exception as e:
+            _backend.show_problem(e)
+    _backend.job_section(JOB, "sweep")
+    _backend.job_section(PEERS_JOB, "sweep")
 
 with tab_pick:
     try:
@@ -113,20 +134,20 @@ st.subheader(f"Current comparison ({len(ids)} runs)")
 if ids:
     recs = _ui.load_records(ids)
     _ui.comparison_view(recs, key="cmp", price_where="cmp")
-    noisy = [r for r in present.noisy_configs(recs) if RunConfig.from_record(r) is not None]
+    noisy = [r for r in present.noisy_configs(recs) if rerun_config(r) is not None]
     if noisy:
         st.markdown("**Noisy runs**: " + _ui.md_escape("; ".join(f"{r.label} ({present.noise_label(r)})"
                                                                    for r in noisy)))
         if st.button(f"Re-run the {len(noisy)} noisy configuration(s)", key="cmp-rerun",
-                     disabled=_ui.job_running(JOB),
+                     disabled=_backend.job_running(JOB),
                      help="Measures them again with the same settings; the new runs replace them in the "
                           "comparison (the old ones stay stored)."):
             try:
-                again = [RunConfig.from_record(r).validate() for r in noisy]
+                again = [rerun_config(r) for r in noisy]
                 keep = [i for i in ids if i not in {r.run_id for r in noisy}]
-                _ui.start_job(JOB, f"re-run of {len(again)} noisy runs", again, keep_ids=keep)
+                _backend.submit(JOB, f"re-run of {len(again)} noisy runs", _backend.runs_work(again), keep_ids=keep)
                 st.rerun()
             except Exception as e:
-                _ui.show_error(e)
+                _backend.show_problem(e)
 else:
     st.info("Run a sweep, or pick stored runs, to fill the comparison.")

@@ -3,16 +3,16 @@ and the load at which speculation or a smaller precision stops paying."""
 import pandas as pd
 import streamlit as st
 
-from pages import _ui
+from pages import _backend, _ui
 from engine.peers import load_sweep, servers
 from engine.present import load_cost, load_view
 
 JOB = "load-job"
 PRECISIONS = ["int4", "int8", "bf16", "fp32"]
 
-_ui.page_header("Load test", "Each server is started here on 127.0.0.1 (or reached at a URL you type), sent the same "
-                "real prompts at rising concurrency or request rate, timed on the client, and stopped by its PID. "
-                "Every load point is stored as a run.")
+_ui.page_header("Load test", "The backend starts each server on its machine's 127.0.0.1 (or reaches a URL you type), "
+                "sends the same real prompts at rising concurrency or request rate, times them on the client, and "
+                "stops the server by its PID. Every load point is stored as a run.")
 
 
 @st.cache_data(ttl=60, show_spinner="Checking which servers can run here…")
@@ -27,7 +27,7 @@ avail = _availability()
 st.subheader("Endpoints and configurations")
 left, right = st.columns(2)
 with left:
-    model = st.selectbox("Model every server runs", ["default-draft", "default"], format_func=_ui.model_label,
+    model = st.selectbox("Model every server runs", ["default-draft", "default"], format_func=_backend.model_label,
                          key="load-model")
     if avail[servers.OURS]:
         st.warning(f"Our engine cannot be served here: {_ui.md_escape(avail[servers.OURS])}")
@@ -90,18 +90,12 @@ def _plan_and_specs():
     return plan, specs, notes
 
 
-def _work(specs, plan):
-    """The sweep, in the background job's thread (no Streamlit calls here)."""
-    def work(job):
-        res = load_sweep.run_sweep(specs, plan, job.store, progress=job.say,
-                                   on_record=lambda rec: job.add_run(rec.run_id),
-                                   should_cancel=job.cancel_event.is_set,
-                                   on_skip=lambda label, why, n: job.skip(f"{label}: {why}", n))
-        job.say(f"{len(res.records)} load points stored")
-    return work
+def _work(specs, plan) -> dict:
+    """The sweep as the backend takes it: it starts, loads and stops every server on its own machine."""
+    return {"kind": "load-sweep", "specs": [x.to_dict() for x in specs], "plan": plan.to_dict()}
 
 
-running = _ui.job_running(JOB)
+running = _backend.job_running(JOB)
 if st.button("Run load test", type="primary", disabled=running, key="load-run"):
     try:
         plan, specs, notes = _plan_and_specs()
@@ -110,15 +104,14 @@ if st.button("Run load test", type="primary", disabled=running, key="load-run"):
         if not specs:
             st.error("Nothing to measure: pick a precision of our engine, a peer, or type a URL.")
         else:
-            _ui.start_job(JOB, "load test", [], work=_work(specs, plan),
-                          total=len(specs) * plan.points_per_configuration())
+            _backend.submit(JOB, "load test", _work(specs, plan))
             st.session_state.pop("load-runs", None)
             st.rerun()
     except Exception as e:
-        _ui.show_error(e)
+        _backend.show_problem(e)
 
-job = _ui.job_section(JOB, "load test")
-if job is not None and job.finished and job.run_ids:
+job = _backend.job_section(JOB, "load test")
+if job is not None and job.run_ids:  # the points that landed so far: the page reruns when one lands
     st.session_state["load-runs"] = list(job.run_ids)
 
 # ---------------------------------------------------------------- results

@@ -3,11 +3,17 @@ import time
 
 import streamlit as st
 
-from pages import _ui
+from pages import _backend, _ui
 from engine import present
+from engine.backend.client import BackendUnavailable
 from engine.common.fields import M
+from engine.common.setup import EngineSetup
 from engine.common.vocab import MAX_GAMMA, PRECISIONS
-from engine.measure import RunConfig, default_prompts
+from engine.measure import default_prompts
+
+JOB = "pg-job"
+STREAM = "pg-stream"  # {"job_id", "pieces": [(text, origin)], "next": the next event to ask for}
+STREAM_POLL_S = 0.3
 
 _ui.page_header("Speculative playground", "A draft proposes gamma tokens, the target checks them in one pass and "
                 "keeps the longest agreeing prefix plus one token of its own. The output is exactly what the "
@@ -21,7 +27,8 @@ with st.form("pg-form"):
     a, b = st.columns(2)
     with a:
         st.markdown("**Target**")
-        model = st.selectbox("Target model", _ui.model_options(), format_func=_ui.model_label, key="pg-model")
+        model = st.selectbox("Target model", _backend.model_options(), format_func=_backend.model_label,
+                             key="pg-model")
         precision = st.selectbox("Target precision", PREC, index=PREC.index("int4"), key="pg-precision")
         st.markdown("**Sampling**")
         s1, s2 = st.columns(2)
@@ -33,10 +40,10 @@ with st.form("pg-form"):
     with b:
         st.markdown("**Draft**")
         draft = st.selectbox("Draft kind", list(DRAFTS), index=1, format_func=DRAFTS.get, key="pg-draft")
-        opts = _ui.model_options()
+        opts = _backend.model_options()
         dm_default = "tiny-draft" if model == "tiny" and "tiny-draft" in opts else "default-draft"
         draft_model = st.selectbox("Draft model (for 'another model')", opts, index=opts.index(dm_default),
-                                   format_func=_ui.model_label, key="pg-draft-model")
+                                   format_func=_backend.model_label, key="pg-draft-model")
         draft_precision = st.selectbox("Draft precision (model and self)", PREC, index=PREC.index("int4"),
                                        key="pg-draft-precision")
         g1, g2 = st.columns(2)
@@ -46,42 +53,68 @@ with st.form("pg-form"):
         baseline = st.checkbox("Also time the same target without speculation", value=True, key="pg-baseline")
         max_new = st.number_input("New tokens", 1, 1024, 48, key="pg-tokens")
     prompt = st.text_area("Prompt", value=default_prompts()[0], height=100, key="pg-prompt")
-    go = st.form_submit_button("Generate", type="primary")
+    go = st.form_submit_button("Generate", type="primary", disabled=_backend.job_running(JOB))
 
 st.markdown(present.legend_html(), unsafe_allow_html=True)
 stream_box = st.empty()
 status_box = st.empty()
 
 if go:
-    cfg = RunConfig(model=model, precision=precision, draft=draft, draft_model=draft_model,
-                    draft_precision=draft_precision, gamma=int(gamma), adaptive_gamma=bool(adaptive),
-                    prompt=prompt, max_new_tokens=int(max_new), temperature=float(temperature), top_k=int(top_k),
-                    top_p=float(top_p), seed=int(seed), baseline=bool(baseline) and draft != "none",
-                    reps=1)  # one streamed generation (Compare measures repetitions and intervals)
-    pieces: list[tuple[str, str]] = []
-    last = [0.0]
-
-    def on_token(i, tid, text, origin):
-        if i != 0:
-            return
-        pieces.append((text, origin))
-        now = time.perf_counter()
-        if now - last[0] > 0.1:  # redraw at most ~10 times a second
-            last[0] = now
-            stream_box.markdown(present.token_spans_html(pieces), unsafe_allow_html=True)
-
     try:
-        from engine.measure import execute
-
-        cfg.validate()
-        with _ui.pool_turn("generating"):
-            rec = execute(cfg, _ui.get_pool(), _ui.get_store(), progress=lambda s: status_box.caption(s),
-                          on_token=on_token)
-        st.session_state["pg-last"] = {"run_id": rec.run_id, "pieces": pieces}
-        status_box.empty()
+        setup = EngineSetup(model=model, precision=precision, draft=draft, draft_model=draft_model,
+                            draft_precision=draft_precision, gamma=int(gamma), adaptive_gamma=bool(adaptive))
+        cfg = {"setup": setup.to_dict(), "prompt": prompt, "max_new_tokens": int(max_new),
+               "temperature": float(temperature), "top_k": int(top_k), "top_p": float(top_p), "seed": int(seed),
+               "baseline": bool(baseline) and draft != "none",
+               "reps": 1}  # one streamed generation (Compare measures repetitions and intervals)
+        job = _backend.submit(JOB, f"playground: {setup.label}",
+                              _backend.runs_work([cfg], record_kind="playground", stream=True))
+        st.session_state[STREAM] = {"job_id": job.job_id, "pieces": [], "next": 0}
     except Exception as e:
-        status_box.empty()
-        _ui.show_error(e)
+        _backend.show_problem(e)
+
+
+def _stream(job: _backend.RemoteJob, stream: dict) -> None:
+    """Draw the tokens as the backend produces them (polled every STREAM_POLL_S) until the job ends.
+
+    A rerun meanwhile (a widget touched) resumes from the tokens already drawn: they live in the session.
+    """
+    store = _ui.get_store()
+    last_status = 0.0
+    while not job.finished:
+        try:
+            t = job.backend.tokens(job.job_id, stream["next"])
+        except BackendUnavailable:
+            t = None  # job.poll below counts the silence and gives up after a few
+        if t:
+            stream["pieces"] += [(e["text"], e.get("origin") or ("accepted" if e.get("accepted") else "target"))
+                                 for e in t["events"]]
+            stream["next"] = t["next"]
+            if t["events"]:
+                stream_box.markdown(present.token_spans_html(stream["pieces"]), unsafe_allow_html=True)
+        if t is None or t.get("done") or time.monotonic() - last_status > 1.0:
+            job.poll(store)
+            last_status = time.monotonic()
+            status_box.caption(f"{_ui.md_escape(job.title)} · {_ui.md_escape(job.message)} · on "
+                               f"{_ui.md_escape(job.url)}")
+        if not job.finished:
+            time.sleep(STREAM_POLL_S)
+    status_box.empty()
+    if job.run_ids:
+        st.session_state["pg-last"] = {"run_id": job.run_ids[0], "pieces": stream["pieces"]}
+    if job.error:
+        st.error(job.error)
+
+
+job = st.session_state.get(JOB)
+stream = st.session_state.get(STREAM)
+if job is not None and stream and stream.get("job_id") == job.job_id and not stream.get("shown"):
+    if stream["pieces"]:
+        stream_box.markdown(present.token_spans_html(stream["pieces"]), unsafe_allow_html=True)
+    _stream(job, stream)
+    stream["shown"] = True
+    if not job.run_ids:
+        st.stop()
 
 last_run = st.session_state.get("pg-last")
 if not last_run:
@@ -89,7 +122,7 @@ if not last_run:
     st.stop()
 
 try:
-    rec = _ui.get_store().get_run(last_run["run_id"])
+    rec = _ui.get_store().get_run(last_run["run_id"])  # imported from the backend when the run landed
 except Exception as e:
     _ui.show_error(e)
     st.stop()
@@ -137,6 +170,6 @@ b1, b2 = st.columns([1, 3])
 if b1.button("Add to current comparison", key="pg-add"):
     _ui.set_current(_ui.current_ids() + [rec.run_id], "playground")
     st.toast("Added to the current comparison")
-b2.caption(f"Run {rec.run_id} · {_ui.md_escape(rec.label)} · stored")
+b2.caption(f"Run {rec.run_id} · {_ui.md_escape(rec.label)} · measured by the backend, stored")
 with st.expander("Full text"):
     st.text(rec.output.get("texts", [""])[0] if rec.output.get("texts") else "")

@@ -2,20 +2,20 @@
 import pandas as pd
 import streamlit as st
 
-from pages import _ui
+from pages import _backend, _ui
 from engine import present
+from engine.common.setup import EngineSetup
 from engine.common.vocab import DESCRIPTIONS, GROUP_SIZES, PRECISIONS
-from engine.measure import load_into_pool, quality_in_pool
-from engine.measure.loaded import reference_in_pool
-from engine.peers.quality_worker import llama_cpp_quality, llama_cpp_unavailable
-from engine.present.quality_view import heading, table_rows, unavailable_line
+from engine.present.quality_view import heading, table_rows
+
+JOB = "prec-job"
 
 _ui.page_header("Precision", "Load a model at a precision: memory by layer type, KV cache for your context and "
                 "batch, load time, and what the precision costs in quality against fp32.")
 
 c1, c2, c3 = st.columns([2, 2, 1])
 with c1:
-    model = st.selectbox("Model", _ui.model_options(), format_func=_ui.model_label, key="prec-model")
+    model = st.selectbox("Model", _backend.model_options(), format_func=_backend.model_label, key="prec-model")
 with c2:
     precision = st.selectbox("Precision", PRECISIONS, index=PRECISIONS.index("int4"),
                              format_func=lambda p: f"{p} – {DESCRIPTIONS[p]}", key="prec-precision")
@@ -27,19 +27,44 @@ with st.expander("Advanced"):
     q_head = st.checkbox("Quantize the output head", value=True, key="prec-qhead")
 
 
-if st.button("Load", type="primary", key="prec-load"):
+def _short_run(setup: EngineSetup, quality_tokens: int | None = None) -> dict:
+    """A two-token run of `setup` on the backend: it loads the model there (kept for later runs) and, with
+    quality_tokens, scores it against fp32."""
+    cfg = {"setup": setup.to_dict(), "max_new_tokens": 2, "reps": 1, "warmup": False, "baseline": False,
+           "quality": quality_tokens is not None}
+    if quality_tokens is not None:
+        cfg["quality_tokens"] = int(quality_tokens)
+    return _backend.runs_work([cfg], record_kind="generate")
+
+
+def _loaded_facts(rec) -> dict:
+    """The facts of the model `rec` loaded (sizes, shape, dtype), as the backend's /v1/info reports its pool."""
+    b = _backend.backend()
+    for m in b.info().get("loaded") or []:
+        if m.get("name") == rec.config.get("model") and m.get("precision") == rec.config.get("precision") \
+                and m.get("facts"):
+            return m["facts"]
+    raise _backend.BackendError(f"the backend at {b.url} no longer holds {rec.label} (its pool dropped it)",
+                                "press Load again")
+
+
+if st.button("Load", type="primary", key="prec-load", disabled=_backend.job_running(JOB)):
     try:
-        with _ui.pool_turn("loading"), st.status(f"Loading {model} at {precision}…", expanded=False) as status:
-            facts = load_into_pool(_ui.get_pool(), model, precision, int(group), q_emb, q_head,
-                                   progress=lambda s: status.update(label=s))
+        setup = EngineSetup(model=model, precision=precision, group_size=int(group), quantize_embeddings=q_emb,
+                            quantize_head=q_head)
+        with st.status(f"Loading {setup.label} on the backend…", expanded=False) as status:
+            job = _backend.run_here(JOB, f"load {setup.label}", _short_run(setup),
+                                    say=lambda s: status.update(label=s))
+            rec = _ui.get_store().get_run(job.run_ids[0])
+            facts = _loaded_facts(rec)
             status.update(label=f"Loaded {facts['label']}", state="complete")
-        st.session_state["prec-loaded"] = facts
+        st.session_state["prec-loaded"] = {**facts, "setup": setup.to_dict()}
         hist = [h for h in st.session_state.get("prec-history", []) if h["label"] != facts["label"]]
         hist.append({"label": facts["label"], "weights": facts["weights"], "weights_MB": facts["weight_bytes"] / 1e6,
                      "load_s": facts["load_s"]})
         st.session_state["prec-history"] = hist
     except Exception as e:
-        _ui.show_error(e)
+        _backend.show_problem(e)
 
 f = st.session_state.get("prec-loaded")
 if not f:
@@ -50,8 +75,8 @@ if not f:
 st.subheader(f"{f['label']} on {f['device']}")
 m1, m2, m3, m4 = st.columns(4)
 m1.metric("Weights", f"{f['weight_bytes'] / 1e6:,.1f} MB")
-m2.metric("Load time", f"{f['load_s']:.2f} s", help="Reading and converting the weights, when this model was "
-          "first loaded in this server (later loads reuse the pool).")
+m2.metric("Load time", f"{f['load_s']:.2f} s", help="Reading and converting the weights, when the backend first "
+          "loaded this model (later loads reuse its pool).")
 m3.metric("Layers × KV heads × head dim", f"{f['num_layers']} × {f['num_kv_heads']} × {f['head_dim']}")
 m4.metric("Compute dtype", f["dtype"].replace("torch.", ""))
 qf = f.get("quantized") or {}
@@ -90,42 +115,29 @@ except Exception as e:
 
 st.markdown("#### Quality vs fp32")
 q1, q2 = st.columns([1, 3])
-llama_reason = llama_cpp_unavailable(f["name"])
 with q1:
     q_tokens = st.selectbox("Eval tokens", [256, 1024, 2048, 8192], index=1, key="prec-qtokens",
                             help="Scored tokens, half ShareGPT answers (chat), half HumanEval solutions (code). "
                                  "8,192 is what docs/BENCHMARKS.md reports.")
-    run_q = st.button("Measure quality", key="prec-quality",
+    run_q = st.button("Measure quality", key="prec-quality", disabled=_backend.job_running(JOB),
                       help="llama.cpp's --kl-divergence statistics against fp32: KL mean ± error and percentiles, "
                            "same top-1, Δp, perplexity ratio, overall and per category. The fp32 reference is "
-                           "computed once per model and text and cached.")
-    run_llama = st.button("Measure llama.cpp Q4_K_M", key="prec-quality-llama", disabled=llama_reason is not None,
-                          help="llama.cpp's own Q4_K_M GGUF scored on the same tokens against the same reference, in "
-                               "a fresh process. It takes a while: about 2 minutes per 1,024 tokens of the 1.5B on "
-                               "2 CPU cores (longer while the machine is busy).")
-    if llama_reason:
-        st.caption(f"llama.cpp: {_ui.md_escape(llama_reason)}")
+                           "computed once per model and text and cached, on the backend.")
+    st.caption("llama.cpp's own Q4_K_M on the same tokens: `python -m engine quality --model "
+               f"{_ui.md_escape(f['name'])} --precisions int4` on the backend's machine.")
 if run_q:
     try:
-        with _ui.pool_turn("measuring quality"), st.spinner("Measuring quality against fp32…"):
-            qres = quality_in_pool(_ui.get_pool(), f, int(q_tokens))
+        setup = EngineSetup.from_dict(f["setup"])
+        with st.spinner("Measuring quality against fp32 on the backend…"):
+            job = _backend.run_here(JOB, f"quality of {setup.label}", _short_run(setup, int(q_tokens)))
+            qres = _ui.get_store().get_run(job.run_ids[0]).metrics["quality"]
         st.session_state["prec-qres"] = {"label": f["label"], **qres}
         for h in st.session_state.get("prec-history", []):
             if h["label"] == f["label"]:
                 h.update(kl_mean=qres["kld_mean"], top1=qres["top1_agreement"], ppl=qres["perplexity"])
     except Exception as e:
-        _ui.show_error(e)
-if run_llama:
-    try:
-        with _ui.pool_turn("measuring llama.cpp's quality"), \
-                st.spinner(f"Scoring llama.cpp Q4_K_M on {int(q_tokens):,} tokens (this takes a while)…"):
-            reference_in_pool(_ui.get_pool(), f, int(q_tokens))
-            lres = llama_cpp_quality(f["name"], int(q_tokens))
-        st.session_state["prec-qllama"] = {"model": f["name"], "tokens_asked": int(q_tokens), **lres}
-    except Exception as e:
-        _ui.show_error(e)
+        _backend.show_problem(e)
 q = st.session_state.get("prec-qres")
-lq = st.session_state.get("prec-qllama")
 with q2:
     if q and q["label"] == f["label"]:
         a, b, c, d = st.columns(4)
@@ -139,11 +151,6 @@ with q2:
     results = []
     if q and q["label"] == f["label"]:
         results.append((q["label"], q))
-    if lq and lq.get("model") == f["name"]:
-        if unavailable_line(lq):
-            st.warning(unavailable_line(lq))
-        else:
-            results.append((f"{f['name']} llama.cpp Q4_K_M", lq))
     if results:
         st.dataframe(pd.DataFrame(table_rows(results)), hide_index=True, key="prec-quality-table")
         st.caption(f"{_ui.md_escape(heading(results[0][0], results[0][1]))}: ShareGPT answers and HumanEval "
