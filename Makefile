@@ -16,12 +16,15 @@ LLAMA_SRC := $(LLAMA_SERVER_DIR)/src/llama_cpp_python-$(LLAMA_CPP_VERSION)/vendo
 PORT ?= 8501
 # The dashboard listens on loopback only; HOST=0.0.0.0 serves the LAN (anyone there can load models).
 HOST ?= 127.0.0.1
+# `make run` drives the backend at SCL_BACKEND_URL (default http://127.0.0.1:8502): it uses the one that
+# answers there, or starts `python -m engine backend` on that loopback port and stops it (by PID) when the
+# dashboard exits. A GPU box: SCL_BACKEND_URL=http://box:8502 SCL_BACKEND_TOKEN_FILE=F make run (docs/DASHBOARD.md).
 
 .PHONY: run test setup models workloads cluster browser test-fast bench peers peers-vllm guidellm bench-peers bench-load gpu-assets clean-venv
 
 run: setup models workloads
 	@case "$(HOST)" in 127.*|localhost|::1) ;; *) echo "WARNING: serving the dashboard on $(HOST):$(PORT): anyone who can reach this machine can load models, start processes and write your store." >&2;; esac
-	$(VENV)/bin/streamlit run app.py --server.address $(HOST) --server.port $(PORT) --server.headless true --browser.gatherUsageStats false
+	$(PY) -m engine.dashboard_launch --host $(HOST) --port $(PORT)
 
 # pytest's exit 5 (no tests collected) is turned into a failure.
 # The architecture contract first (pyproject.toml [tool.importlinter]): a broken layer fails in seconds.
