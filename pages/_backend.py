@@ -291,7 +291,7 @@ def job_panel(key: str) -> None:
             st.progress(min(frac, 1.0), text=present.eta_text(j.done, j.total, s.get("eta_s")))
         silent = f" · the backend has not answered {j.silent_polls} poll(s)" if j.silent_polls else ""
         st.caption(f"{_ui.md_escape(j.title)} · {_ui.md_escape(j.message)} · {time.time() - j.started:.0f} s elapsed "
-                   f"· on {_ui.md_escape(j.url)}{silent}")
+                   f"· on {_ui.md_code(j.url)}{silent}")
         if st.button("Cancel", key=f"{key}-cancel", disabled=j.cancelled,
                      help="Stops after the run in progress; finished runs are already saved."):
             try:

@@ -56,6 +56,11 @@ def md_escape(s) -> str:
     return "".join("\\" + ch if ch in _MD_SPECIAL else ch for ch in str(s))
 
 
+def md_code(s) -> str:
+    """Text as a markdown code span (a URL stays one piece of text: escapes would show inside an auto-link)."""
+    return "`" + str(s).replace("`", "'") + "`"
+
+
 # ---------------------------------------------------------------- current comparison and price
 
 def current_ids() -> list[str]:

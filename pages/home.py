@@ -41,7 +41,7 @@ with b1:
 info = _backend.info_or_banner()
 with b2:
     if info:
-        st.caption(f"Driving the backend at **{_ui.md_escape(here)}** (pid {info.get('pid')}, lab "
+        st.caption(f"Driving the backend at {_ui.md_code(here)} (pid {info.get('pid')}, lab "
                    f"{_ui.md_escape(info.get('lab_version'))}, API {info.get('api_version')}). It owns the models and "
                    "the kernels and runs one measurement at a time; this dashboard only draws."
                    + (f" Runs go to the Ray cluster at {_ui.md_escape(info['ray'])}." if info.get("ray") else ""))

@@ -96,7 +96,7 @@ def _stream(job: _backend.RemoteJob, stream: dict) -> None:
             job.poll(store)
             last_status = time.monotonic()
             status_box.caption(f"{_ui.md_escape(job.title)} · {_ui.md_escape(job.message)} · on "
-                               f"{_ui.md_escape(job.url)}")
+                               f"{_ui.md_code(job.url)}")
         if not job.finished:
             time.sleep(STREAM_POLL_S)
     status_box.empty()
