@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from tests.app_helpers import ROOT, TIMEOUT, app_env, frame, problems  # noqa: F401
+from tests.app_helpers import ROOT, TIMEOUT, app_env, frame, local_pool, problems, wait_job  # noqa: F401
 
 PAGE = str(ROOT / "pages/compare.py")
 
@@ -26,9 +26,7 @@ def run_grid(at, n: int):
     """Check the grid size, press Run, wait for the job, redraw; the page must show no error."""
     assert any(f"{n} run(s) in this grid" in c.value for c in at.caption)
     at.button(key="cmp-run").click().run()
-    job = at.session_state["sweep-job"]
-    assert job.wait(TIMEOUT)
-    at.run()
+    job = wait_job(at, "sweep-job")
     assert not problems(at)
     return job
 
@@ -63,53 +61,72 @@ def test_sweep_runs_the_grid_and_draws_everything():
     assert pareto and any(tr.get("name") == "Pareto frontier" for tr in pareto[0]["data"])
 
 
-def test_cancel_keeps_finished_runs():
+def test_cancel_keeps_finished_runs(lab_backend):
     from pages import _ui
 
     at = setup_sweep(AppTest.from_file(PAGE, default_timeout=TIMEOUT).run(), precisions=("fp32", "int8", "int4"))
-    lock = _ui.get_pool().lock
-    lock.acquire()  # hold the pool so the sweep waits; let exactly one run through, then cancel
+    lock = lab_backend.pool.lock
+    lock.acquire()  # hold the backend's pool so the sweep waits; let exactly one run through, then cancel
     try:
         at.button(key="cmp-run").click().run()
         job = at.session_state["sweep-job"]
-        assert "waiting for another run" in job.message or job.message == "starting"
-        assert any(b.label == "Cancel" for b in at.button)
-        orig = job._progress
+        assert not job.finished and any(b.label == "Cancel" for b in at.button)
+        backend_job = lab_backend.queue.get(job.job_id)
+        orig = backend_job.add_run
 
-        def progress_then_cancel(*a):
-            orig(*a)
-            job.cancel()  # what the Cancel button does, right after the first run is stored
+        def add_then_cancel(run_id):
+            orig(run_id)
+            lab_backend.queue.cancel(backend_job)  # what the Cancel button asks, right after the first run is stored
 
-        job._progress = progress_then_cancel
+        backend_job.add_run = add_then_cancel
     finally:
         lock.release()
-    assert job.wait(TIMEOUT)
-    at.run()
+    job = wait_job(at, "sweep-job")
     assert not problems(at)
+    assert job.state == "cancelled"
     assert any("Cancelled: 1 of 6 runs finished and are kept" in w.value for w in at.warning)
     assert len(at.session_state["comparison"]) == 1
     stored = [r.run_id for r in _ui.get_store().list_runs()]
     assert stored == job.run_ids
 
 
-def test_cancel_button_sets_the_flag():
-    from pages import _ui
-
+def test_cancel_button_cancels_on_the_backend(lab_backend):
     at = setup_sweep(AppTest.from_file(PAGE, default_timeout=TIMEOUT).run())
-    lock = _ui.get_pool().lock
-    lock.acquire()
-    try:
+    with lab_backend.pool.lock:
         at.button(key="cmp-run").click().run()
         job = at.session_state["sweep-job"]
         assert at.button(key="cmp-run").disabled  # one sweep at a time per session
         assert len(at.get("progress")) == 1  # the progress bar with the time left
         at.button(key="sweep-job-cancel").click().run()
-        assert job.cancelled
-    finally:
-        lock.release()
-    assert job.wait(TIMEOUT)
-    at.run()
+        assert job.cancelled and lab_backend.queue.get(job.job_id).cancelled
+    job = wait_job(at, "sweep-job")
     assert any("Cancelled: 0 of 4" in w.value for w in at.warning)
+
+
+def test_two_tabs_are_queued_and_each_sees_its_own_runs(lab_backend):
+    """Two sessions submit at once: the backend runs one job, then the other; each page imports only its own."""
+    from pages import _ui
+
+    tabs = [setup_sweep(AppTest.from_file(PAGE, default_timeout=TIMEOUT).run(), precisions=(p,), drafts=("none",),
+                        workload="", reps=1) for p in ("fp32", "int8")]
+    with lab_backend.pool.lock:
+        for at in tabs:
+            at.button(key="cmp-run").click().run()
+        first, second = (at.session_state["sweep-job"] for at in tabs)
+        tabs[1].run()  # the second tab's poll: queued behind the first
+        assert second.state == "queued" and second.status["position"] == 1
+        assert any("Queued on the backend" in p.proto.text for p in tabs[1].get("progress"))
+    jobs = [wait_job(at, "sweep-job") for at in tabs]
+    a, b = (lab_backend.queue.get(j.job_id) for j in jobs)
+    assert a.finished_at <= b.started_at  # one after the other, never interleaved
+    assert [len(j.run_ids) for j in jobs] == [1, 1] and jobs[0].run_ids != jobs[1].run_ids
+    for at, job, precision in zip(tabs, jobs, ("fp32", "int8")):
+        assert at.session_state["comparison"] == job.run_ids
+        assert list(frame(at, "config", "precision")["precision"]) == [precision]
+    # each session's client id is its own, and the backend files each job under it
+    clients = [at.session_state["backend-client"] for at in tabs]
+    assert clients[0] != clients[1] and [a.client, b.client] == clients
+    assert {r.run_id for r in _ui.get_store().list_runs()} >= set(jobs[1].run_ids)
 
 
 def test_invalid_grid_says_what_is_missing():
@@ -123,7 +140,7 @@ def test_pick_stored_runs():
     from engine.measure.runs import RunConfig, execute
     from pages import _ui
 
-    ids = [execute(RunConfig.of(model="tiny", precision=p, max_new_tokens=4), _ui.get_pool(), _ui.get_store()).run_id
+    ids = [execute(RunConfig.of(model="tiny", precision=p, max_new_tokens=4), local_pool(), _ui.get_store()).run_id
            for p in ("fp32", "int8")]
     at = AppTest.from_file(PAGE, default_timeout=TIMEOUT).run()
     at.multiselect(key="cmp-picked").set_value(ids).run()
@@ -183,7 +200,7 @@ def test_noisy_runs_are_offered_again_and_replaced():
 
     def stored(precision, noisy, reasons):  # a real run, its verdict set (this machine may be busy or quiet)
         d = copy.deepcopy(execute(RunConfig.of(model="tiny", precision=precision, max_new_tokens=4, reps=2),
-                                  _ui.get_pool(), None).to_dict())
+                                  local_pool(), None).to_dict())
         d["run_id"] = uuid.uuid4().hex[:12]
         d["metrics"]["noise"].update(noisy=noisy, reasons=reasons, cpu_pressure_share=0.9 if noisy else 0.01,
                                      probe_drop=0.0, interval_half_width={})
@@ -203,9 +220,8 @@ def test_noisy_runs_are_offered_again_and_replaced():
     text = " ".join(m.value for m in at.markdown)
     assert "Measured under different noise flags" in text  # compare.highlights
     at.button(key="cmp-rerun").click().run()
-    job = at.session_state["sweep-job"]
-    assert job.total == 1 and job.wait(TIMEOUT)
-    at.run()
+    job = wait_job(at, "sweep-job")
+    assert job.total == 1
     assert not problems(at)
     ids = at.session_state["comparison"]
     assert ids[0] == quiet.run_id and len(ids) == 2 and ids[1] not in (quiet.run_id, noisy.run_id)

@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from tests.app_helpers import ROOT, TIMEOUT, app_env, frame, problems  # noqa: F401
+from tests.app_helpers import ROOT, TIMEOUT, app_env, frame, local_pool, problems  # noqa: F401
 
 PAGE = str(ROOT / "pages/cost.py")
 
@@ -13,7 +13,7 @@ def with_runs():
     from engine.measure.runs import RunConfig, execute
     from pages import _ui
 
-    ids = [execute(RunConfig.of(model="tiny", precision=p, max_new_tokens=6), _ui.get_pool(), _ui.get_store()).run_id
+    ids = [execute(RunConfig.of(model="tiny", precision=p, max_new_tokens=6), local_pool(), _ui.get_store()).run_id
            for p in ("fp32", "int8")]
     at = AppTest.from_file(PAGE, default_timeout=TIMEOUT)
     at.session_state["comparison"] = ids

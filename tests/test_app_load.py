@@ -5,7 +5,7 @@ import os
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from tests.app_helpers import ROOT, TIMEOUT, app_env, frame, problems  # noqa: F401
+from tests.app_helpers import ROOT, TIMEOUT, app_env, frame, problems, wait_job  # noqa: F401
 from tests.test_load_view import curve, point
 
 PAGE = str(ROOT / "pages/load.py")
@@ -37,6 +37,16 @@ def real_models(app_env, monkeypatch):
     st.cache_data.clear()  # the page caches which servers can run
 
 
+def blocker(lab_backend) -> str:
+    """Another tab's job, running on the backend (the caller holds its pool): what a load test queues behind."""
+    from engine.backend.client import Backend
+    from engine.common.setup import EngineSetup
+
+    cfg = {"setup": EngineSetup(model="tiny").to_dict(), "max_new_tokens": 2, "reps": 1, "warmup": False}
+    return Backend(lab_backend.url, timeout_s=30).submit("another tab's run", {"kind": "runs", "configs": [cfg]},
+                                                         client="another tab")
+
+
 def page(url: str = "", loads: str = "1,2") -> AppTest:
     at = AppTest.from_file(PAGE, default_timeout=TIMEOUT).run()
     at.multiselect(key="load-precisions").set_value([])  # nothing of ours started: the module's server is a URL
@@ -50,19 +60,19 @@ def page(url: str = "", loads: str = "1,2") -> AppTest:
     return at.run()
 
 
-def test_a_load_test_runs_in_the_background_and_draws_every_chart(server):
+def test_a_load_test_runs_in_the_background_and_draws_every_chart(server, lab_backend):
     from pages import _ui
 
     at = page(server.url)
     assert not problems(at)
-    with _ui.get_pool().lock:  # held: the job waits, so its progress bar and Cancel are on the page
+    with lab_backend.pool.lock:  # another tab's run holds the backend: this job queues, its progress and Cancel shown
+        blocker(lab_backend)
         at.button(key="load-run").click().run()
         assert not problems(at)
         job = at.session_state["load-job"]
         assert at.button(key="load-run").disabled and any(b.label == "Cancel" for b in at.button)
-        assert job.total == 2
-    assert job.wait(TIMEOUT)
-    at.run()
+        assert job.total == 2 and job.state == "queued"
+    job = wait_job(at, "load-job")
     assert not problems(at), job.message
     assert any("load test: 2 of 2 runs finished" in s.value for s in at.success)
     ids = at.session_state["comparison"]
@@ -80,16 +90,16 @@ def test_a_load_test_runs_in_the_background_and_draws_every_chart(server):
     assert any("No pair to compare" in c.value for c in at.caption)
 
 
-def test_cancel_stops_before_the_next_point(server):
+def test_cancel_stops_before_the_next_point(server, lab_backend):
     from pages import _ui
 
     at = page(server.url, loads="1,1,1")
-    with _ui.get_pool().lock:
+    with lab_backend.pool.lock:
+        blocker(lab_backend)
         at.button(key="load-run").click().run()
         at.button(key="load-job-cancel").click().run()
-    job = at.session_state["load-job"]
-    assert job.wait(TIMEOUT) and job.cancelled
-    at.run()
+    job = wait_job(at, "load-job")
+    assert job.cancelled and job.state == "cancelled"
     assert not at.exception
     assert any("Cancelled: 0 of 3 runs finished" in w.value for w in at.warning)
     assert not _ui.get_store().list_runs(kind="load")

@@ -54,19 +54,29 @@ def test_model_draft_streams_coloured_tokens_and_acceptance():
     rid = at.session_state["pg-last"]["run_id"]
     from pages import _ui
 
+    # measured by the backend as a "playground" record, imported into the dashboard's store
     rec = _ui.get_store().get_run(rid)
+    assert rec.kind == "playground"
     assert rec.config["draft"]["kind"] == "model" and rec.metrics["spec"]["baseline_tok_s"]
-    # origins in the stream are the run's trace, in order
+    assert rec.label == "tiny@fp32 + tiny-draft@int4 g=4"  # EngineSetup.label, the one name of a configuration
+    assert at.session_state["pg-job"].title == "playground: tiny@fp32 + tiny-draft@int4 g=4"
+    # origins streamed from the backend are the run's trace, in order
     assert [o for _, o in at.session_state["pg-last"]["pieces"]] == rec.output["trace"][0]
 
 
-def test_self_draft_accepts_its_own_fp32_weights_fully():
-    # a self-draft at the target's own precision proposes exactly the target's greedy tokens
+def test_self_draft_must_be_cheaper_than_its_target():
+    # a self-draft at the target's own precision would accept every token and save nothing: refused, with why
     at = generate("self", draft_precision="fp32", tokens=12)
+    assert not at.exception
+    assert any("a self-draft at fp32 is the target itself" in e.value and "Fix: draft at a cheaper precision" in e.value
+               for e in at.error)
+    assert "pg-job" not in at.session_state  # refused by the backend before anything was queued
+    # its int8 weights drafting for the fp32 target: drafted tokens streamed, acceptance measured
+    at = generate("self", draft_precision="int8", tokens=12)
     assert not problems(at)
-    assert metrics(at)["Acceptance rate"] == "100%"
     html = stream_html(at)
-    assert "tok-accepted" in html and "tok-resample" not in html
+    assert html.count('class="tok tok-') == 12 and "tok-target" in html
+    assert metrics(at)["Acceptance rate"].endswith("%")
 
 
 def test_no_draft_plain_target():

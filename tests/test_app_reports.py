@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from tests.app_helpers import ROOT, TIMEOUT, app_env, frame, problems  # noqa: F401
+from tests.app_helpers import ROOT, TIMEOUT, app_env, frame, local_pool, problems  # noqa: F401
 
 PAGE = str(ROOT / "pages/reports.py")
 EVIL = "<script>alert(1)</script>"
@@ -14,7 +14,7 @@ def runs(precisions=("fp32", "int4")):
     from engine.measure.runs import RunConfig, execute
     from pages import _ui
 
-    return [execute(RunConfig.of(model="tiny", precision=p, max_new_tokens=4), _ui.get_pool(), _ui.get_store()).run_id
+    return [execute(RunConfig.of(model="tiny", precision=p, max_new_tokens=4), local_pool(), _ui.get_store()).run_id
             for p in precisions]
 
 

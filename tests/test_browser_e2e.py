@@ -1,10 +1,14 @@
-"""The dashboard in a real browser: `streamlit run app.py` + headless Debian Chromium via Playwright.
+"""The dashboard in a real browser: `streamlit run app.py` driving `python -m engine backend`, in headless
+Debian Chromium via Playwright.
 
 Opens every page and checks that no exception or error box is shown, runs the Home page's default
 comparison on the REAL 0.5B pair (0.5B target with its own int4 weights as self-draft, 4 new tokens,
 quality off to keep it short, over the default workload chat:2,code:2, each prompt 3 times), checks its charts, saves a report, exports it as HTML, and opens that
-file with every network request blocked to prove it renders offline. Screenshots go to
-screenshots/ (git-ignored); docs/screenshots/ holds copies of a real-model run for docs/DASHBOARD.md.
+file with every network request blocked to prove it renders offline. The comparison runs in the backend:
+a test reads /proc/<pid>/maps of both processes and finds the lab's kernels (and, on real models, the
+weights) mapped in the backend and none of them in the dashboard. Screenshots go to a temporary folder,
+or to SCL_E2E_SHOTS when set (docs/screenshots/ holds copies of a real-model run for docs/DASHBOARD.md);
+no test writes a tracked file.
 
 Options (environment):
   SCL_E2E_TINY=1        use the tiny random test models instead (a 30-second check of the UI flow)
@@ -23,6 +27,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -30,7 +35,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-SHOTS = ROOT / "screenshots"
+SHOTS = Path(os.environ.get("SCL_E2E_SHOTS") or tempfile.mkdtemp(prefix="scl-e2e-shots-"))
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
                  "--disable-sync", "--no-first-run"]
@@ -70,41 +75,83 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _wait_for(url: str, proc: subprocess.Popen, log: Path, what: str, timeout_s: float = 180) -> None:
+    deadline = time.time() + timeout_s
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        if proc.poll() is not None or time.time() > deadline:
+            raise RuntimeError(f"{what} did not start:\n{log.read_text()[-3000:]}")
+        time.sleep(0.5)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """SIGTERM to the process group started here (nothing else), SIGKILL if it lingers."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    try:
+        proc.wait(15)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(5)
+
+
 @contextlib.contextmanager
-def running_dashboard(data: Path, env_extra: dict | None = None, launcher=("-m", "streamlit")):
-    """`streamlit run app.py` on a free loopback port with its store in `data`; stopped by its process
-    group (the one started here, nothing else) on the way out. Yields {url, log, data}."""
+def running_backend(data: Path, env_extra: dict | None = None, tiny: bool = False):
+    """`python -m engine backend` (with the tiny test models: `python -m tests.tiny_backend`) on a free loopback
+    port, its store in `data`; stopped by its process group on the way out. Yields {url, log, proc}."""
     port = _free_port()
-    log = data / "streamlit.log"
+    log = data / "backend.log"
     env = dict(os.environ, SCL_DATA_DIR=str(data), PYTHONUNBUFFERED="1", **(env_extra or {}))
-    cmd = [sys.executable, *launcher, "run", str(ROOT / "app.py"), "--server.headless", "true",
-           "--server.port", str(port), "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false",
-           "--server.fileWatcherType", "none"]
-    with open(log, "wb") as out:
+    cmd = [sys.executable, "-m", "tests.tiny_backend" if tiny else "engine", *([] if tiny else ["backend"]),
+           "--host", "127.0.0.1", "--port", str(port)]
+    with open(log, "ab") as out:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.time() + 90
-        while True:
-            try:
-                if urllib.request.urlopen(f"{url}/_stcore/health", timeout=2).read() == b"ok":
-                    break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.time() > deadline:
-                raise RuntimeError(f"streamlit did not start:\n{log.read_text()[-3000:]}")
-            time.sleep(0.5)
-        yield {"url": url, "log": log, "data": data}
+        _wait_for(f"{url}/v1/info", proc, log, "the backend")
+        yield {"url": url, "log": log, "proc": proc}
     finally:
+        _stop(proc)
+
+
+@contextlib.contextmanager
+def running_dashboard(data: Path, env_extra: dict | None = None, tiny: bool = False):
+    """A backend, and `streamlit run app.py` driving it (SCL_BACKEND_URL), each on a free loopback port with its
+    store in `data`; both stopped by their process groups (the ones started here, nothing else) on the way out.
+    Yields {url, log, data, pid, backend}: the dashboard's URL, log and PID, and the backend's."""
+    with running_backend(data, env_extra, tiny) as backend:
+        port = _free_port()
+        log = data / "streamlit.log"
+        env = dict(os.environ, SCL_DATA_DIR=str(data / "dashboard"), PYTHONUNBUFFERED="1",
+                   SCL_BACKEND_URL=backend["url"], **(env_extra or {}))
+        cmd = [sys.executable, "-m", "streamlit", "run", str(ROOT / "app.py"), "--server.headless", "true",
+               "--server.port", str(port), "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false",
+               "--server.fileWatcherType", "none"]
+        with open(log, "wb") as out:
+            proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+        url = f"http://127.0.0.1:{port}"
         try:
-            os.killpg(proc.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(5)
+            _wait_for(f"{url}/_stcore/health", proc, log, "streamlit", 90)
+            yield {"url": url, "log": log, "data": data, "pid": proc.pid, "backend": backend}
+        finally:
+            _stop(proc)
+
+
+def lab_mappings(pid: int) -> dict[str, set[str]]:
+    """What of the lab's is mapped into process `pid`: its kernel extensions (engine/ops/build.py builds
+    scl_qgemm_cpu / scl_qgemm_cuda) and model weights (safetensors files)."""
+    paths = {line.split(maxsplit=5)[5].strip() for line in Path(f"/proc/{pid}/maps").read_text().splitlines()
+             if len(line.split(maxsplit=5)) == 6}
+    return {"kernels": {p for p in paths if re.search(r"scl_qgemm_(cpu|cuda)[^/]*\.so", p)},
+            "weights": {p for p in paths if p.endswith(".safetensors")}}
 
 
 @pytest.fixture(scope="module")
@@ -114,8 +161,7 @@ def server(tmp_path_factory):
         pytest.skip(reason)
     data = tmp_path_factory.mktemp("e2e-data")
     extra = {"SCL_CACHE_DIR": str(data / "cache")} if TINY else {}
-    launcher = ("-m", "tests.tiny_app") if TINY else ("-m", "streamlit")  # tiny_app registers the test models
-    with running_dashboard(data, extra, launcher) as app:
+    with running_dashboard(data, extra, tiny=TINY) as app:  # the tiny backend registers the test models
         yield app
 
 
@@ -135,7 +181,7 @@ def browser():
 
 def shot(page, name: str) -> None:
     """Whole page: Streamlit scrolls inside its main container, so grow the viewport to its height first."""
-    SHOTS.mkdir(exist_ok=True)
+    SHOTS.mkdir(parents=True, exist_ok=True)
     size = page.viewport_size
     h = page.evaluate("""() => Math.max(...['[data-testid="stMain"]', '[data-testid="stAppViewContainer"]',
         '[data-testid="stMainBlockContainer"]'].map(s => document.querySelector(s)).filter(Boolean)
@@ -253,6 +299,12 @@ def test_dashboard_in_a_browser(server, browser, tmp_path):
     timings["comparison"] = time.time() - t1
     settle(page)
     assert_clean(page, "home after the comparison", log)
+    # the backend measured it: the lab's kernels (and the real weights) are mapped there, never in the dashboard
+    dash, back = lab_mappings(server["pid"]), lab_mappings(server["backend"]["proc"].pid)
+    assert not dash["kernels"] and not dash["weights"], dash
+    assert back["kernels"], "the backend measured int8 and int4 without the lab's kernels"
+    go_to(page, "Home", "Serving Cost Lab")  # Home names the backend it drives
+    assert page.get_by_text(server["backend"]["url"]).first.is_visible()
     page.wait_for_function("document.querySelectorAll('.js-plotly-plot .main-svg').length >= 6", timeout=60_000)
     n_charts = page.locator(".js-plotly-plot").count()
     assert n_charts >= 6, n_charts
