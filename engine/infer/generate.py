@@ -13,7 +13,7 @@ import torch
 
 from engine.infer.batch import Request
 from engine.infer.sampling import SamplingParams
-from engine.infer.scheduler import BatchSettings, Scheduler
+from engine.infer.scheduler import BatchSettings, Scheduler, speculation_headroom
 from engine.infer.spec_stats import SpecStats
 from engine.infer.tokens import check_length, encode_prompts, eos_ids
 
@@ -45,7 +45,7 @@ def run_static(lm, ids: list[list[int]], max_new_tokens: int, sp: SamplingParams
                stop_at_eos: bool = True, proposer_spec=None, gamma: int = 0, adaptive: bool = False) -> GenerationResult:
     """Run a static batch of already-encoded prompts to completion and time it."""
     b, longest = len(ids), max(len(x) for x in ids)
-    headroom = gamma + 1 if proposer_spec else 0
+    headroom = speculation_headroom(proposer_spec, gamma)
     settings = BatchSettings(max_seqs=b, max_model_len=longest + max_new_tokens + headroom + 1,
                              max_batched_tokens=max(sum(len(x) for x in ids), b * (gamma + 1)) + PREFILL_CHUNK,
                              prefill_chunk=PREFILL_CHUNK, max_waiting=b, policy="prefill-first")

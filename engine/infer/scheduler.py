@@ -27,6 +27,7 @@ from collections import deque
 from dataclasses import asdict, dataclass
 
 from engine.common.errors import UserError
+from engine.common.setup import EngineSetup
 from engine.infer.batch import Batch, Request, Sequence, StepStats, stream
 
 POLICIES = ("decode-first", "prefill-first")
@@ -69,6 +70,11 @@ class BatchSettings:
         return asdict(self)
 
 
+def speculation_headroom(proposer_spec, gamma: int) -> int:
+    """KV positions past a sequence's tokens that speculation writes: the setup's (EngineSetup.headroom)."""
+    return EngineSetup(draft=proposer_spec.kind, gamma=gamma).headroom if proposer_spec is not None else 0
+
+
 class Scheduler:
     """Queues, slots and steps. submit() and cancel() may be called from other threads than step()."""
 
@@ -77,7 +83,7 @@ class Scheduler:
         from engine.infer.tokens import eos_ids
 
         self.settings = settings.validate(gamma if proposer_spec else 0)
-        self.headroom = gamma + 1 if proposer_spec else 0  # verification writes gamma rows past the tokens
+        self.headroom = speculation_headroom(proposer_spec, gamma)
         proposer = proposer_spec.build(settings.max_seqs, settings.max_model_len) if proposer_spec else None
         self.batch = Batch(target, settings.max_seqs, settings.max_model_len, eos if eos is not None else eos_ids(target),
                            proposer, gamma, adaptive)

@@ -14,6 +14,7 @@ from engine.infer.generate import GenerationResult, prepare, run_static
 from engine.infer.proposers import (ModelProposer, NgramProposer, ProposerSpec, check_compatible,  # noqa: F401
                                     check_gamma, proposer_spec)
 from engine.infer.sampling import SamplingParams
+from engine.infer.scheduler import speculation_headroom
 
 
 @torch.inference_mode()
@@ -22,5 +23,6 @@ def generate_speculative(target, proposer: ProposerSpec, prompts, max_new_tokens
                          chat: bool = True, prompt_ids=None, stop_at_eos: bool = True) -> GenerationResult:
     """Speculative generation; the output is distributed exactly as target-only generation."""
     g = check_gamma(gamma)
-    ids, sp = prepare(target, prompts, max_new_tokens, sampling, chat, prompt_ids, extra=g + 1)
+    ids, sp = prepare(target, prompts, max_new_tokens, sampling, chat, prompt_ids,
+                      extra=speculation_headroom(proposer, g))
     return run_static(target, ids, max_new_tokens, sp, on_token, stop_at_eos, proposer, g, adaptive)
