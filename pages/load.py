@@ -85,7 +85,7 @@ def _plan_and_specs():
                                 slo=f"ttft={ttft:g},itl={itl:g}", slo_attainment=float(attainment),
                                 max_seconds=max_seconds, request_timeout_s=min(max_seconds, 300.0)).validate()
     specs, notes = load_sweep.engine_specs(model, precisions, drafts, slots)
-    specs += [servers.ServerSpec(p, model=model, slots=slots).validate() for p in peers]
+    specs += [servers.ServerSpec.of(p, model=model, slots=slots).validate() for p in peers]
     specs += load_sweep.url_specs(urls_text)
     return plan, specs, notes
 
