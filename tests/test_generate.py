@@ -23,6 +23,13 @@ def test_prefill_time_is_the_prefill_steps_not_the_ttft(small_int4):
     assert res.prefill_s + sum(res.step_s) <= res.total_s
 
 
+def test_one_new_token_finishes_in_the_step_that_admitted_it(small_int4):
+    """A sequence asked for one token is done by its prefill step and never seen running; it is still returned."""
+    res = generate(small_int4, ["Count from 1 to 5.", "Name a colour."], 1, stop_at_eos=False)
+    assert [len(t) for t in res.new_tokens] == [1, 1] and res.finish == ["length", "length"]
+    assert res.step_s == []
+
+
 def test_stops_at_eos(small_int4):
     res = generate(small_int4, "Reply with just the word: yes", 64)
     assert res.finish == ["eos"] and len(res.new_tokens[0]) < 64

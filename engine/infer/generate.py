@@ -67,8 +67,8 @@ def run_static(lm, ids: list[list[int]], max_new_tokens: int, sp: SamplingParams
     while sched.has_work():
         for s in sched.running:
             seqs[index[id(s.req)]] = s
-        st, _ = sched.step()
-        for s in sched.running:
+        st, finished = sched.step()
+        for s in list(sched.running) + finished:  # a sequence may finish in the step that admitted it
             seqs[index[id(s.req)]] = s
         if st is None:
             continue
