@@ -15,7 +15,7 @@ TIMEOUT = 180
 
 
 @contextlib.contextmanager
-def backend_in_thread(store_path: Path, token: str | None = None, host: str = "127.0.0.1"):
+def backend_in_thread(store_path: Path, token: str | None = None, host: str = "127.0.0.1", ray: str | None = None):
     """A real backend (engine.backend's app, job queue, pool and store) served by uvicorn on a free port, in a
     thread of this process, so the models tests/tiny.py registered here are served; stopped on the way out.
 
@@ -32,8 +32,8 @@ def backend_in_thread(store_path: Path, token: str | None = None, host: str = "1
 
     store = Store(store_path)
     pool = ModelPool(keep=8)
-    queue = JobQueue(store, pool).start()
-    app = create_app(queue, info_source("cpu", pool, None, store, time.time()), token)
+    queue = JobQueue(store, pool, ray).start()
+    app = create_app(queue, info_source("cpu", pool, ray, store, time.time()), token)
     sock = socket.socket()
     sock.bind((host, 0))
     port = sock.getsockname()[1]

@@ -175,30 +175,32 @@ def test_bench_sweep_through_ray_lands_in_the_store_as_a_local_run_would(ray_clu
         assert r.versions == lo.versions
 
 
-def test_the_compare_pages_sweep_runs_on_ray(ray_cluster, tmp_path, monkeypatch):
+def test_the_compare_pages_sweep_runs_on_ray_through_a_backend_started_with_ray(ray_cluster, tmp_path, monkeypatch):
+    """The dashboard measures nothing: its sweep goes to a backend that sends each run to the Ray cluster
+    (`python -m engine backend --ray ...`); the record lands in the backend's store and the page imports it."""
     from streamlit.testing.v1 import AppTest
 
-    from tests.app_helpers import ROOT, TIMEOUT, frame, problems
+    from tests.app_helpers import ROOT, TIMEOUT, backend_in_thread, frame, problems, wait_job
 
-    monkeypatch.setenv("SCL_PAGE_DIRECT", "1")  # the page file itself (see _ui.hand_over_to_app)
-    monkeypatch.setenv("SCL_DATA_DIR", str(tmp_path))  # the models' cache stays the real one: the worker loads them
-    at = AppTest.from_file(str(ROOT / "pages/compare.py"), default_timeout=TIMEOUT).run()
-    at.selectbox(key="cmp-model").set_value("default-draft")
-    at.multiselect(key="cmp-precisions").set_value(["fp32"])
-    at.multiselect(key="cmp-drafts").set_value(["none"])
-    at.number_input(key="cmp-tokens").set_value(2)
-    at.text_input(key="cmp-workload").set_value("")
-    at.number_input(key="cmp-reps").set_value(1)
-    at.text_input(key="cmp-ray").set_value("local")
-    at.run()
-    at.button(key="cmp-run").click().run()
-    job = at.session_state["sweep-job"]
-    assert job.wait(TIMEOUT) and "on Ray (local)" in job.title
-    at.run()
-    assert not problems(at) and any("1 of 1 runs finished" in s.value for s in at.success)
-    assert len(frame(at, "config", "tok_s")) == 1
-    [rec] = Store(tmp_path / "lab.sqlite").list_runs()
-    assert rec.run_id == job.run_ids[0] and rec.machine["ray_node_id"] == ray_cluster.nodes()[0]["NodeID"]
+    with backend_in_thread(tmp_path / "backend" / "lab.sqlite", ray="local") as b:
+        monkeypatch.setenv("SCL_PAGE_DIRECT", "1")  # the page file itself (see _ui.hand_over_to_app)
+        monkeypatch.setenv("SCL_DATA_DIR", str(tmp_path / "dashboard"))  # the dashboard's own store
+        monkeypatch.setenv("SCL_BACKEND_URL", b.url)
+        at = AppTest.from_file(str(ROOT / "pages/compare.py"), default_timeout=TIMEOUT).run()
+        at.selectbox(key="cmp-model").set_value("default-draft")
+        at.multiselect(key="cmp-precisions").set_value(["fp32"])
+        at.multiselect(key="cmp-drafts").set_value(["none"])
+        at.number_input(key="cmp-tokens").set_value(2)
+        at.text_input(key="cmp-workload").set_value("")
+        at.number_input(key="cmp-reps").set_value(1)
+        at.run()
+        at.button(key="cmp-run").click().run()
+        job = wait_job(at, "sweep-job")
+        assert not problems(at) and len(job.run_ids) == 1
+        assert len(frame(at, "config", "tok_s")) == 1
+        [rec] = Store(tmp_path / "dashboard" / "lab.sqlite").list_runs()  # imported by the page
+        assert rec.run_id == job.run_ids[0] and rec.machine["ray_node_id"] == ray_cluster.nodes()[0]["NodeID"]
+        assert [r.run_id for r in b.store.list_runs()] == [rec.run_id]  # stored by the backend as it landed
 
 
 def _tiny(**kw):
@@ -235,9 +237,11 @@ def test_a_worker_that_dies_mid_sweep_is_reported_and_the_rest_land(ray_cluster,
 
 
 def test_cancel_from_the_dashboard_cancels_the_outstanding_tasks(ray_cluster, tmp_path):
+    """Cancel on a page asks the backend (JobQueue.cancel); a sweep it sent to Ray stops its running task and
+    drops the pending ones, rather than waiting for them."""
+    from engine.backend.jobs import Job, JobQueue
     from engine.cluster import sweep_job
     from engine.measure.pool import ModelPool
-    from pages._ui import Job
 
     class Slow:
         device = "cpu"
@@ -250,14 +254,19 @@ def test_cancel_from_the_dashboard_cancels_the_outstanding_tasks(ray_cluster, tm
                 time.sleep(0.1)
 
     cfgs = [Slow(0), Slow(1), Slow(2)]
-    job = Job("cluster sweep", cfgs, ModelPool(), Store(tmp_path / "lab.sqlite"), work=sweep_job(cfgs, "local"))
+    store = Store(tmp_path / "lab.sqlite")
+    queue = JobQueue(store, ModelPool(), ray="local")
+    job = Job(None, store)  # what the worker runs for a 'runs' submission on --ray (configs a test's own here)
+    job.total, job.state, job.started_at = len(cfgs), "running", time.time()
     t0 = time.time()
-    job.start()
+    worker = threading.Thread(target=sweep_job(cfgs, "local"), args=(job,), daemon=True)
+    worker.start()
     while "sent to the Ray cluster" not in job.message and time.time() - t0 < 60:
         time.sleep(0.2)
     time.sleep(2)  # one task running, two pending
-    job.cancel()
-    assert job.wait(60) and job.error is None
+    queue.cancel(job)
+    worker.join(60)
+    assert not worker.is_alive() and job.error is None
     assert time.time() - t0 < 60  # the running task was interrupted, not waited for (2 minutes)
     assert job.done == 0 and job.run_ids == [] and job.skipped == []
     assert _all_cpus_free(ray_cluster)  # nothing left running on the cluster
