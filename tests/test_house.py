@@ -227,7 +227,11 @@ def test_dashboard_listens_on_loopback_only(tmp_path):
 
 
 def test_make_run_binds_loopback_and_warns_for_the_lan():
+    from engine.dashboard_launch import streamlit_cmd
+
     dry = subprocess.run(["make", "-n", "run"], cwd=ROOT, capture_output=True, text=True).stdout
-    assert "--server.address 127.0.0.1" in dry
+    assert "engine.dashboard_launch --host 127.0.0.1" in dry
     lan = subprocess.run(["make", "-n", "run", "HOST=0.0.0.0"], cwd=ROOT, capture_output=True, text=True).stdout
-    assert "--server.address 0.0.0.0" in lan and "WARNING" in lan
+    assert "engine.dashboard_launch --host 0.0.0.0" in lan and "WARNING" in lan
+    cmd = streamlit_cmd("127.0.0.1", 8501, [])  # what the launcher runs: the dashboard on the host it was given
+    assert cmd[cmd.index("--server.address") + 1] == "127.0.0.1" and cmd[cmd.index("--server.port") + 1] == "8501"
