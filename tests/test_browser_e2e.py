@@ -147,11 +147,12 @@ def running_dashboard(data: Path, env_extra: dict | None = None, tiny: bool = Fa
 
 def lab_mappings(pid: int) -> dict[str, set[str]]:
     """What of the lab's is mapped into process `pid`: its kernel extensions (engine/ops/build.py builds
-    scl_qgemm_cpu / scl_qgemm_cuda) and model weights (safetensors files)."""
+    scl_qgemm_cpu / scl_qgemm_cuda), model weights (safetensors files) and torch's own library."""
     paths = {line.split(maxsplit=5)[5].strip() for line in Path(f"/proc/{pid}/maps").read_text().splitlines()
              if len(line.split(maxsplit=5)) == 6}
     return {"kernels": {p for p in paths if re.search(r"scl_qgemm_(cpu|cuda)[^/]*\.so", p)},
-            "weights": {p for p in paths if p.endswith(".safetensors")}}
+            "weights": {p for p in paths if p.endswith(".safetensors")},
+            "torch": {p for p in paths if re.search(r"/libtorch(_cpu|_cuda)?\.so", p)}}
 
 
 @pytest.fixture(scope="module")
@@ -390,6 +391,10 @@ def test_dashboard_in_a_browser(server, browser, tmp_path):
     rp.screenshot(path=str(SHOTS / "08-exported-report.png"), full_page=True)
     offline.close()
     ctx.close()
+    # every page drawn, a comparison, a load and a report later: the dashboard process never loaded torch
+    dash = lab_mappings(server["pid"])
+    assert not dash["torch"] and not dash["kernels"] and not dash["weights"], dash
+    assert lab_mappings(server["backend"]["proc"].pid)["torch"]
     timings["total"] = time.time() - t0
     print("e2e timings (s):", {k: round(v, 1) for k, v in timings.items()})
 

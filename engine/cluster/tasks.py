@@ -9,6 +9,7 @@ from __future__ import annotations
 import socket
 
 from engine.measure.pool import ModelPool
+from engine.measure.sweep import measure_one
 
 _pool: ModelPool | None = None  # per worker process
 
@@ -31,7 +32,7 @@ def node_facts() -> dict:
 
 
 def measure_task(config) -> dict:
-    """Run on a worker: `config.measure(pool, None)` (RunConfig -> engine.measure.execute, PeerConfig -> its
+    """Run on a worker: `measure_one` (RunConfig -> engine.measure.execute, PeerConfig -> its
     subprocess), with torch on the cores Ray granted; the record as a dict, naming the node."""
     import ray
     import torch
@@ -40,6 +41,6 @@ def measure_task(config) -> dict:
     if cpus:
         # Ray sets OMP_NUM_THREADS once per worker process; a reused worker may have had another grant.
         torch.set_num_threads(max(1, int(cpus)))
-    rec = config.measure(worker_pool(), None, None)
+    rec = measure_one(config, worker_pool(), None, None)
     rec.machine.update(node_facts())
     return rec.to_dict()

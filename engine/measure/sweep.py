@@ -1,81 +1,29 @@
-"""Many runs: the grid of configurations, the Home page's default comparison, and running a list in order."""
+"""Many runs: running a list of configurations in order (the grids themselves are grid.py's)."""
 from __future__ import annotations
 
-import json
 import time
-from dataclasses import replace
 
-from engine.common.errors import UserError
-from engine.common.setup import EngineSetup
-from engine.common.vocab import WEIGHT_BITS, parse_precision
+from engine.measure.grid import DEFAULT_WORKLOAD, default_comparison, sweep_configs  # noqa: F401  (re-exported)
 from engine.measure.pool import ModelPool
 from engine.measure.records import RunRecord
-from engine.measure.runs import RunConfig
+from engine.measure.run_config import RunConfig
+from engine.measure.runs import execute
 
 
-def _self_draft_saves(precision: str, draft_precision: str) -> bool:
-    """A self-draft pays only when it reads fewer bytes than its target (EngineSetup.validate refuses the rest)."""
-    try:
-        return WEIGHT_BITS[parse_precision(draft_precision)] < WEIGHT_BITS[parse_precision(precision)]
-    except UserError:
-        return True  # an unknown precision is refused by name when the config is validated
-
-
-def sweep_configs(base: RunConfig, precisions, drafts, draft_precisions, gammas, batch_sizes=(1,)) -> list[RunConfig]:
-    """The grid target precision x draft x draft precision x gamma x batch, without duplicates.
-
-    A self-draft at a precision no cheaper than its target is left out of the grid (it would save
-    nothing and is refused); a grid of nothing else is refused, saying why.
-    """
-    out, seen, left_out = [], set(), []
-    for p in precisions:
-        for d in drafts:
-            for dp in (draft_precisions if d in ("model", "self") else [None]):
-                if d == "self" and not _self_draft_saves(p, dp):
-                    left_out.append(f"{p} + self@{dp}")
-                    continue
-                for g in (gammas if d != "none" else [None]):
-                    for bsz in batch_sizes:
-                        setup = replace(base.setup, precision=p, draft=d, gamma=g or base.setup.gamma,
-                                        draft_precision=dp or base.setup.draft_precision)
-                        c = replace(base, setup=setup, batch_size=bsz)
-                        key = json.dumps(c.to_dict(), sort_keys=True)
-                        if key not in seen:
-                            seen.add(key)
-                            out.append(c)
-    if not out and left_out:
-        raise UserError(f"every configuration of the grid is a self-draft no cheaper than its target "
-                        f"({', '.join(left_out)})",
-                        "draft at a cheaper precision than the target (int4 drafting int8 or bf16, say)")
-    return out
-
-
-DEFAULT_WORKLOAD = "chat:2,code:2"  # small, so the Home page's one click stays a few minutes
-
-
-def default_comparison(model: str = "default", draft_model: str = "default-draft", max_new_tokens: int = 48,
-                       self_draft: bool = False, workload: str | None = DEFAULT_WORKLOAD,
-                       reps: int = 3) -> list[RunConfig]:
-    """fp32 vs int8 vs int4, and speculative decoding paired with its own baseline: the Home page's one click.
-
-    The speculative run is int4 drafted by the 0.5B draft model at int4, or, with `self_draft`, int8
-    drafted by its own int4 weights (a self-draft must read fewer bytes than its target to save anything).
-    """
-    base = RunConfig(EngineSetup(model=model, draft_model=draft_model), max_new_tokens=max_new_tokens,
-                     baseline=False, workload=workload, reps=reps)
-    spec_setup = replace(base.setup, precision="int8" if self_draft else "int4",
-                         draft="self" if self_draft else "model", draft_precision="int4", gamma=4)
-    spec = replace(base, setup=spec_setup, baseline=True)
-    return [replace(base, setup=replace(base.setup, precision=p)) for p in ("fp32", "int8", "int4")] + [spec]
+def measure_one(config, pool: ModelPool, store=None, progress=None) -> RunRecord:
+    """One configuration measured: a RunConfig here (execute), anything else by its own `measure` (a peer in a
+    fresh process)."""
+    if isinstance(config, RunConfig):
+        return execute(config, pool, store, progress)
+    return config.measure(pool, store, progress)
 
 
 def run_many(configs: list, pool: ModelPool, store=None, on_progress=None, should_cancel=None,
              progress=None) -> list[RunRecord]:
     """Run configs in order; each record is stored as it finishes, so a cancel keeps what is done.
 
-    Each config measures itself (`config.measure(pool, store, progress)`): a RunConfig in this
-    process, a peers.PeerConfig in a fresh one (a peer that is unavailable comes back as a record
-    with notes and no metrics, and is not stored).
+    Each config is measured by `measure_one`: a RunConfig in this process, a peers.PeerConfig in a fresh
+    one (a peer that is unavailable comes back as a record with notes and no metrics, and is not stored).
 
     on_progress(done, total, eta_s, record) is called after each run; eta_s extrapolates the mean
     time per run so far. should_cancel() is checked before each run.
@@ -85,7 +33,7 @@ def run_many(configs: list, pool: ModelPool, store=None, on_progress=None, shoul
     for i, c in enumerate(configs):
         if should_cancel and should_cancel():
             break
-        rec = c.measure(pool, store, progress)
+        rec = measure_one(c, pool, store, progress)
         out.append(rec)
         if on_progress:
             per = (time.perf_counter() - t0) / len(out)
