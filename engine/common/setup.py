@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields, replace
 
-from engine.common.errors import UserError
+from engine.common.errors import UserError, read_object
 from engine.common.vocab import DRAFT_KINDS, GROUP_SIZES, MAX_GAMMA, WEIGHT_BITS, parse_precision
 
 NO_DRAFT = "none"
@@ -91,13 +91,7 @@ class EngineSetup:
     @classmethod
     def from_dict(cls, d: dict) -> "EngineSetup":
         """A setup from its dict (unknown keys refused by name, so a typo never becomes a default)."""
-        if not isinstance(d, dict):
-            raise UserError(f"a setup must be an object, got {type(d).__name__}", "send the fields of EngineSetup")
-        names = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - names)
-        if unknown:
-            raise UserError(f"unknown setup field '{unknown[0]}'", f"setup fields are: {', '.join(sorted(names))}")
-        return cls(**d)
+        return cls(**read_object(d, "setup", {f.name for f in fields(cls)}, "send the fields of EngineSetup"))
 
     def to_record(self) -> dict:
         """What a record keeps: the target's fields, and the draft as one object (None without one)."""

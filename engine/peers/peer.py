@@ -22,7 +22,7 @@ import subprocess
 import sys
 from dataclasses import asdict, dataclass, field, fields, replace
 
-from engine.common.errors import UserError
+from engine.common.errors import UserError, read_object
 from engine.common.paths import REPO_ROOT
 from engine.common.setup import EngineSetup
 from engine.common.vocab import BNB_PRECISIONS, parse_precision
@@ -132,14 +132,9 @@ class PeerConfig:
     def from_dict(cls, d: dict) -> "PeerConfig":
         """A config from `to_dict()`'s form (the setup nested), or the flat form older records keep; an
         unknown key is refused by name."""
-        if not isinstance(d, dict):
-            raise UserError(f"a peer config must be an object, got {type(d).__name__}", "send PeerConfig.to_dict()")
-        d = dict(d)
+        d = dict(read_object(d, "peer config", {f.name for f in fields(cls)} | {f.name for f in fields(EngineSetup)},
+                             "send PeerConfig.to_dict()"))
         setup = d.pop("setup", None)
-        known = {f.name for f in fields(cls)} | {f.name for f in fields(EngineSetup)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise UserError(f"unknown peer config field '{unknown[0]}'", f"fields are: {', '.join(sorted(known))}")
         base = cls(setup=EngineSetup.from_dict(setup)) if isinstance(setup, dict) else cls()
         return base.with_fields(**d)
 

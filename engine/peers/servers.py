@@ -24,7 +24,7 @@ from datetime import datetime, timezone
 from functools import lru_cache
 from pathlib import Path
 
-from engine.common.errors import UserError
+from engine.common.errors import UserError, read_object
 from engine.common.paths import REPO_ROOT, cache_dir
 from engine.common.setup import EngineSetup
 
@@ -190,12 +190,7 @@ class ServerSpec:
     @classmethod
     def from_dict(cls, d: dict) -> "ServerSpec":
         """A spec from `to_dict()`'s form (the setup nested); an unknown key is refused by name."""
-        if not isinstance(d, dict):
-            raise UserError(f"a server spec must be an object, got {type(d).__name__}", "send ServerSpec.to_dict()")
-        known = [f.name for f in fields(cls)]
-        unknown = sorted(set(d) - set(known))
-        if unknown:
-            raise UserError(f"unknown server spec field '{unknown[0]}'", f"fields are: {', '.join(known)}")
+        read_object(d, "server spec", [f.name for f in fields(cls)], "send ServerSpec.to_dict()")
         if "system" not in d:
             raise UserError("a server spec names no system", f"use one of: {', '.join(SYSTEMS)}")
         setup = d.get("setup")
