@@ -20,6 +20,7 @@ import pytest
 from engine.backend import (Backend, BackendAuthError, BackendJobUnknown, BackendRejected, BackendUnavailable,
                             BackendVersionMismatch)
 from engine.backend.protocol import API_VERSION, VERSION_HEADER
+from engine.common.vocab import canonical_model_name
 
 ROOT = Path(__file__).resolve().parent.parent
 START_TIMEOUT_S = 120
@@ -397,6 +398,7 @@ def test_with_ray_a_runs_job_goes_to_the_cluster_and_lands_in_the_backends_store
         job = c.wait(c.submit("on ray", {"kind": "runs", "configs": [cfg]}), 400)
         assert job["state"] == "finished" and job["done"] == 1, job
         (rec,) = c.records(job["run_ids"])
-        assert rec["machine"]["ray_node_id"] and rec["config"]["setup"]["model"] == "default-draft"
+        # the record names the model the catalog resolved ("default-draft" is its alias)
+        assert rec["machine"]["ray_node_id"] and rec["config"]["setup"]["model"] == canonical_model_name("default-draft")
     finally:
         b.stop()

@@ -32,7 +32,7 @@ def llama_cpp_unavailable(model: str) -> str | None:
     """Why llama.cpp's Q4_K_M cannot be scored here for `model` (None when it can). Cheap: loads nothing."""
     from engine.infer.catalog import CATALOG, canonical_name
 
-    reason = unavailable_reason(PeerConfig(system=SYSTEM, model=model, precision=PRECISION))
+    reason = unavailable_reason(PeerConfig.of(system=SYSTEM, model=model, precision=PRECISION))
     if reason is None and canonical_name(model) not in CATALOG:
         reason = f"'{model}' is not a catalog model, so there is no shipped GGUF for llama.cpp to run"
     return reason
