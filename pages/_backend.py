@@ -169,6 +169,11 @@ class RemoteJob:
     def message(self) -> str:
         return str(self.status.get("message") or "")
 
+    @property
+    def result(self) -> dict | None:
+        """What a job that stores no run answered (a llama-quality job's statistics), else None."""
+        return self.status.get("result")
+
     def poll(self, store) -> int:
         """Ask the backend how the job stands and import the runs that landed; returns how many landed now."""
         if self.finished:
@@ -245,7 +250,8 @@ def submit(key: str, title: str, work: dict, keep_ids: list[str] | None = None,
 
 def run_here(key: str, title: str, work: dict, say=None, every_s: float = 0.5) -> RemoteJob:
     """Submit and wait in this script run (a short job the page cannot draw without: a load, a quality score),
-    polling every `every_s` and passing the backend's progress to say(); raises when it ends without a run."""
+    polling every `every_s` and passing the backend's progress to say(); raises when it ends without a run
+    (or, for a job that stores none, without its result)."""
     job = submit(key, title, work)
     store = _ui.get_store()
     while not job.finished:
@@ -254,7 +260,7 @@ def run_here(key: str, title: str, work: dict, say=None, every_s: float = 0.5) -
         if say is not None:
             say(f"{job.message} (on {job.url})" if job.state == "running" else "queued on the backend: it runs one "
                 "measurement at a time")
-    if job.error or not job.run_ids:
+    if job.error or not (job.run_ids or job.result):
         raise BackendError(f"{title} did not finish: {job.error or job.state}", "see the message above, then try again")
     return job
 

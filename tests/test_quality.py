@@ -258,8 +258,9 @@ def test_cli_json_on_a_short_slice(small_fp32, capsys):
     assert 0 < q["kld_mean"] < 0.01
 
 
-def test_precision_page_shows_the_statistics_table(tmp_path, tmp_path_factory, monkeypatch):
-    """The Precision page's quality section on the tiny model: overall and per category; no GGUF, no llama.cpp."""
+def test_precision_page_shows_the_statistics_table(tmp_path, tmp_path_factory, monkeypatch, lab_backend):
+    """The Precision page's quality section on the tiny model, scored on the session's backend: overall and per
+    category; no GGUF, so the llama.cpp button is disabled and says why."""
     from streamlit.testing.v1 import AppTest
 
     from tests.app_helpers import TIMEOUT, frame, problems
@@ -267,6 +268,9 @@ def test_precision_page_shows_the_statistics_table(tmp_path, tmp_path_factory, m
     monkeypatch.setenv("SCL_PAGE_DIRECT", "1")
     monkeypatch.setenv("SCL_DATA_DIR", str(tmp_path / "data"))
     monkeypatch.setenv("SCL_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "scl-app-cache"))  # as the page tests
+    monkeypatch.setenv("SCL_BACKEND_URL", lab_backend.url)
+    monkeypatch.delenv("SCL_BACKEND_TOKEN", raising=False)
+    monkeypatch.delenv("SCL_BACKEND_TOKEN_FILE", raising=False)
     at = AppTest.from_file(os.path.join(ROOT, "pages/precision.py"), default_timeout=TIMEOUT).run()
     at.selectbox(key="prec-model").set_value("tiny")
     at.selectbox(key="prec-precision").set_value("int8")
@@ -278,3 +282,30 @@ def test_precision_page_shows_the_statistics_table(tmp_path, tmp_path_factory, m
     t = frame(at, "scope", "mean KLD", "p99.9", "same top-1", "RMS Δp", "PPL ratio")
     assert list(t["scope"]) == ["overall", "chat", "code"] and list(t["tokens"]) == [1024, 512, 512]
     assert "±" in t["mean KLD"][0]
+
+
+def test_backend_scores_llama_cpp_q4km_and_refuses_a_malformed_job(lab_backend):
+    """A llama-quality job on the backend: the real 0.5B's Q4_K_M statistics come back on the job (no run is
+    stored); a malformed one is refused with a 400 naming the field; a test model fails with the reason."""
+    from engine.backend.client import Backend, BackendRejected
+
+    b = Backend(lab_backend.url)
+    for work, field in [({"tokens": 257}, "work.tokens"), ({"tokens": "256"}, "work.tokens"),
+                        ({"model": ""}, "work.model"), ({"gguf": "x"}, "work.gguf")]:
+        with pytest.raises(BackendRejected) as e:
+            b.submit("bad", {"kind": "llama-quality", "model": "default-draft", "tokens": 256, **work})
+        assert e.value.field == field
+    info = b.info()
+    assert "not a catalog model" in next(m for m in info["models"] if m["name"] == "tiny")["llama_cpp"]
+    failed = b.wait(b.submit("tiny", {"kind": "llama-quality", "model": "tiny", "tokens": 256}), timeout_s=60)
+    assert failed["state"] == "failed" and "not a catalog model" in failed["error"] and failed["result"] is None
+
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (`make peers`)")
+    assert info["llama_cpp"] is None
+    runs_before = len(lab_backend.store.list_runs(limit=100_000))
+    j = b.wait(b.submit("llama", {"kind": "llama-quality", "model": "default-draft", "tokens": 256}), timeout_s=900)
+    assert j["state"] == "finished" and j["error"] is None and j["run_ids"] == [], j
+    q = j["result"]
+    assert q["model"] == "default-draft" and q["precision"] == "Q4_K_M" and q["tokens"] == 256
+    assert 0 < q["kld_mean"] < 0.01 and q["top1_agreement"] > 0.95 and set(q["by_category"]) == {"chat", "code"}
+    assert len(lab_backend.store.list_runs(limit=100_000)) == runs_before  # nothing stored as a run record

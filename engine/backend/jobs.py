@@ -23,7 +23,7 @@ from contextlib import closing
 from pathlib import Path
 
 from engine.backend.protocol import ENDED
-from engine.backend.validate import LoadSweepWork, PeersWork, RunsWork, Submission
+from engine.backend.validate import LlamaQualityWork, LoadSweepWork, PeersWork, RunsWork, Submission
 from engine.common.errors import UserError
 
 log = logging.getLogger("scl.backend")
@@ -62,6 +62,7 @@ class Job:
         self.run_ids: list[str] = []
         self.skipped: list[str] = []
         self.error: str | None = None
+        self.result: dict | None = None  # a llama-quality job's statistics (no run record is stored for it)
         self.created_at = time.time()
         self.started_at: float | None = None
         self.finished_at: float | None = None
@@ -105,14 +106,15 @@ class Job:
         return {"job_id": self.job_id, "title": self.title, "client": self.client, "kind": self.kind,
                 "state": self.state, "position": position, "done": self.done, "total": self.total,
                 "eta_s": self.eta_s, "message": self.message, "run_ids": list(self.run_ids),
-                "skipped": list(self.skipped), "error": self.error, "created_at": self.created_at,
-                "started_at": self.started_at, "finished_at": self.finished_at, "pid": self.pid}
+                "skipped": list(self.skipped), "error": self.error, "result": self.result,
+                "created_at": self.created_at, "started_at": self.started_at, "finished_at": self.finished_at,
+                "pid": self.pid}
 
     @classmethod
     def from_journal(cls, d: dict) -> "Job":
         job = cls(None, job_id=d["job_id"])
         for k in ("title", "client", "kind", "state", "done", "total", "eta_s", "message", "run_ids", "skipped",
-                  "error", "created_at", "started_at", "finished_at", "pid"):
+                  "error", "result", "created_at", "started_at", "finished_at", "pid"):
             if k in d:
                 setattr(job, k, d[k])
         job.stream_done = True
@@ -301,6 +303,8 @@ class JobQueue:
                 self._runs(job, work)
         elif isinstance(work, PeersWork):
             self._peers(job, work)
+        elif isinstance(work, LlamaQualityWork):
+            self._llama_quality(job, work)
         elif isinstance(work, LoadSweepWork):
             from engine.peers.load_sweep import run_sweep
 
@@ -328,6 +332,32 @@ class JobQueue:
             if i == 0:
                 job.stream_done = True
             job.add_run(rec.run_id)
+
+    def _llama_quality(self, job: Job, work: LlamaQualityWork) -> None:
+        """llama.cpp's Q4_K_M scored against the fp32 reference, kept on the job as `result` (not stored as a run).
+        The reference is made sure of through the pool (its fp32 copy stays loaded for later scores); llama.cpp
+        itself runs in a fresh process."""
+        from engine.infer.loader import make_spec, resolve_device
+        from engine.measure.loaded import reference_in_pool
+        from engine.peers.quality_worker import llama_cpp_quality, llama_cpp_unavailable
+
+        reason = llama_cpp_unavailable(work.model)
+        if reason is not None:
+            raise UserError(f"llama.cpp Q4_K_M of {work.model}: {reason}", "score one of our precisions instead")
+        job.say(f"fp32 reference of {work.model} on {work.tokens:,} tokens")
+        # the device a run's setup ("auto") resolves to, so runs and this score share the pool's fp32 copy
+        facts = {"name": work.model, "spec": make_spec("fp32"), "device": resolve_device("auto")}
+        with self.pool.lock:
+            reference_in_pool(self.pool, facts, work.tokens, progress=job.say)
+        if job.cancelled:
+            return
+        res = llama_cpp_quality(work.model, work.tokens, progress=job.say)
+        why = res.get("unavailable") or res.get("failed")
+        if why:
+            raise UserError(f"llama.cpp Q4_K_M of {work.model}: {why}", "see the backend's log; score fewer tokens")
+        job.result = {"model": work.model, "tokens_asked": work.tokens, **res}
+        job.done = 1
+        job.on_change(job)
 
     def _peers(self, job: Job, work: PeersWork) -> None:
         n = len(work.configs)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from engine.backend.protocol import RECORD_KINDS, WORK_KINDS
+from engine.backend.protocol import QUALITY_TOKENS, RECORD_KINDS, WORK_KINDS
 from engine.common.errors import UserError
 
 MAX_CONFIGS = 500  # one job; a bigger grid is a mistake more often than a plan
@@ -58,10 +58,22 @@ class LoadSweepWork:
 
 
 @dataclass
+class LlamaQualityWork:
+    """llama.cpp's own Q4_K_M of `model` scored against our fp32 reference on `tokens` eval tokens."""
+    model: str
+    tokens: int
+    kind: str = "llama-quality"
+
+    @property
+    def total(self) -> int:
+        return 1
+
+
+@dataclass
 class Submission:
     title: str
     client: str | None
-    work: RunsWork | PeersWork | LoadSweepWork
+    work: RunsWork | PeersWork | LoadSweepWork | LlamaQualityWork
 
 
 def _why(e: BaseException) -> tuple[str, str]:
@@ -185,6 +197,19 @@ def _load_sweep(w: dict) -> LoadSweepWork:
     return LoadSweepWork(specs, plan)
 
 
+def _llama_quality(w: dict) -> LlamaQualityWork:
+    _refuse_unknown(w, ["kind", "model", "tokens"], "work", "a llama-quality job")
+    model = w.get("model")
+    if not isinstance(model, str) or not model.strip() or len(model) > MAX_TEXT:
+        raise Rejected(f"model must be a non-empty model name, got {model!r}", "work.model",
+                       "send a catalog model's name, e.g. \"default\"")
+    tokens = w.get("tokens")
+    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens not in QUALITY_TOKENS:
+        raise Rejected(f"tokens must be one of {', '.join(map(str, QUALITY_TOKENS))}, got {tokens!r}", "work.tokens",
+                       "send the number of eval tokens as a JSON integer from that list")
+    return LlamaQualityWork(model.strip(), tokens)
+
+
 def submission(body) -> Submission:
     """The POST /v1/jobs body, checked in full (every config validated) before anything is queued."""
     _refuse_unknown(body, ["title", "client", "work"], "the body", "a job submission")
@@ -200,5 +225,5 @@ def submission(body) -> Submission:
     kind = w.get("kind")
     if kind not in WORK_KINDS:
         raise Rejected(f"unknown work kind {kind!r}", "work.kind", f"use one of: {', '.join(WORK_KINDS)}")
-    work = {"runs": _runs, "peers": _peers, "load-sweep": _load_sweep}[kind](w)
+    work = {"runs": _runs, "peers": _peers, "load-sweep": _load_sweep, "llama-quality": _llama_quality}[kind](w)
     return Submission(title.strip(), client, work)
