@@ -135,8 +135,11 @@ def cmd_bench(a) -> int:
     from engine.measure.sweep import sweep_configs
 
     base = config_from(a, warmup=True, baseline=True, quality=a.quality, quality_tokens=a.quality_tokens)
+    left_out: list[str] = []
     cfgs = [c.validate() for c in sweep_configs(base, a.precisions, a.drafts, a.draft_precisions, a.gammas,
-                                                a.batch_sizes)]  # every config checked before anything runs
+                                                a.batch_sizes, left_out)]  # every config checked before anything runs
+    for lo in left_out:
+        print(f"left out: {lo} (a self-draft must read fewer bytes than its target to save anything)", file=sys.stderr)
     if a.ray:  # each configuration a Ray task (engine/cluster, docs/CLUSTER.md); records stored here as they land
         from engine.cluster import run_sweep
 

@@ -85,8 +85,12 @@ with tab_sweep:
         elif any(d != "none" for d in drafts) and not gammas:
             problem = "pick at least one gamma for the drafts"
         else:
+            left_out: list[str] = []
             cfgs = [x.validate().to_dict() for x in sweep_configs(base, precisions, drafts, draft_precisions or ["int4"],
-                                                                  gammas or [4], batches)]
+                                                                  gammas or [4], batches, left_out)]
+            if left_out:
+                st.caption("Left out: " + _ui.md_escape(", ".join(left_out)) + " (a self-draft must read fewer bytes "
+                           "than its target to save anything).")
     except Exception as e:
         _ui.show_error(e)
     n = len(cfgs) + len(peer_cfgs)

@@ -123,8 +123,10 @@ def test_default_comparisons_and_sweeps_hold_only_setups_that_validate():
         spec = cfgs[-1].setup
         assert spec.speculative and cfgs[-1].baseline
     assert (spec.precision, spec.draft, spec.draft_precision) == ("int8", "self", "int4")  # int4 drafting int8
-    grid = sweep_configs(RunConfig(), ["int8", "int4"], ["self"], ["int4"], [4])
+    left_out = []
+    grid = sweep_configs(RunConfig(), ["int8", "int4"], ["self"], ["int4"], [4], left_out=left_out)
     assert [c.label for c in grid] == ["default@int8 + self@int4 g=4"]  # int4 drafting int4 saves nothing
+    assert left_out == ["int4 + self@int4"]  # and the caller is told, never silently
     with pytest.raises(UserError, match="no cheaper"):
         sweep_configs(RunConfig(), ["int4"], ["self"], ["int4"], [4])
 

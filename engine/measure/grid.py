@@ -20,13 +20,16 @@ def _self_draft_saves(precision: str, draft_precision: str) -> bool:
         return True  # an unknown precision is refused by name when the config is validated
 
 
-def sweep_configs(base: RunConfig, precisions, drafts, draft_precisions, gammas, batch_sizes=(1,)) -> list[RunConfig]:
+def sweep_configs(base: RunConfig, precisions, drafts, draft_precisions, gammas, batch_sizes=(1,),
+                  left_out: list | None = None) -> list[RunConfig]:
     """The grid target precision x draft x draft precision x gamma x batch, without duplicates.
 
     A self-draft at a precision no cheaper than its target is left out of the grid (it would save
-    nothing and is refused); a grid of nothing else is refused, saying why.
+    nothing and is refused) and named in `left_out`, for the caller to say so; a grid of nothing
+    else is refused, saying why.
     """
-    out, seen, left_out = [], set(), []
+    out, seen = [], set()
+    left_out = [] if left_out is None else left_out
     for p in precisions:
         for d in drafts:
             for dp in (draft_precisions if d in ("model", "self") else [None]):
