@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -21,15 +20,10 @@ from engine.backend import (Backend, BackendAuthError, BackendJobUnknown, Backen
                             BackendVersionMismatch)
 from engine.backend.protocol import API_VERSION, VERSION_HEADER
 from engine.common.vocab import canonical_model_name
+from engine.peers.servers import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 START_TIMEOUT_S = 120
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class BackendProc:
@@ -39,7 +33,7 @@ class BackendProc:
                  wait: bool = True, port: int | None = None):
         self.tmp = Path(tmp)
         self.tmp.mkdir(parents=True, exist_ok=True)
-        self.port = port or _free_port()
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.store_path = self.tmp / "lab.sqlite"
         self.log = self.tmp / f"backend-{self.port}.log"
@@ -293,7 +287,7 @@ def test_version_mismatch_is_detected_with_the_fix(tmp_path):
 
 
 def test_no_backend_answers_is_one_clear_error():
-    url = f"http://127.0.0.1:{_free_port()}"
+    url = f"http://127.0.0.1:{free_port()}"
     with pytest.raises(BackendUnavailable) as e:
         Backend(url, timeout_s=2).info()
     assert f"no backend answers at {url}" in e.value.problem and "python -m engine backend" in e.value.fix
