@@ -32,10 +32,6 @@ JOURNAL_KEEP = 500  # jobs a restarted backend still answers for
 CANCELLING = "cancelling: the run in progress finishes and is kept, the rest are skipped"
 
 
-def _label(cfg) -> str:
-    return cfg.setup.label if hasattr(cfg, "setup") else getattr(cfg, "label", type(cfg).__name__)
-
-
 def token_event(text: str, origin: str, token_id: int) -> dict:
     """One streamed token: its text, where it came from, and whether a draft proposed it
     (True: an accepted draft token; False: the target's own token in a speculative round; None: no draft)."""
@@ -320,7 +316,7 @@ class JobQueue:
         for i, cfg in enumerate(work.configs):
             if job.cancelled:
                 break
-            label = _label(cfg)
+            label = cfg.label  # RunConfig's: the setup's label, and the batch when it is not 1
             prefix = f"run {i + 1}/{n} ({label})" if n > 1 else label
             job.say(prefix)
             on_token = job.token if work.stream and i == 0 else None
