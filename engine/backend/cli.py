@@ -89,15 +89,15 @@ def machine(device: str) -> dict:
 
 
 def loaded_facts(pool) -> list[dict]:
-    """What the pool holds, least recently used first, each with engine.measure.model_facts (sizes, shape, dtype:
-    what the Precision page draws). Read without the pool's lock, which a run holds for minutes: a snapshot."""
+    """What the pool holds (pool.loaded()'s entries), each with engine.measure.model_facts (sizes, shape, dtype:
+    what the Precision page draws); a snapshot, so /v1/info answers while a run holds the pool's lock."""
     from engine.measure import model_facts
+    from engine.measure.pool import describe
 
     out = []
-    for lm in list(pool._models.values()):
+    for lm in pool.models():
         facts = {k: v for k, v in model_facts(lm).items() if k != "spec"}
-        out.append({"name": lm.name, "precision": lm.spec.label, "bytes": lm.weight_bytes,
-                    "facts": {**facts, "device": str(facts["device"])}})
+        out.append({**describe(lm), "facts": {**facts, "device": str(facts["device"])}})
     return out
 
 

@@ -32,6 +32,11 @@ def registered_models() -> dict[str, str]:
     return {n: lbl for n, (_, lbl) in _REGISTERED.items()}
 
 
+def describe(lm: LoadedModel) -> dict:
+    """A loaded model as the pool lists it: name, precision (its label) and weight bytes."""
+    return {"name": lm.name, "precision": lm.spec.label, "bytes": lm.weight_bytes}
+
+
 class ModelPool:
     """Loaded models keyed by (name, spec, device), least recently used dropped first: past `keep`
     models, and past `budget_bytes` of weights (None: no byte budget)."""
@@ -83,11 +88,14 @@ class ModelPool:
         with self.lock:
             return self._models.get((name, spec, device))
 
+    def models(self) -> list[LoadedModel]:
+        """What the pool holds, least recently used first: a snapshot taken without the lock, which a run holds
+        for minutes (copying the dict's values is one step under the GIL)."""
+        return list(self._models.values())
+
     def loaded(self) -> list[dict]:
         """What the pool holds, least recently used first: name, precision (its label) and weight bytes."""
-        with self.lock:
-            return [{"name": lm.name, "precision": lm.spec.label, "bytes": lm.weight_bytes}
-                    for lm in self._models.values()]
+        return [describe(lm) for lm in self.models()]
 
     def clear(self):
         with self.lock:
