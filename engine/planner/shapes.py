@@ -43,26 +43,65 @@ class ShapeError(ValueError):
 
 @dataclass(frozen=True)
 class ModelShape:
-    """Architecture numbers of a Llama/Qwen2/Mistral-style decoder (optionally MoE)."""
+    """Architecture numbers of a decoder-only transformer: Llama/Qwen/Mistral/Gemma/Phi-3 style
+    attention (or DeepSeek's MLA), a dense gated MLP or a mixture of experts, optional sliding
+    windows. Every field after `max_context` defaults to "absent", so older entries stay valid."""
 
     name: str
     layers: int
     hidden: int
     heads: int
     kv_heads: int
-    head_dim: int
-    intermediate: int
+    head_dim: int                    # MLA: the q/k head width, qk_nope_head_dim + qk_rope_head_dim
+    intermediate: int                # dense MLP width; MoE without moe_intermediate: per-expert width
     vocab: int
     tied_embeddings: bool
     max_context: int
     qkv_bias: bool = False
-    qk_norm: bool = False            # Qwen3: RMSNorm of head_dim on q and k in every layer
-    experts: int = 0                 # 0 = dense MLP
-    active_experts: int = 0          # experts each token is routed to
+    qk_norm: bool = False            # Qwen3/Gemma 3: RMSNorm of head_dim on q and k in every layer
+    experts: int = 0                 # routed experts per MoE layer; 0 = dense MLP
+    active_experts: int = 0          # routed experts each token goes to
     extra_linear_params: int = 0     # e.g. EAGLE's fc layer: linear weights outside the usual blocks
     hf_id: str = ""
     family: str = ""
     source: str = ""
+    o_bias: bool = False             # bias on o_proj (Llama attention_bias, gpt-oss)
+    mlp_bias: bool = False           # biases on every MLP / expert linear (Llama mlp_bias, gpt-oss experts)
+    norms_per_layer: int = 2         # hidden-size norms per block (Gemma 2/3: 4, pre and post each sublayer)
+    moe_intermediate: int = 0        # per-expert width when it differs from `intermediate` (moe_intermediate_size)
+    shared_expert_intermediate: int = 0  # always-on shared expert MLP width in each MoE layer (all shared experts)
+    shared_expert_gate: bool = False     # Qwen2-MoE: a sigmoid gate Linear(hidden, 1) on the shared expert
+    dense_layers: int = 0            # MoE models: layers with a dense MLP of `intermediate` (first_k_dense_replace)
+    router_bias: bool = False        # one bias per routed expert (gpt-oss router, DeepSeek e_score_correction_bias)
+    attention_sinks: bool = False    # gpt-oss: one learned sink logit per head and layer
+    sliding_window: int = 0          # tokens a local layer attends to (and keeps in its KV cache); 0 = none
+    local_layers: int = 0            # how many layers use sliding_window; the others attend to everything
+    kv_lora_rank: int = 0            # MLA (DeepSeek-V2/V3): the cached latent width; 0 = ordinary attention
+    q_lora_rank: int = 0             # MLA: query low-rank width (0 = a direct q_proj)
+    qk_rope_head_dim: int = 0        # MLA: rotary part of q/k per head (its k part is cached beside the latent)
+    qk_nope_head_dim: int = 0        # MLA: non-rotary part of q/k per head
+    v_head_dim: int = 0              # MLA: value width per head
+
+    def __post_init__(self):
+        bad = []
+        if self.local_layers and not self.sliding_window or self.sliding_window and not self.local_layers:
+            bad.append("sliding_window and local_layers go together (both 0, or both > 0)")
+        if not 0 <= self.local_layers <= self.layers:
+            bad.append(f"local_layers {self.local_layers} is outside 0..layers ({self.layers})")
+        if self.experts and not 0 < self.active_experts <= self.experts:
+            bad.append(f"active_experts {self.active_experts} is outside 1..experts ({self.experts})")
+        if not 0 <= self.dense_layers <= (self.layers if self.experts else 0):
+            bad.append(f"dense_layers {self.dense_layers} needs an MoE model and at most {self.layers} layers")
+        if (self.shared_expert_intermediate or self.moe_intermediate or self.router_bias) and not self.experts:
+            bad.append("moe_intermediate, shared_expert_intermediate and router_bias need experts > 0")
+        if self.kv_lora_rank and not (self.qk_rope_head_dim and self.qk_nope_head_dim and self.v_head_dim):
+            bad.append("MLA (kv_lora_rank > 0) needs qk_rope_head_dim, qk_nope_head_dim and v_head_dim")
+        if self.kv_lora_rank and self.head_dim != self.qk_rope_head_dim + self.qk_nope_head_dim:
+            bad.append("MLA: head_dim must be qk_nope_head_dim + qk_rope_head_dim")
+        if self.kv_lora_rank and (self.qkv_bias or self.o_bias):
+            bad.append("MLA with attention biases is not modelled")
+        if bad:
+            raise ShapeError(f"model '{self.name}': " + "; ".join(bad))
 
     @property
     def q_dim(self) -> int:
@@ -75,6 +114,28 @@ class ModelShape:
     @property
     def is_moe(self) -> bool:
         return self.experts > 0
+
+    @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank > 0
+
+    @property
+    def attn_out_dim(self) -> int:
+        """Width o_proj reads: heads * head_dim, MLA heads * v_head_dim."""
+        return self.heads * (self.v_head_dim if self.is_mla else self.head_dim)
+
+    @property
+    def expert_intermediate(self) -> int:
+        return self.moe_intermediate or self.intermediate
+
+    @property
+    def moe_layers(self) -> int:
+        return self.layers - self.dense_layers if self.is_moe else 0
+
+    @property
+    def global_layers(self) -> int:
+        """Layers whose KV cache holds every token (no sliding window)."""
+        return self.layers - self.local_layers
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -117,29 +178,217 @@ def get_model(name: str | ModelShape, models: Mapping[str, ModelShape] | None = 
     raise ShapeError(f"unknown model '{name}'; known: {', '.join(models)}")
 
 
-def shape_from_hf_config(cfg: Mapping, name: str = "custom", **extra) -> ModelShape:
-    """Build a shape from a Hugging Face config.json dict (Llama, Qwen2, Qwen3, Mistral, Mixtral)."""
-    hidden = int(cfg["hidden_size"])
-    heads = int(cfg["num_attention_heads"])
-    arch = " ".join(cfg.get("architectures") or []) + " " + str(cfg.get("model_type", ""))
-    is_qwen2 = "qwen2" in arch.lower() and "moe" not in arch.lower()
-    return ModelShape(
-        name=name,
-        layers=int(cfg["num_hidden_layers"]),
-        hidden=hidden,
-        heads=heads,
-        kv_heads=int(cfg.get("num_key_value_heads") or heads),
+# config.json fields, by what the planner does with them (docs/PLANNER.md "Any model from its config.json").
+HF_MODEL_TYPES = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma2", "gemma3",
+                  "gemma3_text", "phi3", "gpt_oss", "deepseek_v3")
+_HF_READ = {  # fields read into the shape
+    "model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
+    "intermediate_size", "vocab_size", "tie_word_embeddings", "max_position_embeddings", "attention_bias",
+    "mlp_bias", "qkv_bias", "sliding_window", "use_sliding_window", "max_window_layers", "layer_types",
+    "sliding_window_pattern", "_sliding_window_pattern", "num_local_experts", "num_experts", "n_routed_experts",
+    "num_experts_per_tok", "experts_per_token", "moe_intermediate_size", "shared_expert_intermediate_size",
+    "n_shared_experts", "first_k_dense_replace", "moe_layer_freq", "mlp_only_layers", "decoder_sparse_step",
+    "kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "qk_head_dim", "v_head_dim",
+    "text_config", "_name_or_path",
+}
+_HF_NO_BYTES = {  # fields that change neither bytes nor FLOPs (values, masks, training, token ids, rope)
+    "architectures", "transformers_version", "dtype", "torch_dtype", "id2label", "label2id", "problem_type",
+    "return_dict", "output_attentions", "output_hidden_states", "chunk_size_feed_forward", "is_encoder_decoder",
+    "use_cache", "bos_token_id", "eos_token_id", "pad_token_id", "initializer_range", "attention_dropout",
+    "rms_norm_eps", "layer_norm_eps", "hidden_act", "hidden_activation", "rope_theta", "rope_scaling",
+    "rope_parameters", "rope_local_base_freq", "rope_interleave", "partial_rotary_factor",
+    "original_max_position_embeddings", "pretraining_tp", "output_router_logits", "router_aux_loss_coef",
+    "router_jitter_noise", "norm_topk_prob", "routed_scaling_factor", "n_group", "topk_group", "topk_method",
+    "scoring_func", "aux_loss_alpha", "seq_aux", "ep_size", "embd_pdrop", "resid_pdrop", "attn_logit_softcapping",
+    "final_logit_softcapping", "query_pre_attn_scalar", "cache_implementation", "use_bidirectional_attention",
+    "swiglu_limit", "swiglu_alpha", "initial_context_length", "tokenizer_class", "auto_map", "use_qk_norm",
+    "boi_token_index", "eoi_token_index", "image_token_index", "mm_tokens_per_image", "bos_token", "eos_token",
+}
+_TIED_BY_DEFAULT = {"gemma2", "gemma3", "gemma3_text"}
+
+
+def _req(cfg: Mapping, key: str, where: str) -> int:
+    v = cfg.get(key)
+    if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+        got = "missing" if key not in cfg else f"{v!r}, not a positive integer"
+        raise ShapeError(f"{where}: field '{key}' is {got}; a {cfg.get('model_type')} config.json must set it")
+    return v
+
+
+def _one_of(cfg: Mapping, keys: tuple[str, ...], where: str, required: bool = True) -> int:
+    """The value of whichever spelling is present (they must agree)."""
+    vals = {k: cfg[k] for k in keys if cfg.get(k) is not None}
+    if len(set(vals.values())) > 1:
+        raise ShapeError(f"{where}: fields {', '.join(vals)} disagree ({vals}); keep one of them")
+    if not vals:
+        if required:
+            raise ShapeError(f"{where}: field '{keys[0]}' is missing; a {cfg.get('model_type')} config.json "
+                             "must set it")
+        return 0
+    k, v = next(iter(vals.items()))
+    return _req({k: v, "model_type": cfg.get("model_type")}, k, where)
+
+
+def _windows(cfg: Mapping, mt: str, layers: int, where: str) -> tuple[int, int]:
+    """(sliding_window, layers using it), as transformers builds the layers for this model type."""
+    window = cfg.get("sliding_window")
+    types = cfg.get("layer_types")
+    if types is not None:
+        if not isinstance(types, list) or len(types) != layers:
+            raise ShapeError(f"{where}: field 'layer_types' must list one entry per layer ({layers})")
+        odd = sorted({t for t in types if t not in ("full_attention", "sliding_attention")})
+        if odd:
+            raise ShapeError(f"{where}: field 'layer_types' holds {', '.join(map(repr, odd))}; the planner "
+                             "models full_attention and sliding_attention only")
+        local = types.count("sliding_attention")
+    elif mt in ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe"):
+        use = cfg.get("use_sliding_window", False) and window
+        local = max(0, layers - int(cfg.get("max_window_layers", layers))) if use else 0
+    elif mt in ("gemma3", "gemma3_text"):
+        pattern = int(cfg.get("sliding_window_pattern") or cfg.get("_sliding_window_pattern") or 6)
+        local = layers - layers // pattern          # every pattern-th layer is global
+    elif mt in ("gemma2", "gpt_oss"):
+        local = (layers + 1) // 2                   # even layers slide, odd layers are global
+    else:                                           # llama, mistral, mixtral, phi3: every layer or none
+        local = layers if window else 0
+    if mt in ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe") and not cfg.get("use_sliding_window", False):
+        local = 0                                   # their sliding_window is inert unless use_sliding_window
+    if local and not (isinstance(window, int) and window > 0):
+        raise ShapeError(f"{where}: {local} layers slide but field 'sliding_window' is {window!r}; set it to "
+                         "the window in tokens")
+    return (int(window), local) if local else (0, 0)
+
+
+def shape_from_hf_config(cfg: Mapping, name: str = "custom", *, notes: list | None = None, where: str = "config",
+                         **extra) -> ModelShape:
+    """Build a shape from a Hugging Face config.json dict, exactly as transformers builds the model.
+
+    Model types: HF_MODEL_TYPES (a config without model_type is read as Llama-style). A field that
+    would change bytes or FLOPs in a way the shape cannot hold is refused by name (ShapeError); a
+    field the planner does not know is named in `notes` (a list to append to), since most are
+    harmless; so are what the plan leaves out (a vision tower, DeepSeek's MTP layers, the
+    checkpoint's own quantization). `where` names the file in messages.
+    """
+    notes = notes if notes is not None else []
+    if not isinstance(cfg, Mapping):
+        raise ShapeError(f"{where}: a config.json holds a JSON object, not {type(cfg).__name__}")
+    mt = str(cfg.get("model_type") or "llama")
+    if mt not in HF_MODEL_TYPES:
+        raise ShapeError(f"{where}: model_type '{mt}' is not supported by the planner; supported: "
+                         f"{', '.join(HF_MODEL_TYPES)}. Use a catalog model (--model) or a config of those types")
+    if mt == "gemma3":
+        text = cfg.get("text_config")
+        if not isinstance(text, Mapping):
+            raise ShapeError(f"{where}: field 'text_config' is missing; a gemma3 config.json nests the language "
+                             "model's fields there")
+        notes.append("gemma3: the plan covers the language model (text_config); the vision tower "
+                     "(vision_config, ~0.4B parameters at 27B) and image tokens are not counted")
+        tied = cfg.get("tie_word_embeddings", text.get("tie_word_embeddings", True))
+        known = _HF_READ | _HF_NO_BYTES | {"vision_config", "text_config"}
+        _note_unknown(cfg, known, where, notes)
+        return shape_from_hf_config(dict(text, model_type="gemma3_text", tie_word_embeddings=tied), name,
+                                    notes=notes, where=f"{where} text_config", **extra)
+    _note_unknown(cfg, _HF_READ | _HF_NO_BYTES | {"quantization_config", "num_nextn_predict_layers"}, where, notes)
+    if cfg.get("quantization_config"):
+        q = cfg["quantization_config"]
+        method = q.get("quant_method", "?") if isinstance(q, Mapping) else "?"
+        notes.append(f"quantization_config ({method}) is how the checkpoint is stored; the plan computes the "
+                     "weight bytes of each precision it lists")
+    if cfg.get("num_nextn_predict_layers"):
+        notes.append(f"num_nextn_predict_layers {cfg['num_nextn_predict_layers']}: the multi-token-prediction "
+                     "layers (a speculation module) are not counted, as transformers does not load them")
+
+    hidden = _req(cfg, "hidden_size", where)
+    layers = _req(cfg, "num_hidden_layers", where)
+    heads = _req(cfg, "num_attention_heads", where)
+    kv_heads = int(cfg.get("num_key_value_heads") or heads)
+    inter = _req(cfg, "intermediate_size", where)
+    vocab = _req(cfg, "vocab_size", where)
+    bias = bool(cfg.get("attention_bias", False))
+    kw: dict = dict(
+        qkv_bias=bias, o_bias=bias, mlp_bias=bool(cfg.get("mlp_bias", False)),
         head_dim=int(cfg.get("head_dim") or hidden // heads),
-        intermediate=int(cfg["intermediate_size"]),
-        vocab=int(cfg["vocab_size"]),
-        tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-        max_context=int(cfg.get("max_position_embeddings", 0)),
-        qkv_bias=bool(cfg.get("attention_bias", is_qwen2)),
-        qk_norm="qwen3" in arch.lower(),
-        experts=int(cfg.get("num_local_experts") or 0),
-        active_experts=int(cfg.get("num_experts_per_tok") or 0),
-        **extra,
+        tied_embeddings=bool(cfg.get("tie_word_embeddings", mt in _TIED_BY_DEFAULT)),
     )
+    if mt == "qwen2":
+        kw.update(qkv_bias=True, o_bias=False)                       # Qwen2Attention: q/k/v biases, o without
+    elif mt == "qwen2_moe":
+        kw.update(qkv_bias=bool(cfg.get("qkv_bias", True)), o_bias=False)
+    elif mt in ("mistral", "mixtral", "phi3"):
+        kw.update(qkv_bias=False, o_bias=False)                      # no attention biases in these classes
+    if mt in ("qwen3", "qwen3_moe", "gemma3_text"):
+        kw["qk_norm"] = True
+    if mt in ("gemma2", "gemma3_text"):
+        kw["norms_per_layer"] = 4
+    if mt == "gpt_oss":
+        kw.update(qkv_bias=True, o_bias=True, mlp_bias=True, router_bias=True, attention_sinks=True)
+    if mt != "llama" and cfg.get("mlp_bias"):
+        raise ShapeError(f"{where}: field 'mlp_bias' is only modelled for llama; remove it or use model_type llama")
+    window, local = _windows(cfg, mt, layers, where)
+    kw.update(sliding_window=window, local_layers=local)
+
+    if mt in ("mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss", "deepseek_v3"):
+        experts = _one_of(cfg, ("num_local_experts", "num_experts", "n_routed_experts"), where)
+        active = _one_of(cfg, ("num_experts_per_tok", "experts_per_token"), where)
+        if active > experts:
+            raise ShapeError(f"{where}: field 'num_experts_per_tok' {active} exceeds the {experts} experts")
+        kw.update(experts=experts, active_experts=active)
+        if mt in ("qwen2_moe", "qwen3_moe", "deepseek_v3"):
+            kw["moe_intermediate"] = _req(cfg, "moe_intermediate_size", where)
+        if mt in ("qwen2_moe", "qwen3_moe"):
+            only = cfg.get("mlp_only_layers") or []
+            step = int(cfg.get("decoder_sparse_step") or 1)
+            if not isinstance(only, list) or any(not isinstance(i, int) for i in only):
+                raise ShapeError(f"{where}: field 'mlp_only_layers' must be a list of layer indices")
+            moe = [i for i in range(layers) if i not in only and (i + 1) % step == 0]
+            kw["dense_layers"] = layers - len(moe)
+        if mt == "qwen2_moe":
+            kw.update(shared_expert_intermediate=int(cfg.get("shared_expert_intermediate_size") or 0),
+                      shared_expert_gate=bool(cfg.get("shared_expert_intermediate_size")))
+        if mt == "deepseek_v3":
+            first, freq = int(cfg.get("first_k_dense_replace") or 0), int(cfg.get("moe_layer_freq") or 1)
+            kw["dense_layers"] = layers - sum(1 for i in range(layers) if i >= first and i % freq == 0)
+            kw["shared_expert_intermediate"] = int(cfg.get("n_shared_experts") or 0) * kw["moe_intermediate"]
+            kw["router_bias"] = True                                  # e_score_correction_bias
+    if mt == "deepseek_v3":
+        if bias:
+            raise ShapeError(f"{where}: field 'attention_bias' true is not modelled for MLA; it is false in "
+                             "DeepSeek-V3's config.json")
+        rope = _req(cfg, "qk_rope_head_dim", where)
+        nope = _req(cfg, "qk_nope_head_dim", where)
+        if cfg.get("qk_head_dim") not in (None, rope + nope):
+            raise ShapeError(f"{where}: field 'qk_head_dim' {cfg['qk_head_dim']} is not qk_nope_head_dim + "
+                             f"qk_rope_head_dim ({rope + nope})")
+        kw.update(kv_lora_rank=_req(cfg, "kv_lora_rank", where), q_lora_rank=int(cfg.get("q_lora_rank") or 0),
+                  qk_rope_head_dim=rope, qk_nope_head_dim=nope, v_head_dim=_req(cfg, "v_head_dim", where),
+                  head_dim=rope + nope, qkv_bias=False, o_bias=False)
+    kw.update(extra)
+    return ModelShape(
+        name=name, layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, intermediate=inter, vocab=vocab,
+        max_context=int(cfg.get("max_position_embeddings") or 0),
+        family=kw.pop("family", mt), hf_id=kw.pop("hf_id", str(cfg.get("_name_or_path") or "")), **kw)
+
+
+def _note_unknown(cfg: Mapping, known: set, where: str, notes: list) -> None:
+    unknown = sorted(k for k in cfg if k not in known)
+    if unknown:
+        notes.append(f"{where}: fields the planner does not know, assumed not to change bytes or FLOPs: "
+                     + ", ".join(unknown))
+
+
+def shape_from_hf_config_file(path: str | Path, name: str | None = None, notes: list | None = None) -> ModelShape:
+    """shape_from_hf_config on a config.json file; errors name the file (and the field)."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise ShapeError(f"{p}: cannot read it ({e.strerror or e}); pass the path of a config.json") from None
+    try:
+        cfg = json.loads(text)
+    except ValueError as e:
+        raise ShapeError(f"{p}: not JSON ({e}); pass a Hugging Face config.json") from None
+    stem = p.parent.name if p.name == "config.json" and p.parent.name else p.stem
+    return shape_from_hf_config(cfg, name or stem, notes=notes, where=str(p), source=f"config.json at {p}")
 
 
 # ------------------------------------------------------------------ parameter counts
@@ -159,19 +408,34 @@ class Linear:
 
 
 def block_linears(m: ModelShape) -> list[Linear]:
-    """The linear layers inside the transformer blocks (all layers), the ones a precision quantizes."""
+    """The linear layers inside the transformer blocks (all layers), the ones a precision quantizes.
+    Fused checkpoints (Phi-3 qkv_proj / gate_up_proj, gpt-oss gate_up) hold the same weights."""
     L = m.layers
-    lin = [
-        Linear("attention", m.q_dim, m.hidden, L),      # q_proj
-        Linear("attention", m.kv_dim, m.hidden, 2 * L),  # k_proj, v_proj
-        Linear("attention", m.hidden, m.q_dim, L),      # o_proj
-    ]
-    if m.is_moe:
-        lin += [Linear("expert", m.intermediate, m.hidden, 2 * L * m.experts),   # w1 (gate), w3 (up)
-                Linear("expert", m.hidden, m.intermediate, L * m.experts)]      # w2 (down)
+    if m.is_mla:
+        qk = m.heads * m.head_dim
+        lin = ([Linear("attention", m.q_lora_rank, m.hidden, L),                   # q_a_proj
+                Linear("attention", qk, m.q_lora_rank, L)] if m.q_lora_rank        # q_b_proj
+               else [Linear("attention", qk, m.hidden, L)])                       # q_proj
+        lin += [Linear("attention", m.kv_lora_rank + m.qk_rope_head_dim, m.hidden, L),   # kv_a_proj_with_mqa
+                Linear("attention", m.heads * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank, L),  # kv_b_proj
+                Linear("attention", m.hidden, m.attn_out_dim, L)]                 # o_proj
     else:
-        lin += [Linear("mlp", m.intermediate, m.hidden, 2 * L),                  # gate_proj, up_proj
-                Linear("mlp", m.hidden, m.intermediate, L)]                      # down_proj
+        lin = [
+            Linear("attention", m.q_dim, m.hidden, L),      # q_proj
+            Linear("attention", m.kv_dim, m.hidden, 2 * L),  # k_proj, v_proj
+            Linear("attention", m.hidden, m.q_dim, L),      # o_proj
+        ]
+    dense = L - m.moe_layers
+    if dense:
+        lin += [Linear("mlp", m.intermediate, m.hidden, 2 * dense),              # gate_proj, up_proj
+                Linear("mlp", m.hidden, m.intermediate, dense)]                  # down_proj
+    if m.is_moe:
+        E, ie, M = m.experts, m.expert_intermediate, m.moe_layers
+        lin += [Linear("expert", ie, m.hidden, 2 * M * E),                      # w1 (gate), w3 (up)
+                Linear("expert", m.hidden, ie, M * E)]                          # w2 (down)
+        if m.shared_expert_intermediate:
+            si = m.shared_expert_intermediate
+            lin += [Linear("mlp", si, m.hidden, 2 * M), Linear("mlp", m.hidden, si, M)]   # shared expert
     if m.extra_linear_params:
         lin.append(Linear("extra", m.extra_linear_params, 1, 1))
     return lin
@@ -182,11 +446,12 @@ class ParamBreakdown:
     embedding: int
     head: int            # 0 when tied (the embedding matrix is the head)
     attention: int
-    mlp: int             # dense MLP, or all experts for MoE
+    mlp: int             # dense MLP, shared experts and all routed experts
     extra: int
-    router: int
+    router: int          # MoE router (+ its bias, + Qwen2-MoE's shared-expert gate)
     biases: int
-    norms: int
+    norms: int           # norms, and gpt-oss' attention sinks
+    experts: int = 0     # the part of `mlp` + `biases` that belongs to routed experts
 
     @property
     def total(self) -> int:
@@ -204,11 +469,25 @@ def param_breakdown(m: ModelShape) -> ParamBreakdown:
     by = {"attention": 0, "mlp": 0, "expert": 0, "extra": 0}
     for li in block_linears(m):
         by[li.kind] += li.params
-    biases = m.layers * (m.q_dim + 2 * m.kv_dim) if m.qkv_bias else 0
-    norms = m.layers * 2 * m.hidden + m.hidden            # input + post-attention RMSNorm, final norm
+    L, M = m.layers, m.moe_layers
+    biases = L * (m.q_dim + 2 * m.kv_dim) if m.qkv_bias else 0
+    biases += L * m.hidden if m.o_bias else 0
+    expert_biases = 0
+    if m.mlp_bias:
+        dense = L - M
+        biases += dense * (2 * m.intermediate + m.hidden)
+        expert_biases = M * m.experts * (2 * m.expert_intermediate + m.hidden)
+        if m.shared_expert_intermediate:
+            biases += M * (2 * m.shared_expert_intermediate + m.hidden)
+    norms = L * m.norms_per_layer * m.hidden + m.hidden     # per-block norms, final norm
     if m.qk_norm:
-        norms += m.layers * 2 * m.head_dim
-    router = m.layers * m.hidden * m.experts if m.is_moe else 0
+        norms += L * 2 * m.head_dim
+    if m.is_mla:
+        norms += L * (m.q_lora_rank + m.kv_lora_rank)       # q_a_layernorm, kv_a_layernorm
+    if m.attention_sinks:
+        norms += L * m.heads
+    router = M * (m.hidden * m.experts + (m.experts if m.router_bias else 0)
+                  + (m.hidden if m.shared_expert_gate else 0))
     return ParamBreakdown(
         embedding=m.vocab * m.hidden,
         head=0 if m.tied_embeddings else m.vocab * m.hidden,
@@ -216,28 +495,43 @@ def param_breakdown(m: ModelShape) -> ParamBreakdown:
         mlp=by["mlp"] + by["expert"],
         extra=by["extra"],
         router=router,
-        biases=biases,
+        biases=biases + expert_biases,
         norms=norms,
+        experts=by["expert"] + expert_biases,
     )
 
 
 def param_count(m: ModelShape, active: bool = False) -> int:
-    """Total parameters; with active=True, those one token uses (MoE: active experts only)."""
+    """Total parameters; with active=True, those one token uses (MoE: its active routed experts;
+    the embedding counts, as Mixtral's, Qwen's and DeepSeek's published "active" figures do)."""
     b = param_breakdown(m)
     if not active or not m.is_moe:
         return b.total
-    inactive = b.mlp * (m.experts - m.active_experts) // m.experts
+    inactive = b.experts * (m.experts - m.active_experts) // m.experts
     return b.total - inactive
 
 
 def matmul_params_per_token(m: ModelShape, include_head: bool = True) -> int:
     """Weights a token multiplies with (2 FLOPs each): active block linears + head. No embedding."""
-    b = param_breakdown(m)
-    mlp = b.mlp * m.active_experts // m.experts if m.is_moe else b.mlp
-    n = b.attention + mlp + b.extra + b.router
+    by = {"attention": 0, "mlp": 0, "expert": 0, "extra": 0}
+    for li in block_linears(m):
+        by[li.kind] += li.params
+    experts = by["expert"] * m.active_experts // m.experts if m.is_moe else 0
+    n = by["attention"] + by["mlp"] + experts + by["extra"] + param_breakdown(m).router
     if include_head:
         n += m.vocab * m.hidden
     return n
+
+
+def expected_experts_touched(experts: int, active: int, tokens: float) -> float:
+    """Expected distinct experts of one MoE layer that `tokens` tokens touch, each routed to
+    `active` of `experts` uniformly and independently: E * (1 - (1 - k/E)^T). One token touches k;
+    T -> infinity touches all E. Real routers are not uniform, so measured counts fall below this."""
+    if experts <= 0 or not 0 < active <= experts:
+        raise ShapeError(f"expected_experts_touched: need 0 < active ({active}) <= experts ({experts})")
+    if tokens < 0:
+        raise ShapeError(f"expected_experts_touched: tokens {tokens} is negative")
+    return experts * (1.0 - (1.0 - active / experts) ** tokens)
 
 
 # ------------------------------------------------------------------ bytes
@@ -359,8 +653,7 @@ def decode_read_bytes(model: ModelShape, precision: str, tokens_in_step: int = 1
 
     Every block linear and the head are read once per step whatever the batch (that is why decode
     is memory-bound). The embedding table is not read, only the rows of the step's tokens. For MoE,
-    only experts some token is routed to are read: with uniform routing of T tokens to k of E
-    experts, the expected fraction touched is 1 - (1 - k/E)^T.
+    only experts some token is routed to are read: expected_experts_touched(E, k, T) / E of them.
     """
     wb = weight_bytes_breakdown(model, precision, quantize_embeddings, quantize_head, group_size, **kw)
     head = wb.head if not wb.head_shares_embedding else wb.embedding
@@ -368,45 +661,95 @@ def decode_read_bytes(model: ModelShape, precision: str, tokens_in_step: int = 1
     dense = wb.blocks - wb.experts
     experts = wb.experts
     if model.is_moe and experts:
-        frac = 1.0 - (1.0 - model.active_experts / model.experts) ** max(1, tokens_in_step)
-        experts = experts * frac
+        touched = expected_experts_touched(model.experts, model.active_experts, max(1, tokens_in_step))
+        experts = experts * touched / model.experts
     return dense + experts + head + wb.small + min(tokens_in_step, model.vocab) * row_bytes
 
 
 _KV_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5}
 
 
-def kv_bytes_per_token(model: ModelShape, kv_dtype: str = "bf16") -> float:
-    """KV-cache bytes one token occupies: 2 (K and V) * layers * kv_heads * head_dim * bytes.
+def kv_layer_bytes(model: ModelShape, kv_dtype: str = "bf16") -> float:
+    """KV-cache bytes one token occupies in one layer.
 
-    int8/int4 KV caches also hold one fp16 scale (int4: scale and zero point) per token, layer and
-    KV head; fp8 uses per-tensor scales (negligible).
+    Ordinary attention: 2 (K and V) * kv_heads * head_dim * bytes (engine.common.formulas).
+    MLA (DeepSeek): one latent of kv_lora_rank + qk_rope_head_dim values, shared by all heads.
+    int8/int4 caches add one fp16 scale (int4: scale and zero point) per cached vector (K and V
+    of each KV head; MLA: the latent); fp8 uses per-tensor scales (negligible).
     """
     k = (kv_dtype or "").strip().lower()
     if k not in _KV_BYTES:
         raise ShapeError(f"unknown KV dtype '{kv_dtype}'; choose one of {', '.join(KV_DTYPES)}")
-    b = _kv_base_bytes(model.layers, model.kv_heads, model.head_dim, _KV_BYTES[k])
-    per = 2 * model.layers * model.kv_heads       # K and V scale entries per token (one per layer and head)
-    if k == "int8":
-        b += per * 2
-    elif k == "int4":
-        b += per * 4
-    return b
+    if model.is_mla:
+        b, vectors = (model.kv_lora_rank + model.qk_rope_head_dim) * _KV_BYTES[k], 1
+    else:
+        b, vectors = _kv_base_bytes(1, model.kv_heads, model.head_dim, _KV_BYTES[k]), 2 * model.kv_heads
+    return b + vectors * {"int8": 2, "int4": 4}.get(k, 0)
+
+
+def kv_cache_bytes(model: ModelShape, context: float, kv_dtype: str = "bf16") -> float:
+    """KV bytes one sequence of `context` tokens holds: global layers keep every token, the
+    `local_layers` with a sliding window keep the last min(context, sliding_window).
+      = kv_layer_bytes * (global_layers * context + local_layers * min(context, sliding_window))"""
+    held_local = min(context, model.sliding_window) if model.local_layers else 0.0
+    return kv_layer_bytes(model, kv_dtype) * (model.global_layers * context + model.local_layers * held_local)
+
+
+def kv_bytes_per_token(model: ModelShape, kv_dtype: str = "bf16", context: float | None = None) -> float:
+    """KV-cache bytes per token: kv_cache_bytes(model, context) / context, the average over a
+    sequence of `context` tokens. Without `context`, every layer keeps the token (for a model
+    without sliding windows that is exact at any context; with windows it is the upper bound,
+    reached while context <= sliding_window)."""
+    if context is None or context <= 0:
+        return kv_layer_bytes(model, kv_dtype) * model.layers
+    return kv_cache_bytes(model, context, kv_dtype) / context
+
+
+def attention_pair_flops(model: ModelShape, prefill: bool = False) -> float:
+    """FLOPs one layer spends per (new token, cached token) pair: QK^T and AV.
+    Ordinary attention 4 * heads * head_dim. MLA: decode runs on the latent (weights absorbed, as
+    vLLM does): 2 * heads * (2 * kv_lora_rank + qk_rope_head_dim); prefill expands K and V:
+    2 * heads * (qk_head_dim + v_head_dim)."""
+    if not model.is_mla:
+        return 4.0 * model.q_dim
+    if prefill:
+        return 2.0 * model.heads * (model.head_dim + model.v_head_dim)
+    return 2.0 * model.heads * (2 * model.kv_lora_rank + model.qk_rope_head_dim)
+
+
+def attention_flops(model: ModelShape, context: float, prefill: bool = False) -> float:
+    """Attention FLOPs of one token against `context` cached tokens, all layers; a local layer
+    attends to at most sliding_window of them."""
+    held_local = min(context, model.sliding_window) if model.local_layers else 0.0
+    return attention_pair_flops(model, prefill) * (model.global_layers * context + model.local_layers * held_local)
 
 
 def flops_per_token(model: ModelShape, context: float, include_head: bool = True) -> float:
     """Forward FLOPs of one token attending to `context` earlier tokens:
-    2 * (matmul params) + 4 * layers * q_dim * context (QK^T and AV)."""
-    return 2.0 * matmul_params_per_token(model, include_head) + 4.0 * model.layers * model.q_dim * context
+    2 * (matmul params) + attention_flops (4 * layers * q_dim * context without windows or MLA)."""
+    return 2.0 * matmul_params_per_token(model, include_head) + attention_flops(model, context)
+
+
+def _sum_min(past: float, tokens: float, window: float) -> float:
+    """sum of min(past + i, window) for i = 1..tokens (window <= 0: no cap)."""
+    a, b = past + 1, past + tokens
+    if window <= 0 or b <= window:
+        return tokens * (past + (tokens + 1) / 2.0)
+    if a > window:
+        return window * tokens
+    return (a + window) * (window - a + 1) / 2.0 + window * (b - window)
 
 
 def prefill_flops(model: ModelShape, tokens: int, past: int = 0) -> float:
     """FLOPs to prefill `tokens` prompt tokens (causal): linears for every token, the head only for
-    the last one, attention 4*layers*q_dim*sum(context) with sum(context) = tokens*(past + (tokens+1)/2)."""
+    the last one, attention attention_pair_flops(prefill) * sum(context) over layers, with
+    sum(context) = tokens*(past + (tokens+1)/2) (a local layer's context capped at its window)."""
     lin = 2.0 * matmul_params_per_token(model, include_head=False) * tokens
     head = 2.0 * model.vocab * model.hidden
-    attn = 4.0 * model.layers * model.q_dim * tokens * (past + (tokens + 1) / 2.0)
-    return lin + head + attn
+    pairs = model.global_layers * _sum_min(past, tokens, 0)
+    if model.local_layers:
+        pairs += model.local_layers * _sum_min(past, tokens, model.sliding_window)
+    return lin + head + attention_pair_flops(model, prefill=True) * pairs
 
 
 # ------------------------------------------------------------------ real checkpoints
