@@ -56,7 +56,10 @@ def add_parser(subparsers, stored_runs: StoreReader | None = None,
     p = subparsers.add_parser(
         "plan", help="GPUs, precision and speculation for a workload, ranked by cost",
         description="Project the lab's measurements onto production GPUs: GPUs needed, $/1M tokens, $/month.")
-    p.add_argument("--model", default="default", help="catalog model (see --models-table); default: the lab's default")
+    p.add_argument("--model", default=None, help="catalog model (see --models-table); default: the lab's default")
+    p.add_argument("--model-config", default=None, metavar="CONFIG_JSON",
+                   help="plan any model from its Hugging Face config.json instead of a catalog model "
+                        f"(model types: {', '.join(shapes.HF_MODEL_TYPES)})")
     p.add_argument("--rate", type=float, default=1.0, help="requests per second (default 1)")
     p.add_argument("--input", type=int, default=512, help="prompt tokens per request (default 512)")
     p.add_argument("--output", type=int, default=256, help="output tokens per request (default 256)")
@@ -195,8 +198,28 @@ def run(args, stored_runs: StoreReader | None = None, stored_gpu_overrides: Stor
         return 2
 
 
-def _run(a, stored_runs: StoreReader | None, stored_gpu_overrides: StoreReader | None) -> int:
+def _models(a) -> tuple[dict, list[str]]:
+    """The catalog, plus the --model-config shape (first, so its name wins), and that file's notes;
+    sets a.model to the model to plan."""
     models = shapes.load_models()
+    if not a.model_config:
+        a.model = a.model or "default"
+        return models, []
+    if a.model:
+        raise planner.PlanError("model-config", f"give either --model ({a.model}) or --model-config, not both")
+    notes: list[str] = []
+    try:
+        shape = shapes.shape_from_hf_config_file(a.model_config, notes=notes)
+    except shapes.ShapeError as e:
+        raise planner.PlanError("model-config", str(e)) from None
+    a.model = shape.name
+    return {shape.name: shape, **{k: m for k, m in models.items() if k != shape.name}}, notes
+
+
+def _run(a, stored_runs: StoreReader | None, stored_gpu_overrides: StoreReader | None) -> int:
+    models, config_notes = _models(a)
+    for n in config_notes:
+        print(f"note: {n}", file=sys.stderr)
     if a.models_table:
         rows = [{"model": m.name, "params": f"{shapes.param_count(m) / 1e9:.2f}B",
                  "active": f"{shapes.param_count(m, True) / 1e9:.2f}B",

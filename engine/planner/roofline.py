@@ -140,7 +140,10 @@ def allreduce_time(nbytes: float, tp: int, gpu: GPU) -> float:
 
 
 def kv_shard(model: ModelShape, tp: int) -> float:
-    """Fraction of a token's KV one GPU holds: KV heads are split over tp, replicated past kv_heads."""
+    """Fraction of a token's KV one GPU holds: KV heads are split over tp, replicated past kv_heads.
+    MLA's latent is one vector for all heads: every GPU holds all of it (as vLLM does under TP)."""
+    if model.is_mla:
+        return 1.0
     return math.ceil(model.kv_heads / tp) / model.kv_heads
 
 
@@ -149,12 +152,16 @@ class _Coef:
     """Per-GPU roofline coefficients of one (model, precision) in a deployment."""
 
     w_fixed: float        # bytes read every step whatever the batch (dense blocks, head, norms)
-    w_experts: float      # MoE expert bytes (a fraction is read, depending on tokens)
-    moe_keep: float       # 1 - active/experts (0 for dense)
+    w_experts: float      # MoE expert bytes (the touched share is read, depending on tokens)
+    experts: int          # routed experts per MoE layer (0 for dense)
+    active: int           # experts each token is routed to
     row: float            # embedding row bytes per token
-    kv_tok: float         # KV bytes per cached token
+    kv_tok: float         # KV bytes per cached token in the global layers
+    kv_local: float       # KV bytes per cached token in the sliding-window layers (they hold <= window)
+    window: int           # sliding window (0: none)
     f_lin: float          # FLOPs per token for the matmuls (incl. head)
-    f_attn: float         # FLOPs per token per cached token
+    f_attn: float         # FLOPs per token per cached token, global layers
+    f_attn_local: float   # FLOPs per token per cached token, sliding-window layers (<= window of them)
     inv_bw_w: float       # s/byte for weights
     inv_bw_kv: float      # s/byte for KV
     inv_flops: float      # s/FLOP
@@ -176,6 +183,8 @@ def _coef(dep: Deployment, model: ModelShape, precision: str, layers_overhead: b
     cdt, _ = compute_dtype(gpu, precision)
     peak = (gpu.peak_tflops(cdt) if cdt else None) or 1e-9
     bw = gpu.mem_bw_tbs * 1e12
+    kv_layer = shapes.kv_layer_bytes(model, dep.kv_dtype) * kv_shard(model, tp)
+    pair = shapes.attention_pair_flops(model) / tp
     if tp > 1:
         link_bw = max(gpu.interconnect_gbs, 1e-3) * 1e9 * ALLREDUCE_BW_FRACTION
         lat = ALLREDUCE_LATENCY_US["nvlink" if gpu.nvlink else "pcie"] * 1e-6
@@ -186,11 +195,15 @@ def _coef(dep: Deployment, model: ModelShape, precision: str, layers_overhead: b
     c = _Coef(
         w_fixed=(wb.blocks - wb.experts + head + wb.small) / tp,
         w_experts=wb.experts / tp,
-        moe_keep=(1.0 - model.active_experts / model.experts) if model.is_moe else 0.0,
+        experts=model.experts,
+        active=model.active_experts,
         row=wb.embedding / model.vocab / tp,
-        kv_tok=shapes.kv_bytes_per_token(model, dep.kv_dtype) * kv_shard(model, tp),
+        kv_tok=kv_layer * model.global_layers,
+        kv_local=kv_layer * model.local_layers,
+        window=model.sliding_window,
         f_lin=2.0 * shapes.matmul_params_per_token(model) / tp,
-        f_attn=4.0 * model.layers * model.q_dim / tp,
+        f_attn=pair * model.global_layers,
+        f_attn_local=pair * model.local_layers,
         inv_bw_w=1.0 / (eff.mem_bw * bw),
         inv_bw_kv=1.0 / (fam.kv_mem_bw * bw),
         inv_flops=1.0 / (eff.compute * peak * 1e12),
@@ -206,9 +219,10 @@ def _step_parts(c: _Coef, batch: float, context: float, tokens_per_seq: float):
     tokens = batch * tokens_per_seq
     w = c.w_fixed + c.row * tokens
     if c.w_experts:
-        w += c.w_experts * (1.0 - c.moe_keep ** max(1.0, tokens))
-    kv = batch * context * c.kv_tok
-    flops = tokens * (c.f_lin + c.f_attn * context)
+        w += c.w_experts * shapes.expected_experts_touched(c.experts, c.active, max(1.0, tokens)) / c.experts
+    held = min(context, c.window) if c.window else 0.0
+    kv = batch * (context * c.kv_tok + held * c.kv_local)
+    flops = tokens * (c.f_lin + c.f_attn * context + c.f_attn_local * held)
     t_comm = c.comm_lat + c.comm_tok * tokens if c.comm_lat else 0.0
     return tokens, w, kv, flops, t_comm
 
@@ -243,7 +257,7 @@ def prefill_step(dep: Deployment, tokens: int, batch: int = 1) -> Step:
     eff, _ = dep.efficiency()
     fam = dep.family_obj()
     wbytes = shapes.weight_bytes(m, dep.precision, dep.quantize_embeddings, dep.quantize_head, dep.group_size) / tp
-    kvw = batch * tokens * shapes.kv_bytes_per_token(m, dep.kv_dtype) * kv_shard(m, tp)
+    kvw = batch * shapes.kv_cache_bytes(m, tokens, dep.kv_dtype) * kv_shard(m, tp)
     flops = batch * shapes.prefill_flops(m, tokens) / tp
     cdt, _ = compute_dtype(gpu, dep.precision)
     peak = (gpu.peak_tflops(cdt) if cdt else None) or 1e-9
@@ -313,12 +327,21 @@ class Memory:
     weights: float
     draft_weights: float
     reserve: float
-    kv_per_token: float          # per GPU, target + draft
-    kv_budget_tokens: float      # tokens of KV the replica can hold
+    kv_per_token: float          # per GPU, target + draft, every layer holding the token
+    kv_budget_tokens: float      # tokens of KV the replica can hold (at kv_per_token each)
     fits: bool
+    kv_windowed: tuple = ()      # (bytes per token, window) of sliding-window layers, part of kv_per_token
+
+    def kv_bytes(self, tokens: float) -> float:
+        """Per-GPU KV bytes of one request of `tokens` tokens: a sliding-window layer keeps at most
+        its window of them."""
+        return self.kv_per_token * tokens - sum(b * max(0.0, tokens - w) for b, w in self.kv_windowed)
 
     def max_concurrency(self, tokens_per_request: int) -> int:
-        return max(0, int(self.kv_budget_tokens // max(1, tokens_per_request)))
+        if not self.kv_windowed:
+            return max(0, int(self.kv_budget_tokens // max(1, tokens_per_request)))
+        free = self.kv_budget_tokens * self.kv_per_token
+        return max(0, int(free // self.kv_bytes(max(1, tokens_per_request))))
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -326,8 +349,12 @@ class Memory:
 
 def activation_reserve(model: ModelShape, tp: int) -> float:
     """Bytes held outside weights and KV: 1 GiB (CUDA context, graphs, workspaces; assumption) plus
-    the activations of one PREFILL_CHUNK_TOKENS chunk: tokens*(2*intermediate + 4*hidden + q + 2*kv)*2 B / tp."""
-    width = 2 * model.intermediate + 4 * model.hidden + model.q_dim + 2 * model.kv_dim
+    the activations of one PREFILL_CHUNK_TOKENS chunk: tokens*(2*ffn + 4*hidden + q + 2*kv)*2 B / tp,
+    ffn = intermediate, or for MoE layers active_experts * expert width + shared expert width."""
+    ffn = model.intermediate if model.moe_layers < model.layers else 0
+    if model.is_moe:
+        ffn = max(ffn, model.active_experts * model.expert_intermediate + model.shared_expert_intermediate)
+    width = 2 * ffn + 4 * model.hidden + model.q_dim + 2 * model.kv_dim
     return GIB + PREFILL_CHUNK_TOKENS * width * 2 / tp
 
 
@@ -338,12 +365,20 @@ def memory(dep: Deployment) -> Memory:
     usable = g.memory_gb * GIB * util
     w = shapes.weight_bytes(m, dep.precision, dep.quantize_embeddings, dep.quantize_head, dep.group_size) / tp
     kvpt = shapes.kv_bytes_per_token(m, dep.kv_dtype) * kv_shard(m, tp)
+    windowed = _windowed(m, dep.kv_dtype, tp)
     dw = 0.0
     if dep.spec is not None and dep.spec.draft_kind in ("model", "self") and dep.spec.draft_cost_ratio is None:
         dm = dep.draft or m
         dp = dep.spec.draft_precision or ("int4" if dep.spec.draft_kind == "self" else dep.precision)
         dw = shapes.weight_bytes(dm, dp, dep.quantize_embeddings, dep.quantize_head, dep.group_size) / tp
         kvpt += shapes.kv_bytes_per_token(dm, dep.kv_dtype) * kv_shard(dm, tp)
+        windowed += _windowed(dm, dep.kv_dtype, tp)
     reserve = dep.reserve_gib * GIB if dep.reserve_gib is not None else activation_reserve(m, tp)
     free = usable - w - dw - reserve
-    return Memory(usable, w, dw, reserve, kvpt, max(0.0, free / kvpt), free > 0)
+    return Memory(usable, w, dw, reserve, kvpt, max(0.0, free / kvpt), free > 0, windowed)
+
+
+def _windowed(m: ModelShape, kv_dtype: str, tp: int) -> tuple:
+    if not m.local_layers:
+        return ()
+    return ((shapes.kv_layer_bytes(m, kv_dtype) * m.local_layers * kv_shard(m, tp), m.sliding_window),)

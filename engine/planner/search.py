@@ -135,10 +135,10 @@ def _price(gpu: GPU, w: Workload) -> float:
 
 
 def _fits_reason(dep: Deployment, mem: Memory, per_request: int) -> str:
-    need = (mem.weights + mem.draft_weights + mem.reserve + mem.kv_per_token * per_request) / GIB
+    need = (mem.weights + mem.draft_weights + mem.reserve + mem.kv_bytes(per_request)) / GIB
     draft = f" + draft {mem.draft_weights / GIB:.1f} GiB" if mem.draft_weights else ""
     return (f"weights {mem.weights / GIB:.1f} GiB{draft} + reserve {mem.reserve / GIB:.1f} GiB + KV for one request "
-            f"{mem.kv_per_token * per_request / GIB:.2f} GiB per GPU = {need:.1f} GiB > {mem.usable / GIB:.1f} GiB "
+            f"{mem.kv_bytes(per_request) / GIB:.2f} GiB per GPU = {need:.1f} GiB > {mem.usable / GIB:.1f} GiB "
             f"usable on {dep.gpu.name} at TP {dep.tp}")
 
 
@@ -221,7 +221,7 @@ def evaluate_plan(dep: Deployment, w: Workload) -> Plan:
     plan.usd_per_1m_input = usd_s * at.prefill_util / in_tok_s * 1e6
     plan.usd_per_1m_output = usd_s * (1 - at.prefill_util) / out_tok_s * 1e6
     plan.usd_per_1m_tokens = usd_s / (in_tok_s + out_tok_s) * 1e6
-    kv_used = at.batch * (I + O / 2) * mem.kv_per_token
+    kv_used = at.batch * mem.kv_bytes(I + O / 2)
     plan.kv_gb_per_gpu = kv_used / 1e9
     step = decode_step(dep, max(at.batch, 1.0), I + O / 2)
     plan.bound = step.bound
@@ -236,8 +236,10 @@ def _why(dep, w, mem, at, step, rmax, replicas, price, eff, eff_src, cnote) -> l
     pf = prefill_step(dep, I)
     ys = [
         Why("weights per GPU", f"weight_bytes({m.name}, {dep.precision}) / TP {dep.tp}", mem.weights / 1e9, "GB"),
-        Why("KV per token per GPU", f"2 * {m.layers} layers * {m.kv_heads} KV heads * {m.head_dim} * "
-            f"bytes({dep.kv_dtype}) (x draft, / TP shard)", mem.kv_per_token, "B"),
+        Why("KV per token per GPU", (f"{m.layers} layers * ({m.kv_lora_rank} + {m.qk_rope_head_dim}) MLA latent"
+            if m.is_mla else f"2 * {m.layers} layers * {m.kv_heads} KV heads * {m.head_dim}") + f" * bytes({dep.kv_dtype})"
+            + (f"; {m.local_layers} layers keep only {m.sliding_window} tokens" if m.local_layers else "")
+            + " (x draft, / TP shard)", mem.kv_per_token, "B"),
         Why("KV budget", f"({g.memory_gb:g} GiB * mem_util {mem.usable / (g.memory_gb * GIB):.2f} - weights - "
             f"reserve {mem.reserve / GIB:.1f} GiB) / KV per token", mem.kv_budget_tokens, "tokens"),
         Why("max concurrency", f"KV budget / ({I} + {O}) tokens per request, capped at max_batch {dep.max_batch}",
@@ -352,7 +354,7 @@ def plan(w: Workload, gpus: Mapping[str, GPU] | None = None, models: Mapping[str
 def _need_gib(model: ModelShape, w: Workload, p: str, tp: int) -> float:
     """GiB one GPU needs at TP `tp`: weights/tp + reserve + KV for one request, over mem_util 0.9."""
     wb = shapes.weight_bytes(model, p, w.quantize_embeddings, w.quantize_head, w.group_size)
-    kv = shapes.kv_bytes_per_token(model, w.kv_dtype) * (w.input_tokens + w.output_tokens) * kv_shard(model, tp)
+    kv = shapes.kv_cache_bytes(model, w.input_tokens + w.output_tokens, w.kv_dtype) * kv_shard(model, tp)
     return (wb / tp + kv + activation_reserve(model, tp)) / (w.mem_util or 0.9) / GIB
 
 

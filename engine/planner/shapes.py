@@ -263,7 +263,8 @@ def shape_from_hf_config(cfg: Mapping, name: str = "custom", *, notes: list | No
                          **extra) -> ModelShape:
     """Build a shape from a Hugging Face config.json dict, exactly as transformers builds the model.
 
-    Model types: HF_MODEL_TYPES (a config without model_type is read as Llama-style). A field that
+    Model types: HF_MODEL_TYPES (a config without model_type is read as Llama-style, its
+    attention_bias on q/k/v only, as the lab's tiny test models have it). A field that
     would change bytes or FLOPs in a way the shape cannot hold is refused by name (ShapeError); a
     field the planner does not know is named in `notes` (a list to append to), since most are
     harmless; so are what the plan leaves out (a vision tower, DeepSeek's MTP layers, the
@@ -306,7 +307,7 @@ def shape_from_hf_config(cfg: Mapping, name: str = "custom", *, notes: list | No
     vocab = _req(cfg, "vocab_size", where)
     bias = bool(cfg.get("attention_bias", False))
     kw: dict = dict(
-        qkv_bias=bias, o_bias=bias, mlp_bias=bool(cfg.get("mlp_bias", False)),
+        qkv_bias=bias, o_bias=bias and "model_type" in cfg, mlp_bias=bool(cfg.get("mlp_bias", False)),
         head_dim=int(cfg.get("head_dim") or hidden // heads),
         tied_embeddings=bool(cfg.get("tie_word_embeddings", mt in _TIED_BY_DEFAULT)),
     )

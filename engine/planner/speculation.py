@@ -68,12 +68,12 @@ class SpecConfig:
 
 def default_draft(model: ModelShape, models: Mapping[str, ModelShape]) -> ModelShape | None:
     """A usable draft from the catalog: same family and tokenizer, at most half the target's
-    parameters; a sibling of the same line (qwen2.5-coder-* for qwen2.5-coder-*) first, then the
+    active parameters (an MoE target's per-token cost is its active part); a sibling of the same line (qwen2.5-coder-* for qwen2.5-coder-*) first, then the
     smallest. None when the catalog has none (plans then use n-gram drafting)."""
     prefix = model.name.rsplit("-", 1)[0]
     # Same tokenizer: vocab sizes may differ by padding (Qwen2.5: 151936 small, 152064 large).
     same = [m for m in models.values() if m.family == model.family and abs(m.vocab - model.vocab) <= 0.01 * model.vocab
-            and m.name != model.name and shapes.param_count(m) * 2 <= shapes.param_count(model)
+            and m.name != model.name and shapes.param_count(m, True) * 2 <= shapes.param_count(model, True)
             and m.extra_linear_params == 0]
     if not same:
         return None

@@ -54,7 +54,7 @@ def batch_sweep(model: ModelShape, gpu: GPU, precisions: Sequence[str], batches:
             row = {"batch": b, "precision": p, "step_ms": _ms(st.total), "tpot_ms": _ms(st.total),
                    "tok_s": b / st.total, "bound": st.bound,
                    "kv_share": st.t_kv / st.t_memory if st.t_memory else 0.0,
-                   "fits": mem.kv_budget_tokens >= b * context}
+                   "fits": mem.max_concurrency(context) >= b}
             if spec is not None:
                 sdep = replace(dep, spec=spec, draft=draft)
                 ss = spec_step(sdep, b, context)
@@ -108,7 +108,7 @@ def packing(model: ModelShape, gpu: GPU, precisions: Sequence[str] = PRECISIONS,
     for p in precisions:
         runnable = compute_dtype(gpu, p)[0] is not None
         wb = shapes.weight_bytes(model, p)
-        kv = shapes.kv_bytes_per_token(model, kv_dtype) * context_tokens * concurrency
+        kv = shapes.kv_cache_bytes(model, context_tokens, kv_dtype) * concurrency
         per = wb + kv + per_replica_overhead_gib * GIB
         n = int(usable // per) if runnable else 0
         rows.append({"precision": p, "replicas": n, "runnable": runnable, "weights_gb": wb / 1e9,
