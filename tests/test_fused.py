@@ -189,9 +189,11 @@ def test_fallbacks_are_recorded(small_int4):
 
 
 def test_rope_frequencies_are_the_models():
-    class Cfg:
-        head_dim, rope_theta = 64, 1e6
-    cos, _ = rope_tables(Cfg, torch.tensor([1]))
+    from engine.infer.model import ModelConfig
+
+    cfg = ModelConfig(vocab_size=8, hidden_size=64, intermediate_size=64, num_layers=1, num_heads=1, num_kv_heads=1,
+                      head_dim=64, rope_theta=1e6)
+    (cos, _), = rope_tables(cfg, Rows.of([(0, 1, 1)], "cpu")).values()
     assert torch.equal(cos[0, 0, :32], torch.cos(ops.rope.rope_inv_freq(64, 1e6)))
 
 

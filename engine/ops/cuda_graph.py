@@ -21,7 +21,6 @@ import torch
 import torch.nn.functional as F
 
 from engine.ops import build as _build
-from engine.ops.rope import rope_inv_freq
 
 __all__ = ["decode_step", "GraphedDecode", "graphed_forward", "graph_supported"]
 
@@ -67,7 +66,7 @@ def decode_step(model, tokens: torch.Tensor, slots: torch.Tensor, pos: torch.Ten
     dt = model.model.norm.weight.dtype
     B = tokens.shape[0]
     res = model.model.embed_tokens(tokens).to(dt)
-    inv = rope_inv_freq(D, cfg.rope_theta).to(tokens.device)
+    inv = cfg.ropes[0].inv_freq().to(tokens.device)
     freqs = pos.float()[:, None] * inv[None]
     emb = torch.cat([freqs, freqs], dim=-1)
     cos, sin = emb.cos()[:, None], emb.sin()[:, None]
@@ -101,6 +100,9 @@ def graph_supported(model) -> str | None:
     for mod in model.modules():
         if type(mod).__module__.startswith("bitsandbytes"):
             return "bitsandbytes layers are not captured in CUDA graphs"
+    beyond = getattr(model.cfg, "features", lambda: ())()
+    if beyond:
+        return f"{getattr(model.cfg, 'family', 'model')} uses {', '.join(beyond)} (the graphed step is plain Llama/Qwen2)"
     if model.cfg.head_dim not in (64, 128) or model.cfg.num_heads // model.cfg.num_kv_heads > 8:
         return "head_dim or GQA group not covered by the decode-attention kernel"
     return None

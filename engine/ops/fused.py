@@ -46,6 +46,8 @@ __all__ = ["fused_forward_rows", "fused_info", "fused_profile", "reset_fused_sta
            "FUSED_MAX_ROWS", "rope_inv_freq", "split_rows"]
 
 FUSED_MAX_ROWS = 64  # rows per C++ call (FUSED_MAX_ROWS in kernels/cpu/fused_kernels.h); more are split
+# ModelConfig.features() the C++ step computes; a model using any other runs the PyTorch path (reason counted)
+FUSED_FEATURES: frozenset[str] = frozenset()
 
 _lock = threading.Lock()
 _plans: "weakref.WeakKeyDictionary[torch.nn.Module, tuple]" = weakref.WeakKeyDictionary()
@@ -182,6 +184,9 @@ def _build_plan(model, ext):
         lins.append(_lin_spec(m.down_proj, f"layer {i} down_proj"))
     norms.append(_norm_w(model.model.norm, "final norm"))
     lins.append(_lin_spec(model.lm_head, "lm_head", optional=True))
+    beyond = [f for f in getattr(cfg, "features", lambda: ())() if f not in FUSED_FEATURES]
+    if beyond:
+        raise _Unsupported(f"{getattr(cfg, 'family', 'model')} uses {', '.join(beyond)} (not in the fused step)")
     if cfg.head_dim not in (64, 128):
         raise _Unsupported(f"head_dim {cfg.head_dim} (the fused attention has 64 and 128)")
     if cfg.intermediate_size % 64 or cfg.hidden_size % 32:
@@ -189,7 +194,7 @@ def _build_plan(model, ext):
     dims = [cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
             cfg.intermediate_size, cfg.vocab_size]
     try:
-        return ext.make_fused_plan(dims, float(cfg.rms_eps), rope_inv_freq(cfg.head_dim, cfg.rope_theta),
+        return ext.make_fused_plan(dims, float(cfg.rms_eps), cfg.ropes[0].inv_freq(),
                                    norms, lins)
     except RuntimeError as e:  # a shape or layout the C++ side refuses
         raise _Unsupported(str(e).splitlines()[0][:200]) from None
