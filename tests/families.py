@@ -77,10 +77,10 @@ def tokenizer(vocab: int = VOCAB):
     return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
 
 
-def build(family: str, folder: Path, seed: int = 0, **overrides) -> Path:
+def build(family: str, folder: Path, seed: int = 0, tokenizer_vocab: int = VOCAB, **overrides) -> Path:
     """Save a tiny `family` model (fp32 safetensors) and its tokenizer into `folder`."""
     folder = Path(folder)
     if not (folder / "config.json").exists():
         hf_model(family, seed, **overrides).save_pretrained(folder)
-        tokenizer().save_pretrained(folder)
+        tokenizer(tokenizer_vocab).save_pretrained(folder)
     return folder

@@ -191,7 +191,7 @@ def read_config(cfg: dict, source: str = "config.json") -> dict:
         missing += [k for k in ("num_experts_per_tok",) if cfg.get(k) is None]
     if missing:
         raise UserError(f"{source} lacks required field(s): {', '.join(missing)}", "use the model's complete config.json")
-    check_fields(cfg, source)
+    ignored = check_fields(cfg, source)
     if cfg.get("quantization_config"):
         _refuse(source, "quantization_config", (cfg["quantization_config"] or {}).get("quant_method", "?"),
                 "load the unquantized (bf16/fp32) checkpoint; the lab quantizes it itself (--precision int8/int4)")
@@ -212,7 +212,7 @@ def read_config(cfg: dict, source: str = "config.json") -> dict:
         intermediate_size=int(cfg.get("intermediate_size") or 0), num_layers=layers, num_heads=heads,
         num_kv_heads=int(cfg.get("num_key_value_heads") or heads), head_dim=head_dim,
         rope_theta=ropes[0].theta, rms_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-        max_position=int(cfg.get("max_position_embeddings", 32768)),
+        max_position=_context(cfg, ropes),
         tie_embeddings=bool(cfg.get("tie_word_embeddings", fam.gemma)),
         qkv_bias=fam.qkv_bias or attn_bias, o_bias=attn_bias and not fam.qkv_bias,
         mlp_bias=bool(cfg.get("mlp_bias", False)),
@@ -223,7 +223,7 @@ def read_config(cfg: dict, source: str = "config.json") -> dict:
         attn_softcap=float(cfg.get("attn_logit_softcapping") or 0.0) if fam.gemma else 0.0,
         final_softcap=float(cfg.get("final_logit_softcapping") or 0.0) if fam.gemma else 0.0,
         layer_types=types, sliding_window=int(cfg.get("sliding_window") or 0) if "sliding_attention" in types else 0,
-        ropes=ropes, fused_checkpoint=fam.fused_checkpoint,
+        ropes=ropes, fused_checkpoint=fam.fused_checkpoint, ignored_fields=tuple(ignored),
     )
     if fam.moe:
         kw.update(_moe_fields(cfg, fam, layers, source))
@@ -232,6 +232,14 @@ def read_config(cfg: dict, source: str = "config.json") -> dict:
     eos = cfg.get("eos_token_id")
     kw["eos_token_ids"] = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
     return kw
+
+
+def _context(cfg: dict, ropes) -> int:
+    """Positions a sequence may use: max_position_embeddings, times the factor of dynamic NTK scaling
+    (its config names the pretraining length there, and the scaling is what extends it)."""
+    n = int(cfg.get("max_position_embeddings", 32768))
+    dyn = [r.factor for r in ropes if r.type == "dynamic"]
+    return int(n * max(dyn)) if dyn else n
 
 
 def _per_type_rope(cfg: dict) -> bool:

@@ -137,6 +137,11 @@ def load_setup(setup, get=None, progress=None) -> LoadedSetup:
     get = get or load
     device = resolve_device(setup.device)
     target = get(setup.model, target_spec(setup), device, progress)
+    if setup.speculative and "rope_length_dependent" in target.cfg.features():
+        raise UserError(f"{target.name} uses {target.cfg.ropes[0].type} rope scaling, whose frequencies follow the "
+                        "length of each forward pass: verifying several drafts in one pass computes other numbers "
+                        "than decoding them one by one, so speculation would not be lossless",
+                        "run this model without a draft (--draft none), or use a checkpoint with a fixed rope type")
     draft = get(setup.draft_model_name, draft_spec(setup), device, progress) if setup.draft_model_name else None
     proposer = proposer_spec(setup.draft, draft, target) if setup.speculative else None
     return LoadedSetup(setup, target, draft, proposer)

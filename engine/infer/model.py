@@ -68,6 +68,7 @@ class ModelConfig:
     norm_topk_prob: bool = True
     moe_router: str = ""                 # mixtral | qwen3_moe
     sparse_layers: tuple[bool, ...] = ()
+    ignored_fields: tuple[str, ...] = ()  # config.json fields not known to the engine (warned about at load)
 
     def __post_init__(self):
         if not self.ropes:
@@ -88,6 +89,11 @@ class ModelConfig:
 
     def is_sparse(self, layer: int) -> bool:
         return bool(self.num_experts) and self.sparse_layers[layer]
+
+    def architecture(self) -> dict:
+        """What a run record says about the architecture that ran."""
+        return {"family": self.family, "model_type": self.model_type, "features": list(self.features()),
+                "ignored_fields": list(self.ignored_fields)}
 
     def features(self) -> tuple[str, ...]:
         """What this model computes beyond plain Llama/Qwen2 arithmetic, by name. A fast path (the fused

@@ -210,7 +210,8 @@ def record_config(run: Run) -> RecordConfig:
                         quant=target.spec.to_dict(), workload=cfg.workload, reps=cfg.reps,
                         sampling=cfg.sampling.to_dict(), chat=cfg.chat, batch_size=cfg.batch_size,
                         max_new_tokens=cfg.max_new_tokens, batch_settings=run.settings,
-                        kernel_settings=kernels.kernel_config().to_dict(), run_config=cfg.to_dict())
+                        kernel_settings=kernels.kernel_config().to_dict(), run_config=cfg.to_dict(),
+                        architecture=target.cfg.architecture())
 
 
 def store_step(run: Run, kind: str, store) -> RunRecord:

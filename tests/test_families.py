@@ -1,0 +1,236 @@
+"""Every supported family against transformers: tiny random-init models built offline in the test.
+
+Each input is longer than twice any sliding window and runs past rope scaling's original length
+(tests/families.py), so a window or a scaling the engine ignored would show in the logits.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+import warnings
+
+import httpx
+import pytest
+import torch
+
+from engine.common.errors import UserError
+from tests import families as F
+
+N_INPUT = 110
+FAMS = list(F.FAMILIES)
+SERVED = ["llama3.1", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "mixtral", "qwen3-moe"]
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    root = tmp_path_factory.mktemp("families")
+    return {f: F.build(f, root / f) for f in FAMS}
+
+
+def _ids(n=N_INPUT, seed=1):
+    return torch.randint(3, F.VOCAB, (1, n), generator=torch.Generator().manual_seed(seed))
+
+
+def _rel(a, b) -> float:
+    return ((a - b).abs().max() / b.abs().max()).item()
+
+
+@pytest.mark.parametrize("family", FAMS)
+def test_logits_match_transformers(folders, family):
+    from engine.infer.model import Rows, build_model
+
+    ours, ref_model = build_model(folders[family]), F.hf_model(family)
+    ids = _ids()
+    with torch.inference_mode():
+        ref = ref_model(ids).logits[0]
+        full = ours(ids, 0, ours.new_cache(1, N_INPUT))[0]
+        # the same input in pieces: a long chunk, then ragged steps beside another sequence
+        cache = ours.new_cache(2, N_INPUT)
+        ours(ids[:, :70], 0, cache)
+        other = _ids(30, seed=2)[0]
+        step = ours.forward_rows(torch.cat([ids[0, 70:], other]), Rows.of([(0, 70, N_INPUT - 70), (1, 0, 30)], "cpu"),
+                                 cache)
+    assert _rel(full, ref) < 1e-4, family
+    if "rope_length_dependent" not in ours.cfg.features():  # dynamic/longrope: a chunk's length sets its rope
+        assert _rel(step[:N_INPUT - 70], ref[70:]) < 1e-4, family
+
+
+@pytest.mark.parametrize("family", FAMS)
+def test_32_greedy_tokens_identical_to_transformers(folders, family):
+    from engine.infer.generate import generate
+    from engine.infer.loader import load
+
+    lm = load(str(folders[family]), "fp32")
+    prompt = "def fibonacci(n): the quick brown fox jumps over the lazy dog; import numpy as np " * 5
+    ids = lm.tokenizer(prompt, return_tensors="pt").input_ids
+    assert ids.shape[1] > 2 * F.WINDOW and ids.shape[1] + 32 > F.ROPE_ORIGINAL
+    with torch.inference_mode():
+        ref = F.hf_model(family).generate(ids, max_new_tokens=32, do_sample=False, eos_token_id=None,
+                                          pad_token_id=0)[0, ids.shape[1]:].tolist()
+    ours = generate(lm, [prompt], 32, chat=False, stop_at_eos=False).new_tokens[0]
+    assert ours == ref
+
+
+@pytest.mark.parametrize("family", FAMS)
+def test_int8_int4_within_the_qwen_kl_bounds(folders, family):
+    """tests/test_quant.py's bounds for the 0.5B: mean KL < 0.01 at int8, < 0.25 at int4."""
+    from engine.infer.loader import load
+
+    ids, kls = _ids(), {}
+    ref = None
+    for p in ("fp32", "int8", "int4"):
+        lm = load(str(folders[family]), p)
+        with torch.inference_mode():
+            out = lm.model(ids, 0, lm.model.new_cache(1, N_INPUT))[0].float().log_softmax(-1)
+        if ref is None:
+            ref = out
+            continue
+        kls[p] = (ref.exp() * (ref - out)).sum(-1).mean().item()
+    assert 0 < kls["int8"] < 0.01 and 0 < kls["int4"] < 0.25 and kls["int8"] < kls["int4"], kls
+
+
+def _serve(folder, precision="fp32"):
+    """`python -m engine serve`'s app for a folder, served by uvicorn on 127.0.0.1 in a thread."""
+    import argparse
+
+    import uvicorn
+
+    from engine.serve import cli
+    from engine.serve.app import create_app
+
+    p = argparse.ArgumentParser()
+    cli.add_parser(p.add_subparsers())
+    a = p.parse_args(["serve", "--model", str(folder), "--precision", precision, "--max-seqs", "4",
+                      "--max-model-len", "256", "--prefill-chunk", "64"])
+    loop, name, facts = cli.build(a)
+    loop.start()
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(create_app(loop, name, facts), host="127.0.0.1", log_level="warning",
+                                           lifespan="off"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    while not server.started:
+        assert thread.is_alive()
+        time.sleep(0.05)
+    return f"http://127.0.0.1:{sock.getsockname()[1]}", name, lambda: (setattr(server, "should_exit", True),
+                                                                       thread.join(15), loop.stop(), sock.close())
+
+
+async def _stream(client, url, model, prompt, n=24):
+    toks = []
+    async with client.stream("POST", url + "/v1/completions", timeout=120,
+                             json={"model": model, "prompt": prompt, "max_tokens": n, "temperature": 0,
+                                   "ignore_eos": True, "stream": True}) as r:
+        assert r.status_code == 200
+        async for line in r.aiter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                toks += [c["text"] for c in json.loads(line[6:])["choices"]]
+    return "".join(toks)
+
+
+@pytest.mark.parametrize("family", SERVED)
+def test_four_concurrent_streams_equal_each_request_alone(folders, family):
+    url, model, stop = _serve(folders[family])
+    prompts = [f"import numpy as np  # step {i}: " + "the quick brown fox " * (3 + 4 * i) for i in range(4)]
+    try:
+        async def main():
+            async with httpx.AsyncClient() as c:
+                alone = [await _stream(c, url, model, p) for p in prompts]
+                together = await asyncio.gather(*(_stream(c, url, model, p) for p in prompts))
+                return alone, together
+        alone, together = asyncio.run(main())
+    finally:
+        stop()
+    assert all(alone) and together == alone
+
+
+# -- bad input: refused by name, with the fix
+
+def _folder_with(tmp_path, config: dict | str, weights_from=None):
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "config.json").write_text(config if isinstance(config, str) else json.dumps(config))
+    if weights_from is not None:
+        for f in weights_from.glob("*.safetensors"):
+            (tmp_path / f.name).symlink_to(f)
+    return tmp_path
+
+
+def test_unknown_model_type_names_it_and_the_supported_list(tmp_path):
+    from engine.infer.model import load_config
+
+    cfg = F.hf_config("llama").to_dict() | {"model_type": "falcon"}
+    with pytest.raises(UserError) as e:
+        load_config(_folder_with(tmp_path, cfg))
+    assert "'falcon'" in str(e.value) and "qwen3_moe" in e.value.fix and "gemma2" in e.value.fix
+
+
+def test_config_not_json_or_lacking_a_field_names_file_and_field(tmp_path):
+    from engine.infer.model import load_config
+
+    with pytest.raises(UserError) as e:
+        load_config(_folder_with(tmp_path / "a", "{not json"))
+    assert "config.json" in str(e.value) and "not valid JSON" in str(e.value)
+    cfg = F.hf_config("qwen3").to_dict()
+    del cfg["num_hidden_layers"]
+    with pytest.raises(UserError) as e:
+        load_config(_folder_with(tmp_path / "b", cfg))
+    assert "num_hidden_layers" in str(e.value) and "config.json" in str(e.value)
+
+
+def test_missing_tensor_is_named(tmp_path, folders):
+    from safetensors.torch import load_file, save_file
+
+    from engine.infer.model import build_model
+
+    src = folders["qwen3"]
+    sd = load_file(str(next(src.glob("*.safetensors"))))
+    del sd["model.layers.1.self_attn.k_norm.weight"]
+    d = _folder_with(tmp_path, (src / "config.json").read_text())
+    save_file(sd, str(d / "model.safetensors"))
+    with pytest.raises(UserError) as e:
+        build_model(d)
+    assert "'model.layers.1.self_attn.k_norm.weight'" in str(e.value)
+
+
+@pytest.mark.parametrize("field,value,named", [
+    ("rope_parameters", {"rope_type": "su", "rope_theta": 1e4}, "rope_type"),
+    ("hidden_act", "relu2", "hidden_act"),
+    ("quantization_config", {"quant_method": "gptq", "bits": 4}, "quantization_config"),
+])
+def test_arithmetic_we_do_not_compute_is_refused_by_name(tmp_path, field, value, named):
+    from engine.infer.model import load_config
+
+    cfg = F.hf_config("llama").to_dict() | {field: value}
+    with pytest.raises(UserError) as e:
+        load_config(_folder_with(tmp_path, cfg))
+    assert f"'{named}'" in str(e.value) and e.value.fix
+
+
+def test_an_unknown_field_is_warned_about_by_name_and_recorded(tmp_path):
+    from engine.infer.arch import ConfigFieldWarning
+    from engine.infer.model import load_config
+
+    cfg = F.hf_config("llama").to_dict() | {"residual_multiplier": 0.22}
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        mc = load_config(_folder_with(tmp_path, cfg))
+    assert [str(x.message) for x in w if issubclass(x.category, ConfigFieldWarning) and "residual_multiplier" in
+            str(x.message)]
+    assert mc.architecture()["ignored_fields"] == ["residual_multiplier"]
+
+
+def test_a_draft_of_another_family_and_tokenizer_is_refused(folders, tmp_path):
+    """A Qwen3 target with a Gemma 2 draft whose tokenizer differs: the compatibility check names it."""
+    from engine.common.setup import EngineSetup
+    from engine.infer.loader import load_setup
+
+    other = F.build("gemma2", tmp_path / "g", tokenizer_vocab=F.VOCAB - 64)
+    setup = EngineSetup(model=str(folders["qwen3"]), precision="fp32", draft="model", draft_model=str(other),
+                        draft_precision="fp32")
+    with pytest.raises(UserError) as e:
+        load_setup(setup)
+    assert "only in the target's vocabulary" in str(e.value)
