@@ -234,3 +234,20 @@ def test_a_draft_of_another_family_and_tokenizer_is_refused(folders, tmp_path):
     with pytest.raises(UserError) as e:
         load_setup(setup)
     assert "only in the target's vocabulary" in str(e.value)
+
+
+def test_old_and_new_rope_config_forms_read_the_same():
+    """Hub checkpoints written before transformers 5 say rope_theta + rope_scaling ("type" or "rope_type");
+    Gemma 3's say rope_local_base_freq for the local layers."""
+    from engine.infer.arch import read_config
+
+    base = {"model_type": "llama", "vocab_size": 64, "hidden_size": 64, "intermediate_size": 128,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "max_position_embeddings": 131072}
+    scaling = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+    old = read_config(base | {"rope_theta": 500000.0, "rope_scaling": {"type": "llama3", **scaling}})
+    new = read_config(base | {"rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, **scaling}})
+    assert old["ropes"] == new["ropes"] and old["ropes"][0].type == "llama3" and old["ropes"][0].theta == 500000.0
+    g = base | {"model_type": "gemma3_text", "head_dim": 16, "sliding_window": 512, "sliding_window_pattern": 2,
+                "rope_theta": 1e6, "rope_local_base_freq": 1e4, "rope_scaling": {"rope_type": "linear", "factor": 8.0}}
+    local, glob = read_config(g)["ropes"]
+    assert (local.type, local.theta) == ("default", 1e4) and (glob.type, glob.theta, glob.factor) == ("linear", 1e6, 8.0)
