@@ -134,6 +134,11 @@ guidellm: .venv-guidellm/.stamp
 bench-peers: peers
 	$(PY) bench/peers.py
 
+# Our engine against llama.cpp on random weights of the Llama 3.2 1B shape, the same weights as GGUF (~20 min on 2 cores).
+.PHONY: bench-llama-shape
+bench-llama-shape: $(VENV)/.stamp-peers
+	$(PY) bench/llama_shape.py
+
 # Every peer server under load side by side (ShareGPT chat at concurrency 1, 4, 8); docs/LOAD.md.
 bench-load: peers
 	$(PY) bench/load.py
