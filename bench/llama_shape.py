@@ -306,21 +306,32 @@ def table_rows(ours: dict, llama: dict) -> list[dict]:
         o = (ours.get(_label(prec, act)) or {}).get("metrics", {}).get("decode_tok_s")
         for t in VERSUS[prec]:
             ll = (llama.get(t) or {}).get("metrics", {}).get("decode_tok_s")
-            rows.append({"ours": _label(prec, act), "llama_cpp": t,
+            rows.append({"ours": _label(prec, act), "ours_path": _path((ours.get(_label(prec, act)) or {}).get("kernels")),
+                         "llama_cpp": t,
                          "ours_tok_s": round(o, 2) if o else None, "llama_cpp_tok_s": round(ll, 2) if ll else None,
                          "ratio": round(o / ll, 2) if o and ll else None})
     return rows
+
+
+def _path(kernels: dict | None) -> str | None:
+    """Which forward path our decode steps took (engine.ops.backend_info's counts, whole worker process)."""
+    if not kernels or "fused_steps" not in kernels:
+        return None
+    f, r = kernels["fused_steps"], kernels["reference_steps"]
+    why = ", ".join(kernels.get("reference_reasons") or {})[:80]
+    return "fused C++ step" if f and not r else f"PyTorch ({why})" if not f else f"fused {f}, PyTorch {r} ({why})"
 
 
 def markdown(rows: list[dict], ours: dict, llama: dict) -> str:
     def why(d):
         return d.get("error", "")[:80] if d else "not run"
 
-    out = ["| ours | tok/s | llama.cpp | tok/s | ours / llama.cpp |", "| --- | ---: | --- | ---: | ---: |"]
+    out = ["| ours | tok/s | llama.cpp | tok/s | ours / llama.cpp | our path |", "| --- | ---: | --- | ---: | ---: | --- |"]
     for r in rows:
         o = r["ours_tok_s"] if r["ours_tok_s"] is not None else why(ours.get(r["ours"]))
         ll = r["llama_cpp_tok_s"] if r["llama_cpp_tok_s"] is not None else why(llama.get(r["llama_cpp"]))
-        out.append(f"| {r['ours']} | {o} | {r['llama_cpp']} | {ll} | {r['ratio'] if r['ratio'] else ''} |")
+        out.append(f"| {r['ours']} | {o} | {r['llama_cpp']} | {ll} | {r['ratio'] if r['ratio'] else ''} "
+                   f"| {r['ours_path'] or ''} |")
     return "\n".join(out)
 
 
