@@ -251,3 +251,38 @@ def test_old_and_new_rope_config_forms_read_the_same():
                 "rope_theta": 1e6, "rope_local_base_freq": 1e4, "rope_scaling": {"rope_type": "linear", "factor": 8.0}}
     local, glob = read_config(g)["ropes"]
     assert (local.type, local.theta) == ("default", 1e4) and (glob.type, glob.theta, glob.factor) == ("linear", 1e6, 8.0)
+
+
+SPEC_FAMS = [f for f in FAMS if f not in ("llama-dynamic", "phi3-longrope", "mixtral", "qwen3-moe")]  # MoE: test_moe.py
+
+
+@pytest.mark.parametrize("family", SPEC_FAMS)
+def test_speculative_greedy_equals_plain_greedy(folders, family, tmp_path):
+    """A smaller model of the family (1 layer, other weights, same tokenizer), the target's own int4 copy and
+    n-gram lookup each draft for the fp32 target: the tokens are the target's own greedy tokens."""
+    from engine.infer.generate import generate
+    from engine.infer.loader import load
+    from engine.infer.speculative import generate_speculative, proposer_spec
+
+    target = load(str(folders[family]), "fp32")
+    one_layer = {"num_hidden_layers": 1}
+    if "layer_types" in F.FAMILIES[family][1]:
+        one_layer["layer_types"] = F.FAMILIES[family][1]["layer_types"][:1]
+    small = load(str(F.build(family, tmp_path / "draft", seed=1, **one_layer)), "fp32")
+    prompts = ["import numpy as np\n" + "the quick brown fox " * 12, "def fibonacci(n): " * 8]
+    ref = generate(target, prompts, 24, chat=False, stop_at_eos=False).new_tokens
+    for kind, draft in (("model", small), ("self", load(str(folders[family]), "int4")), ("ngram", None)):
+        out = generate_speculative(target, proposer_spec(kind, draft, target), prompts, 24, gamma=3, chat=False,
+                                   stop_at_eos=False)
+        assert out.new_tokens == ref, kind
+        assert out.spec["drafted"] > 0, kind
+
+
+@pytest.mark.parametrize("family", ["llama-dynamic", "phi3-longrope"])
+def test_speculation_on_a_length_dependent_rope_is_refused(folders, family):
+    from engine.common.setup import EngineSetup
+    from engine.infer.loader import load_setup
+
+    with pytest.raises(UserError) as e:
+        load_setup(EngineSetup(model=str(folders[family]), precision="fp32", draft="ngram"))
+    assert "not be lossless" in str(e.value) and "--draft none" in e.value.fix
