@@ -172,6 +172,47 @@ def _kernels(rec):
     return k.get("cpu") if (rec.config or {}).get("device", "cpu") == "cpu" else k.get("cuda")
 
 
+NOT_RECORDED = "—"  # a run recorded before the record said (old records open; the cell says so)
+
+
+def family_label(rec) -> str:
+    """The model family that ran (record.config.architecture.family), or '—' for a record without one."""
+    arch = (rec.config or {}).get("architecture")
+    fam = arch.get("family") if isinstance(arch, dict) else None
+    return str(fam) if fam else NOT_RECORDED
+
+
+def _on_cuda(rec) -> bool:
+    return str((rec.config or {}).get("device") or "cpu").startswith("cuda")
+
+
+def step_reasons(rec) -> list[tuple[str, int]]:
+    """Why forward passes took the PyTorch path (record.kernels.reference_reasons), most frequent first."""
+    reasons = (rec.kernels or {}).get("reference_reasons")
+    if not isinstance(reasons, dict):
+        return []
+    counted = [(str(why), int(n)) for why, n in reasons.items() if num(n)]
+    return sorted(counted, key=lambda x: -x[1])
+
+
+def step_path(rec) -> str:
+    """Which forward pass ran (record.kernels): the fused C++ step (the CUDA graph on a GPU), the PyTorch
+    path and its most frequent reason, or both with their step counts; '—' for a record that did not count."""
+    k = rec.kernels or {}
+    fast, slow = num(k.get("fused_steps")), num(k.get("reference_steps"))
+    if not fast and not slow:
+        return NOT_RECORDED
+    fast_name = "CUDA graph" if _on_cuda(rec) else "fused C++ step"
+    reasons = step_reasons(rec)
+    why = reasons[0][0] + (f" (+{len(reasons) - 1} more)" if len(reasons) > 1 else "") if reasons else ""
+    slow_text = "PyTorch" + (f": {why}" if why else "")
+    if not slow:
+        return fast_name
+    if not fast:
+        return slow_text
+    return f"{fast_name} ×{fast:.0f}, PyTorch ×{slow:.0f}" + (f": {why}" if why else "")
+
+
 def _machine(rec) -> str | None:
     """The kind of machine a record ran on: CPU model, plus the GPU where it ran on one (record.machine)."""
     m = getattr(rec, "machine", None) or {}
@@ -191,6 +232,7 @@ VIEWS = {
     "page": "the dashboard's comparison table (Home, Compare, Reports)",
     "report": "the report's HTML table",
     "category": "the per-category table: the same columns read from metrics.by_category[c]",
+    "detail": "one run's facts beside its result (the Playground's run)",
 }
 _ALL_AND_CATEGORY = frozenset({"cli", "page", "report", "category"})
 
@@ -202,6 +244,9 @@ COLUMNS: tuple[Column, ...] = (
            views=frozenset({"cli", "page"})),
     Column("model", "model", "", "catalog name or folder", _text(lambda r: (r.config or {}).get("model")),
            text=True, views=frozenset({"cli"})),
+    Column("family", "family", "", "the model family that ran (record.config.architecture; docs/MODELS.md lists the "
+           "families); — for a run recorded before records named it",
+           _text(family_label), text=True, views=frozenset({"cli", "page", "report", "detail"})),
     Column("precision", "precision", "", "target precision", _text(lambda r: (r.config or {}).get("precision")),
            text=True),
     Column("draft", "draft", "", "draft kind: none, model, self or ngram",
@@ -262,8 +307,12 @@ COLUMNS: tuple[Column, ...] = (
            "batch size, the machine busy all the time (not cost under load)", _usd_per_1m, digits=4, better="lower",
            chart="$ per 1M output tokens, one stream at the measured batch size", views=frozenset({"page", "report"}),
            interval=_usd_interval, fmt="$%.4f"),
+    Column("path", "step path", "", "the forward pass that ran: the fused C++ step (one call per step; the CUDA "
+           "graph on a GPU), or the PyTorch path and why (the most frequent reason; step counts where both ran); "
+           "— for a run recorded before records counted steps", _text(step_path), text=True,
+           views=frozenset({"cli", "page", "detail"})),
     Column("kernels", "kernels", "", "the kernel path that ran (CPU ISA or CUDA)", _text(_kernels), text=True,
-           views=frozenset({"cli", "page"})),
+           views=frozenset({"cli", "page", "detail"})),
     Column("machine", "machine", "", "the kind of machine the run measured on (CPU model, and the GPU where it "
            "ran on one): across a Ray cluster, configurations may run on different machines", _text(_machine),
            text=True, views=frozenset()),

@@ -47,6 +47,12 @@ def display_rows(table: list[dict], names: list[str]) -> list[dict]:
             for r in table]
 
 
+def detail(rec) -> list[tuple[str, str]]:
+    """(label, text) of the `detail` view's columns for one run: what a page writes beside the run's result."""
+    r = row(rec)
+    return [(c.label, display(c, r)) for c in for_view("detail") if r.get(c.name) not in (None, "")]
+
+
 def with_half_widths(table: list[dict]) -> list[dict]:
     """Copies of the rows with `<name>_pm` (the ± as a number) for every column with an interval."""
     out = []
