@@ -166,6 +166,71 @@ def _dataclass_from(cls, d, where: str, what: str):
         raise Rejected(problem, f"{where}.{bad}" if bad else where, fix) from None
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
+
+
+def model_source(name: str, field: str) -> None:
+    """A model this backend can load, checked here, where a folder must live (not on the dashboard's machine):
+    a catalog name, a registered test model, a Hugging Face folder whose config.json this engine computes
+    (read as the loader reads it: an unsupported model_type or field is refused by name), or an org/name hub id
+    (downloaded when the run starts). Rejected names the field, the problem and the fix."""
+    import socket
+    import warnings
+    from pathlib import Path
+
+    from engine.infer import catalog
+    from engine.infer.model import load_config
+    from engine.measure import registered_models
+
+    if name in registered_models() or catalog.canonical_name(name) in catalog.CATALOG:
+        return
+    folder_fix = ("type the path of a Hugging Face model folder (config.json, *.safetensors and the tokenizer) as "
+                  f"the backend's machine sees it, an org/name hub id, or a catalog model "
+                  f"({', '.join(sorted(catalog.ALIASES))})")
+    p = Path(name).expanduser()
+    if p.is_dir():
+        if not (p / "config.json").is_file():
+            raise Rejected(f"folder {p} has no config.json, so it is not a Hugging Face model folder", field,
+                           "point at the folder that holds config.json and *.safetensors (save it with "
+                           "model.save_pretrained(folder))")
+        with warnings.catch_warnings():  # fields we do not know are warned about (and recorded) when it loads
+            warnings.simplefilter("ignore")
+            try:
+                load_config(p)
+            except UserError as e:
+                raise Rejected(e.problem, field, e.fix) from None
+            except Exception as e:  # not JSON, a field of the wrong type: named, never a traceback
+                raise Rejected(f"{p / 'config.json'} cannot be read ({type(e).__name__}: {str(e)[:160]})", field,
+                               "use the config.json the model was saved with") from None
+        if not any(p.glob("*.safetensors")):
+            raise Rejected(f"folder {p} has no *.safetensors weights", field,
+                           "save the weights as safetensors beside config.json (model.save_pretrained(folder)); "
+                           "pickled .bin weights are never loaded")
+        if not any((p / f).is_file() for f in TOKENIZER_FILES):
+            raise Rejected(f"folder {p} has no tokenizer ({', '.join(TOKENIZER_FILES)})", field,
+                           "save the model's tokenizer into the same folder (tokenizer.save_pretrained(folder))")
+        return
+    if p.exists():
+        raise Rejected(f"{p} is a file, not a model folder", field, folder_fix)
+    looks_like_path = name.startswith((".", "/", "~")) or "\\" in name or name.count("/") != 1
+    if "/" in name and looks_like_path:
+        raise Rejected(f"there is no folder {p} on the backend's machine ({socket.gethostname()})", field, folder_fix)
+    if "/" not in name:
+        raise Rejected(f"unknown model '{name}'", field, folder_fix)
+
+
+def _check_models(cfgs: list, where: str) -> None:
+    """Each config's target and draft model exist for this backend (each name checked once per job)."""
+    seen: set = set()
+    for i, c in enumerate(cfgs):
+        names = [("model", c.setup.model)] + ([("draft_model", c.setup.draft_model)] if c.setup.draft == "model"
+                                             else [])
+        for key, name in names:
+            if name not in seen:
+                model_source(name, f"{where}[{i}].setup.{key}")
+                seen.add(name)
+
+
 def _runs(w: dict) -> RunsWork:
     _refuse_unknown(w, ["kind", "configs", "record_kind", "stream"], "work", "a runs job")
     kind = w.get("record_kind", "bench")
@@ -175,6 +240,7 @@ def _runs(w: dict) -> RunsWork:
     if not isinstance(stream, bool):
         raise Rejected(f"stream must be true or false, got {stream!r}", "work.stream", "send a JSON boolean")
     cfgs = [run_config(c, f"work.configs[{i}]") for i, c in enumerate(_list(w, "configs", "work", "RunConfigs"))]
+    _check_models(cfgs, "work.configs")
     return RunsWork(cfgs, kind, stream)
 
 
