@@ -14,12 +14,14 @@ import streamlit as st
 
 from engine import present
 from engine.backend.client import Backend, BackendError, BackendJobUnknown, BackendUnavailable
+from engine.common.errors import UserError
 from pages import _ui
 
 URL_KEY = "backend-url"  # the session's override of SCL_BACKEND_URL (the Backend field on Home)
 POLL_S = 1.0
 INFO_TIMEOUT_S = 3.0
 SUBMIT_TIMEOUT_S = 30.0
+TITLE_MAX = 200  # characters of a job's title the backend takes (engine.backend.validate.MAX_TEXT)
 LOST_AFTER = 3  # polls in a row without an answer: the backend is gone, the run in progress failed
 ACTIVE = ("queued", "running")
 RESTART = ("restart the backend (`make run` starts one beside the dashboard, or `.venv/bin/python -m engine backend`) "
@@ -116,7 +118,38 @@ def registered_pairs() -> dict[str, tuple]:
 
 
 def model_label(name: str) -> str:
+    if name == YOUR_MODEL:
+        return "your model: a folder or an org/name hub id (type it below)"
     return _ui.MODEL_LABELS.get(name) or registered().get(name, name)
+
+
+YOUR_MODEL = "your-model"  # the target choice whose model the user types: a folder or a hub id
+YOUR_MODEL_HELP = ("A Hugging Face model folder (config.json, *.safetensors and the tokenizer) on the backend's "
+                   "machine, or an org/name hub id the backend downloads. The backend checks it when you run "
+                   "(docs/MODELS.md lists the families it computes).")
+
+
+def target_options() -> list[str]:
+    """The models a target can be: the backend's, and 'your model' (typed)."""
+    return model_options() + [YOUR_MODEL]
+
+
+def your_model_input(key: str, disabled: bool = False) -> str:
+    """The one-line field where a user types their model (read only when 'your model' is chosen)."""
+    return st.text_input("Your model (folder on the backend's machine, or org/name)", key=key, disabled=disabled,
+                         placeholder="/path/to/model-folder or org/name", help=YOUR_MODEL_HELP)
+
+
+def chosen_model(choice: str, typed: str | None) -> str:
+    """The model name to send: the choice, or what the user typed when the choice is 'your model'.
+    The backend checks it (the folder lives on its machine); only an empty entry is refused here."""
+    if choice != YOUR_MODEL:
+        return choice
+    name = (typed or "").strip()
+    if not name:
+        raise UserError("'your model' is chosen but no model is typed",
+                        "type the path of a Hugging Face model folder on the backend's machine, or an org/name hub id")
+    return name
 
 
 # ---------------------------------------------------------------- jobs
@@ -239,6 +272,8 @@ def submit(key: str, title: str, work: dict, keep_ids: list[str] | None = None,
     runs join this one's there (a grid's peers, queued as a second job).
     """
     b = backend()
+    if len(title) > TITLE_MAX:  # a label with a long folder path: the title only names the job
+        title = title[:TITLE_MAX - 1] + "…"
     # the backend checks the whole submission first (a workload's prompts are read once: seconds)
     checked = Backend(b.url, token=b.token, timeout_s=max(b.timeout_s, SUBMIT_TIMEOUT_S))
     job = RemoteJob(b, checked.submit(title, work, client=client_id()), title, keep_ids)

@@ -35,8 +35,10 @@ tab_sweep, tab_pick = st.tabs(["New sweep", "Pick stored runs"])
 with tab_sweep:
     a, b, c = st.columns(3)
     with a:
-        model = st.selectbox("Target model", _backend.model_options(), format_func=_backend.model_label,
-                             key="cmp-model")
+        choice = st.selectbox("Target model", _backend.target_options(), format_func=_backend.model_label,
+                              key="cmp-model")
+        typed = _backend.your_model_input("cmp-your-model") if choice == _backend.YOUR_MODEL else ""
+        model = choice if choice != _backend.YOUR_MODEL else typed.strip()
         precisions = st.multiselect("Target precisions", PRECISIONS, default=["fp32", "int8", "int4"],
                                     key="cmp-precisions")
         batches = st.multiselect("Batch sizes", [1, 2, 4, 8, 16, 32, 64], default=[1], key="cmp-batches")
@@ -73,7 +75,7 @@ with tab_sweep:
 
     cfgs, peer_cfgs, problem = [], [], None
     try:
-        base = RunConfig.of(model=model, draft_model=draft_model, max_new_tokens=int(max_new), quality=bool(quality),
+        base = RunConfig.of(model=_backend.chosen_model(choice, typed), draft_model=draft_model, max_new_tokens=int(max_new), quality=bool(quality),
                             workload=workload.strip() or None, reps=int(reps))
         peer_cfgs = [peer_dict(peer_labels[p].validate()) for p in picked_peers]
         if picked_peers and not precisions:

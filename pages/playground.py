@@ -27,8 +27,9 @@ with st.form("pg-form"):
     a, b = st.columns(2)
     with a:
         st.markdown("**Target**")
-        model = st.selectbox("Target model", _backend.model_options(), format_func=_backend.model_label,
+        model = st.selectbox("Target model", _backend.target_options(), format_func=_backend.model_label,
                              key="pg-model")
+        your_model = _backend.your_model_input("pg-your-model")
         precision = st.selectbox("Target precision", PREC, index=PREC.index("int4"), key="pg-precision")
         st.markdown("**Sampling**")
         s1, s2 = st.columns(2)
@@ -61,8 +62,9 @@ status_box = st.empty()
 
 if go:
     try:
-        setup = EngineSetup(model=model, precision=precision, draft=draft, draft_model=draft_model,
-                            draft_precision=draft_precision, gamma=int(gamma), adaptive_gamma=bool(adaptive))
+        setup = EngineSetup(model=_backend.chosen_model(model, your_model), precision=precision, draft=draft,
+                            draft_model=draft_model, draft_precision=draft_precision, gamma=int(gamma),
+                            adaptive_gamma=bool(adaptive))
         cfg = {"setup": setup.to_dict(), "prompt": prompt, "max_new_tokens": int(max_new),
                "temperature": float(temperature), "top_k": int(top_k), "top_p": float(top_p), "seed": int(seed),
                "baseline": bool(baseline) and draft != "none",
@@ -171,5 +173,6 @@ if b1.button("Add to current comparison", key="pg-add"):
     _ui.set_current(_ui.current_ids() + [rec.run_id], "playground")
     st.toast("Added to the current comparison")
 b2.caption(f"Run {rec.run_id} · {_ui.md_escape(rec.label)} · measured by the backend, stored")
+st.caption(" · ".join(f"{label}: {_ui.md_escape(text)}" for label, text in present.detail(rec)))
 with st.expander("Full text"):
     st.text(rec.output.get("texts", [""])[0] if rec.output.get("texts") else "")

@@ -15,7 +15,8 @@ _ui.page_header("Precision", "Load a model at a precision: memory by layer type,
 
 c1, c2, c3 = st.columns([2, 2, 1])
 with c1:
-    model = st.selectbox("Model", _backend.model_options(), format_func=_backend.model_label, key="prec-model")
+    model = st.selectbox("Model", _backend.target_options(), format_func=_backend.model_label, key="prec-model")
+    your_model = _backend.your_model_input("prec-your-model") if model == _backend.YOUR_MODEL else ""
 with c2:
     precision = st.selectbox("Precision", PRECISIONS, index=PRECISIONS.index("int4"),
                              format_func=lambda p: f"{p} – {DESCRIPTIONS[p]}", key="prec-precision")
@@ -62,8 +63,8 @@ def _loaded_facts(rec) -> dict:
 
 if st.button("Load", type="primary", key="prec-load", disabled=_backend.job_running(JOB)):
     try:
-        setup = EngineSetup(model=model, precision=precision, group_size=int(group), quantize_embeddings=q_emb,
-                            quantize_head=q_head)
+        setup = EngineSetup(model=_backend.chosen_model(model, your_model), precision=precision,
+                            group_size=int(group), quantize_embeddings=q_emb, quantize_head=q_head)
         with st.status(f"Loading {setup.label} on the backend…", expanded=False) as status:
             job = _backend.run_here(JOB, f"load {setup.label}", _short_run(setup),
                                     say=lambda s: status.update(label=s))
