@@ -106,10 +106,11 @@ def _rope_params(cfg: dict, layer_type: str | None) -> dict:
     """The rope dict of one layer type, in either the transformers 5 form (rope_parameters) or the older
     one (rope_theta + rope_scaling)."""
     rp = cfg.get("rope_parameters")
-    if isinstance(rp, dict) and layer_type is not None and layer_type in rp and isinstance(rp[layer_type], dict):
-        return dict(rp[layer_type])
-    if isinstance(rp, dict) and "rope_type" in rp or isinstance(rp, dict) and "rope_theta" in rp:
-        return dict(rp)
+    if isinstance(rp, dict):
+        if layer_type is not None and isinstance(rp.get(layer_type), dict):
+            return dict(rp[layer_type])
+        if "rope_type" in rp or "rope_theta" in rp:
+            return dict(rp)
     out = dict(cfg.get("rope_scaling") or {})
     if "type" in out and "rope_type" not in out:
         out["rope_type"] = out.pop("type")
