@@ -114,6 +114,29 @@ def test_a_bad_folder_is_refused_by_the_backend_naming_the_problem(tmp_path, kin
     assert "pg-job" not in at.session_state  # refused before anything was queued
 
 
+def test_precision_loads_your_model(gemma2):
+    at = AppTest.from_file(str(ROOT / "pages/precision.py"), default_timeout=TIMEOUT).run()
+    at.selectbox(key="prec-model").set_value("your-model").run()  # the field appears once 'your model' is chosen
+    at.text_input(key="prec-your-model").set_value(str(gemma2))
+    at.selectbox(key="prec-precision").set_value("fp32")
+    at.button(key="prec-load").click().run()
+    assert not problems(at)
+    assert at.session_state["prec-loaded"]["name"] == str(gemma2)
+    assert any(str(gemma2) in h.value for h in at.subheader)
+
+
+def test_compare_refuses_a_bad_folder_by_name(tmp_path):
+    at = AppTest.from_file(COMPARE, default_timeout=TIMEOUT).run()
+    at.selectbox(key="cmp-model").set_value("your-model").run()
+    at.text_input(key="cmp-your-model").set_value(str(bad_folder(tmp_path, "no-config")))
+    at.multiselect(key="cmp-drafts").set_value(["none"])
+    at.number_input(key="cmp-reps").set_value(1).run()
+    at.button(key="cmp-run").click().run()
+    assert not at.exception
+    assert any("has no config.json" in e.value and "field work.configs[0].setup.model" in e.value for e in at.error)
+    assert "sweep-job" not in at.session_state
+
+
 def test_your_model_with_nothing_typed_says_so():
     at = playground("")
     assert not at.exception
