@@ -99,6 +99,16 @@ METRICS: tuple[Field, ...] = (
        "category, fingerprint of the prompts' ids and text", "object"),
     _f("noise", "", "the noise guard's verdict: noisy, reasons, and the machine's state around the run (see NOISE)",
        "object"),
+    _f("experts_touched_decode", "experts", "MoE targets: distinct experts per sparse layer per plain decode pass of "
+       "the measured generations (one row per sequence; the paired baseline's passes included), mean over passes "
+       "and layers"),
+    _f("experts_touched_verify", "experts", "MoE targets: the same per verification pass (each sequence's last "
+       "token and its drafts: gamma + 1 rows), mean over passes and layers"),
+    _f("experts_touched", "", "MoE targets: experts (E), experts_per_token (k), and by_kind.<decode|verify|prefill|"
+       "mixed>: layer_passes, mean (distinct experts per sparse layer per pass), expected (the mean over the same "
+       "passes of E (1 - (1 - k/E)^T), T the pass's rows: the planner's formula for rows routed uniformly and "
+       "independently) and by_rows (T: [layer passes, distinct experts summed]) (engine/infer/moe.py counts)",
+       "object"),
 )
 
 # metrics.spec.<name>; vLLM's definitions (vllm/v1/spec_decode/metrics.py)

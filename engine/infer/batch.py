@@ -19,6 +19,7 @@ from typing import Callable
 
 import torch
 
+from engine.infer import moe
 from engine.infer.model import Rows
 from engine.infer.sampling import SamplingParams, make_generator, pick, probs_from_logits
 from engine.infer.spec_stats import SpecStats
@@ -142,8 +143,9 @@ class Batch:
                 want.append(len(toks) - 1)
         st.decode_rows = sum(1 + len(d) for d in drafts)
         st.prefill_rows = sum(n for _, _, n in chunks)
-        logits = self.target.model.forward_rows(torch.tensor(toks, device=dev), Rows.of(segs, dev), self.cache,
-                                                logits_at=torch.tensor(want, dtype=torch.long, device=dev))
+        with moe.step_kind(_step_kind(drafts, chunks)):  # an MoE target counts its experts touched by kind
+            logits = self.target.model.forward_rows(torch.tensor(toks, device=dev), Rows.of(segs, dev), self.cache,
+                                                    logits_at=torch.tensor(want, dtype=torch.long, device=dev))
         row = 0
         for i, (s, d) in enumerate(zip(decode, drafts)):
             lg = logits[row:row + 1 + len(d)]
@@ -204,6 +206,13 @@ def stream(s: Sequence) -> None:
         for tok, origin in s.pending:
             s.req.on_token(s, tok, s.stream.push(tok), origin)
     s.pending.clear()
+
+
+def _step_kind(drafts: list[list[int]], chunks: list) -> str:
+    """decode | verify | prefill | mixed (engine.infer.moe.STEP_KINDS): verify when a sequence brings drafts."""
+    if not chunks:
+        return "verify" if any(drafts) else "decode"
+    return "mixed" if drafts else "prefill"
 
 
 def _sync(device):

@@ -13,12 +13,14 @@ from dataclasses import dataclass, field, replace
 from types import SimpleNamespace
 
 from engine.common.errors import UserError
+from engine.infer import moe
 from engine.infer.generate import generate
 from engine.infer.loader import LoadedSetup, load_setup, make_spec, resolve_device
 from engine.infer.speculative import generate_speculative
 from engine.infer.tokens import check_length, encode_prompts
 from engine.measure import noise, workloads
 from engine.measure.bandwidth import bandwidth_gbs
+from engine.measure.experts import touches_metrics
 from engine.measure.memory import PeakMemory
 from engine.measure.pool import ModelPool
 from engine.measure.record_config import RecordConfig
@@ -151,7 +153,7 @@ def measure_step(run: Run) -> None:
     cfg, target = run.cfg, run.loaded.target
     run.say(f"generating with {target.label}" + (f" + {cfg.setup.draft} draft" if run.speculative else ""))
     run.before = noise.before(run.device)
-    with PeakMemory(run.device) as mem:
+    with PeakMemory(run.device) as mem, moe.count_expert_touches() as touches:  # an MoE target's experts per step
         for rep in range(cfg.reps):
             for j, (req, ids) in enumerate(run.todo):
                 if len(run.todo) * cfg.reps > 1:
@@ -171,6 +173,7 @@ def measure_step(run: Run) -> None:
     run.after = noise.after(run.device)
     run.metrics = aggregate(run.gens, run.samples, run.base or None)
     run.metrics.update(mem.as_dict())
+    run.metrics.update(touches_metrics(touches))
     todo = [r for r, _ in run.todo]
     run.metrics["workload"] = {"name": cfg.workload or todo[0].category, "reps": cfg.reps, "prompts": len(todo),
                                "skipped": len(run.skipped), "skipped_ids": run.skipped,

@@ -164,6 +164,10 @@ def _norm_w(mod, what: str) -> torch.Tensor:
 
 def _build_plan(model, ext):
     cfg = model.cfg
+    # features first: an MoE block has no gate/up of its own for the walk below to read
+    beyond = [f for f in getattr(cfg, "features", lambda: ())() if f not in FUSED_FEATURES]
+    if beyond:
+        raise _Unsupported(f"{getattr(cfg, 'family', 'model')} uses {', '.join(beyond)} (not in the fused step)")
     norms, lins = [], []
     e = torch.empty(0)
     absent = (0, e, e, None, 0, 0, 0)
@@ -184,9 +188,6 @@ def _build_plan(model, ext):
         lins.append(_lin_spec(m.down_proj, f"layer {i} down_proj"))
     norms.append(_norm_w(model.model.norm, "final norm"))
     lins.append(_lin_spec(model.lm_head, "lm_head", optional=True))
-    beyond = [f for f in getattr(cfg, "features", lambda: ())() if f not in FUSED_FEATURES]
-    if beyond:
-        raise _Unsupported(f"{getattr(cfg, 'family', 'model')} uses {', '.join(beyond)} (not in the fused step)")
     if cfg.head_dim not in (64, 128):
         raise _Unsupported(f"head_dim {cfg.head_dim} (the fused attention has 64 and 128)")
     if cfg.intermediate_size % 64 or cfg.hidden_size % 32:

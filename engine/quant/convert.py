@@ -97,7 +97,7 @@ def quantize_model(model, spec: QuantSpec, device="cpu"):
     if p in ("int8", "int4") and ops.kernel_config().fuse:  # fuse=False (SCL_FUSE=0): A/B benchmarks
         fuse_projections(model)
     for blk in model.model.layers:
-        for parent in (blk.self_attn, blk.mlp):
+        for parent in (blk.self_attn, *_dense_mlps(blk)):  # an MoE block's router stays float
             for name, child in list(parent.named_children()):
                 if isinstance(child, nn.Linear):
                     setattr(parent, name, _make_linear(child.to(device), spec, device))
@@ -121,6 +121,14 @@ def quantize_model(model, spec: QuantSpec, device="cpu"):
     return model
 
 
+def _dense_mlps(blk) -> list:
+    """The plain MLPs of a block: its MLP, or each expert of a mixture of experts (engine/infer/moe.py,
+    read by duck typing: quant does not import infer). The MoE router (`mlp.gate`) is not among them: it
+    stays float, so routing does not move with the weights' rounding."""
+    experts = getattr(blk.mlp, "experts", None)
+    return list(experts) if experts is not None else [blk.mlp]
+
+
 def _stack(linears: list[nn.Linear]) -> nn.Linear:
     w = torch.cat([m.weight.data for m in linears], 0)
     has_bias = any(m.bias is not None for m in linears)
@@ -134,15 +142,16 @@ def _stack(linears: list[nn.Linear]) -> nn.Linear:
 
 
 def fuse_projections(model) -> None:
-    """q/k/v into one linear and gate/up into one, before quantization.
+    """q/k/v into one linear and gate/up into one (per expert in an MoE block), before quantization.
 
     Both our int formats quantize each output row on its own, so the fused weight holds exactly
     the rows the separate ones would: the same numbers, in fewer and larger kernel calls (a
     decode step's k and v calls were dominated by per-call overhead).
     """
     for blk in model.model.layers:
-        a, m = blk.self_attn, blk.mlp
+        a = blk.self_attn
         a.qkv_proj = _stack([a.q_proj, a.k_proj, a.v_proj])
         a.q_proj = a.k_proj = a.v_proj = None
-        m.gate_up_proj = _stack([m.gate_proj, m.up_proj])
-        m.gate_proj = m.up_proj = None
+        for m in _dense_mlps(blk):  # every expert of an MoE block, like a dense MLP
+            m.gate_up_proj = _stack([m.gate_proj, m.up_proj])
+            m.gate_proj = m.up_proj = None
