@@ -75,8 +75,9 @@ with tab_sweep:
 
     cfgs, peer_cfgs, problem = [], [], None
     try:
-        base = RunConfig.of(model=_backend.chosen_model(choice, typed), draft_model=draft_model, max_new_tokens=int(max_new), quality=bool(quality),
-                            workload=workload.strip() or None, reps=int(reps))
+        base = RunConfig.of(model=_backend.chosen_model(choice, typed), draft_model=draft_model,
+                            max_new_tokens=int(max_new), quality=bool(quality), workload=workload.strip() or None,
+                            reps=int(reps))
         peer_cfgs = [peer_dict(peer_labels[p].validate()) for p in picked_peers]
         if picked_peers and not precisions:
             pass  # peers alone are a valid comparison
