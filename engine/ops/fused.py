@@ -5,8 +5,15 @@ tries first. It returns the fp32 logits, or ``None`` when the fused path does no
 then runs its PyTorch path, which stays the reference. It applies on CPU, with the extension built,
 ``KernelConfig.fused`` (``SCL_FUSED=0`` turns it off), an fp32 KV cache, and a model whose
 projections are our int4/int8 linears in the tiled CPU layout (q/k/v and gate/up fused, as the
-default conversion makes them, or separate), head_dim 64 or 128. The head may be our quantized linear (computed in the
-same call) or a float nn.Linear (run here on the normed rows).
+default conversion makes them, or separate), head_dim 64, 96, 128 or 256. The head may be our quantized linear
+(computed in the same call) or a float nn.Linear (run here on the normed rows).
+
+The dense families run in the C++ step (``FUSED_FEATURES``, names from ``ModelConfig.features()``):
+sliding windows per layer (attention reads only the window's keys), q/k norms, a rotary setting per
+layer (scaled, partial), Gemma's (1 + w) norms (folded into fp32 copies here), sandwich norms,
+GELU-tanh, attention scale and soft-cap, and biases. The embedding scale and the final soft-cap are
+applied here, around the call, as the model applies them. Length-dependent RoPE (dynamic, longrope)
+and mixture-of-experts MLPs run the PyTorch path, the reason counted.
 
 Any number of rows: a step of more than 64 rows (a long prefill chunk) is split into calls of 64,
 a sequence's later rows attending to the K/V its earlier rows wrote. Whether the fused path runs
@@ -46,8 +53,13 @@ __all__ = ["fused_forward_rows", "fused_info", "fused_profile", "reset_fused_sta
            "FUSED_MAX_ROWS", "rope_inv_freq", "split_rows"]
 
 FUSED_MAX_ROWS = 64  # rows per C++ call (FUSED_MAX_ROWS in kernels/cpu/fused_kernels.h); more are split
-# ModelConfig.features() the C++ step computes; a model using any other runs the PyTorch path (reason counted)
-FUSED_FEATURES: frozenset[str] = frozenset()
+# ModelConfig.features() the C++ step computes, each checked against the PyTorch path by
+# tests/test_fused_families.py; a model using any other runs the PyTorch path (reason counted)
+FUSED_FEATURES: frozenset[str] = frozenset({
+    "sliding_window", "qk_norm", "rope_per_layer", "rope_attention_factor", "partial_rotary", "gemma_norms",
+    "gelu_tanh", "embed_scale", "attn_scale", "attn_softcap", "final_softcap", "o_bias", "mlp_bias"})
+FUSED_HEAD_DIMS = (64, 96, 128, 256)  # the attention kernel's instantiations (fused_simd_body.h)
+_ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}  # make_fused_plan's act codes
 
 _lock = threading.Lock()
 _plans: "weakref.WeakKeyDictionary[torch.nn.Module, tuple]" = weakref.WeakKeyDictionary()
@@ -156,25 +168,48 @@ def _lin_spec(mod, what: str, optional: bool = False):
 
 
 def _norm_w(mod, what: str) -> torch.Tensor:
+    """An RMSNorm's fp32 weight as the C++ step multiplies by it: Gemma's (1 + w) folded in (the same
+    fp32 sum the model computes on every call)."""
     w = getattr(mod, "weight", None)
     if w is None or w.dtype != torch.float32 or w.device.type != "cpu":
         raise _Unsupported(f"{what} weight is not fp32 on CPU")
-    return w.detach().contiguous()
+    w = w.detach()
+    return (1.0 + w).contiguous() if getattr(mod, "gemma", False) else w.contiguous()
+
+
+def _layer_norms(i: int, blk) -> list[torch.Tensor]:
+    """make_fused_plan's 6 norms of a layer: input, MLP input, attention output, MLP output, q, k
+    (an empty tensor where the model has none)."""
+    none = torch.empty(0)
+    if getattr(blk, "sandwich", False):  # Gemma: post_attention_layernorm normalizes the attention output
+        out = [_norm_w(blk.input_layernorm, f"layer {i} input norm"),
+               _norm_w(blk.pre_feedforward_layernorm, f"layer {i} pre-feedforward norm"),
+               _norm_w(blk.post_attention_layernorm, f"layer {i} post-attention norm"),
+               _norm_w(blk.post_feedforward_layernorm, f"layer {i} post-feedforward norm")]
+    else:
+        out = [_norm_w(blk.input_layernorm, f"layer {i} input norm"),
+               _norm_w(blk.post_attention_layernorm, f"layer {i} post-attention norm"), none, none]
+    a = blk.self_attn
+    if getattr(a, "q_norm", None) is not None:
+        return out + [_norm_w(a.q_norm, f"layer {i} q norm"), _norm_w(a.k_norm, f"layer {i} k norm")]
+    return out + [none, none]
 
 
 def _build_plan(model, ext):
     cfg = model.cfg
-    # features first: an MoE block has no gate/up of its own for the walk below to read
     beyond = [f for f in getattr(cfg, "features", lambda: ())() if f not in FUSED_FEATURES]
     if beyond:
         raise _Unsupported(f"{getattr(cfg, 'family', 'model')} uses {', '.join(beyond)} (not in the fused step)")
+    if cfg.head_dim not in FUSED_HEAD_DIMS:
+        raise _Unsupported(f"head_dim {cfg.head_dim} (the fused attention has {', '.join(map(str, FUSED_HEAD_DIMS))})")
+    if getattr(cfg, "act", "silu") not in _ACTIVATIONS:
+        raise _Unsupported(f"activation {cfg.act}")
     norms, lins = [], []
     e = torch.empty(0)
     absent = (0, e, e, None, 0, 0, 0)
     for i, blk in enumerate(model.model.layers):
         a, m = blk.self_attn, blk.mlp
-        norms += [_norm_w(blk.input_layernorm, f"layer {i} input norm"),
-                  _norm_w(blk.post_attention_layernorm, f"layer {i} post-attention norm")]
+        norms += _layer_norms(i, blk)
         # per layer: qkv (or q), k, v, o, gate_up (or gate), up, down; k, v, up absent when fused
         if getattr(a, "qkv_proj", None) is not None:
             lins += [_lin_spec(a.qkv_proj, f"layer {i} qkv_proj"), absent, absent]
@@ -188,15 +223,16 @@ def _build_plan(model, ext):
         lins.append(_lin_spec(m.down_proj, f"layer {i} down_proj"))
     norms.append(_norm_w(model.model.norm, "final norm"))
     lins.append(_lin_spec(model.lm_head, "lm_head", optional=True))
-    if cfg.head_dim not in (64, 128):
-        raise _Unsupported(f"head_dim {cfg.head_dim} (the fused attention has 64 and 128)")
     if cfg.intermediate_size % 64 or cfg.hidden_size % 32:
         raise _Unsupported("intermediate size not a multiple of 64 or hidden size not of 32")
     dims = [cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
             cfg.intermediate_size, cfg.vocab_size]
+    specs = list(dict.fromkeys(cfg.ropes))  # the distinct rotary settings (RopeSpec, ops/rope.py), one index per layer
     try:
-        return ext.make_fused_plan(dims, float(cfg.rms_eps), cfg.ropes[0].inv_freq(),
-                                   norms, lins)
+        return ext.make_fused_plan(dims, float(cfg.rms_eps), float(cfg.attn_scale), float(cfg.attn_softcap),
+                                   _ACTIVATIONS[cfg.act], [s.inv_freq().float().contiguous() for s in specs],
+                                   [float(s.scale()) for s in specs], [specs.index(r) for r in cfg.ropes],
+                                   [cfg.window(i) for i in range(cfg.num_layers)], norms, lins)
     except RuntimeError as e:  # a shape or layout the C++ side refuses
         raise _Unsupported(str(e).splitlines()[0][:200]) from None
 
@@ -254,6 +290,9 @@ def fused_forward_rows(model, tokens: torch.Tensor, rows, cache, logits_at: Opti
     x = model.model.embed_tokens(tokens)
     if x.dtype != torch.float32:
         return _decline(f"compute dtype {x.dtype}")
+    mc = model.cfg
+    if mc.embed_scale != 1.0:  # Gemma: the scale rounded to the compute dtype, as the model applies it
+        x = x * torch.tensor(mc.embed_scale, dtype=x.dtype)
     isa = _build.cpu_isa(ext, cfg)
     args = (cache.k, cache.v)
     opts = (isa, bool(ext.has_vnni()), cfg.act_int8, torch.get_num_threads())
@@ -270,6 +309,8 @@ def fused_forward_rows(model, tokens: torch.Tensor, rows, cache, logits_at: Opti
                 out[[j for j, _ in sel]] = part
     if not plan.has_head:
         out = model.lm_head(out)
+    if mc.final_softcap:  # Gemma 2, on the logits, as the model applies it
+        out = torch.tanh(out / mc.final_softcap) * mc.final_softcap
     _count("fused")
     return out.float()
 

@@ -58,6 +58,7 @@ namespace scl {
 namespace avx512 {
 void rmsnorm(const float*, const float*, float, int64_t, float*) {}
 void silu_mul(const float*, const float*, float*, int64_t) {}
+void gelu_tanh_mul(const float*, const float*, float*, int64_t) {}
 void rope(float*, const float*, const float*, int64_t) {}
 void attention(const AttnItem&) {}
 void add_inplace(float*, const float*, int64_t) {}

@@ -9,13 +9,15 @@
 //   A  RMSNorm -> activation prep (each thread its own copy: cheaper than a barrier)
 //      -> qkv tiles (+ bias)                                                       | barrier
 //  (B0 only when a sequence has more than 16 rows: K/V of every row written first | barrier)
-//   B  per (sequence, block of <= 16 rows, kv head): RoPE, K/V written at each row's position,
-//      attention over that sequence's positions up to the row's own, prep of its columns of
-//      the o input                                                                 | barrier
+//   B  per (sequence, block of <= 16 rows, kv head): q/k norms (Qwen3, Gemma 3), RoPE (the
+//      layer's own setting, partial or scaled), K/V written at each row's position, attention
+//      over that sequence's positions up to the row's own (from the sliding window's start on
+//      a windowed layer; soft-capped scores for Gemma 2), prep of its columns of the o input | barrier
 //   C  o tiles, residual added per tile                                            | barrier
-//   D  RMSNorm -> prep -> gate/up tile pairs (tile t of gate and of up together), silu * up
-//      for those 64 columns, prep of those columns of the down input               | barrier
-//   E  down tiles, residual added per tile                                         | barrier
+//      (Gemma's sandwich norms: o tiles | barrier | x += norm(o) per row           | barrier)
+//   D  RMSNorm -> prep -> gate/up tile pairs (tile t of gate and of up together), silu (or
+//      gelu-tanh) * up for those 64 columns, prep of those columns of the down input | barrier
+//   E  down tiles, residual added per tile, as C                                   | barrier
 // then the final RMSNorm of the rows whose logits are wanted and the head's tiles.
 // Work inside a phase is handed out dynamically (an atomic counter per phase), so a thread the
 // shared machine preempts does not hold the other back.  Every row's arithmetic is the same
@@ -96,14 +98,23 @@ QKV qkv_views(const FusedPlan& P, const LayerW& lw, int64_t M) {
   return {b, b + HD, b + HD + KVD, Nqkv, Nqkv, Nqkv};
 }
 
-// Row r's K (RoPE applied) and V of layer l into the cache at its slot and position, all kv heads.
+// One q or k head of row r as attention reads it: copied, normed over head_dim (q/k norms), rotated
+// (the first rope_dim channels: partial rotary) with the layer's rotary setting.
+inline void head_in(const FusedPlan& P, const LayerW& lw, const IsaFns& F, const float* norm_w, const float* src,
+                    int64_t r, float* dst) {
+  std::memcpy(dst, src, sizeof(float) * (size_t)P.D);
+  if (norm_w) F.rmsnorm(dst, norm_w, P.eps, P.D, dst);
+  const int64_t off = (lw.rope * FUSED_MAX_ROWS + r) * (P.D / 2);
+  F.rope(dst, P.cosb.data() + off, P.sinb.data() + off, P.rope_dim[(size_t)lw.rope]);
+}
+
+// Row r's K (normed, RoPE applied) and V of layer l into the cache at its slot and position, all kv heads.
 void write_kv(const FusedPlan& P, const QKV& x, const IsaFns& F, int64_t l, int64_t r, int64_t pos, int64_t slot,
               float* kc, float* vc, int64_t cap, int64_t slots) {
-  const int64_t half = P.D / 2;
+  const LayerW& lw = P.layers[(size_t)l];
   for (int64_t kh = 0; kh < P.KV; ++kh) {
     const int64_t off = ((l * slots + slot) * P.KV + kh) * cap * P.D + pos * P.D;
-    std::memcpy(kc + off, x.k + r * x.ldk + kh * P.D, sizeof(float) * (size_t)P.D);
-    F.rope(kc + off, P.cosb.data() + r * half, P.sinb.data() + r * half, P.D);
+    head_in(P, lw, F, lw.k_norm, x.k + r * x.ldk + kh * P.D, r, kc + off);
     std::memcpy(vc + off, x.v + r * x.ldv + kh * P.D, sizeof(float) * (size_t)P.D);
   }
 }
@@ -170,12 +181,18 @@ torch::Tensor fused_step(FusedPlan& P, torch::Tensor x_in, std::vector<int64_t> 
   for (int64_t i = 0; i < P.nctr; ++i) P.ctr[i].store(0, std::memory_order_relaxed);
   std::memcpy(P.x.data(), x_in.data_ptr<float>(), sizeof(float) * (size_t)(M * P.hidden));
   const int64_t half = P.D / 2;
-  for (int64_t r = 0; r < M; ++r) {
-    const float pos = (float)row_pos[(size_t)r];
-    for (int64_t i = 0; i < half; ++i) {
-      const float a = pos * P.inv_freq[(size_t)i];   // fp32 product, as rope_tables computes it
-      P.cosb[(size_t)(r * half + i)] = std::cos(a);
-      P.sinb[(size_t)(r * half + i)] = std::sin(a);
+  for (int64_t ri = 0; ri < P.nrope; ++ri) {
+    const float* inv = P.inv_freq.data() + ri * half;
+    const float sc = P.rope_scale[(size_t)ri];
+    float* cb = P.cosb.data() + ri * FUSED_MAX_ROWS * half;
+    float* sb = P.sinb.data() + ri * FUSED_MAX_ROWS * half;
+    for (int64_t r = 0; r < M; ++r) {
+      const float pos = (float)row_pos[(size_t)r];
+      for (int64_t i = 0; i < P.rope_dim[(size_t)ri] / 2; ++i) {
+        const float a = pos * inv[i];   // fp32 product, as RopeSpec.tables computes it
+        cb[r * half + i] = std::cos(a) * sc;
+        sb[r * half + i] = std::sin(a) * sc;
+      }
     }
   }
 
@@ -199,7 +216,7 @@ torch::Tensor fused_step(FusedPlan& P, torch::Tensor x_in, std::vector<int64_t> 
     const int tid = omp_get_thread_num();
     Thread& me = P.th[(size_t)tid];
     int64_t phase = 0;
-    int64_t lens[ATT_ROWS];
+    int64_t lens[ATT_ROWS], starts[ATT_ROWS];
     double* pt = prof ? P.prof.data() + (size_t)tid * NPROF : nullptr;
     double tmark = prof ? now_s() : 0.0;
     auto mark = [&](int cat) {
@@ -228,6 +245,20 @@ torch::Tensor fused_step(FusedPlan& P, torch::Tensor x_in, std::vector<int64_t> 
       const int64_t c0 = tb * TILE, c1 = std::min(P.hidden, te * TILE);
       for (int64_t m = 0; m < M; ++m)
         F.add_inplace(P.x.data() + m * P.hidden + c0, P.tmp.data() + m * P.hidden + c0, c1 - c0);
+    };
+    // x += rmsnorm(tmp) * w, row by row, after the projection into tmp is complete
+    auto post_norm_residual = [&](const float* w, int cat) {
+      mark(cat);
+#pragma omp barrier
+      mark(P_WAIT);
+      std::atomic<int64_t>& ctr = P.ctr[phase++];
+      for (;;) {
+        const int64_t m = ctr.fetch_add(1, std::memory_order_relaxed);
+        if (m >= M) break;
+        float* t = P.tmp.data() + m * P.hidden;
+        F.rmsnorm(t, w, P.eps, P.hidden, t);
+        F.add_inplace(P.x.data() + m * P.hidden, t, P.hidden);
+      }
     };
     auto norm_prep = [&](const float* w, const Lin& consumer, int64_t rows, const int64_t* which) {
       for (int64_t m = 0; m < rows; ++m) {
@@ -280,20 +311,17 @@ torch::Tensor fused_step(FusedPlan& P, torch::Tensor x_in, std::vector<int64_t> 
           for (int64_t i = 0; i < n; ++i) {
             const int64_t r = r0 + i, pos = p0 + i;
             if (!long_seg) {
-              float* kd = kbase + pos * P.D;
-              std::memcpy(kd, qx.k + r * qx.ldk + kh * P.D, sizeof(float) * (size_t)P.D);
-              F.rope(kd, P.cosb.data() + r * half, P.sinb.data() + r * half, P.D);
+              head_in(P, lw, F, lw.k_norm, qx.k + r * qx.ldk + kh * P.D, r, kbase + pos * P.D);
               std::memcpy(vbase + pos * P.D, qx.v + r * qx.ldv + kh * P.D, sizeof(float) * (size_t)P.D);
             }
-            for (int64_t g = 0; g < P.G; ++g) {
-              float* qd = me.q.data() + (i * P.G + g) * P.D;
-              std::memcpy(qd, qx.q + r * qx.ldq + (kh * P.G + g) * P.D, sizeof(float) * (size_t)P.D);
-              F.rope(qd, P.cosb.data() + r * half, P.sinb.data() + r * half, P.D);
-            }
+            for (int64_t g = 0; g < P.G; ++g)
+              head_in(P, lw, F, lw.q_norm, qx.q + r * qx.ldq + (kh * P.G + g) * P.D, r,
+                      me.q.data() + (i * P.G + g) * P.D);
             lens[i] = pos + 1;
+            starts[i] = lw.window ? std::max<int64_t>(0, pos - lw.window + 1) : 0;
           }
-          AttnItem a{me.q.data(), n * P.G, P.G, lens, kbase, vbase, me.scores.data(), me.out.data(),
-                     P.D, p0 + n, P.scale};
+          AttnItem a{me.q.data(), n * P.G, P.G, starts, lens, kbase, vbase, me.scores.data(), me.out.data(),
+                     P.D, p0 + n, P.scale, P.softcap};
           F.attention(a);
           const int64_t c0 = kh * P.G * P.D, c1 = c0 + P.G * P.D;
           for (int64_t i = 0; i < n; ++i) {
@@ -306,8 +334,13 @@ torch::Tensor fused_step(FusedPlan& P, torch::Tensor x_in, std::vector<int64_t> 
       mark(P_ATT);
 #pragma omp barrier
       mark(P_WAIT);
-      // ---- C: o projection + residual
-      project(LinCall{&lw.o, M, P.attn.data(), &P.act_o, P.tmp.data()}, residual);
+      // ---- C: o projection + residual (Gemma: the residual adds the normed projection, once it is whole)
+      if (lw.post_attn) {
+        project(LinCall{&lw.o, M, P.attn.data(), &P.act_o, P.tmp.data()}, [](int64_t, int64_t) {});
+        post_norm_residual(lw.post_attn, P_O);
+      } else {
+        project(LinCall{&lw.o, M, P.attn.data(), &P.act_o, P.tmp.data()}, residual);
+      }
       mark(P_O);
 #pragma omp barrier
       mark(P_WAIT);
@@ -336,7 +369,7 @@ torch::Tensor fused_step(FusedPlan& P, torch::Tensor x_in, std::vector<int64_t> 
           const int64_t c0 = ub * TILE, c1 = ue * TILE;
           for (int64_t m = 0; m < M; ++m) {
             float* hrow = P.h.data() + m * P.I;
-            F.silu_mul(gbuf + m * ld + c0, ubuf + m * ld + c0, hrow + c0, c1 - c0);
+            (P.act ? F.gelu_tanh_mul : F.silu_mul)(gbuf + m * ld + c0, ubuf + m * ld + c0, hrow + c0, c1 - c0);
             if (lw.down.kind == 4) prep_cols(F, dq8, hrow, P.I, c0, c1, m, P.act_d);
           }
         }
@@ -345,7 +378,12 @@ torch::Tensor fused_step(FusedPlan& P, torch::Tensor x_in, std::vector<int64_t> 
 #pragma omp barrier
       mark(P_WAIT);
       // ---- E: down + residual
-      project(LinCall{&lw.down, M, P.h.data(), &P.act_d, P.tmp.data()}, residual);
+      if (lw.post_mlp) {
+        project(LinCall{&lw.down, M, P.h.data(), &P.act_d, P.tmp.data()}, [](int64_t, int64_t) {});
+        post_norm_residual(lw.post_mlp, P_DOWN);
+      } else {
+        project(LinCall{&lw.down, M, P.h.data(), &P.act_d, P.tmp.data()}, residual);
+      }
       mark(P_DOWN);
 #pragma omp barrier
       mark(P_WAIT);

@@ -18,12 +18,14 @@ constexpr int ATT_ROWS = 16;         // rows of one sequence per attention work 
 constexpr int FUSED_MAX_Q = 512;     // queries per attention item: ATT_ROWS x q heads per kv head
 
 // One attention work item: the rows of one sequence x one kv head (its G query heads).
-// Query qi = row (qi / G), head (qi % G); row i attends to keys [0, len[i]).
+// Query qi = row (qi / G), head (qi % G); row i attends to keys [start[i], len[i]) (start > 0:
+// a sliding window; keys before the item's first start are never read).
 // The arithmetic of one query never depends on the others (fixed key blocks from 0), so a
 // row's output is the same in any batch.
 struct AttnItem {
   const float* q;        // [nq][D] queries, RoPE applied
   int64_t nq, G;
+  const int64_t* start;  // [nq / G] first key per row
   const int64_t* len;    // [nq / G] keys per row
   const float* k;        // [>= max len][D] this (layer, slot, kv head)'s keys
   const float* v;        // [>= max len][D] values
@@ -31,11 +33,13 @@ struct AttnItem {
   float* out;            // [nq][D]
   int64_t D, maxlen;
   float scale;
+  float softcap;         // 0: none; else scores become softcap * tanh(score / softcap)
 };
 
 #define SCL_DECLARE_FUSED                                                        \
   void rmsnorm(const float* x, const float* w, float eps, int64_t K, float* out); \
   void silu_mul(const float* g, const float* u, float* h, int64_t n);            \
+  void gelu_tanh_mul(const float* g, const float* u, float* h, int64_t n);       \
   void rope(float* v, const float* cs, const float* sn, int64_t D);              \
   void attention(const AttnItem& a);                                             \
   void add_inplace(float* x, const float* y, int64_t n);

@@ -9,13 +9,13 @@ namespace fused {
 IsaFns isa_fns(int64_t isa, bool vnni) {
   if (isa == 2)
     return {avx512::int8_tiles, avx512::int4_tiles, vnni ? avx512::int4q8_tiles : avx2::int4q8_tiles,
-            avx512::prep_xp, avx512::prep_q8, avx512::rmsnorm, avx512::silu_mul, avx512::rope,
+            avx512::prep_xp, avx512::prep_q8, avx512::rmsnorm, avx512::silu_mul, avx512::gelu_tanh_mul, avx512::rope,
             avx512::attention, avx512::add_inplace};
   if (isa == 1)
     return {avx2::int8_tiles, avx2::int4_tiles, avx2::int4q8_tiles, avx2::prep_xp, avx2::prep_q8,
-            avx2::rmsnorm, avx2::silu_mul, avx2::rope, avx2::attention, avx2::add_inplace};
+            avx2::rmsnorm, avx2::silu_mul, avx2::gelu_tanh_mul, avx2::rope, avx2::attention, avx2::add_inplace};
   return {scalar::int8_tiles, scalar::int4_tiles, scalar::int4q8_tiles, scalar::prep_xp,
-          scalar::prep_q8, scalar::rmsnorm, scalar::silu_mul, scalar::rope, scalar::attention,
+          scalar::prep_q8, scalar::rmsnorm, scalar::silu_mul, scalar::gelu_tanh_mul, scalar::rope, scalar::attention,
           scalar::add_inplace};
 }
 
@@ -87,8 +87,13 @@ void ensure_threads(FusedPlan& P, int64_t nt) {
 }
 
 
-std::shared_ptr<FusedPlan> make_fused_plan(std::vector<int64_t> dims, double eps, torch::Tensor inv_freq,
-                                           std::vector<torch::Tensor> norms, std::vector<LinSpec> lins) {
+// norms: 6 per layer (input, MLP input, attention output, MLP output, q heads, k heads; an empty
+// tensor where the model has none), then the final norm. Gemma's (1 + w) arrives folded.
+std::shared_ptr<FusedPlan> make_fused_plan(std::vector<int64_t> dims, double eps, double attn_scale,
+                                           double attn_softcap, int64_t act, std::vector<torch::Tensor> inv_freqs,
+                                           std::vector<double> rope_scales, std::vector<int64_t> layer_rope,
+                                           std::vector<int64_t> windows, std::vector<torch::Tensor> norms,
+                                           std::vector<LinSpec> lins) {
   TORCH_CHECK(dims.size() == 7, "dims = [layers, hidden, heads, kv_heads, head_dim, intermediate, vocab]");
   auto P = std::make_shared<FusedPlan>();
   P->L = dims[0];
@@ -100,20 +105,43 @@ std::shared_ptr<FusedPlan> make_fused_plan(std::vector<int64_t> dims, double eps
   P->V = dims[6];
   TORCH_CHECK(P->H % P->KV == 0, "heads must be a multiple of kv heads");
   P->G = P->H / P->KV;
-  TORCH_CHECK(P->D == 64 || P->D == 128, "head_dim must be 64 or 128");
+  TORCH_CHECK(P->D == 64 || P->D == 96 || P->D == 128 || P->D == 256, "head_dim must be 64, 96, 128 or 256");
   TORCH_CHECK((P->G * P->D) % 32 == 0 && P->I % TILE == 0 && P->hidden % 32 == 0,
               "shape not supported by the fused step");
   TORCH_CHECK(P->G * ATT_ROWS <= FUSED_MAX_Q, "too many q heads per kv head");
   P->eps = (float)eps;
-  P->scale = 1.f / std::sqrt((float)P->D);
-  TORCH_CHECK(inv_freq.scalar_type() == torch::kFloat32 && inv_freq.numel() == P->D / 2, "inv_freq [D/2] fp32");
-  P->inv_freq.assign(inv_freq.data_ptr<float>(), inv_freq.data_ptr<float>() + P->D / 2);
-  TORCH_CHECK((int64_t)norms.size() == 2 * P->L + 1, "norms: 2 per layer + the final one");
-  for (auto& n : norms) {
-    TORCH_CHECK(n.scalar_type() == torch::kFloat32 && n.is_contiguous() && n.numel() == P->hidden,
-                "norm weights must be fp32 [hidden]");
+  P->scale = (float)attn_scale;
+  TORCH_CHECK(attn_scale > 0 && attn_softcap >= 0, "attention scale must be positive, the soft-cap >= 0");
+  P->softcap = (float)attn_softcap;
+  TORCH_CHECK(act == 0 || act == 1, "activation: 0 silu, 1 gelu_tanh");
+  P->act = (int)act;
+  P->nrope = (int64_t)inv_freqs.size();
+  TORCH_CHECK(P->nrope >= 1 && (int64_t)rope_scales.size() == P->nrope, "one scale per rotary setting");
+  P->inv_freq.assign((size_t)(P->nrope * P->D / 2), 0.f);
+  for (int64_t i = 0; i < P->nrope; ++i) {
+    const auto& f = inv_freqs[(size_t)i];
+    const int64_t n = f.numel();
+    TORCH_CHECK(f.scalar_type() == torch::kFloat32 && f.is_contiguous() && n >= 1 && n <= P->D / 2,
+                "inv_freq: fp32 [rotated dim / 2], at most head_dim / 2");
+    std::memcpy(P->inv_freq.data() + i * P->D / 2, f.data_ptr<float>(), sizeof(float) * (size_t)n);
+    P->rope_dim.push_back(2 * n);
+    P->rope_scale.push_back((float)rope_scales[(size_t)i]);
+  }
+  TORCH_CHECK((int64_t)layer_rope.size() == P->L && (int64_t)windows.size() == P->L,
+              "one rotary index and one window per layer");
+  TORCH_CHECK((int64_t)norms.size() == 6 * P->L + 1, "norms: 6 per layer (empty where absent) + the final one");
+  for (size_t i = 0; i < norms.size(); ++i) {
+    const auto& n = norms[i];
+    if (n.numel() == 0) {
+      TORCH_CHECK(i % 6 >= 2 && i + 1 < norms.size(), "the input, MLP-input and final norms are required");
+      continue;
+    }
+    const int64_t want = (i % 6 >= 4 && i + 1 < norms.size()) ? P->D : P->hidden;
+    TORCH_CHECK(n.scalar_type() == torch::kFloat32 && n.is_contiguous() && n.numel() == want,
+                "norm weights must be fp32 [hidden] ([head_dim] for q/k norms)");
     P->keep.push_back(n);
   }
+  auto opt = [&](size_t i) { return norms[i].numel() ? norms[i].data_ptr<float>() : nullptr; };
   TORCH_CHECK((int64_t)lins.size() == 7 * P->L + 1,
               "linears: qkv (or q), k, v, o, gate_up (or gate), up, down per layer (k, v, up absent when "
               "fused), then the head");
@@ -125,8 +153,17 @@ std::shared_ptr<FusedPlan> make_fused_plan(std::vector<int64_t> dims, double eps
   P->layers.resize((size_t)P->L);
   for (int64_t l = 0; l < P->L; ++l) {
     LayerW& lw = P->layers[(size_t)l];
-    lw.ln1 = norms[(size_t)(2 * l)].data_ptr<float>();
-    lw.ln2 = norms[(size_t)(2 * l + 1)].data_ptr<float>();
+    const size_t n0 = (size_t)(6 * l);
+    lw.ln1 = norms[n0].data_ptr<float>();
+    lw.ln2 = norms[n0 + 1].data_ptr<float>();
+    lw.post_attn = opt(n0 + 2);
+    lw.post_mlp = opt(n0 + 3);
+    lw.q_norm = opt(n0 + 4);
+    lw.k_norm = opt(n0 + 5);
+    TORCH_CHECK(!lw.q_norm == !lw.k_norm, "q and k norms come together");
+    lw.window = windows[(size_t)l];
+    lw.rope = layer_rope[(size_t)l];
+    TORCH_CHECK(lw.window >= 0 && lw.rope >= 0 && lw.rope < P->nrope, "window >= 0, rotary index in range");
     const LinSpec* ls = lins.data() + 7 * l;
     lw.qkv = mk(ls[0]);
     lw.k = mk(ls[1]);
@@ -173,12 +210,12 @@ std::shared_ptr<FusedPlan> make_fused_plan(std::vector<int64_t> dims, double eps
   P->gu.assign((size_t)(M * 2 * P->I), 0.f);
   P->h.assign((size_t)(M * P->I), 0.f);
   P->tmp.assign((size_t)(M * P->hidden), 0.f);
-  P->cosb.assign((size_t)(M * P->D / 2), 0.f);
-  P->sinb.assign((size_t)(M * P->D / 2), 0.f);
+  P->cosb.assign((size_t)(P->nrope * M * P->D / 2), 0.f);
+  P->sinb.assign((size_t)(P->nrope * M * P->D / 2), 0.f);
   // padded tails of the shared inputs stay zero (prep writes only [0, K))
   P->act_o.init(P->layers[0].o.kind == 4 ? P->layers[0].o.Kp : (P->H * P->D + 31) / 32 * 32);
   P->act_d.init(P->layers[0].down.kind == 4 ? P->layers[0].down.Kp : (P->I + 31) / 32 * 32);
-  P->nctr = 9 * P->L + 4;
+  P->nctr = 12 * P->L + 4;   // per layer at most 10 phases (q, k, v, K/V write, attention, o, its norm, ...)
   P->ctr.reset(new std::atomic<int64_t>[(size_t)P->nctr]);
   ensure_threads(*P, std::max(1, omp_get_max_threads()));
   return P;
@@ -222,7 +259,9 @@ void register_fused(pybind11::module& m) {
   }, "read the phase timers (seconds per thread and category), then set profiling on/off (and reset)",
         py::arg("plan"), py::arg("on"), py::arg("reset") = true);
   m.def("make_fused_plan", &make_fused_plan, "the fused step's model plan and workspaces (once per model)",
-        py::arg("dims"), py::arg("eps"), py::arg("inv_freq"), py::arg("norms"), py::arg("linears"));
+        py::arg("dims"), py::arg("eps"), py::arg("attn_scale"), py::arg("attn_softcap"), py::arg("act"),
+        py::arg("inv_freqs"), py::arg("rope_scales"), py::arg("layer_rope"), py::arg("windows"), py::arg("norms"),
+        py::arg("linears"));
   m.def("fused_step", &fused_step, "one fused forward pass of 1..64 rows", py::arg("plan"), py::arg("x"),
         py::arg("segments"), py::arg("k_cache"), py::arg("v_cache"), py::arg("out_rows"), py::arg("isa"),
         py::arg("vnni"), py::arg("act_int8"), py::arg("threads"), py::call_guard<py::gil_scoped_release>());

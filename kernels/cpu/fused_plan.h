@@ -28,6 +28,7 @@ struct IsaFns {
   void (*prep_q8)(const float*, int64_t, int64_t, int64_t, int8_t*, float*, int32_t*, float*);
   void (*rmsnorm)(const float*, const float*, float, int64_t, float*);
   void (*silu_mul)(const float*, const float*, float*, int64_t);
+  void (*gelu_tanh_mul)(const float*, const float*, float*, int64_t);
   void (*rope)(float*, const float*, const float*, int64_t);
   void (*attention)(const AttnItem&);
   void (*add_inplace)(float*, const float*, int64_t);
@@ -46,7 +47,13 @@ struct Lin {
 
 struct LayerW {
   const float* ln1;
-  const float* ln2;
+  const float* ln2;                  // the MLP's input norm (Gemma: pre_feedforward_layernorm)
+  const float* post_attn = nullptr;  // Gemma's sandwich: norms of the attention and MLP outputs
+  const float* post_mlp = nullptr;
+  const float* q_norm = nullptr;     // RMSNorm over head_dim of q and k heads, before RoPE (Qwen3, Gemma 3)
+  const float* k_norm = nullptr;
+  int64_t window = 0;                // sliding window (0 = full): a query at p sees keys p - window < k <= p
+  int64_t rope = 0;                  // which of the plan's rotary settings this layer uses
   // q/k/v fused into qkv (k, v absent), or three; gate/up fused into gu (up absent), or two
   Lin qkv, k, v, o, gu, up, down;
   bool sep_qkv() const { return k.kind != 0; }
@@ -88,14 +95,20 @@ struct Thread {
 
 struct FusedPlan {
   int64_t L = 0, hidden = 0, H = 0, KV = 0, D = 0, I = 0, V = 0, G = 0, gs = 0;
-  float eps = 1e-6f, scale = 1.f;
+  float eps = 1e-6f, scale = 1.f, softcap = 0.f;
+  int act = 0;                          // 0 silu, 1 gelu (tanh approximation)
+  // distinct rotary settings: inverse frequencies [nrope][D/2] (the first dim/2 used), rotated
+  // width (partial rotary), and the factor cos and sin are multiplied by (yarn, longrope)
+  int64_t nrope = 0;
   std::vector<float> inv_freq;
+  std::vector<int64_t> rope_dim;
+  std::vector<float> rope_scale;
   std::vector<LayerW> layers;
   const float* norm_w = nullptr;
   Lin head;
   std::vector<torch::Tensor> keep;     // keeps the weights alive
   // shared workspaces
-  std::vector<float> x, qkv, attn, gu, h, tmp, cosb, sinb;
+  std::vector<float> x, qkv, attn, gu, h, tmp, cosb, sinb;   // cosb/sinb: [nrope][FUSED_MAX_ROWS][D/2]
   Act act_o, act_d;
   std::vector<Thread> th;
   std::unique_ptr<std::atomic<int64_t>[]> ctr;
@@ -112,8 +125,11 @@ using LinSpec = std::tuple<int64_t, torch::Tensor, torch::Tensor, c10::optional<
                            int64_t, int64_t>;
 
 void ensure_threads(FusedPlan& P, int64_t nt);
-std::shared_ptr<FusedPlan> make_fused_plan(std::vector<int64_t> dims, double eps, torch::Tensor inv_freq,
-                                           std::vector<torch::Tensor> norms, std::vector<LinSpec> lins);
+std::shared_ptr<FusedPlan> make_fused_plan(std::vector<int64_t> dims, double eps, double attn_scale,
+                                           double attn_softcap, int64_t act, std::vector<torch::Tensor> inv_freqs,
+                                           std::vector<double> rope_scales, std::vector<int64_t> layer_rope,
+                                           std::vector<int64_t> windows, std::vector<torch::Tensor> norms,
+                                           std::vector<LinSpec> lins);
 torch::Tensor fused_step(FusedPlan& P, torch::Tensor x_in, std::vector<int64_t> segs, torch::Tensor kc,
                          torch::Tensor vc, std::vector<int64_t> out_rows, int64_t isa, bool vnni, bool act_int8,
                          int64_t nthreads);

@@ -80,6 +80,33 @@ void silu_mul(const float* g, const float* u, float* h, int64_t n) {
   for (; i < n; ++i) h[i] = g[i] / (1.f + sexp(-g[i])) * u[i];
 }
 
+// tanh(y) = 1 - 2 / (exp(2y) + 1): exact at the clamps (+-1), absolute error ~1e-7 near 0, where
+// every caller adds it to 1 or multiplies it by a cap (soft-capping), so its relative error is harmless.
+static inline FV vtanh(FV y) {
+  const FV one = FOps::set1(1.f);
+  const FV e = vexp(FOps::add(y, y));
+  return FOps::sub(one, FOps::div(FOps::set1(2.f), FOps::add(e, one)));
+}
+
+static inline float stanh(float y) { return 1.f - 2.f / (sexp(y + y) + 1.f); }
+
+// h = gelu_tanh(g) * u = 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))) * u, as torch's approximate="tanh"
+void gelu_tanh_mul(const float* g, const float* u, float* h, int64_t n) {
+  const float kb = 0.7978845608028654f, kk = 0.044715f;
+  const FV half = FOps::set1(0.5f), one = FOps::set1(1.f), vb = FOps::set1(kb), vk = FOps::set1(kk);
+  int64_t i = 0;
+  for (; i + FW <= n; i += FW) {
+    const FV x = FOps::load(g + i);
+    const FV inner = FOps::mul(vb, FOps::add(x, FOps::mul(vk, FOps::mul(FOps::mul(x, x), x))));
+    const FV y = FOps::mul(FOps::mul(half, x), FOps::add(one, vtanh(inner)));
+    FOps::store(h + i, FOps::mul(y, FOps::load(u + i)));
+  }
+  for (; i < n; ++i) {
+    const float x = g[i];
+    h[i] = 0.5f * x * (1.f + stanh(kb * (x + kk * (x * x * x)))) * u[i];
+  }
+}
+
 // Rotary embedding in place (the half-split convention of the model: rot = [-x2, x1]).
 void rope(float* v, const float* cs, const float* sn, int64_t D) {
   const int64_t half = D / 2;
@@ -105,7 +132,8 @@ void add_inplace(float* x, const float* y, int64_t n) {
 
 // Attention of one item (fused_kernels.h), exact softmax in three passes over key blocks of
 // JB keys (a block of K or V stays in L1 while every query of the item uses it):
-// scores = q.k * scale; e = exp(s - max), sum; out = sum_j e_j v_j / sum.
+// scores = q.k * scale (soft-capped if asked); e = exp(s - max), sum; out = sum_j e_j v_j / sum.
+// A query reads only its keys [start, len): a sliding window skips the blocks before it.
 constexpr int64_t ATT_JB = 64;
 
 template <int NDV>
@@ -113,14 +141,17 @@ static void attention_t(const AttnItem& a) {
   constexpr int64_t D = (int64_t)NDV * FW;
   const int64_t nq = a.nq, ML = a.maxlen;
   float inv_sum[FUSED_MAX_Q];
-  for (int64_t jb = 0; jb < ML; jb += ATT_JB) {
+  int64_t lo = ML;
+  for (int64_t r = 0; r < nq / a.G; ++r) lo = std::min(lo, a.start[r]);
+  const int64_t jb0 = lo / ATT_JB * ATT_JB;   // blocks stay aligned to 0: a query's arithmetic is its own
+  for (int64_t jb = jb0; jb < ML; jb += ATT_JB) {
     for (int64_t qi = 0; qi < nq; ++qi) {
-      const int64_t je = std::min(jb + ATT_JB, a.len[qi / a.G]);
-      if (je <= jb) continue;
+      const int64_t j0 = std::max(jb, a.start[qi / a.G]), je = std::min(jb + ATT_JB, a.len[qi / a.G]);
+      if (je <= j0) continue;
       FV qv[NDV];
       for (int d = 0; d < NDV; ++d) qv[d] = FOps::load(a.q + qi * D + d * FW);
       float* s = a.scores + qi * ML;
-      int64_t j = jb;
+      int64_t j = j0;
       for (; j + 4 <= je; j += 4) {   // 4 keys at once: one 4-way horizontal sum instead of four
         const float* kr = a.k + j * D;
         FV c0 = FOps::mul(qv[0], FOps::load(kr)), c1 = FOps::mul(qv[0], FOps::load(kr + D));
@@ -140,19 +171,26 @@ static void attention_t(const AttnItem& a) {
         for (int d = 1; d < NDV; ++d) acc = FOps::fma(qv[d], FOps::load(kr + d * FW), acc);
         s[j] = FOps::hsum(acc) * a.scale;
       }
+      if (a.softcap > 0.f) {   // cap * tanh(score / cap), before the softmax (Gemma 2)
+        const FV cap = FOps::set1(a.softcap);
+        j = j0;
+        for (; j + FW <= je; j += FW)
+          FOps::store(s + j, FOps::mul(vtanh(FOps::div(FOps::load(s + j), cap)), cap));
+        for (; j < je; ++j) s[j] = stanh(s[j] / a.softcap) * a.softcap;
+      }
     }
   }
   for (int64_t qi = 0; qi < nq; ++qi) {
-    const int64_t L = a.len[qi / a.G];
+    const int64_t L = a.len[qi / a.G], st = a.start[qi / a.G];
     float* s = a.scores + qi * ML;
-    int64_t j = 0;
+    int64_t j = st;
     FV mv = FOps::set1(-INFINITY);
     for (; j + FW <= L; j += FW) mv = FOps::max(mv, FOps::load(s + j));
     float m = FOps::hmax(mv);
     for (; j < L; ++j) m = std::max(m, s[j]);
     const FV vm = FOps::set1(m);
     FV sv = FOps::zero();
-    j = 0;
+    j = st;
     for (; j + FW <= L; j += FW) {
       const FV e = vexp(FOps::sub(FOps::load(s + j), vm));
       FOps::store(s + j, e);
@@ -166,15 +204,15 @@ static void attention_t(const AttnItem& a) {
     inv_sum[qi] = 1.f / sum;
     for (int64_t d = 0; d < D; d += FW) FOps::store(a.out + qi * D + d, FOps::zero());
   }
-  for (int64_t jb = 0; jb < ML; jb += ATT_JB) {
+  for (int64_t jb = jb0; jb < ML; jb += ATT_JB) {
     for (int64_t qi = 0; qi < nq; ++qi) {
-      const int64_t je = std::min(jb + ATT_JB, a.len[qi / a.G]);
-      if (je <= jb) continue;
+      const int64_t j0 = std::max(jb, a.start[qi / a.G]), je = std::min(jb + ATT_JB, a.len[qi / a.G]);
+      if (je <= j0) continue;
       FV acc[NDV];
       float* o = a.out + qi * D;
       for (int d = 0; d < NDV; ++d) acc[d] = FOps::load(o + d * FW);
       const float* e = a.scores + qi * ML;
-      for (int64_t j = jb; j < je; ++j) {
+      for (int64_t j = j0; j < je; ++j) {
         const FV p = FOps::set1(e[j]);
         const float* vr = a.v + j * D;
         for (int d = 0; d < NDV; ++d) acc[d] = FOps::fma(p, FOps::load(vr + d * FW), acc[d]);
@@ -189,8 +227,10 @@ static void attention_t(const AttnItem& a) {
   }
 }
 
-// head_dim 64 and 128 (the models here; the caller falls back to PyTorch for others)
+// head_dim 64, 96 (Phi-3), 128 and 256 (Gemma); make_fused_plan refuses others
 void attention(const AttnItem& a) {
   if (a.D == 64) attention_t<64 / FW>(a);
+  else if (a.D == 96) attention_t<96 / FW>(a);
   else if (a.D == 128) attention_t<128 / FW>(a);
+  else if (a.D == 256) attention_t<256 / FW>(a);
 }
