@@ -63,13 +63,14 @@ def test_a_typed_gemma2_folder_runs_and_names_its_family_and_path(gemma2):
     assert rec.config["model"] == str(gemma2)
     assert rec.config["architecture"]["family"] == "gemma2"
     k = rec.kernels
-    # int4 Gemma 2: the fused C++ step lacks its features, so every pass took the PyTorch path, and says why
+    # int4 Gemma 2 at head_dim 16: the fused C++ step has its features but not that shape, so every pass
+    # took the PyTorch path, and says why
     assert k["reference_steps"] > 0 and k["fused_steps"] == 0
     why = max(k["reference_reasons"], key=k["reference_reasons"].get)
-    assert "gemma2 uses" in why and "gemma_norms" in why
+    assert "head_dim 16" in why
     caption = detail_caption(at)
     assert "family: gemma2" in caption
-    assert "step path: PyTorch: gemma2 uses" in caption.replace("\\", "")  # md-escaped on the page
+    assert "step path: PyTorch: head_dim 16" in caption.replace("\\", "")  # md-escaped on the page
 
     # the comparison table beside a catalog-era run: the family and the path per row
     old = _old_record()
@@ -80,7 +81,7 @@ def test_a_typed_gemma2_folder_runs_and_names_its_family_and_path(gemma2):
     assert not cmp.exception
     df = frame(cmp, "family", "path")
     assert list(df["family"]) == ["gemma2", "—"]
-    assert df["path"][0].startswith("PyTorch: gemma2 uses") and df["path"][1] == "—"
+    assert df["path"][0].startswith("PyTorch: head_dim 16") and df["path"][1] == "—"
 
 
 BAD = {  # a folder the user typed -> words the refusal must hold
