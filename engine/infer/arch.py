@@ -54,7 +54,7 @@ HARMLESS = {
     "architectures", "model_type", "transformers_version", "dtype", "torch_dtype", "initializer_range",
     "use_cache", "bos_token_id", "eos_token_id", "pad_token_id", "attention_dropout", "embd_pdrop",
     "resid_pdrop", "hidden_dropout", "router_aux_loss_coef", "output_router_logits", "router_jitter_noise",
-    "_name_or_path", "tokenizer_class", "pretraining_tp", "attn_implementation", "_attn_implementation",
+    "_name_or_path", "_model_name_or_path", "tokenizer_class", "pretraining_tp", "attn_implementation", "_attn_implementation",
     "id2label", "label2id", "output_attentions", "output_hidden_states", "return_dict", "auto_map",
     "max_position_embeddings", "chunk_size_feed_forward", "is_encoder_decoder", "tie_encoder_decoder",
     "problem_type", "torchscript", "use_bfloat16", "tf_legacy_loss", "add_cross_attention",
