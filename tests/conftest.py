@@ -77,3 +77,14 @@ def lab_backend(tmp_path_factory):
 
     with backend_in_thread(tmp_path_factory.mktemp("backend") / "lab.sqlite") as b:
         yield b
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny models are all Python overhead: threads only add contention."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

@@ -27,13 +27,6 @@ def _default_kernel_settings():
 IDS = torch.randint(0, 20000, (200,), generator=torch.Generator().manual_seed(7))
 
 
-def _clone_cache(cache):
-    c = type(cache).__new__(type(cache))
-    torch.nn.Module.__init__(c)
-    c.register_buffer("k", cache.k.clone(), persistent=False)
-    c.register_buffer("v", cache.v.clone(), persistent=False)
-    c.slots, c.capacity = cache.slots, cache.capacity
-    return c
 
 
 def _steps(model, prompt: int = 70):
@@ -115,12 +108,12 @@ def test_fused_rows_are_independent(small_int4, act_int8):
         m.forward_rows(IDS[30:42], Rows.of([(1, 0, 12)], "cpu"), base)
         toks = torch.stack([IDS[50], IDS[51], IDS[52]])
         segs = [(0, 30, 1), (1, 12, 1), (2, 0, 1)]
-        batch = m.forward_rows(toks, Rows.of(segs, "cpu"), _clone_cache(base))
+        batch = m.forward_rows(toks, Rows.of(segs, "cpu"), base.clone())
         for i, seg in enumerate(segs):
-            alone = m.forward_rows(toks[i:i + 1], Rows.of([seg], "cpu"), _clone_cache(base))
+            alone = m.forward_rows(toks[i:i + 1], Rows.of([seg], "cpu"), base.clone())
             assert torch.equal(alone[0], batch[i]), f"row {i} differs alone vs in the batch"
         # verification: 5 rows of slot 0 in one pass == 5 single steps in sequence
-        c1, c2 = _clone_cache(base), _clone_cache(base)
+        c1, c2 = base.clone(), base.clone()
         ver = m.forward_rows(IDS[60:65], Rows.of([(0, 30, 5)], "cpu"), c1)
         for j in range(5):
             one = m.forward_rows(IDS[60 + j:61 + j], Rows.of([(0, 30 + j, 1)], "cpu"), c2)
@@ -224,7 +217,7 @@ def test_cuda_graph_step_logic_on_cpu(small_int4):
         m.forward_rows(IDS[:30], Rows.of([(0, 0, 30)], "cpu"), base)
         m.forward_rows(IDS[30:42], Rows.of([(1, 0, 12)], "cpu"), base)
         toks = torch.stack([IDS[50], IDS[51], IDS[52]])
-        c1, c2 = _clone_cache(base), _clone_cache(base)
+        c1, c2 = base.clone(), base.clone()
         ref = m.forward_rows(toks, Rows.of([(2, 0, 1), (0, 30, 1), (1, 12, 1)], "cpu"), c1)
         got = decode_step(m, toks, torch.tensor([2, 0, 1]), torch.tensor([0, 30, 12]), c2, use_kernels=False)
     _check_close([ref], [got], "graph step (torch form)")

@@ -27,13 +27,7 @@ def experts_override(family: str, experts: int = E) -> dict:
     return {"num_local_experts" if family == "mixtral" else "num_experts": experts, "num_experts_per_tok": K}
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models are all Python overhead: threads only add contention."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")

@@ -116,13 +116,6 @@ def _tv_bound(joint, n, false_fail=1e-3):
 N_SEEDS = 1200
 
 
-@pytest.fixture(autouse=False)
-def one_thread():
-    """Tiny models are all Python overhead: threads only add contention."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 SP = dict(temperature=1.0, top_k=0, top_p=1.0)
 
 

@@ -129,6 +129,15 @@ class KVCache(nn.Module):
     def nbytes(self) -> int:
         return self.k.numel() * self.k.element_size() * 2
 
+    def clone(self) -> "KVCache":
+        """An independent copy (the same slots, capacity and contents)."""
+        c = KVCache.__new__(KVCache)
+        nn.Module.__init__(c)
+        c.register_buffer("k", self.k.clone(), persistent=False)
+        c.register_buffer("v", self.v.clone(), persistent=False)
+        c.slots, c.capacity = self.slots, self.capacity
+        return c
+
 
 @dataclass
 class Rows:
