@@ -221,18 +221,7 @@ def _llama_worker(gguf: Path, cfg) -> dict:
     load_s = time.perf_counter() - t
     ids = list(cfg.prompt_ids)
 
-    def one(n):
-        toks, stamps = [], []
-        llm.reset()  # no prompt cache: every repetition prefills, as ours does
-        t0 = time.perf_counter()
-        for tk in llm.generate(ids, top_k=1, top_p=1.0, min_p=0.0, temp=0.0, repeat_penalty=1.0, reset=True):
-            toks.append(int(tk))
-            stamps.append(time.perf_counter())
-            if len(toks) >= n:
-                break
-        return workers._Timed(toks, t0, stamps)
-
-    runs, mem = workers._run_reps(cfg, one)
+    runs, mem = workers._run_reps(cfg, workers.llama_cpp_timed(llm, ids))
     m = workers._stats(runs, cfg.max_new_tokens)
     m.update(mem.as_dict())
     m.update(load_peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,

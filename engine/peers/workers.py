@@ -165,6 +165,13 @@ def _llama_worker(cfg: PeerConfig) -> dict:
     # The same ids as everyone else: the lab's tokenizer (the GGUF's own tokenizer is the same vocabulary).
     ids = _prompt_ids(cfg, load_tokenizer(resolve(cfg.setup.model)) if cfg.prompt_ids is None else None)
 
+    runs, mem = _run_reps(cfg, llama_cpp_timed(llm, ids))
+    return {"runs": runs, "mem": mem, "load_s": load_s, "weight_bytes": os.path.getsize(path), "prompt_ids": ids,
+            "draft_setting": setting, "versions": _versions("llama_cpp_python") | {"n_threads": threads}}
+
+
+def llama_cpp_timed(llm, ids):
+    """one(n): n greedy tokens of llama-cpp-python after `ids`, each timestamped (a _Timed)."""
     def one(n):
         toks, stamps = [], []
         # llama-cpp-python reuses the KV cache for a prompt prefix it has seen; the others have no
@@ -177,10 +184,7 @@ def _llama_worker(cfg: PeerConfig) -> dict:
             if len(toks) >= n:
                 break
         return _Timed(toks, t0, stamps)
-
-    runs, mem = _run_reps(cfg, one)
-    return {"runs": runs, "mem": mem, "load_s": load_s, "weight_bytes": os.path.getsize(path), "prompt_ids": ids,
-            "draft_setting": setting, "versions": _versions("llama_cpp_python") | {"n_threads": threads}}
+    return one
 
 
 def _ours_worker(cfg: PeerConfig, folder, draft_folder) -> dict:
