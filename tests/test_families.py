@@ -77,12 +77,12 @@ def test_32_greedy_tokens_identical_to_transformers(folders, family):
 @pytest.mark.parametrize("family", FAMS)
 def test_int8_int4_within_the_qwen_kl_bounds(folders, family):
     """tests/test_quant.py's bounds for the 0.5B: mean KL < 0.01 at int8, < 0.25 at int4; bitsandbytes'
-    llm.int8 and nf4 (which run on this CPU) held to the same 8-bit and 4-bit bounds."""
+    llm.int8 and nf4 (which run on this CPU) held to the same 8-bit and 4-bit bounds, bf16 to the 8-bit one."""
     from engine.infer.loader import load
 
     ids, kls = _ids(), {}
     ref = None
-    for p in ("fp32", "int8", "int4", "llm.int8", "nf4"):
+    for p in ("fp32", "int8", "int4", "llm.int8", "nf4", "bf16"):
         lm = load(str(folders[family]), p)
         with torch.inference_mode():
             out = lm.model(ids, 0, lm.model.new_cache(1, N_INPUT))[0].float().log_softmax(-1)
@@ -91,7 +91,7 @@ def test_int8_int4_within_the_qwen_kl_bounds(folders, family):
             continue
         kls[p] = (ref.exp() * (ref - out)).sum(-1).mean().item()
     assert 0 < kls["int8"] < 0.01 and 0 < kls["int4"] < 0.25 and kls["int8"] < kls["int4"], kls
-    assert 0 < kls["llm.int8"] < 0.01 and 0 < kls["nf4"] < 0.25, kls
+    assert 0 < kls["llm.int8"] < 0.01 and 0 < kls["nf4"] < 0.25 and 0 < kls["bf16"] < 0.01, kls
 
 
 def _serve(folder, precision="fp32"):
