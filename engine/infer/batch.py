@@ -35,7 +35,9 @@ class Request:
     max_new_tokens: int
     sampling: SamplingParams = field(default_factory=SamplingParams)
     stop_at_eos: bool = True
-    min_tokens: int = 0  # EOS does not stop the sequence before this many new tokens (vLLM's min_tokens)
+    min_tokens: int = 0  # EOS and stops do not end the sequence before this many new tokens (vLLM's min_tokens)
+    stop: tuple[str, ...] = ()  # the text ends before the first of these; finish "stop"
+    stop_token_ids: frozenset[int] = frozenset()  # vLLM's: these tokens end the sequence, their text left out
     on_token: Callable | None = None  # (seq, token, text piece, origin), called after the step's timer
     request_id: str = ""
 
@@ -51,9 +53,9 @@ class Sequence:
     prefilled: int = 0
     out: list[int] = field(default_factory=list)
     trace: list[str] = field(default_factory=list)
-    finish: str | None = None  # "eos" | "length" | "cancelled"
+    finish: str | None = None  # "eos" | "stop" | "length" | "cancelled"
     gen: torch.Generator | None = None
-    stream: StreamDecoder | None = None
+    stream: StopText | None = None
     t_admit: float = 0.0  # when the sequence got its slot
     t_first: float | None = None
     token_times: list[float] = field(default_factory=list)
@@ -101,7 +103,8 @@ class Batch:
         stats = SpecStats(self.proposer.kind if self.proposer else "none", self.gamma_max, self.adaptive,
                           position_drafted=[0] * self.gamma_max, position_accepted=[0] * self.gamma_max)
         return Sequence(req, slot, self.vocab, list(req.prompt_ids), len(req.prompt_ids), gamma=g,
-                        gen=make_generator(req.sampling, self.target.device), stream=StreamDecoder(self.target.tokenizer),
+                        gen=make_generator(req.sampling, self.target.device),
+                        stream=StopText(StreamDecoder(self.target.tokenizer), req.stop),
                         t_admit=time.perf_counter(), spec_stats=stats)
 
     def free(self, seq: Sequence) -> None:
@@ -194,18 +197,78 @@ class Batch:
         s.trace.append(origin)
         s.pending.append((tok, origin))
         s.token_times.append(time.perf_counter())
-        if tok in self.eos and s.req.stop_at_eos and len(s.out) >= s.req.min_tokens:
+        armed = len(s.out) >= s.req.min_tokens
+        if armed and tok in s.req.stop_token_ids:
+            s.finish = "stop"
+        elif armed and tok in self.eos and s.req.stop_at_eos:
             s.finish = "eos"
         elif len(s.out) >= s.req.max_new_tokens:
             s.finish = "length"
 
 
 def stream(s: Sequence) -> None:
-    """Hand the tokens a step emitted to the request's callback (outside the timed step)."""
-    if s.req.on_token is not None:
-        for tok, origin in s.pending:
-            s.req.on_token(s, tok, s.stream.push(tok), origin)
+    """Hand the tokens a step emitted to the request's callback (outside the timed step), and end the
+    sequence at a stop string: its text ends before the string, and tokens past it are dropped (a
+    speculative round can commit several in one step), so the usage counts what the client got."""
+    if s.req.on_token is None and not s.req.stop:
+        s.pending.clear()
+        return
+    first = len(s.out) - len(s.pending)  # index in s.out of the first pending token
+    for j, (tok, origin) in enumerate(s.pending):
+        n = first + j + 1  # tokens out, this one included
+        if s.finish == "stop" and n == len(s.out) and tok in s.req.stop_token_ids:
+            piece = ""  # a stop token's own text is left out, as vLLM does
+        else:
+            piece = s.stream.push(tok, armed=n >= s.req.min_tokens)
+        if s.stream.stopped:
+            if s.finish != "error":
+                s.finish = "stop"
+            del s.out[n:], s.tokens[s.n_prompt + n:], s.trace[n:], s.token_times[n:]
+        if s.req.on_token is not None:
+            s.req.on_token(s, tok, piece, origin)
+        if s.stream.stopped:
+            break
     s.pending.clear()
+
+
+class StopText:
+    """A sequence's text as it streams, ending before its first stop string.
+
+    Text that may still be the start of a stop string is held back until the next tokens decide it,
+    so a stop string never leaks into a streamed piece; concatenated pieces plus flush() are the
+    text up to the stop (the whole text when none matched).
+    """
+
+    def __init__(self, decoder: StreamDecoder, stops: tuple[str, ...] = ()):
+        self.dec, self.stops = decoder, tuple(stops)
+        self.held = ""
+        self.stopped = False
+
+    def push(self, token: int, armed: bool = True) -> str:
+        """The text to release after `token`; `armed` False (before min_tokens) releases it unchecked."""
+        text = self.held + self.dec.push(token)
+        if not self.stops or not armed:
+            self.held = ""
+            return text
+        return self._cut(text, final=False)
+
+    def flush(self) -> str:
+        """What is still held at the end (nothing once a stop string matched)."""
+        if self.stopped:
+            return ""
+        text = self.held + self.dec.flush()
+        self.held = ""
+        return self._cut(text, final=True) if self.stops else text
+
+    def _cut(self, text: str, final: bool) -> str:
+        hits = [i for i in (text.find(stop) for stop in self.stops) if i >= 0]
+        if hits:
+            self.stopped, self.held = True, ""
+            return text[:min(hits)]
+        keep = 0 if final else max((k for stop in self.stops for k in range(min(len(stop) - 1, len(text)), 0, -1)
+                                    if text.endswith(stop[:k])), default=0)
+        self.held = text[len(text) - keep:]
+        return text[:len(text) - keep]
 
 
 def _step_kind(drafts: list[list[int]], chunks: list) -> str:

@@ -61,7 +61,8 @@ def create_app(engine: EngineLoop, served_name: str, facts: dict | None = None, 
         except P.APIError as e:
             return error(e)
         sp = SamplingParams(p.temperature, p.top_k, p.top_p, p.seed)
-        req = EngineRequest(p.prompt_ids, p.max_tokens, sp, stop_at_eos=not p.ignore_eos, min_tokens=p.min_tokens)
+        req = EngineRequest(p.prompt_ids, p.max_tokens, sp, stop_at_eos=not p.ignore_eos, min_tokens=p.min_tokens,
+                            stop=p.stop, stop_token_ids=p.stop_token_ids)
         rid = P.new_id(kind)
         try:
             h = engine.submit(req, label=rid)

@@ -2,8 +2,11 @@
 
 A bad request gets a 400 whose body names the field, as OpenAI's and vLLM's do:
 {"error": {"message": ..., "type": "invalid_request_error", "param": "<field>", "code": null}}.
-Fields a client may send that we do not act on (user, logit_bias, ...) are accepted and ignored;
-extensions from vLLM that load tests use are honoured: ignore_eos, min_tokens, top_k.
+Every field a body may carry is honoured, accepted and ignored because it changes nothing about the
+answer (IGNORED), or refused by name (NOT_YET: a later version builds it; REFUSED: not planned);
+an unknown field is refused too, as OpenAI does. docs/SERVING.md has the table.
+Extensions from vLLM that clients and load tests use are honoured: ignore_eos, min_tokens, top_k,
+stop_token_ids.
 """
 from __future__ import annotations
 
@@ -25,19 +28,96 @@ class APIError(Exception):
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": None}}
 
 
+MAX_STOPS = 4  # OpenAI's limit on stop strings
+MAX_STOP_CHARS = 1000  # the engine checks each stop against held-back text per token: keep that cheap
+
+
+def _num(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+# Fields this server acts on; the rest of a body is sorted by the tables below.
+HONOURED = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stream", "stream_options", "stop",
+            "stop_token_ids", "ignore_eos", "min_tokens", "n"}
+HONOURED_BY_KIND = {"completions": {"prompt"}, "chat": {"messages", "max_completion_tokens"}}
+# Accepted and ignored: bookkeeping for the caller's side that changes nothing about the answer.
+IGNORED = {"user", "metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key",
+           "parallel_tool_calls"}
+# Not implemented yet (a later version builds them): refused unless they hold their "off" value.
+NOT_YET = {  # field: (is off, what it does, its off value as a client would write it)
+    "logprobs": (lambda v: v is None or v is False, "log probabilities of the tokens", "null"),
+    "top_logprobs": (lambda v: v is None or (_num(v) and v == 0), "the most likely tokens' log probabilities", "0"),
+    "echo": (lambda v: v is None or v is False, "the prompt echoed with its log probabilities", "false"),
+    "logit_bias": (lambda v: v is None or v == {}, "biasing token logits", "{}"),
+    "presence_penalty": (lambda v: v is None or (_num(v) and v == 0), "the presence penalty", "0"),
+    "frequency_penalty": (lambda v: v is None or (_num(v) and v == 0), "the frequency penalty", "0"),
+    "repetition_penalty": (lambda v: v is None or (_num(v) and v == 1), "the repetition penalty", "1"),
+}
+# Refused: features this server does not have (it returns plain text, one sample per choice).
+REFUSED = {  # field: (is off, why)
+    "tools": (lambda v: v is None or v == [], "tool calling is not implemented; this server answers in plain text"),
+    "tool_choice": (lambda v: v is None or v == "none", "tool calling is not implemented"),
+    "functions": (lambda v: v is None or v == [], "function calling is not implemented"),
+    "function_call": (lambda v: v is None or v == "none", "function calling is not implemented"),
+    "response_format": (lambda v: v is None or v == {"type": "text"},
+                        "structured output (json_object, json_schema) is not implemented; only {\"type\": \"text\"}"),
+    "best_of": (lambda v: v is None or (_num(v) and v == 1), "best_of above n (the best of several samples) is not "
+                                                             "implemented; leave it out or set it to 1"),
+    "suffix": (lambda v: v is None or v == "", "insertion (suffix) is not implemented"),
+    "min_p": (lambda v: v is None or (_num(v) and v == 0), "min_p sampling is not implemented; use top_p or top_k"),
+    "audio": (lambda v: v is None, "audio output is not implemented"),
+    "modalities": (lambda v: v is None or v == ["text"], "only text output is implemented"),
+    "prediction": (lambda v: v is None, "predicted outputs are not implemented"),
+    "reasoning_effort": (lambda v: v is None, "this server does not run reasoning models with an effort setting"),
+    "web_search_options": (lambda v: v is None, "web search is not implemented"),
+}
+# Fields of the other endpoint: refused with a pointer to the right one.
+OTHER_KIND = {"completions": {"messages": "/v1/chat/completions takes messages; here send prompt",
+                              "max_completion_tokens": "use max_tokens on /v1/completions"},
+              "chat": {"prompt": "/v1/completions takes prompt; here send messages"}}
+
+
+def check_fields(kind: str, raw: dict) -> None:
+    """Refuse, by name, every field we would otherwise drop: not implemented yet, refused, or unknown."""
+    for name, v in raw.items():
+        if name in HONOURED or name in HONOURED_BY_KIND[kind] or name in IGNORED:
+            continue
+        if name in NOT_YET:
+            off, what, default = NOT_YET[name]
+            if not off(v):
+                raise APIError(400, f"{name} {_short(v)}: {what} is not implemented yet in this server (a later "
+                                    f"version builds it); leave {name} out or send {default}", name)
+        elif name in REFUSED:
+            off, why = REFUSED[name]
+            if not off(v):
+                raise APIError(400, f"{name} {_short(v)}: {why}; leave {name} out", name)
+        elif name in OTHER_KIND[kind]:
+            raise APIError(400, f"{name} is not a field of this endpoint: {OTHER_KIND[kind][name]}", name)
+        else:
+            raise APIError(400, f"unknown field '{name}'; the fields this server takes are listed in "
+                                "docs/SERVING.md", name)
+
+
+def _short(v) -> str:
+    text = repr(v)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="forbid")  # check_fields has refused the rest by name already
     model: str | None = None
     max_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
     seed: int | None = None
-    stream: bool = False
+    stream: bool | None = False
     stream_options: dict | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
     min_tokens: int = 0
-    n: int = 1
+    n: int | None = 1
 
 
 class CompletionBody(_Body):
@@ -64,23 +144,42 @@ class Params:
     ignore_eos: bool
     min_tokens: int
     model: str
+    stop: tuple[str, ...] = ()
+    stop_token_ids: frozenset[int] = frozenset()
 
 
 def parse(kind: str, raw: dict, served_name: str, tokenizer, max_model_len: int, default_max_tokens: int) -> Params:
     """Check a request body; APIError(400, ..., param) names the first bad field."""
     if not isinstance(raw, dict):
         raise APIError(400, "the request body must be a JSON object", None)
+    check_fields(kind, raw)
+    model = CompletionBody if kind == "completions" else ChatBody
     try:
-        body = (CompletionBody if kind == "completions" else ChatBody).model_validate(raw)
+        body = model.model_validate({k: v for k, v in raw.items() if k in model.model_fields})
     except ValidationError as e:
         err = e.errors()[0]
-        field = ".".join(str(p) for p in err["loc"] if not isinstance(p, int)) or None
-        raise APIError(400, f"{field}: {err['msg']}", field) from None
+        field = str(err["loc"][0]) if err["loc"] else None  # the top-level field, never a union member's tag
+        where = ".".join(str(p) for p in err["loc"])
+        raise APIError(400, f"{where}: {err['msg']}", field) from None
     if body.model is not None and body.model != served_name:
         raise APIError(400, f"the model '{body.model}' does not exist; this server serves '{served_name}'", "model",
                        "invalid_request_error")
-    if body.n != 1:
-        raise APIError(400, f"n = {body.n} is not supported; ask for one choice per request", "n")
+    n = 1 if body.n is None else body.n
+    if n < 1:
+        raise APIError(400, f"n = {n}: ask for at least one choice", "n")
+    if n > 1:
+        raise APIError(400, f"n = {n}: several choices per request are not implemented yet in this server (a "
+                            "later version builds them); send n = 1 and repeat the request", "n")
+    stops = _stops(body.stop)
+    include_usage = _include_usage(body.stream_options, body.stream)
+    if kind == "chat" and None not in (body.max_tokens, body.max_completion_tokens) \
+            and body.max_tokens != body.max_completion_tokens:
+        raise APIError(400, f"max_completion_tokens {body.max_completion_tokens} and max_tokens {body.max_tokens} "
+                            "disagree; send one of them", "max_completion_tokens")
+    vocab = len(tokenizer)
+    stop_ids = body.stop_token_ids or []
+    if any(not 0 <= t < vocab for t in stop_ids):
+        raise APIError(400, f"stop_token_ids must be token ids in [0, {vocab})", "stop_token_ids")
     if kind == "completions":
         ids = _prompt_ids(body.prompt, tokenizer)
     else:
@@ -106,14 +205,41 @@ def parse(kind: str, raw: dict, served_name: str, tokenizer, max_model_len: int,
     k = 0 if body.top_k in (None, -1) else body.top_k
     if k < 0:
         raise APIError(400, f"top_k {body.top_k} is out of range; use -1 or 0 (off) or a positive number", "top_k")
-    if body.seed is not None and body.seed < 0:
-        raise APIError(400, f"seed {body.seed} is negative", "seed")
+    if body.seed is not None and not 0 <= body.seed < 2**63:
+        raise APIError(400, f"seed {body.seed} is out of range; use a whole number in [0, 2**63)", "seed")
     if body.min_tokens < 0 or body.min_tokens > max_tokens:
         raise APIError(400, f"min_tokens {body.min_tokens} must be between 0 and max_tokens ({max_tokens})",
                        "min_tokens")
-    usage = bool((body.stream_options or {}).get("include_usage"))
-    return Params(ids, int(max_tokens), float(t), float(p), int(k), body.seed, bool(body.stream), usage,
-                  bool(body.ignore_eos), int(body.min_tokens), served_name)
+    return Params(ids, int(max_tokens), float(t), float(p), int(k), body.seed, bool(body.stream), include_usage,
+                  bool(body.ignore_eos), int(body.min_tokens), served_name, stops, frozenset(stop_ids))
+
+
+def _stops(stop) -> tuple[str, ...]:
+    """stop: a string or a list of up to MAX_STOPS non-empty strings."""
+    stops = [stop] if isinstance(stop, str) else list(stop or [])
+    if len(stops) > MAX_STOPS:
+        raise APIError(400, f"stop has {len(stops)} strings; send at most {MAX_STOPS}", "stop")
+    for s in stops:
+        if not s:
+            raise APIError(400, "stop holds an empty string, which would end every answer at once; remove it", "stop")
+        if len(s) > MAX_STOP_CHARS:
+            raise APIError(400, f"a stop string has {len(s)} characters; send at most {MAX_STOP_CHARS}", "stop")
+    return tuple(dict.fromkeys(stops))
+
+
+def _include_usage(options, stream: bool) -> bool:
+    """stream_options: include_usage is honoured, include_obfuscation is accepted and ignored (we add no padding)."""
+    if options is None:
+        return False
+    if not stream:
+        raise APIError(400, "stream_options is only allowed when stream is true", "stream_options")
+    for key, v in options.items():
+        if key not in ("include_usage", "include_obfuscation"):
+            raise APIError(400, f"stream_options.{key} is not a field this server takes; it takes include_usage",
+                           "stream_options")
+        if not isinstance(v, bool):
+            raise APIError(400, f"stream_options.{key} must be true or false", "stream_options")
+    return bool(options.get("include_usage"))
 
 
 def _prompt_ids(prompt, tokenizer) -> list[int]:
