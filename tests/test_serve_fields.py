@@ -234,3 +234,26 @@ def test_stop_text_releases_all_before_the_first_stop_and_nothing_after(server):
         hits = [text.find(s) for s in stops if s in text]
         assert "".join(out) == (text[:min(hits)] if hits else text), stops
         assert st.stopped == bool(hits)
+
+
+def test_a_step_that_commits_tokens_past_the_stop_drops_them(server):
+    """A speculative round can commit several tokens in one step: the ones after the stop are not the
+    client's (not streamed, not counted); min_tokens holds the stop off."""
+    from engine.infer.batch import Request, Sequence, StopText, stream
+    from engine.infer.tokens import StreamDecoder
+
+    tok = server.loop.tokenizer
+    ids = tok(" 6, 7, 8, 9, 10", add_special_tokens=False)["input_ids"]
+    upto = _tokens_to(server, " 6, 7, 8, 9, 10", " 8")
+    assert upto < len(ids)
+    for min_tokens, want_text, want_ids in [(0, " 6, 7,", ids[:upto]), (len(ids), " 6, 7, 8, 9, 10", ids)]:
+        pieces = []
+        req = Request([1, 2], 32, stop=(" 8",), min_tokens=min_tokens,
+                      on_token=lambda s, t, piece, origin: pieces.append(piece))
+        seq = Sequence(req=req, slot=0, vocab=len(tok), tokens=[1, 2, *ids], n_prompt=2, out=list(ids),
+                       trace=["accepted"] * len(ids), token_times=[0.0] * len(ids),
+                       pending=[(t, "accepted") for t in ids], stream=StopText(StreamDecoder(tok), req.stop))
+        stream(seq)
+        assert "".join(pieces) + seq.stream.flush() == want_text
+        assert seq.out == want_ids and seq.tokens == [1, 2, *want_ids] and len(pieces) == len(want_ids)
+        assert seq.finish == ("stop" if min_tokens == 0 else None) and not seq.pending
