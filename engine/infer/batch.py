@@ -13,6 +13,7 @@ requests share its steps.
 """
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -27,7 +28,7 @@ from engine.infer.tokens import StreamDecoder
 from engine.infer.verify import verify
 
 
-@dataclass
+@dataclass(eq=False)  # a request is itself, not its fields: two equal asks are still two requests
 class Request:
     """What a caller asks for; prompt_ids are already encoded (chat template applied)."""
 
@@ -40,6 +41,10 @@ class Request:
     stop_token_ids: frozenset[int] = frozenset()  # vLLM's: these tokens end the sequence, their text left out
     on_token: Callable | None = None  # (seq, token, text piece, origin), called after the step's timer
     request_id: str = ""
+    uid: int = field(default_factory=lambda: next(_UIDS))  # unique in the process (id() is reused)
+
+
+_UIDS = itertools.count(1)
 
 
 @dataclass
@@ -53,7 +58,8 @@ class Sequence:
     prefilled: int = 0
     out: list[int] = field(default_factory=list)
     trace: list[str] = field(default_factory=list)
-    finish: str | None = None  # "eos" | "stop" | "length" | "cancelled"
+    finish: str | None = None  # "eos" | "stop" | "length" | "cancelled" | "error" (then `error` says why)
+    error: BaseException | None = None
     gen: torch.Generator | None = None
     stream: StopText | None = None
     t_admit: float = 0.0  # when the sequence got its slot
@@ -97,6 +103,9 @@ class Batch:
         self.proposer, self.gamma_max, self.adaptive = proposer, gamma if proposer else 0, adaptive
         self.slots, self.capacity = slots, capacity
         self.vocab = target.cfg.vocab_size
+        # Tests only, off by default: called with None before each forward (raise: the step fails) and with
+        # each sequence after its sampling (raise: that sequence fails, the others go on).
+        self.fault_injection: Callable[[Sequence | None], None] | None = None
 
     def new_sequence(self, req: Request, slot: int) -> Sequence:
         g = self.gamma_max if not self.adaptive else min(2, self.gamma_max)
@@ -146,6 +155,8 @@ class Batch:
                 want.append(len(toks) - 1)
         st.decode_rows = sum(1 + len(d) for d in drafts)
         st.prefill_rows = sum(n for _, _, n in chunks)
+        if self.fault_injection is not None:
+            self.fault_injection(None)
         with moe.step_kind(_step_kind(drafts, chunks)):  # an MoE target counts its experts touched by kind
             logits = self.target.model.forward_rows(torch.tensor(toks, device=dev), Rows.of(segs, dev), self.cache,
                                                     logits_at=torch.tensor(want, dtype=torch.long, device=dev))
@@ -154,19 +165,32 @@ class Batch:
             lg = logits[row:row + 1 + len(d)]
             row += 1 + len(d)
             q = dprobs[i] if (dprobs is not None and d) else None
-            st.emitted += self._verify_and_commit(s, lg, d, q)
+            try:  # sampling and verification are one sequence's: a failure there ends that sequence only
+                st.emitted += self._verify_and_commit(s, lg, d, q)
+                self._inject(s)
+            except Exception as e:  # noqa: BLE001
+                fail(s, e)
         for s, p0, n in chunks:
             s.prefilled = p0 + n
             if s.prefilled == s.n_prompt:
-                tok = int(pick(logits[row:row + 1], s.sampling, s.gen)[0])
+                lg = logits[row:row + 1]
                 row += 1
-                s.t_first = time.perf_counter()
-                self._emit(s, tok, "target")
-                st.first_tokens += 1
+                try:
+                    tok = int(pick(lg, s.sampling, s.gen)[0])
+                    s.t_first = time.perf_counter()
+                    self._emit(s, tok, "target")
+                    st.first_tokens += 1
+                    self._inject(s)
+                except Exception as e:  # noqa: BLE001
+                    fail(s, e)
         _sync(dev)
         st.verify_s = time.perf_counter() - t_draft
         st.wall_s = time.perf_counter() - t0
         return st
+
+    def _inject(self, s: Sequence) -> None:
+        if self.fault_injection is not None:
+            self.fault_injection(s)
 
     def _verify_and_commit(self, s: Sequence, logits: torch.Tensor, d: list[int], q) -> int:
         """Accept a prefix of the drafts d and add the target's token; returns the tokens committed."""
@@ -204,6 +228,11 @@ class Batch:
             s.finish = "eos"
         elif len(s.out) >= s.req.max_new_tokens:
             s.finish = "length"
+
+
+def fail(s: Sequence, e: BaseException) -> None:
+    """End one sequence with an error; the scheduler retires it and the caller reports why."""
+    s.finish, s.error = "error", e
 
 
 def stream(s: Sequence) -> None:

@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass
 
 from engine.common.errors import UserError
 from engine.common.setup import EngineSetup
-from engine.infer.batch import Batch, Request, Sequence, StepStats, stream
+from engine.infer.batch import Batch, Request, Sequence, StepStats, fail, stream
 
 POLICIES = ("decode-first", "prefill-first")
 
@@ -91,8 +91,8 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.free_slots = list(range(settings.max_seqs))[::-1]
         self.lock = threading.Lock()
-        self._cancel: set[int] = set()  # id(request) of cancelled requests
-        self._seq_of: dict[int, Sequence] = {}
+        self._cancel: set[int] = set()  # Request.uid of cancelled running requests
+        self._seq_of: dict[int, Sequence] = {}  # Request.uid -> its running sequence
         self.step_s_ewma = 0.05  # recent step time, for Retry-After
 
     # ------------------------------------------------------------ requests in
@@ -120,13 +120,17 @@ class Scheduler:
             self.waiting.append(req)
         return req
 
-    def cancel(self, req: Request) -> None:
-        """Stop a request; its slot is free for the next step's admission."""
+    def cancel(self, req: Request) -> bool:
+        """Stop a request; its slot is free for the next step's admission. True when it was still waiting
+        (gone now: no step will report it); a request that already finished is left alone."""
         with self.lock:
-            if req in self.waiting:
-                self.waiting.remove(req)
-                return
-            self._cancel.add(id(req))
+            for i, r in enumerate(self.waiting):
+                if r is req:  # by identity: two requests with equal fields are still two requests
+                    del self.waiting[i]
+                    return True
+            if req.uid in self._seq_of:
+                self._cancel.add(req.uid)
+            return False
 
     def retry_after_s(self) -> float:
         """A guess at when a slot frees: the shortest remaining budget among running sequences, in steps."""
@@ -137,7 +141,7 @@ class Scheduler:
         return bool(self.running or self.waiting)
 
     def sequence(self, req: Request) -> Sequence | None:
-        return self._seq_of.get(id(req))
+        return self._seq_of.get(req.uid)
 
     # ------------------------------------------------------------ one step
 
@@ -145,22 +149,27 @@ class Scheduler:
         with self.lock:
             while self.waiting and self.free_slots:
                 req = self.waiting.popleft()
-                seq = self.batch.new_sequence(req, self.free_slots.pop())
+                slot = self.free_slots.pop()
+                try:  # e.g. a seed the generator refuses: this request's failure, not the step's
+                    seq = self.batch.new_sequence(req, slot)
+                except Exception as e:  # noqa: BLE001
+                    seq = Sequence(req, slot, self.batch.vocab, list(req.prompt_ids), len(req.prompt_ids))
+                    fail(seq, e)
                 self.running.append(seq)
-                self._seq_of[id(req)] = seq
+                self._seq_of[req.uid] = seq
 
     def _retire(self) -> list[Sequence]:
         with self.lock:
             for s in self.running:
-                if id(s.req) in self._cancel and s.finish is None:
+                if s.req.uid in self._cancel and s.finish is None:
                     s.finish = "cancelled"
             done = [s for s in self.running if s.finish is not None]
             for s in done:
                 self.running.remove(s)
                 self.batch.free(s)
                 self.free_slots.append(s.slot)
-                self._cancel.discard(id(s.req))
-                self._seq_of.pop(id(s.req), None)
+                self._cancel.discard(s.req.uid)
+                self._seq_of.pop(s.req.uid, None)
         return done
 
     def plan(self) -> tuple[list[Sequence], list[tuple[Sequence, int]]]:
@@ -197,7 +206,10 @@ class Scheduler:
         # A chunk list may name a sequence more than once (prefill-first): the batch runs them in order.
         st = self._run(decode, chunks)
         for s in self.running:
-            stream(s)
+            try:  # detokenizing and the request's callback are that request's own
+                stream(s)
+            except Exception as e:  # noqa: BLE001
+                fail(s, e)
         self.step_s_ewma = 0.8 * self.step_s_ewma + 0.2 * st.wall_s
         return st, done + self._retire()
 

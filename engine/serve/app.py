@@ -2,9 +2,11 @@
 /v1/models, /health and /metrics (Prometheus text, vLLM's names)."""
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
@@ -14,7 +16,7 @@ from engine.infer.batch import Request as EngineRequest
 from engine.infer.sampling import SamplingParams
 from engine.infer.scheduler import QueueFull
 from engine.serve import protocol as P
-from engine.serve.loop import EngineLoop
+from engine.serve.loop import EngineDead, EngineLoop
 from engine.serve.stats import prometheus_text
 
 log = logging.getLogger("scl.serve")
@@ -25,6 +27,9 @@ def create_app(engine: EngineLoop, served_name: str, facts: dict | None = None, 
     tok = engine.tokenizer
     max_len = engine.settings.max_model_len - engine.scheduler.headroom
     started = int(time.time())
+    # Tokenizing and chat templates run here, off the event loop (a long prompt must not stall the streams);
+    # one worker, because a fast tokenizer is not safe to call from several threads at once.
+    tokenize_pool = ThreadPoolExecutor(1, thread_name_prefix="scl-tokenize")
 
     def error(e: P.APIError) -> JSONResponse:
         return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
@@ -39,7 +44,7 @@ def create_app(engine: EngineLoop, served_name: str, facts: dict | None = None, 
     @app.get("/health")
     async def health():
         if not engine.alive:
-            return JSONResponse({"status": "error", "error": str(engine.error)}, status_code=503)
+            return JSONResponse({"status": "error", "error": engine.reason}, status_code=503)
         return {"status": "ok", **engine.gauges()}
 
     @app.get("/v1/models")
@@ -57,7 +62,8 @@ def create_app(engine: EngineLoop, served_name: str, facts: dict | None = None, 
     async def run(kind: str, request: Request):
         try:
             raw = await body_of(request)
-            p = P.parse(kind, raw, served_name, tok, max_len, default_max_tokens)
+            p = await asyncio.get_running_loop().run_in_executor(
+                tokenize_pool, P.parse, kind, raw, served_name, tok, max_len, default_max_tokens)
         except P.APIError as e:
             return error(e)
         sp = SamplingParams(p.temperature, p.top_k, p.top_p, p.seed)
@@ -73,6 +79,8 @@ def create_app(engine: EngineLoop, served_name: str, facts: dict | None = None, 
                                     {"Retry-After": str(max(1, round(e.retry_after_s)))}))
         except UserError as e:
             return error(P.APIError(400, str(e), "max_tokens"))
+        except EngineDead as e:
+            return error(P.APIError(503, str(e), None, "server_error"))
         if p.stream:
             return StreamingResponse(_stream(kind, rid, p, h, engine, request), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
@@ -88,8 +96,8 @@ def create_app(engine: EngineLoop, served_name: str, facts: dict | None = None, 
                 elif ev == "done":
                     info = val
                     break
-                else:
-                    return error(P.APIError(500, f"the engine failed: {val}", None, "server_error"))
+                else:  # this request failed (500) or the engine stopped (503)
+                    return error(P.APIError(val["status"], val["message"], None, "server_error"))
         except BaseException:
             engine.cancel(h)
             raise
@@ -130,9 +138,10 @@ async def _stream(kind: str, rid: str, p, h, engine: EngineLoop, request: Reques
                                                                           val["completion_tokens"])))
                 yield "data: [DONE]\n\n"
                 return
-            else:
+            else:  # an OpenAI-style error event, then the stream closes
                 finished = True
-                yield sse(P.APIError(500, f"the engine failed: {val}", None, "server_error").body())
+                yield sse(P.APIError(val["status"], val["message"], None, "server_error").body())
+                yield "data: [DONE]\n\n"
                 return
     finally:
         if not finished:

@@ -8,6 +8,7 @@ import sys
 from engine.common.errors import UserError
 
 DEFAULT_PORT = 8000
+DEATH_GRACE_S = 2.0  # after the engine dies: in-flight requests get their errors, /health says 503, then exit 1
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -94,8 +95,23 @@ def run(a) -> int:
 
     server = Server(uvicorn.Config(app, host=a.host, port=a.port, log_level="warning", lifespan="off",
                                    timeout_graceful_shutdown=5))
+    stop_when_engine_dies(loop, server)
     try:
         server.run()
     finally:
         loop.stop()
+    if loop.error is not None:  # a supervisor (systemd, Kubernetes) restarts us on a non-zero exit
+        print(f"exiting: {loop.reason}", file=sys.stderr, flush=True)
+        return 1
     return 0
+
+
+def stop_when_engine_dies(loop, server, grace_s: float = DEATH_GRACE_S) -> None:
+    """The server does not restart a dead engine (its weights or cache may be what broke): it answers 503
+    for grace_s, so in-flight requests get their errors and health checks see it, then shuts down."""
+    import threading
+
+    def on_death(_e):
+        threading.Timer(grace_s, lambda: setattr(server, "should_exit", True)).start()
+
+    loop.on_death = on_death

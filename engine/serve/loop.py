@@ -1,10 +1,15 @@
 """The scheduler on its own thread: requests come in from the HTTP event loop, tokens go back as events.
 
 The engine thread steps the scheduler while there is work and sleeps on a condition otherwise.
-Each request gets an asyncio queue; the engine thread puts ("token", piece) and a final ("done",
-info) event on it through the event loop's call_soon_threadsafe, so the HTTP side never blocks
-the engine and the engine never waits for a slow client. Cancelling (a client that disconnected)
-frees the request's slot at the next step boundary.
+Each request gets an asyncio queue; the engine thread puts ("token", piece) events and one final
+("done", info) or ("error", {"status", "message"}) event on it through the event loop's
+call_soon_threadsafe, so the HTTP side never blocks the engine and the engine never waits for a slow
+client. Cancelling (a client that disconnected) frees the request's slot at the next step boundary.
+
+Failures: a request whose own work fails (its sampling, its detokenization) gets a 500 error event
+and the others go on. If the loop itself dies (a forward pass raises), every request in flight gets
+a 503 error event, submit() refuses new ones with EngineDead, and on_death is called once (the CLI
+exits non-zero after a short grace; see docs/SERVING.md, "Failures").
 """
 from __future__ import annotations
 
@@ -13,13 +18,18 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
-from engine.infer.batch import Request
+from engine.infer.batch import Request, fail
 from engine.infer.scheduler import BatchSettings, QueueFull, Scheduler
 from engine.serve.stats import ServerStats
 
 log = logging.getLogger("scl.serve")
-FINISH = {"eos": "stop", "length": "length", "cancelled": "abort"}
+FINISH = {"eos": "stop", "length": "length", "cancelled": "abort", "error": "error"}
+
+
+class EngineDead(Exception):
+    """The engine loop has stopped: no request can be served (the server answers 503)."""
 
 
 @dataclass
@@ -47,11 +57,12 @@ class EngineLoop:
         self.tokenizer = target.tokenizer
         self.stats = ServerStats(gamma=gamma if proposer_spec else 0)
         self.log_text = log_text
-        self._handles: dict[int, Handle] = {}
+        self._handles: dict[int, Handle] = {}  # Request.uid -> handle
         self._cv = threading.Condition()
         self._stop = False
         self._thread = threading.Thread(target=self._run, name="scl-engine", daemon=True)
         self.error: BaseException | None = None
+        self.on_death: Callable[[BaseException], None] | None = None  # called once, on the engine thread
 
     def start(self) -> "EngineLoop":
         self._thread.start()
@@ -67,30 +78,45 @@ class EngineLoop:
     def alive(self) -> bool:
         return self._thread.is_alive() and self.error is None
 
+    @property
+    def reason(self) -> str:
+        """Why the engine cannot serve (empty while it can)."""
+        if self.error is not None:
+            return f"the engine stopped: {type(self.error).__name__}: {self.error}"
+        if self._stop:
+            return "the server is shutting down"
+        return "" if self._thread.is_alive() else "the engine is not running"
+
     # ------------------------------------------------------------ from the event loop
 
     def submit(self, req: Request, label: str = "") -> Handle:
-        """Queue a request (UserError if it can never fit, QueueFull when at capacity)."""
+        """Queue a request (UserError if it can never fit, QueueFull when at capacity, EngineDead when the
+        engine has stopped). The handle is registered before the engine thread can see the request."""
         h = Handle(req, asyncio.Queue(), asyncio.get_running_loop(), label=label)
         req.on_token = lambda seq, tok, piece, origin: h.put(("token", piece))
+        with self._cv:
+            if self.reason:
+                raise EngineDead(self.reason)
+            self._handles[req.uid] = h  # a death from here on reaches this handle
         try:
             self.scheduler.submit(req)
-        except QueueFull:
-            with self.stats.lock:
-                self.stats.rejected += 1
+        except BaseException as e:
+            with self._cv:
+                self._handles.pop(req.uid, None)
+            if isinstance(e, QueueFull):
+                with self.stats.lock:
+                    self.stats.rejected += 1
             raise
         with self._cv:
-            self._handles[id(req)] = h
             self._cv.notify()
         return h
 
     def cancel(self, h: Handle) -> None:
         with self._cv:
-            if id(h.req) not in self._handles:
+            if h.req.uid not in self._handles:  # finished already: nothing to cancel
                 return
-            self.scheduler.cancel(h.req)
-            if self.scheduler.sequence(h.req) is None:  # still waiting: gone now, no step will report it
-                self._handles.pop(id(h.req), None)
+            if self.scheduler.cancel(h.req):  # still waiting: gone now, no step will report it
+                self._handles.pop(h.req.uid, None)
                 self.stats.request_done(None, "abort", h.t_arrival, None, time.perf_counter())
                 h.put(("done", {"finish_reason": "abort", "completion_tokens": 0, "prompt_tokens": len(h.req.prompt_ids)}))
             self._cv.notify()
@@ -113,7 +139,7 @@ class EngineLoop:
                 st, done = self.scheduler.step()
                 now = time.perf_counter()
                 for seq in self.scheduler.running:
-                    h = self._handles.get(id(seq.req))
+                    h = self._handles.get(seq.req.uid)
                     if h is not None and h.t_admit is None:
                         h.t_admit = seq.t_admit
                 for seq in done:
@@ -121,28 +147,40 @@ class EngineLoop:
                 if st is None and not done:
                     time.sleep(0.001)
         except BaseException as e:  # noqa: BLE001  the server reports it on /health and fails requests
-            self.error = e
             log.exception("engine loop stopped")
             with self._cv:
+                self.error = e
                 for h in self._handles.values():
-                    h.put(("error", f"{type(e).__name__}: {e}"))
+                    h.put(("error", {"status": 503, "message": self.reason}))
                 self._handles.clear()
+            if self.on_death is not None:
+                self.on_death(e)
 
     def _finish(self, seq, now: float) -> None:
         with self._cv:
-            h = self._handles.pop(id(seq.req), None)
+            h = self._handles.pop(seq.req.uid, None)
         if h is None:
             return
+        tail = ""
+        if seq.finish != "error" and seq.stream is not None:
+            try:  # the last held text: this request's own detokenizing, so its failure is the request's
+                tail = seq.stream.flush()
+            except Exception as e:  # noqa: BLE001
+                fail(seq, e)
         reason = FINISH.get(seq.finish, "stop")
         self.stats.request_done(seq, reason, h.t_arrival, h.t_admit or seq.t_admit, now)
+        if seq.finish == "error":
+            e = seq.error
+            log.error(f"request {h.label or seq.req.uid} failed in the engine", exc_info=e)
+            h.put(("error", {"status": 500, "message": f"this request failed in the engine: {type(e).__name__}: {e}"}))
+            return
         info = {"finish_reason": reason, "prompt_tokens": seq.n_prompt, "completion_tokens": len(seq.out),
                 "ttft_s": None if seq.t_first is None else seq.t_first - h.t_arrival, "e2e_s": now - h.t_arrival,
                 "accepted": seq.spec_stats.accepted, "drafted": seq.spec_stats.drafted}
-        tail = seq.stream.flush() if seq.stream is not None else ""
         if tail:
             h.put(("token", tail))
         h.put(("done", info))
-        msg = (f"request {h.label or id(seq.req)}: prompt {seq.n_prompt} tokens, {len(seq.out)} generated, "
+        msg = (f"request {h.label or seq.req.uid}: prompt {seq.n_prompt} tokens, {len(seq.out)} generated, "
                f"finish {reason}, ttft {info['ttft_s'] or 0:.3f} s, e2e {info['e2e_s']:.3f} s")
         if self.log_text:
             msg += f", text {self.tokenizer.decode(seq.out, skip_special_tokens=True)!r}"

@@ -275,7 +275,11 @@ def _chat_ids(messages, tokenizer) -> list[int]:
         if not isinstance(content, str):
             raise APIError(400, f"messages[{i}].content must be text", "messages")
         msgs.append({"role": "system" if role == "developer" else role, "content": content})
-    ids = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
+    try:  # a template may refuse an order of roles (e.g. two user turns in a row) by raising
+        ids = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
+    except Exception as e:  # noqa: BLE001  the template's own message says what it wants
+        raise APIError(400, f"messages: this model's chat template refused them ({type(e).__name__}: "
+                            f"{str(e)[:200]}); check the roles' order and content", "messages") from None
     if isinstance(ids, dict) or hasattr(ids, "input_ids"):
         ids = ids["input_ids"]
     return list(ids)
