@@ -250,3 +250,39 @@ def test_request_ids_are_unique_and_a_cancel_reaches_only_its_own_request(folder
     while sched.has_work():
         done += sched.step()[1]
     assert [(s.req is later, s.finish, len(s.out)) for s in done] == [(True, "length", 3)]
+
+
+def test_the_cli_exits_1_after_the_engine_dies(folder, monkeypatch):
+    """`python -m engine serve`'s run(): after the grace it shuts the server down and returns 1."""
+    from engine.serve import cli
+
+    built, real_build = [], cli.build
+    monkeypatch.setattr(cli, "build", lambda a: built.append(real_build(a)) or built[-1])
+    port = socket.socket()
+    port.bind(("127.0.0.1", 0))
+    number = port.getsockname()[1]
+    port.close()
+    p = argparse.ArgumentParser()
+    cli.add_parser(p.add_subparsers())
+    a = p.parse_args(["serve", "--model", str(folder), "--precision", "fp32", "--max-seqs", "2",
+                      "--max-model-len", "128", "--prefill-chunk", "64", "--port", str(number)])
+    code = []
+    thread = threading.Thread(target=lambda: code.append(cli.run(a)), daemon=True)
+    thread.start()
+    url, deadline = f"http://127.0.0.1:{number}", time.time() + 120
+    while time.time() < deadline:
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    loop = built[0][0]
+
+    def fault(seq):
+        if seq is None:
+            raise RuntimeError("injected: the device is gone")
+    loop.scheduler.batch.fault_injection = fault
+    r = httpx.post(url + "/v1/completions", json=_body(n=5), timeout=30)
+    assert r.status_code == 503 and "the device is gone" in r.json()["error"]["message"]
+    thread.join(15)
+    assert not thread.is_alive() and code == [1]
