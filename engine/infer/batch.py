@@ -22,7 +22,7 @@ import torch
 
 from engine.infer import moe
 from engine.infer.model import Rows
-from engine.infer.sampling import SamplingParams, make_generator, pick, probs_from_logits
+from engine.infer.sampling import SamplingParams, make_generator, penalize, pick, probs_from_logits
 from engine.infer.spec_stats import SpecStats
 from engine.infer.tokens import StreamDecoder
 from engine.infer.verify import verify
@@ -176,7 +176,7 @@ class Batch:
                 lg = logits[row:row + 1]
                 row += 1
                 try:
-                    tok = int(pick(lg, s.sampling, s.gen)[0])
+                    tok = int(pick(penalize(lg, s.sampling, s.tokens, s.n_prompt), s.sampling, s.gen)[0])
                     s.t_first = time.perf_counter()
                     self._emit(s, tok, "target")
                     st.first_tokens += 1
@@ -195,6 +195,8 @@ class Batch:
     def _verify_and_commit(self, s: Sequence, logits: torch.Tensor, d: list[int], q) -> int:
         """Accept a prefix of the drafts d and add the target's token; returns the tokens committed."""
         g = len(d)
+        # Row j is the target's distribution after drafts[:j]: penalties count those drafts as committed.
+        logits = penalize(logits, s.sampling, s.tokens, s.n_prompt, d)
         if g == 0:
             self._emit(s, int(pick(logits[:1], s.sampling, s.gen)[0]), "target")
             return 1

@@ -66,7 +66,9 @@ def create_app(engine: EngineLoop, served_name: str, facts: dict | None = None, 
                 tokenize_pool, P.parse, kind, raw, served_name, tok, max_len, default_max_tokens)
         except P.APIError as e:
             return error(e)
-        sp = SamplingParams(p.temperature, p.top_k, p.top_p, p.seed)
+        sp = SamplingParams(temperature=p.temperature, top_k=p.top_k, top_p=p.top_p, seed=p.seed,
+                            presence_penalty=p.presence_penalty, frequency_penalty=p.frequency_penalty,
+                            repetition_penalty=p.repetition_penalty, logit_bias=p.logit_bias)
         req = EngineRequest(p.prompt_ids, p.max_tokens, sp, stop_at_eos=not p.ignore_eos, min_tokens=p.min_tokens,
                             stop=p.stop, stop_token_ids=p.stop_token_ids)
         rid = P.new_id(kind)

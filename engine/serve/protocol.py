@@ -6,7 +6,7 @@ Every field a body may carry is honoured, accepted and ignored because it change
 answer (IGNORED), or refused by name (NOT_YET: a later version builds it; REFUSED: not planned);
 an unknown field is refused too, as OpenAI does. docs/SERVING.md has the table.
 Extensions from vLLM that clients and load tests use are honoured: ignore_eos, min_tokens, top_k,
-stop_token_ids.
+stop_token_ids, repetition_penalty.
 """
 from __future__ import annotations
 
@@ -16,6 +16,8 @@ import uuid
 from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, ValidationError
+
+from engine.common.sampling import MAX_REPETITION_PENALTY
 
 
 class APIError(Exception):
@@ -30,6 +32,7 @@ class APIError(Exception):
 
 MAX_STOPS = 4  # OpenAI's limit on stop strings
 MAX_STOP_CHARS = 1000  # the engine checks each stop against held-back text per token: keep that cheap
+MAX_LOGIT_BIAS = 300  # OpenAI's limit on logit_bias entries
 
 
 def _num(v) -> bool:
@@ -38,7 +41,8 @@ def _num(v) -> bool:
 
 # Fields this server acts on; the rest of a body is sorted by the tables below.
 HONOURED = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stream", "stream_options", "stop",
-            "stop_token_ids", "ignore_eos", "min_tokens", "n"}
+            "stop_token_ids", "ignore_eos", "min_tokens", "n", "presence_penalty", "frequency_penalty",
+            "repetition_penalty", "logit_bias"}
 HONOURED_BY_KIND = {"completions": {"prompt"}, "chat": {"messages", "max_completion_tokens"}}
 # Accepted and ignored: bookkeeping for the caller's side that changes nothing about the answer.
 IGNORED = {"user", "metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key",
@@ -48,10 +52,6 @@ NOT_YET = {  # field: (is off, what it does, its off value as a client would wri
     "logprobs": (lambda v: v is None or v is False, "log probabilities of the tokens", "null"),
     "top_logprobs": (lambda v: v is None or (_num(v) and v == 0), "the most likely tokens' log probabilities", "0"),
     "echo": (lambda v: v is None or v is False, "the prompt echoed with its log probabilities", "false"),
-    "logit_bias": (lambda v: v is None or v == {}, "biasing token logits", "{}"),
-    "presence_penalty": (lambda v: v is None or (_num(v) and v == 0), "the presence penalty", "0"),
-    "frequency_penalty": (lambda v: v is None or (_num(v) and v == 0), "the frequency penalty", "0"),
-    "repetition_penalty": (lambda v: v is None or (_num(v) and v == 1), "the repetition penalty", "1"),
 }
 # Refused: features this server does not have (it returns plain text, one sample per choice).
 REFUSED = {  # field: (is off, why)
@@ -118,6 +118,10 @@ class _Body(BaseModel):
     ignore_eos: bool = False
     min_tokens: int = 0
     n: int | None = 1
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    logit_bias: dict | None = None
 
 
 class CompletionBody(_Body):
@@ -146,6 +150,10 @@ class Params:
     model: str
     stop: tuple[str, ...] = ()
     stop_token_ids: frozenset[int] = frozenset()
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias), as SamplingParams takes it
 
 
 def parse(kind: str, raw: dict, served_name: str, tokenizer, max_model_len: int, default_max_tokens: int) -> Params:
@@ -211,7 +219,39 @@ def parse(kind: str, raw: dict, served_name: str, tokenizer, max_model_len: int,
         raise APIError(400, f"min_tokens {body.min_tokens} must be between 0 and max_tokens ({max_tokens})",
                        "min_tokens")
     return Params(ids, int(max_tokens), float(t), float(p), int(k), body.seed, bool(body.stream), include_usage,
-                  bool(body.ignore_eos), int(body.min_tokens), served_name, stops, frozenset(stop_ids))
+                  bool(body.ignore_eos), int(body.min_tokens), served_name, stops, frozenset(stop_ids),
+                  **_penalties(body, vocab))
+
+
+def _penalties(body, vocab: int) -> dict:
+    """presence/frequency penalties in [-2, 2] (OpenAI's), repetition_penalty in (0, 10] (vLLM asks > 0),
+    logit_bias: up to MAX_LOGIT_BIAS token id strings (OpenAI's keys) to biases in [-100, 100]."""
+    out = {}
+    for name, off, lo, hi, fix in (("presence_penalty", 0.0, -2, 2, "a value in [-2, 2]"),
+                                   ("frequency_penalty", 0.0, -2, 2, "a value in [-2, 2]"),
+                                   ("repetition_penalty", 1.0, 0, MAX_REPETITION_PENALTY,
+                                    f"a value above 0, up to {MAX_REPETITION_PENALTY:g} (1 is off)")):
+        v = getattr(body, name)
+        v = off if v is None else v
+        if not math.isfinite(v) or not lo <= v <= hi or (name == "repetition_penalty" and v <= 0):
+            raise APIError(400, f"{name} {v} is out of range; use {fix}", name)
+        out[name] = float(v)
+    bias = body.logit_bias or {}
+    if len(bias) > MAX_LOGIT_BIAS:
+        raise APIError(400, f"logit_bias has {len(bias)} entries; send at most {MAX_LOGIT_BIAS}", "logit_bias")
+    pairs = []
+    for key, b in bias.items():
+        if not (isinstance(key, str) and key.isascii() and key.isdigit() and int(key) < vocab):
+            raise APIError(400, f"logit_bias key {key!r} is not a token id; its keys are token id strings in "
+                                f"[0, {vocab}), as \"15\"", "logit_bias")
+        if not _num(b) or not math.isfinite(b) or not -100 <= b <= 100:
+            raise APIError(400, f"logit_bias[{key!r}] = {_short(b)}: a bias is a number in [-100, 100]", "logit_bias")
+        pairs.append((int(key), float(b)))
+    if len({t for t, _ in pairs}) < len(pairs):
+        raise APIError(400, "logit_bias names a token id twice (as \"7\" and \"07\"); give each id once",
+                       "logit_bias")
+    out["logit_bias"] = tuple(sorted(pairs))
+    return out
 
 
 def _stops(stop) -> tuple[str, ...]:
