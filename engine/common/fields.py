@@ -295,6 +295,8 @@ LOAD: tuple[Field, ...] = (
     _f("e2e_s_p90", "s", "90th percentile end-to-end latency"),
     _f("e2e_s_p99", "s", "99th percentile end-to-end latency"),
     _f("server_output_tokens", "tokens", "output tokens the server's usage reports for the same requests", "count"),
+    _f("server_output_tok_s", "tokens/s", "server_output_tokens over the window: vLLM bench serve's output tok/s "
+       "(it counts the server's usage, so tokens without text count too)"),
     _f("token_count_ratio", "", "client-counted over server-reported output tokens (1.0: the counts agree; below 1 "
        "when the server emits tokens that carry no text, e.g. special tokens past an ignored EOS)"),
     _f("token_count_mismatches", "", "requests whose client and server output-token counts differ", "count"),

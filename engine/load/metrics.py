@@ -9,7 +9,9 @@ Definitions (GuideLLM's and vLLM `bench serve`'s, shared/reference/metrics.md), 
 - the measured window: the first send -> the last completion; output tok/s, requests/s and
   goodput (requests that met every SLO) are over that window;
 - output tokens are counted with the client's tokenizer on the text received, and compared with the
-  server's usage where it reports one.
+  server's usage where it reports one; server_output_tok_s is the server's usage over the same window,
+  the count vLLM `bench serve` divides (tokens that carry no text, e.g. special tokens past an ignored
+  EOS, count there and not in output_tok_s).
 Percentiles are over raw samples (engine.measure.stats.percentile); merging load points or clients
 concatenates their samples (`merge`), never their percentiles.
 """
@@ -88,6 +90,9 @@ def summarize(samples: list[dict], slo: SLO) -> dict:
         **_stats("e2e_s", [s["e2e_s"] for s in done]),
         **token_check(done),
     }
+    # vLLM `bench serve`'s output tok/s: the server's usage tokens over the window (special tokens count there)
+    server_out = m["server_output_tokens"]
+    m["server_output_tok_s"] = server_out / window if server_out is not None and window > 0 else None
     return {k: (round(v, 6) if isinstance(v, float) else v) for k, v in m.items()}
 
 
