@@ -16,7 +16,7 @@ from __future__ import annotations
 import itertools
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
 
@@ -40,11 +40,40 @@ class Request:
     stop: tuple[str, ...] = ()  # the text ends before the first of these; finish "stop"
     stop_token_ids: frozenset[int] = frozenset()  # vLLM's: these tokens end the sequence, their text left out
     on_token: Callable | None = None  # (seq, token, text piece, origin), called after the step's timer
+    logprobs: int | None = None  # record each new token's logprob and its top-n alternatives (0: the token's only)
+    prompt_logprobs: int | None = None  # the same for every prompt token (the first has None); then
+    # max_new_tokens may be 0: the sequence ends after its prefill (lm-evaluation-harness's loglikelihood)
     request_id: str = ""
     uid: int = field(default_factory=lambda: next(_UIDS))  # unique in the process (id() is reused)
 
 
 _UIDS = itertools.count(1)
+
+
+class TokenLogprob(NamedTuple):
+    """One token's log probability under the model and the top-n alternatives [(id, logprob)], best first."""
+
+    token: int
+    logprob: float
+    top: list[tuple[int, float]]
+
+
+def logprob_rows(logits: torch.Tensor) -> torch.Tensor:
+    """The log probabilities we report: log-softmax of the target's raw logits (temperature 1, before
+    temperature, top-k, top-p, penalties and logit_bias), i.e. the model's own distribution whatever the
+    sampling settings. vLLM v1's default ("raw_logprobs"); lm-evaluation-harness scores with exactly this."""
+    return torch.log_softmax(logits.float(), dim=-1)
+
+
+def logprob_entries(lp: torch.Tensor, tokens: list[int], top: int) -> list[TokenLogprob]:
+    """Entries for rows of logprob_rows(...) [R, V] and the token each row chose."""
+    chosen = lp.gather(1, torch.tensor(tokens, device=lp.device)[:, None])[:, 0].tolist()
+    if top:
+        v, i = torch.topk(lp, min(top, lp.shape[-1]), dim=-1)
+        alts = [list(zip(ii, vv)) for ii, vv in zip(i.tolist(), v.tolist())]
+    else:
+        alts = [[] for _ in tokens]
+    return [TokenLogprob(t, c, a) for t, c, a in zip(tokens, chosen, alts)]
 
 
 @dataclass
@@ -67,6 +96,10 @@ class Sequence:
     token_times: list[float] = field(default_factory=list)
     pending: list[tuple[int, str]] = field(default_factory=list)  # emitted this step, not yet streamed
     spec_stats: SpecStats = field(default_factory=lambda: SpecStats("none", 0, False))  # this sequence's rounds
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # one per token of `out`, when req.logprobs is set
+    prompt_logprobs: list[TokenLogprob | None] = field(default_factory=list)  # per prompt token, when asked
+    lp_rows: torch.Tensor | None = None  # this round's logprob_rows: row j for the j-th token _emit commits
+    lp_next: int = 0
 
     @property
     def sampling(self) -> SamplingParams:
@@ -151,7 +184,9 @@ class Batch:
         for s, p0, n in chunks:
             segs.append((s.slot, p0, n))
             toks += s.tokens[p0:p0 + n]
-            if p0 + n == s.n_prompt:
+            if s.req.prompt_logprobs is not None:  # every row: row r predicts prompt token p0 + r + 1
+                want += range(len(toks) - n, len(toks))
+            elif p0 + n == s.n_prompt:
                 want.append(len(toks) - 1)
         st.decode_rows = sum(1 + len(d) for d in drafts)
         st.prefill_rows = sum(n for _, _, n in chunks)
@@ -164,6 +199,8 @@ class Batch:
         for i, (s, d) in enumerate(zip(decode, drafts)):
             lg = logits[row:row + 1 + len(d)]
             row += 1 + len(d)
+            if s.req.logprobs is not None:  # from the raw logits, before any sampling setting touches them
+                s.lp_rows, s.lp_next = logprob_rows(lg), 0
             q = dprobs[i] if (dprobs is not None and d) else None
             try:  # sampling and verification are one sequence's: a failure there ends that sequence only
                 st.emitted += self._verify_and_commit(s, lg, d, q)
@@ -172,9 +209,22 @@ class Batch:
                 fail(s, e)
         for s, p0, n in chunks:
             s.prefilled = p0 + n
+            if s.req.prompt_logprobs is not None:
+                try:
+                    self._prompt_logprobs(s, p0, n, logits[row:row + n])
+                except Exception as e:  # noqa: BLE001
+                    fail(s, e)
+                row += n - 1
+                if s.prefilled != s.n_prompt:
+                    row += 1
             if s.prefilled == s.n_prompt:
                 lg = logits[row:row + 1]
                 row += 1
+                if s.req.max_new_tokens == 0 or s.finish is not None:  # prompt logprobs only (or it failed)
+                    s.finish = s.finish or "length"
+                    continue
+                if s.req.logprobs is not None:
+                    s.lp_rows, s.lp_next = logprob_rows(lg), 0
                 try:
                     tok = int(pick(penalize(lg, s.sampling, s.tokens, s.n_prompt), s.sampling, s.gen)[0])
                     s.t_first = time.perf_counter()
@@ -187,6 +237,15 @@ class Batch:
         st.verify_s = time.perf_counter() - t_draft
         st.wall_s = time.perf_counter() - t0
         return st
+
+    def _prompt_logprobs(self, s: Sequence, p0: int, n: int, lg: torch.Tensor) -> None:
+        """Entries for prompt tokens p0+1 .. p0+n from this chunk's rows (a chunk at a time: never [prompt, V])."""
+        if p0 == 0:
+            s.prompt_logprobs.append(None)  # nothing predicts the first token (OpenAI and vLLM say null)
+        m = min(n, s.n_prompt - 1 - p0)  # the last prompt row predicts the first new token, not a prompt token
+        if m > 0:
+            s.prompt_logprobs += logprob_entries(logprob_rows(lg[:m]), s.tokens[p0 + 1:p0 + 1 + m],
+                                                 s.req.prompt_logprobs)
 
     def _inject(self, s: Sequence) -> None:
         if self.fault_injection is not None:
@@ -218,6 +277,9 @@ class Batch:
         return committed
 
     def _emit(self, s: Sequence, tok: int, origin: str) -> None:
+        if s.lp_rows is not None:  # the j-th token of a round is drawn from (or checked against) row j
+            s.logprobs += logprob_entries(s.lp_rows[s.lp_next:s.lp_next + 1], [tok], s.req.logprobs)
+            s.lp_next += 1
         s.tokens.append(tok)
         s.out.append(tok)
         s.trace.append(origin)
@@ -254,7 +316,7 @@ def stream(s: Sequence) -> None:
         if s.stream.stopped:
             if s.finish != "error":
                 s.finish = "stop"
-            del s.out[n:], s.tokens[s.n_prompt + n:], s.trace[n:], s.token_times[n:]
+            del s.out[n:], s.tokens[s.n_prompt + n:], s.trace[n:], s.token_times[n:], s.logprobs[n:]
         if s.req.on_token is not None:
             s.req.on_token(s, tok, piece, origin)
         if s.stream.stopped:

@@ -101,7 +101,7 @@ class Scheduler:
         """Refuse a request that can never fit a slot (the caller turns it into a 400)."""
         if not req.prompt_ids:
             raise UserError("the prompt is empty", "send at least one token")
-        if req.max_new_tokens < 1:
+        if req.max_new_tokens < (0 if req.prompt_logprobs is not None else 1):  # 0: the prompt's logprobs only
             raise UserError(f"max_tokens is {req.max_new_tokens}", "ask for at least 1 new token")
         total = len(req.prompt_ids) + req.max_new_tokens + self.headroom
         if total > self.settings.max_model_len:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import json
 import logging
 import time
@@ -30,6 +32,9 @@ def create_app(engine: EngineLoop, served_name: str, facts: dict | None = None, 
     # Tokenizing and chat templates run here, off the event loop (a long prompt must not stall the streams);
     # one worker, because a fast tokenizer is not safe to call from several threads at once.
     tokenize_pool = ThreadPoolExecutor(1, thread_name_prefix="scl-tokenize")
+    names = P.TokenNames(tok)  # logprobs' token texts and bytes, cached
+    # n choices are n sequences at once: never more than the slots and the waiting queue hold
+    max_n = min(P.MAX_N, engine.settings.max_seqs + engine.settings.max_waiting)
 
     def error(e: P.APIError) -> JSONResponse:
         return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
@@ -63,48 +68,51 @@ def create_app(engine: EngineLoop, served_name: str, facts: dict | None = None, 
         try:
             raw = await body_of(request)
             p = await asyncio.get_running_loop().run_in_executor(
-                tokenize_pool, P.parse, kind, raw, served_name, tok, max_len, default_max_tokens)
+                tokenize_pool, P.parse, kind, raw, served_name, tok, max_len, default_max_tokens, max_n)
         except P.APIError as e:
             return error(e)
         sp = SamplingParams(temperature=p.temperature, top_k=p.top_k, top_p=p.top_p, seed=p.seed,
                             presence_penalty=p.presence_penalty, frequency_penalty=p.frequency_penalty,
                             repetition_penalty=p.repetition_penalty, logit_bias=p.logit_bias)
-        req = EngineRequest(p.prompt_ids, p.max_tokens, sp, stop_at_eos=not p.ignore_eos, min_tokens=p.min_tokens,
-                            stop=p.stop, stop_token_ids=p.stop_token_ids)
         rid = P.new_id(kind)
+        handles = []
         try:
-            h = engine.submit(req, label=rid)
-        except QueueFull as e:
-            return error(P.APIError(429, f"the server is at capacity ({engine.settings.max_seqs} running, "
-                                         f"{engine.settings.max_waiting} waiting); retry after "
-                                         f"{e.retry_after_s:.0f} s", None, "server_overloaded",
-                                    {"Retry-After": str(max(1, round(e.retry_after_s)))}))
-        except UserError as e:
-            return error(P.APIError(400, str(e), "max_tokens"))
-        except EngineDead as e:
+            for i in range(p.n):  # each choice is its own sequence; choice i samples with seed + i
+                req = EngineRequest(p.prompt_ids, p.max_tokens, sp if not i or p.seed is None else
+                                    dataclasses.replace(sp, seed=p.seed + i), stop_at_eos=not p.ignore_eos,
+                                    min_tokens=p.min_tokens, stop=p.stop, stop_token_ids=p.stop_token_ids,
+                                    logprobs=p.logprobs, prompt_logprobs=p.prompt_logprobs)
+                handles.append(engine.submit(req, label=rid if p.n == 1 else f"{rid}-{i}"))
+        except (QueueFull, UserError, EngineDead) as e:
+            for h in handles:
+                engine.cancel(h)
+            if isinstance(e, QueueFull):
+                return error(P.APIError(429, f"the server is at capacity ({engine.settings.max_seqs} running, "
+                                             f"{engine.settings.max_waiting} waiting); retry after "
+                                             f"{e.retry_after_s:.0f} s", None, "server_overloaded",
+                                        {"Retry-After": str(max(1, round(e.retry_after_s)))}))
+            if isinstance(e, UserError):
+                return error(P.APIError(400, str(e), "max_tokens"))
             return error(P.APIError(503, str(e), None, "server_error"))
+        choices = [_Choice(kind, p, names, tok) for _ in handles]
         if p.stream:
-            return StreamingResponse(_stream(kind, rid, p, h, engine, request), media_type="text/event-stream",
+            return StreamingResponse(_stream(kind, rid, p, handles, choices, engine), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        parts, info = [], None
+        finished = False
         try:
-            while True:
-                if await request.is_disconnected():
+            async with contextlib.aclosing(_events(handles)) as events:  # closing it cancels its pending gets
+                async for i, ev, val in events:
+                    if await request.is_disconnected():
+                        return JSONResponse({}, status_code=499)
+                    if ev == "error":  # this request failed (500) or the engine stopped (503)
+                        return error(P.APIError(val["status"], val["message"], None, "server_error"))
+                    choices[i].take(ev, val)
+            finished = True
+        finally:
+            if not finished:  # a disconnect, a failed choice: the other choices stop too
+                for h in handles:
                     engine.cancel(h)
-                    return JSONResponse({}, status_code=499)
-                ev, val = await h.queue.get()
-                if ev == "token":
-                    parts.append(val)
-                elif ev == "done":
-                    info = val
-                    break
-                else:  # this request failed (500) or the engine stopped (503)
-                    return error(P.APIError(val["status"], val["message"], None, "server_error"))
-        except BaseException:
-            engine.cancel(h)
-            raise
-        return P.full_response(kind, rid, p.model, "".join(parts), info["finish_reason"],
-                               P.usage(info["prompt_tokens"], info["completion_tokens"]))
+        return P.full_response(kind, rid, p.model, [c.result() for c in choices], _usage(choices))
 
     @app.post("/v1/completions")
     async def completions(request: Request):
@@ -117,34 +125,98 @@ def create_app(engine: EngineLoop, served_name: str, facts: dict | None = None, 
     return app
 
 
-async def _stream(kind: str, rid: str, p, h, engine: EngineLoop, request: Request):
-    """SSE events: content chunks, the finish reason, usage when asked, then [DONE]. A client that goes
-    away makes Starlette cancel this generator: the finally clause cancels its sequence."""
+class _Choice:
+    """One choice as its events arrive: its text pieces, its logprobs, how it finished."""
+
+    def __init__(self, kind: str, p, names, tok):
+        self.p, self.info, self.streamed = p, None, 0  # streamed: characters sent so far (streaming)
+        self.parts = [p.echo] if p.echo is not None else []
+        self.lp = P.ChoiceLogprobs(kind, names, tok) if p.logprobs is not None else None
+        if self.lp is not None and p.echo is not None:
+            self.lp.base = len(p.echo)
+
+    def take(self, ev: str, val) -> None:
+        if ev == "token":
+            self.parts.append(val)
+        elif ev == "logprob":
+            self.lp.add(val)
+        elif ev == "prompt_logprobs":
+            self.lp.prompt(val, self.p.echo, self.p.prompt_ids)
+        elif ev == "done":
+            self.info = val
+
+    def result(self) -> dict:
+        text = "".join(self.parts)
+        return {"text": text, "finish": self.info["finish_reason"],
+                "logprobs": self.lp.render(len(text)) if self.lp is not None else None}
+
+
+def _usage(choices: list[_Choice]) -> dict:
+    """The prompt counted once, the completion tokens of every choice."""
+    return P.usage(choices[0].info["prompt_tokens"], sum(c.info["completion_tokens"] for c in choices))
+
+
+async def _events(handles):
+    """(choice index, event, value) from every handle's queue as they come, until each is done or failed."""
+    if len(handles) == 1:  # the common case: no tasks in between
+        while True:
+            ev, val = await handles[0].queue.get()
+            yield 0, ev, val
+            if ev in ("done", "error"):
+                return
+    waiting = {asyncio.ensure_future(h.queue.get()): i for i, h in enumerate(handles)}
+    try:
+        while waiting:
+            done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+            for t in sorted(done, key=waiting.get):
+                i = waiting.pop(t)
+                ev, val = t.result()
+                yield i, ev, val
+                if ev not in ("done", "error"):
+                    waiting[asyncio.ensure_future(handles[i].queue.get())] = i
+    finally:
+        for t in waiting:
+            t.cancel()
+
+
+async def _stream(kind: str, rid: str, p, handles, choices: list[_Choice], engine: EngineLoop):
+    """SSE events: content chunks (each with the logprobs of the tokens whose text it carries), the finish
+    reason, usage when asked, then [DONE]; n choices interleave, each chunk with its index. A client that
+    goes away makes Starlette cancel this generator: the finally clause cancels every choice's sequence."""
     def sse(obj) -> str:
         return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
 
+    def text_chunk(i: int, text: str | None, finish: str | None = None) -> str:
+        c = choices[i]
+        c.streamed += len(text or "")
+        return sse(P.chunk(kind, rid, p.model, text, finish, index=i,
+                           logprobs=c.lp.take(c.streamed) if c.lp is not None else None))
+
     finished = False
     try:
-        if kind == "chat":
-            yield sse(P.chunk(kind, rid, p.model, None, role=True))
-        while True:
-            ev, val = await h.queue.get()
-            if ev == "token":
-                if val:
-                    yield sse(P.chunk(kind, rid, p.model, val))
-            elif ev == "done":
-                finished = True
-                yield sse(P.chunk(kind, rid, p.model, None if kind == "chat" else "", val["finish_reason"]))
-                if p.include_usage:
-                    yield sse(P.chunk(kind, rid, p.model, None, u=P.usage(val["prompt_tokens"],
-                                                                          val["completion_tokens"])))
-                yield "data: [DONE]\n\n"
-                return
-            else:  # an OpenAI-style error event, then the stream closes
-                finished = True
-                yield sse(P.APIError(val["status"], val["message"], None, "server_error").body())
-                yield "data: [DONE]\n\n"
-                return
+        for i in range(len(choices)):
+            if kind == "chat":
+                yield sse(P.chunk(kind, rid, p.model, None, role=True, index=i))
+            elif p.echo is not None and p.prompt_logprobs is None:  # echo without logprobs: the text at once
+                yield text_chunk(i, p.echo)
+        async with contextlib.aclosing(_events(handles)) as events:
+            async for i, ev, val in events:
+                if ev == "error":  # an OpenAI-style error event, then the stream closes
+                    yield sse(P.APIError(val["status"], val["message"], None, "server_error").body())
+                    yield "data: [DONE]\n\n"
+                    return
+                choices[i].take(ev, val)
+                if ev == "prompt_logprobs":  # the echoed prompt, with its logprobs
+                    yield text_chunk(i, p.echo)
+                elif ev == "token" and val:  # an empty piece (held text) leaves its logprobs for the next chunk
+                    yield text_chunk(i, val)
+                elif ev == "done":
+                    yield text_chunk(i, None if kind == "chat" else "", val["finish_reason"])
+        finished = True
+        if p.include_usage:
+            yield sse(P.chunk(kind, rid, p.model, None, u=_usage(choices)))
+        yield "data: [DONE]\n\n"
     finally:
-        if not finished:
-            engine.cancel(h)
+        if not finished:  # a client that went away, a failed choice: every choice stops
+            for h in handles:
+                engine.cancel(h)

@@ -3,7 +3,10 @@
 The engine thread steps the scheduler while there is work and sleeps on a condition otherwise.
 Each request gets an asyncio queue; the engine thread puts ("token", piece) events and one final
 ("done", info) or ("error", {"status", "message"}) event on it through the event loop's
-call_soon_threadsafe, so the HTTP side never blocks the engine and the engine never waits for a slow
+call_soon_threadsafe. A request that asked for logprobs also gets ("prompt_logprobs", [entry or None per
+prompt token]) before its first token, and ("logprob", TokenLogprob) right before each token's
+("token", piece) event (a piece may be "" while text is held back; the entry still comes). All of it goes
+through call_soon_threadsafe, so the HTTP side never blocks the engine and the engine never waits for a slow
 client. Cancelling (a client that disconnected) frees the request's slot at the next step boundary.
 
 Failures: a request whose own work fails (its sampling, its detokenization) gets a 500 error event
@@ -43,9 +46,28 @@ class Handle:
     t_admit: float | None = None
     log_text: bool = False
     label: str = ""
+    sent_prompt: bool = False  # the prompt_logprobs event went out
+
 
     def put(self, ev) -> None:
         self.loop.call_soon_threadsafe(self.queue.put_nowait, ev)
+
+
+def _with_logprobs(h: Handle):
+    """on_token for a request that wants logprobs. batch.stream() hands each kept token of seq.out to it
+    once, in order, so the k-th call is seq.logprobs[k] (tokens dropped after a stop are never handed)."""
+    k = 0
+
+    def on_token(seq, tok, piece, origin):
+        nonlocal k
+        if seq.req.prompt_logprobs is not None and not h.sent_prompt:
+            h.sent_prompt = True
+            h.put(("prompt_logprobs", seq.prompt_logprobs))
+        if seq.req.logprobs is not None:
+            h.put(("logprob", seq.logprobs[k]))
+        k += 1
+        h.put(("token", piece))
+    return on_token
 
 
 class EngineLoop:
@@ -93,7 +115,10 @@ class EngineLoop:
         """Queue a request (UserError if it can never fit, QueueFull when at capacity, EngineDead when the
         engine has stopped). The handle is registered before the engine thread can see the request."""
         h = Handle(req, asyncio.Queue(), asyncio.get_running_loop(), label=label)
-        req.on_token = lambda seq, tok, piece, origin: h.put(("token", piece))
+        if req.logprobs is None and req.prompt_logprobs is None:
+            req.on_token = lambda seq, tok, piece, origin: h.put(("token", piece))
+        else:
+            req.on_token = _with_logprobs(h)
         with self._cv:
             if self.reason:
                 raise EngineDead(self.reason)
@@ -177,6 +202,8 @@ class EngineLoop:
         info = {"finish_reason": reason, "prompt_tokens": seq.n_prompt, "completion_tokens": len(seq.out),
                 "ttft_s": None if seq.t_first is None else seq.t_first - h.t_arrival, "e2e_s": now - h.t_arrival,
                 "accepted": seq.spec_stats.accepted, "drafted": seq.spec_stats.drafted}
+        if seq.req.prompt_logprobs is not None and not h.sent_prompt:  # max_tokens 0: no token came
+            h.put(("prompt_logprobs", seq.prompt_logprobs))
         if tail:
             h.put(("token", tail))
         h.put(("done", info))

@@ -32,6 +32,8 @@ class APIError(Exception):
 
 MAX_STOPS = 4  # OpenAI's limit on stop strings
 MAX_STOP_CHARS = 1000  # the engine checks each stop against held-back text per token: keep that cheap
+MAX_LOGPROBS = 20  # top alternatives per token: OpenAI chat's top_logprobs limit, vLLM's default max_logprobs
+MAX_N = 8  # choices per request (each is its own sequence; also at most the server's slots + waiting queue)
 MAX_LOGIT_BIAS = 300  # OpenAI's limit on logit_bias entries
 
 
@@ -41,17 +43,14 @@ def _num(v) -> bool:
 
 # Fields this server acts on; the rest of a body is sorted by the tables below.
 HONOURED = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stream", "stream_options", "stop",
-            "stop_token_ids", "ignore_eos", "min_tokens", "n", "presence_penalty", "frequency_penalty",
+            "stop_token_ids", "ignore_eos", "min_tokens", "n", "logprobs", "echo", "presence_penalty", "frequency_penalty",
             "repetition_penalty", "logit_bias"}
-HONOURED_BY_KIND = {"completions": {"prompt"}, "chat": {"messages", "max_completion_tokens"}}
+HONOURED_BY_KIND = {"completions": {"prompt"}, "chat": {"messages", "max_completion_tokens", "top_logprobs"}}
 # Accepted and ignored: bookkeeping for the caller's side that changes nothing about the answer.
 IGNORED = {"user", "metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key",
            "parallel_tool_calls"}
 # Not implemented yet (a later version builds them): refused unless they hold their "off" value.
 NOT_YET = {  # field: (is off, what it does, its off value as a client would write it)
-    "logprobs": (lambda v: v is None or v is False, "log probabilities of the tokens", "null"),
-    "top_logprobs": (lambda v: v is None or (_num(v) and v == 0), "the most likely tokens' log probabilities", "0"),
-    "echo": (lambda v: v is None or v is False, "the prompt echoed with its log probabilities", "false"),
 }
 # Refused: features this server does not have (it returns plain text, one sample per choice).
 REFUSED = {  # field: (is off, why)
@@ -61,8 +60,8 @@ REFUSED = {  # field: (is off, why)
     "function_call": (lambda v: v is None or v == "none", "function calling is not implemented"),
     "response_format": (lambda v: v is None or v == {"type": "text"},
                         "structured output (json_object, json_schema) is not implemented; only {\"type\": \"text\"}"),
-    "best_of": (lambda v: v is None or (_num(v) and v == 1), "best_of above n (the best of several samples) is not "
-                                                             "implemented; leave it out or set it to 1"),
+    "best_of": (lambda v: v is None or (_num(v) and v == 1), "best_of other than n (the best of several samples) "
+                                                             "is not implemented; leave it out or set it to n"),
     "suffix": (lambda v: v is None or v == "", "insertion (suffix) is not implemented"),
     "min_p": (lambda v: v is None or (_num(v) and v == 0), "min_p sampling is not implemented; use top_p or top_k"),
     "audio": (lambda v: v is None, "audio output is not implemented"),
@@ -73,7 +72,8 @@ REFUSED = {  # field: (is off, why)
 }
 # Fields of the other endpoint: refused with a pointer to the right one.
 OTHER_KIND = {"completions": {"messages": "/v1/chat/completions takes messages; here send prompt",
-                              "max_completion_tokens": "use max_tokens on /v1/completions"},
+                              "max_completion_tokens": "use max_tokens on /v1/completions",
+                              "top_logprobs": "on /v1/completions logprobs itself is the number of top tokens"},
               "chat": {"prompt": "/v1/completions takes prompt; here send messages"}}
 
 
@@ -87,6 +87,8 @@ def check_fields(kind: str, raw: dict) -> None:
             if not off(v):
                 raise APIError(400, f"{name} {_short(v)}: {what} is not implemented yet in this server (a later "
                                     f"version builds it); leave {name} out or send {default}", name)
+        elif name == "best_of" and _num(v) and v == raw.get("n", 1):
+            continue  # best_of = n: each choice is its best of one
         elif name in REFUSED:
             off, why = REFUSED[name]
             if not off(v):
@@ -118,6 +120,8 @@ class _Body(BaseModel):
     ignore_eos: bool = False
     min_tokens: int = 0
     n: int | None = 1
+    logprobs: int | bool | None = None  # completions: the number of top tokens; chat: true or false
+    echo: bool | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     repetition_penalty: float | None = None
@@ -125,12 +129,13 @@ class _Body(BaseModel):
 
 
 class CompletionBody(_Body):
-    prompt: str | list[int] | list[str] | None = None
+    prompt: str | list[int] | list[str] | list[list[int]] | None = None  # [[ids]]: lm-evaluation-harness's
 
 
 class ChatBody(_Body):
     messages: list[dict] | None = None
     max_completion_tokens: int | None = None
+    top_logprobs: int | None = None
 
 
 @dataclass
@@ -150,13 +155,18 @@ class Params:
     model: str
     stop: tuple[str, ...] = ()
     stop_token_ids: frozenset[int] = frozenset()
+    n: int = 1
+    logprobs: int | None = None  # top alternatives per new token (0: the token's own logprob only); None: off
+    prompt_logprobs: int | None = None  # the same for the prompt's tokens (echo with logprobs)
+    echo: str | None = None  # the prompt's text, prepended to each choice's text (echo)
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias), as SamplingParams takes it
 
 
-def parse(kind: str, raw: dict, served_name: str, tokenizer, max_model_len: int, default_max_tokens: int) -> Params:
+def parse(kind: str, raw: dict, served_name: str, tokenizer, max_model_len: int, default_max_tokens: int,
+          max_n: int = MAX_N) -> Params:
     """Check a request body; APIError(400, ..., param) names the first bad field."""
     if not isinstance(raw, dict):
         raise APIError(400, "the request body must be a JSON object", None)
@@ -175,9 +185,10 @@ def parse(kind: str, raw: dict, served_name: str, tokenizer, max_model_len: int,
     n = 1 if body.n is None else body.n
     if n < 1:
         raise APIError(400, f"n = {n}: ask for at least one choice", "n")
-    if n > 1:
-        raise APIError(400, f"n = {n}: several choices per request are not implemented yet in this server (a "
-                            "later version builds them); send n = 1 and repeat the request", "n")
+    if n > max_n:
+        raise APIError(400, f"n = {n}: this server gives at most {max_n} choices per request; send n up to {max_n} "
+                            "and repeat the request for more", "n")
+    logprobs, echo = _logprobs(kind, body)
     stops = _stops(body.stop)
     include_usage = _include_usage(body.stream_options, body.stream)
     if kind == "chat" and None not in (body.max_tokens, body.max_completion_tokens) \
@@ -198,8 +209,9 @@ def parse(kind: str, raw: dict, served_name: str, tokenizer, max_model_len: int,
     room = max_model_len - len(ids)
     if max_tokens is None:
         max_tokens = max(1, min(default_max_tokens, room))
-    if max_tokens < 1:
-        raise APIError(400, f"{field} is {max_tokens}; ask for at least 1 token", field)
+    if max_tokens < 1 and not (max_tokens == 0 and echo and logprobs is not None):
+        raise APIError(400, f"{field} is {max_tokens}; ask for at least 1 token (0 only with echo and logprobs: "
+                            "the prompt's log probabilities)", field)
     if len(ids) + max_tokens > max_model_len:
         raise APIError(400, f"this model's maximum context length is {max_model_len} tokens; the prompt has "
                             f"{len(ids)} and {field} asks for {max_tokens} more"
@@ -213,14 +225,49 @@ def parse(kind: str, raw: dict, served_name: str, tokenizer, max_model_len: int,
     k = 0 if body.top_k in (None, -1) else body.top_k
     if k < 0:
         raise APIError(400, f"top_k {body.top_k} is out of range; use -1 or 0 (off) or a positive number", "top_k")
-    if body.seed is not None and not 0 <= body.seed < 2**63:
-        raise APIError(400, f"seed {body.seed} is out of range; use a whole number in [0, 2**63)", "seed")
+    if body.seed is not None and not 0 <= body.seed < 2**63 - (n - 1):  # choice i samples with seed + i
+        raise APIError(400, f"seed {body.seed} is out of range; use a whole number in [0, 2**63 - n]", "seed")
     if body.min_tokens < 0 or body.min_tokens > max_tokens:
         raise APIError(400, f"min_tokens {body.min_tokens} must be between 0 and max_tokens ({max_tokens})",
                        "min_tokens")
     return Params(ids, int(max_tokens), float(t), float(p), int(k), body.seed, bool(body.stream), include_usage,
                   bool(body.ignore_eos), int(body.min_tokens), served_name, stops, frozenset(stop_ids),
-                  **_penalties(body, vocab))
+                  n=n, logprobs=logprobs, prompt_logprobs=logprobs if echo else None,
+                  echo=_echo_text(body.prompt, ids, tokenizer) if echo else None, **_penalties(body, vocab))
+
+
+def _logprobs(kind: str, body) -> tuple[int | None, bool]:
+    """(top alternatives per token or None, echo). Completions: logprobs is 0..MAX_LOGPROBS top tokens;
+    chat: logprobs true with top_logprobs 0..MAX_LOGPROBS. Chat has no echo (OpenAI's has none)."""
+    if kind == "chat":
+        if body.echo:
+            raise APIError(400, "echo is not a field of chat completions (OpenAI's chat has no echo); use "
+                                "/v1/completions with echo", "echo")
+        if body.logprobs not in (None, True, False):
+            raise APIError(400, f"logprobs {_short(body.logprobs)}: on chat completions logprobs is true or false, "
+                                "with top_logprobs the number of alternatives", "logprobs")
+        top = body.top_logprobs or 0
+        if not 0 <= top <= MAX_LOGPROBS:
+            raise APIError(400, f"top_logprobs {top} is out of range; use 0 to {MAX_LOGPROBS}", "top_logprobs")
+        if top and not body.logprobs:
+            raise APIError(400, "top_logprobs needs logprobs: true", "top_logprobs")
+        return (top if body.logprobs else None), False
+    lp = body.logprobs
+    if lp is True:
+        raise APIError(400, f"logprobs true: on /v1/completions logprobs is the number of top tokens, 0 to "
+                            f"{MAX_LOGPROBS}", "logprobs")
+    if lp is False:
+        lp = None
+    if lp is not None and not 0 <= lp <= MAX_LOGPROBS:
+        raise APIError(400, f"logprobs {lp} is out of range; use 0 to {MAX_LOGPROBS} top tokens", "logprobs")
+    return lp, bool(body.echo)
+
+
+def _echo_text(prompt, ids: list[int], tokenizer) -> str:
+    """The prompt as echo returns it: the text sent, or the token ids' text."""
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    return prompt if isinstance(prompt, str) else tokenizer.decode(ids)
 
 
 def _penalties(body, vocab: int) -> dict:
@@ -285,7 +332,7 @@ def _include_usage(options, stream: bool) -> bool:
 def _prompt_ids(prompt, tokenizer) -> list[int]:
     if prompt is None:
         raise APIError(400, "prompt is required", "prompt")
-    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
         if len(prompt) != 1:
             raise APIError(400, "a list of several prompts is not supported; send one prompt per request", "prompt")
         prompt = prompt[0]
@@ -336,25 +383,142 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict:
             "total_tokens": prompt_tokens + completion_tokens}
 
 
-def full_response(kind: str, rid: str, model: str, text: str, finish: str, u: dict) -> dict:
+def full_response(kind: str, rid: str, model: str, choices: list[dict], u: dict) -> dict:
+    """choices: {"text", "finish", "logprobs"} per choice, in index order."""
     created = int(time.time())
     if kind == "completions":
         return {"id": rid, "object": "text_completion", "created": created, "model": model,
-                "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}], "usage": u}
+                "choices": [{"index": i, "text": c["text"], "logprobs": c["logprobs"], "finish_reason": c["finish"]}
+                            for i, c in enumerate(choices)], "usage": u}
     return {"id": rid, "object": "chat.completion", "created": created, "model": model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                         "finish_reason": finish}], "usage": u}
+            "choices": [{"index": i, "message": {"role": "assistant", "content": c["text"]}, "logprobs": c["logprobs"],
+                         "finish_reason": c["finish"]} for i, c in enumerate(choices)], "usage": u}
 
 
 def chunk(kind: str, rid: str, model: str, text: str | None, finish: str | None = None, role: bool = False,
-          u: dict | None = None) -> dict:
+          u: dict | None = None, index: int = 0, logprobs: dict | None = None) -> dict:
     created = int(time.time())
     if u is not None:
         return {"id": rid, "object": "text_completion" if kind == "completions" else "chat.completion.chunk",
                 "created": created, "model": model, "choices": [], "usage": u}
     if kind == "completions":
         return {"id": rid, "object": "text_completion", "created": created, "model": model,
-                "choices": [{"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}]}
+                "choices": [{"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": finish}]}
     delta = {"role": "assistant", "content": ""} if role else ({} if text is None else {"content": text})
     return {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
-            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+            "choices": [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]}
+
+
+# ---------------------------------------------------------------- logprobs in responses
+
+MIN_LOGPROB = -9999.0  # JSON has no -inf: a token of probability 0 reports this (as vLLM does)
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte-level BPE alphabet: byte -> the character a token string spells it with."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("\xa1"), ord("\xac") + 1)) + \
+        list(range(ord("\xae"), ord("\xff") + 1))
+    cs, k = bs[:], 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + k)
+            k += 1
+    return dict(zip(bs, map(chr, cs)))
+
+
+_BYTE_OF = {c: b for b, c in _bytes_to_unicode().items()}
+
+
+class TokenNames:
+    """A token's own text and UTF-8 bytes, as logprobs name it (cached per id). Byte-level BPE tokens
+    (Qwen, Llama 3, GPT-2) give their exact bytes, so a token holding part of a character says which
+    bytes (its text then has U+FFFD, as OpenAI's); other tokenizers give the token decoded alone."""
+
+    def __init__(self, tokenizer):
+        self.tok, self.cache = tokenizer, {}
+
+    def __call__(self, tid: int) -> tuple[str, list[int]]:
+        got = self.cache.get(tid)
+        if got is None:
+            piece = self.tok.convert_ids_to_tokens(tid)
+            if isinstance(piece, str) and piece and all(c in _BYTE_OF for c in piece):
+                raw = bytes(_BYTE_OF[c] for c in piece)
+            else:
+                raw = self.tok.decode([tid]).encode("utf-8")
+            got = self.cache[tid] = (raw.decode("utf-8", errors="replace"), list(raw))
+        return got
+
+
+def _lp(v: float) -> float:
+    return max(float(v), MIN_LOGPROB) if v == v else MIN_LOGPROB
+
+
+class ChoiceLogprobs:
+    """One choice's logprob entries, with where each token's text starts in the choice's text.
+
+    text_offset[i] is the character where token i's text begins in `text` (after the echoed prompt):
+    the decoded text of the tokens before it, by the same incremental detokenizer as the text, so a
+    token that only starts a multi-byte character points at that character, and offsets never pass the
+    end of the text (tokens of a stop string point at its end). Streaming: `take()` returns the entries
+    not sent yet, for the chunk that carries their text."""
+
+    def __init__(self, kind: str, names: TokenNames, tokenizer):
+        from engine.infer.tokens import StreamDecoder
+
+        self.kind, self.names, self.tok = kind, names, tokenizer
+        self.dec = StreamDecoder(tokenizer)
+        self.entries: list = []  # TokenLogprob, or None for the first prompt token
+        self.ids: list[int] = []  # the token of each entry
+        self.offsets: list[int] = []
+        self.base = 0  # characters before the generated text (the echoed prompt)
+        self.chars = 0  # the decoded length of the generated tokens so far
+        self.sent = 0
+
+    def prompt(self, entries: list, text: str, ids: list[int]) -> None:
+        """The echoed prompt's entries (entries None: echo without logprobs, only the text offset base)."""
+        from engine.infer.tokens import StreamDecoder
+
+        if entries is not None:
+            dec, at = StreamDecoder(self.tok, skip_special_tokens=False), 0
+            for t in ids:
+                self.offsets.append(min(at, len(text)))
+                at += len(dec.push(t))
+            self.entries += entries
+            self.ids += ids
+        self.base = len(text)
+
+    def add(self, entry) -> None:
+        self.offsets.append(self.base + self.chars)
+        self.chars += len(self.dec.push(entry.token))
+        self.entries.append(entry)
+        self.ids.append(entry.token)
+
+    def take(self, text_len: int) -> dict | None:
+        """The entries not sent yet, as a chunk's logprobs; offsets capped at the text streamed so far."""
+        lo, self.sent = self.sent, len(self.entries)
+        return self.render(text_len, lo, self.sent) if lo < self.sent else None
+
+    def render(self, text_len: int, lo: int = 0, hi: int | None = None) -> dict:
+        """OpenAI's shapes: completions' tokens/token_logprobs/top_logprobs/text_offset, chat's content list."""
+        entries = self.entries[lo:hi]
+        if self.kind == "chat":
+            return {"content": [self._chat(e) for e in entries]}
+        names = [self.names(t)[0] for t in self.ids[lo:hi]]
+        tops = []
+        for e in entries:
+            if e is None:
+                tops.append(None)
+                continue
+            top = {}
+            for t, v in [*e.top, (e.token, e.logprob)]:  # the chosen token is always there (OpenAI: up to n + 1)
+                top.setdefault(self.names(t)[0], _lp(v))
+            tops.append(top)
+        return {"tokens": names, "token_logprobs": [None if e is None else _lp(e.logprob) for e in entries],
+                "top_logprobs": tops, "text_offset": [min(o, text_len) for o in self.offsets[lo:hi]]}
+
+    def _chat(self, e) -> dict:
+        text, raw = self.names(e.token)
+        return {"token": text, "logprob": _lp(e.logprob), "bytes": raw,
+                "top_logprobs": [{"token": self.names(t)[0], "logprob": _lp(v), "bytes": self.names(t)[1]}
+                                 for t, v in e.top]}
