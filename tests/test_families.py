@@ -7,9 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
-import threading
-import time
 import warnings
 
 import httpx
@@ -18,6 +15,7 @@ import torch
 
 from engine.common.errors import UserError
 from tests import families as F
+from tests.serving import served
 
 N_INPUT = 110
 FAMS = list(F.FAMILIES)
@@ -94,34 +92,6 @@ def test_int8_int4_within_the_qwen_kl_bounds(folders, family):
     assert 0 < kls["llm.int8"] < 0.01 and 0 < kls["nf4"] < 0.25 and 0 < kls["bf16"] < 0.01, kls
 
 
-def _serve(folder, precision="fp32"):
-    """`python -m engine serve`'s app for a folder, served by uvicorn on 127.0.0.1 in a thread."""
-    import argparse
-
-    import uvicorn
-
-    from engine.serve import cli
-    from engine.serve.app import create_app
-
-    p = argparse.ArgumentParser()
-    cli.add_parser(p.add_subparsers())
-    a = p.parse_args(["serve", "--model", str(folder), "--precision", precision, "--max-seqs", "4",
-                      "--max-model-len", "256", "--prefill-chunk", "64"])
-    loop, name, facts = cli.build(a)
-    loop.start()
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(create_app(loop, name, facts), host="127.0.0.1", log_level="warning",
-                                           lifespan="off"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    while not server.started:
-        assert thread.is_alive()
-        time.sleep(0.05)
-    return f"http://127.0.0.1:{sock.getsockname()[1]}", name, lambda: (setattr(server, "should_exit", True),
-                                                                       thread.join(15), loop.stop(), sock.close())
-
-
 async def _stream(client, url, model, prompt, n=24):
     toks = []
     async with client.stream("POST", url + "/v1/completions", timeout=120,
@@ -136,17 +106,15 @@ async def _stream(client, url, model, prompt, n=24):
 
 @pytest.mark.parametrize("family", SERVED)
 def test_four_concurrent_streams_equal_each_request_alone(folders, family):
-    url, model, stop = _serve(folders[family])
     prompts = [f"import numpy as np  # step {i}: " + "the quick brown fox " * (3 + 4 * i) for i in range(4)]
-    try:
+    with served("--model", str(folders[family]), "--precision", "fp32", "--max-seqs", "4", "--max-model-len", "256",
+                "--prefill-chunk", "64") as srv:
         async def main():
             async with httpx.AsyncClient() as c:
-                alone = [await _stream(c, url, model, p) for p in prompts]
-                together = await asyncio.gather(*(_stream(c, url, model, p) for p in prompts))
+                alone = [await _stream(c, srv.url, srv.model, p) for p in prompts]
+                together = await asyncio.gather(*(_stream(c, srv.url, srv.model, p) for p in prompts))
                 return alone, together
         alone, together = asyncio.run(main())
-    finally:
-        stop()
     assert all(alone) and together == alone
 
 

@@ -6,14 +6,12 @@ scl_gen (generate_until with `until` stop strings, exact match) through `local-c
 through `local-completions`. Every answer and every log-likelihood is compared, not only the scores."""
 from __future__ import annotations
 
-import argparse
 import os
-import socket
-import threading
-import time
 from pathlib import Path
 
 import pytest
+
+from tests.serving import served
 
 lm_eval = pytest.importorskip("lm_eval", reason="lm-evaluation-harness is not installed: `make eval` "
                                                 "(pip install -e '.[eval]', lm_eval==0.4.13)")
@@ -44,34 +42,9 @@ def folder():
 
 @pytest.fixture(scope="module")
 def server():
-    """`python -m engine serve`'s app (cli.build + create_app) under uvicorn in a thread, stopped at the end."""
-    import uvicorn
-
-    from engine.serve import cli
-    from engine.serve.app import create_app
-
-    p = argparse.ArgumentParser()
-    cli.add_parser(p.add_subparsers())
-    a = p.parse_args(["serve", "--model", "default-draft", "--precision", "fp32", "--draft", "none",
-                      "--max-seqs", "2", "--max-model-len", str(MAX_LEN), "--prefill-chunk", "256"])
-    loop, name, facts = cli.build(a)
-    loop.start()
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    srv = uvicorn.Server(uvicorn.Config(create_app(loop, name, facts), host="127.0.0.1", log_level="warning",
-                                        lifespan="off"))
-    thread = threading.Thread(target=srv.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    while not srv.started:
-        assert thread.is_alive()
-        time.sleep(0.05)
-    try:
-        yield argparse.Namespace(url=f"http://127.0.0.1:{sock.getsockname()[1]}", model=name)
-    finally:
-        srv.should_exit = True
-        thread.join(15)
-        loop.stop()
-        sock.close()
+    with served("--model", "default-draft", "--precision", "fp32", "--draft", "none", "--max-seqs", "2",
+                "--max-model-len", str(MAX_LEN), "--prefill-chunk", "256") as s:
+        yield s
 
 
 def _task(name: str) -> dict:

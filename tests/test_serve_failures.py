@@ -17,6 +17,7 @@ import httpx
 import pytest
 
 from tests import families as F
+from tests import serving
 
 # Refuses two turns of one role in a row, as many real templates do.
 TEMPLATE = ("{% for m in messages %}{% if loop.index0 > 0 and m['role'] == messages[loop.index0 - 1]['role'] %}"
@@ -35,47 +36,17 @@ def folder(tmp_path_factory):
     return path
 
 
-class Served:
-    """`python -m engine serve`'s app and engine loop for a folder, wired as the CLI wires them."""
-
-    def __init__(self, folder, grace_s: float = 1.5):
-        import uvicorn
-
-        from engine.serve import cli
-        from engine.serve.app import create_app
-
-        p = argparse.ArgumentParser()
-        cli.add_parser(p.add_subparsers())
-        a = p.parse_args(["serve", "--model", str(folder), "--precision", "fp32", "--max-seqs", "4",
-                          "--max-model-len", "256", "--prefill-chunk", "64"])
-        self.loop, self.name, facts = cli.build(a)
-        self.loop.start()
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.server = uvicorn.Server(uvicorn.Config(create_app(self.loop, self.name, facts), host="127.0.0.1",
-                                                    log_level="warning", lifespan="off"))
-        cli.stop_when_engine_dies(self.loop, self.server, grace_s)
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
-        self.thread.start()
-        while not self.server.started:
-            assert self.thread.is_alive()
-            time.sleep(0.05)
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        # The first step may build the CPU kernels (minutes on a busy machine): not what these tests time.
-        httpx.post(self.url + "/v1/completions", json=_body(n=1), timeout=600).raise_for_status()
-
-    def close(self):
-        self.server.should_exit = True
-        self.thread.join(15)
-        self.loop.stop()
-        self.sock.close()
-
-
 @pytest.fixture
 def served(folder):
-    s = Served(folder)
-    yield s
-    s.close()
+    """The app and engine loop for the tiny folder, with the CLI's stop-on-death wired (1.5 s grace)."""
+    from engine.serve import cli
+
+    with serving.served("--model", str(folder), "--precision", "fp32", "--max-seqs", "4", "--max-model-len", "256",
+                        "--prefill-chunk", "64",
+                        on_server=lambda loop, srv: cli.stop_when_engine_dies(loop, srv, 1.5)) as s:
+        # The first step may build the CPU kernels (minutes on a busy machine): not what these tests time.
+        httpx.post(s.url + "/v1/completions", json=_body(n=1), timeout=600).raise_for_status()
+        yield s
 
 
 def _body(n=40, **kw):

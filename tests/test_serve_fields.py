@@ -4,14 +4,12 @@ client asked, streaming or not, through httpx and the `openai` package; every fi
 refused by name (docs/SERVING.md has the table)."""
 from __future__ import annotations
 
-import argparse
 import json
-import socket
-import threading
-import time
 
 import httpx
 import pytest
+
+from tests.serving import served
 
 PROMPT = "1, 2, 3, 4, 5,"
 COUNT = [{"role": "user", "content": "Count from 1 to 10, separated by commas."}]
@@ -19,34 +17,9 @@ COUNT = [{"role": "user", "content": "Count from 1 to 10, separated by commas."}
 
 @pytest.fixture(scope="module")
 def server():
-    """`python -m engine serve`'s app (cli.build + create_app) under uvicorn in a thread, stopped at the end."""
-    import uvicorn
-
-    from engine.serve import cli
-    from engine.serve.app import create_app
-
-    p = argparse.ArgumentParser()
-    cli.add_parser(p.add_subparsers())
-    a = p.parse_args(["serve", "--model", "default-draft", "--precision", "int4", "--draft", "ngram", "--gamma", "3",
-                      "--max-seqs", "2", "--max-model-len", "256", "--prefill-chunk", "64"])
-    loop, name, facts = cli.build(a)
-    loop.start()
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    srv = uvicorn.Server(uvicorn.Config(create_app(loop, name, facts), host="127.0.0.1", log_level="warning",
-                                        lifespan="off"))
-    thread = threading.Thread(target=srv.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    while not srv.started:
-        assert thread.is_alive()
-        time.sleep(0.05)
-    try:
-        yield argparse.Namespace(url=f"http://127.0.0.1:{sock.getsockname()[1]}", model=name, loop=loop)
-    finally:
-        srv.should_exit = True
-        thread.join(15)
-        loop.stop()
-        sock.close()
+    with served("--model", "default-draft", "--precision", "int4", "--draft", "ngram", "--gamma", "3",
+                "--max-seqs", "2", "--max-model-len", "256", "--prefill-chunk", "64") as s:
+        yield s
 
 
 def _post(server, path, **body):
@@ -113,6 +86,27 @@ def test_streaming_holds_back_a_partial_stop_and_never_leaks_it(server, counted)
     assert text == full[:full.index(" 8")] and finish == "stop"
     assert not text.endswith(" ")  # the " " of " 8" was held back, then dropped with the stop
     assert usage["completion_tokens"] == _tokens_to(server, full, " 8")
+
+
+def test_continuous_usage_stats_counts_every_chunk_up_to_the_final_usage(server, counted):
+    """vLLM's stream_options.continuous_usage_stats (GuideLLM sends it): the usage so far in every chunk,
+    never past what the client gets (tokens a round committed past a stop are not counted)."""
+    full, _ = counted
+    seen = []
+    with httpx.stream("POST", server.url + "/v1/completions", timeout=120, json={
+            "model": server.model, "prompt": PROMPT, "max_tokens": 16, "temperature": 0, "stop": " 8", "stream": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True}}) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                seen.append(json.loads(line[6:]))
+    counts = [ev["usage"]["completion_tokens"] for ev in seen]
+    assert all("usage" in ev for ev in seen) and counts == sorted(counts)
+    assert counts[-1] == _tokens_to(server, full, " 8") and seen[-1]["choices"] == []
+    assert {ev["usage"]["prompt_tokens"] for ev in seen} == {seen[-1]["usage"]["prompt_tokens"]}
+    bad = _post(server, "/v1/completions", prompt=PROMPT, stream=True,
+                stream_options={"continuous_usage_stats": True})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "stream_options"
 
 
 def test_stop_token_ids_end_the_text_without_the_token(server, counted):

@@ -3,16 +3,14 @@ server on 127.0.0.1: the 0.5B at fp32, so the values can be checked against tran
 pass of the same checkpoint; a second server with an n-gram draft shows speculation changes nothing."""
 from __future__ import annotations
 
-import argparse
 import json
 import math
-import socket
-import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
+
+from tests.serving import served
 
 PROMPT = "1, 2, 3, 4, 5,"
 CODE = ("def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n\n\ndef mul(a, b):\n    return a * b\n\n\n"
@@ -23,52 +21,20 @@ TOL = 1e-4  # fp32 against fp32: the engine's kernels and transformers' round di
 
 
 def _serve(*extra: str):
-    """`python -m engine serve`'s app (cli.build + create_app) under uvicorn in a thread."""
-    import uvicorn
-
-    from engine.serve import cli
-    from engine.serve.app import create_app
-
-    p = argparse.ArgumentParser()
-    cli.add_parser(p.add_subparsers())
-    a = p.parse_args(["serve", "--model", "default-draft", "--precision", "fp32", "--max-seqs", "4",
-                      "--max-model-len", "256", "--prefill-chunk", "16", *extra])
-    loop, name, facts = cli.build(a)
-    loop.start()
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    srv = uvicorn.Server(uvicorn.Config(create_app(loop, name, facts), host="127.0.0.1", log_level="warning",
-                                        lifespan="off"))
-    thread = threading.Thread(target=srv.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    while not srv.started:
-        assert thread.is_alive()
-        time.sleep(0.05)
-
-    def stop():
-        srv.should_exit = True
-        thread.join(15)
-        loop.stop()
-        sock.close()
-    return argparse.Namespace(url=f"http://127.0.0.1:{sock.getsockname()[1]}", model=name, loop=loop), stop
+    return served("--model", "default-draft", "--precision", "fp32", "--max-seqs", "4", "--max-model-len", "256",
+                  "--prefill-chunk", "16", *extra)
 
 
 @pytest.fixture(scope="module")
 def server():
-    s, stop = _serve()
-    try:
+    with _serve() as s:
         yield s
-    finally:
-        stop()
 
 
 @pytest.fixture(scope="module")
 def spec_server():
-    s, stop = _serve("--draft", "ngram", "--gamma", "3")
-    try:
+    with _serve("--draft", "ngram", "--gamma", "3") as s:
         yield s
-    finally:
-        stop()
 
 
 @pytest.fixture(scope="module")
