@@ -55,7 +55,8 @@ def create_app(engine: EngineLoop, served_name: str, facts: dict | None = None, 
     @app.get("/v1/models")
     async def models():
         return {"object": "list", "data": [{"id": served_name, "object": "model", "created": started,
-                                            "owned_by": "serving-cost-lab", "max_model_len": max_len,
+                                            "owned_by": "serving-cost-lab", "root": served_name,
+                                            "parent": None, "max_model_len": max_len,
                                             **({"lab": facts} if facts else {})}]}
 
     @app.get("/metrics")
@@ -130,6 +131,7 @@ class _Choice:
 
     def __init__(self, kind: str, p, names, tok):
         self.p, self.info, self.streamed = p, None, 0  # streamed: characters sent so far (streaming)
+        self.tokens = 0  # completion tokens so far
         self.parts = [p.echo] if p.echo is not None else []
         self.lp = P.ChoiceLogprobs(kind, names, tok) if p.logprobs is not None else None
         if self.lp is not None and p.echo is not None:
@@ -137,6 +139,9 @@ class _Choice:
 
     def take(self, ev: str, val) -> None:
         if ev == "token":
+            self.parts.append(val)
+            self.tokens += 1
+        elif ev == "text":
             self.parts.append(val)
         elif ev == "logprob":
             self.lp.add(val)
@@ -189,8 +194,11 @@ async def _stream(kind: str, rid: str, p, handles, choices: list[_Choice], engin
     def text_chunk(i: int, text: str | None, finish: str | None = None) -> str:
         c = choices[i]
         c.streamed += len(text or "")
-        return sse(P.chunk(kind, rid, p.model, text, finish, index=i,
-                           logprobs=c.lp.take(c.streamed) if c.lp is not None else None))
+        out = P.chunk(kind, rid, p.model, text, finish, index=i,
+                      logprobs=c.lp.take(c.streamed) if c.lp is not None else None)
+        if p.continuous_usage:  # vLLM's continuous_usage_stats: the counts so far in every chunk
+            out["usage"] = P.usage(len(p.prompt_ids), sum(ch.tokens for ch in choices))
+        return sse(out)
 
     finished = False
     try:
@@ -208,7 +216,7 @@ async def _stream(kind: str, rid: str, p, handles, choices: list[_Choice], engin
                 choices[i].take(ev, val)
                 if ev == "prompt_logprobs":  # the echoed prompt, with its logprobs
                     yield text_chunk(i, p.echo)
-                elif ev == "token" and val:  # an empty piece (held text) leaves its logprobs for the next chunk
+                elif ev in ("token", "text") and val:  # an empty piece (held text) leaves its logprobs for the next chunk
                     yield text_chunk(i, val)
                 elif ev == "done":
                     yield text_chunk(i, None if kind == "chat" else "", val["finish_reason"])

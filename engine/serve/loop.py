@@ -5,7 +5,8 @@ Each request gets an asyncio queue; the engine thread puts ("token", piece) even
 ("done", info) or ("error", {"status", "message"}) event on it through the event loop's
 call_soon_threadsafe. A request that asked for logprobs also gets ("prompt_logprobs", [entry or None per
 prompt token]) before its first token, and ("logprob", TokenLogprob) right before each token's
-("token", piece) event (a piece may be "" while text is held back; the entry still comes). All of it goes
+("token", piece) event (a piece may be "" while text is held back; the entry still comes); text still held
+at the end comes as one ("text", piece) event, which is no token. All of it goes
 through call_soon_threadsafe, so the HTTP side never blocks the engine and the engine never waits for a slow
 client. Cancelling (a client that disconnected) frees the request's slot at the next step boundary.
 
@@ -204,8 +205,8 @@ class EngineLoop:
                 "accepted": seq.spec_stats.accepted, "drafted": seq.spec_stats.drafted}
         if seq.req.prompt_logprobs is not None and not h.sent_prompt:  # max_tokens 0: no token came
             h.put(("prompt_logprobs", seq.prompt_logprobs))
-        if tail:
-            h.put(("token", tail))
+        if tail:  # held text released at the end: text without a token of its own
+            h.put(("text", tail))
         h.put(("done", info))
         msg = (f"request {h.label or seq.req.uid}: prompt {seq.n_prompt} tokens, {len(seq.out)} generated, "
                f"finish {reason}, ttft {info['ttft_s'] or 0:.3f} s, e2e {info['e2e_s']:.3f} s")

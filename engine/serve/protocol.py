@@ -163,6 +163,7 @@ class Params:
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias), as SamplingParams takes it
+    continuous_usage: bool = False  # vLLM's stream_options.continuous_usage_stats: usage so far in every chunk
 
 
 def parse(kind: str, raw: dict, served_name: str, tokenizer, max_model_len: int, default_max_tokens: int,
@@ -190,7 +191,7 @@ def parse(kind: str, raw: dict, served_name: str, tokenizer, max_model_len: int,
                             "and repeat the request for more", "n")
     logprobs, echo = _logprobs(kind, body)
     stops = _stops(body.stop)
-    include_usage = _include_usage(body.stream_options, body.stream)
+    include_usage, continuous_usage = _include_usage(body.stream_options, body.stream)
     if kind == "chat" and None not in (body.max_tokens, body.max_completion_tokens) \
             and body.max_tokens != body.max_completion_tokens:
         raise APIError(400, f"max_completion_tokens {body.max_completion_tokens} and max_tokens {body.max_tokens} "
@@ -233,7 +234,8 @@ def parse(kind: str, raw: dict, served_name: str, tokenizer, max_model_len: int,
     return Params(ids, int(max_tokens), float(t), float(p), int(k), body.seed, bool(body.stream), include_usage,
                   bool(body.ignore_eos), int(body.min_tokens), served_name, stops, frozenset(stop_ids),
                   n=n, logprobs=logprobs, prompt_logprobs=logprobs if echo else None,
-                  echo=_echo_text(body.prompt, ids, tokenizer) if echo else None, **_penalties(body, vocab))
+                  echo=_echo_text(body.prompt, ids, tokenizer) if echo else None, **_penalties(body, vocab),
+                  continuous_usage=continuous_usage)
 
 
 def _logprobs(kind: str, body) -> tuple[int | None, bool]:
@@ -314,19 +316,25 @@ def _stops(stop) -> tuple[str, ...]:
     return tuple(dict.fromkeys(stops))
 
 
-def _include_usage(options, stream: bool) -> bool:
-    """stream_options: include_usage is honoured, include_obfuscation is accepted and ignored (we add no padding)."""
+def _include_usage(options, stream: bool) -> tuple[bool, bool]:
+    """(include_usage, continuous_usage_stats) from stream_options. include_usage is honoured; vLLM's
+    continuous_usage_stats puts the usage so far in every chunk too (GuideLLM sends it; it needs
+    include_usage, as in vLLM); include_obfuscation is accepted and ignored (we add no padding)."""
     if options is None:
-        return False
+        return False, False
     if not stream:
         raise APIError(400, "stream_options is only allowed when stream is true", "stream_options")
     for key, v in options.items():
-        if key not in ("include_usage", "include_obfuscation"):
-            raise APIError(400, f"stream_options.{key} is not a field this server takes; it takes include_usage",
-                           "stream_options")
+        if key not in ("include_usage", "continuous_usage_stats", "include_obfuscation"):
+            raise APIError(400, f"stream_options.{key} is not a field this server takes; it takes include_usage "
+                                "and continuous_usage_stats", "stream_options")
         if not isinstance(v, bool):
             raise APIError(400, f"stream_options.{key} must be true or false", "stream_options")
-    return bool(options.get("include_usage"))
+    include, continuous = bool(options.get("include_usage")), bool(options.get("continuous_usage_stats"))
+    if continuous and not include:
+        raise APIError(400, "stream_options.continuous_usage_stats needs include_usage true as well",
+                       "stream_options")
+    return include, continuous
 
 
 def _prompt_ids(prompt, tokenizer) -> list[int]:
