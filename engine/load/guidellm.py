@@ -18,7 +18,7 @@ from pathlib import Path
 from engine.common.errors import UserError
 from engine.common.paths import REPO_ROOT
 from engine.load.profiles import Limits, Profile
-from engine.load.requests import Request
+from engine.load.requests import Request, text_of_length
 
 VENV = REPO_ROOT / ".venv-guidellm"
 VERSION = "0.8.1"
@@ -35,6 +35,14 @@ def unavailable_reason() -> str | None:
     return None
 
 
+def worker_processes() -> int:
+    """GuideLLM starts a worker process per stream (up to 10), each a whole Python process that streams and
+    counts tokens. On a machine as small as the server's own (2 cores here) they take the CPU of the server
+    they measure: 4 workers slowed our server's decode by ~30% against the lab's single async client in the
+    same run. One worker per core beyond the first, at least one; GUIDELLM__MAX_WORKER_PROCESSES overrides."""
+    return int(os.environ.get("GUIDELLM__MAX_WORKER_PROCESSES") or max(1, len(os.sched_getaffinity(0)) - 1))
+
+
 def profile_arg(p: Profile) -> str:
     if p.kind == "concurrent":
         return f"kind=concurrent,streams={p.streams}"
@@ -47,9 +55,10 @@ def profile_arg(p: Profile) -> str:
 
 
 def _text_prompt(r: Request, tokenizer) -> str:
+    """GuideLLM sends text: a token-id prompt becomes text of exactly as many tokens (requests.text_of_length)."""
     if r.messages is not None:
         return r.messages[-1]["content"]
-    return r.prompt if isinstance(r.prompt, str) else tokenizer.decode(r.prompt)
+    return r.prompt if isinstance(r.prompt, str) else text_of_length(r.prompt, tokenizer)
 
 
 def run_point(base_url: str, model: str | None, reqs: list[Request], profile: Profile, limits: Limits,
@@ -63,14 +72,21 @@ def run_point(base_url: str, model: str | None, reqs: list[Request], profile: Pr
         with open(data, "w") as f:
             for r in reqs:
                 f.write(json.dumps({"prompt": _text_prompt(r, tokenizer), "output_tokens_count": r.max_tokens}) + "\n")
-        target = f"kind=openai_http,target={base_url}" + (f",model={model}" if model else "")
+        # The endpoint the lab's client would use: GuideLLM's default is chat, whose template adds tokens.
+        chat = reqs[0].messages is not None if reqs else False
+        if any((r.messages is not None) != chat for r in reqs):
+            raise UserError("GuideLLM sends every request of a point to one endpoint; these mix chat and completions",
+                            "use a workload of one kind, or the lab's own client (--generator lab)")
+        target = (f"kind=openai_http,target={base_url},request_format=/v1/{'chat/' if chat else ''}completions"
+                  + (f",model={model}" if model else ""))
         cmd = [str(binary()), "run", "--backend", target, "--profile", profile_arg(profile),
                "--constraint", f"kind=max_requests,count={len(reqs)}",
                "--constraint", f"kind=max_duration,seconds={limits.max_seconds:g}",
                "--data", f"kind=json_file,path={data}",
                "--tokenizer", f"kind=huggingface_auto,model={tokenizer_folder}",
                "--output", f"kind=json,path={out}", "--disable-console-interactive"]
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+               "GUIDELLM__MAX_WORKER_PROCESSES": str(worker_processes())}
         p = subprocess.run(cmd, check=False, capture_output=True, text=True, env=env,
                            timeout=limits.max_seconds + limits.request_timeout_s + 120)
         if p.returncode != 0 or not out.exists():

@@ -126,6 +126,24 @@ def fixed_lengths(n: int, input_len: int, output_len: int, tokenizer, kind: str 
             for i in range(n)]
 
 
+def text_of_length(ids: list[int], tokenizer, tries: int = 8) -> str:
+    """Text that the tokenizer encodes to exactly len(ids) tokens, for a client that sends only text (GuideLLM).
+
+    Decoded random ids re-encode to more tokens (about 1.5x for the 0.5B's random prompts), which would
+    give a text-only client longer prompts than the lab's id prompts. So, as vLLM's random dataset does:
+    decode, re-encode, cut or extend the re-encoded ids to the length, and repeat until the length holds.
+    """
+    n, cur = len(ids), list(ids)
+    for _ in range(tries):
+        text = tokenizer.decode(cur)
+        again = tokenizer.encode(text, add_special_tokens=False)
+        if len(again) == n:
+            return text
+        cur = again[:n] if len(again) > n else again + list(ids[:n - len(again)])
+    raise UserError(f"no text of exactly {n} tokens was found for a random prompt in {tries} tries",
+                    "use --prompt-kind text, or the lab's own client (--generator lab), which sends token ids")
+
+
 def _check_len(n, what: str) -> None:
     if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_LEN:
         raise UserError(f"{what} {n} is out of range", f"use 1 to {MAX_LEN} tokens")
