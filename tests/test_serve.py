@@ -145,6 +145,11 @@ def test_a_disconnect_frees_its_slot(server):
     ('{"max_tokens": 4}', "prompt"),
     ('{"prompt": "hi", "max_tokens": "many"}', "max_tokens"),
     ('{"prompt": "hi", "n": 1000}', "n"),
+    ('{"prompt": "hi", "max_tokens": -1}', "max_tokens"),
+    ('{"prompt": "hi", "temperature": NaN}', "temperature"),
+    ('{"prompt": "hi", "colour": "blue"}', "colour"),  # an unknown field
+    (b'{"prompt": "caf\xe9 \xff"}', None),  # not UTF-8: the body is not JSON
+    ('{"prompt": "' + "hello " * 100_000 + '"}', "prompt"),  # 100k tokens, beyond any context here
 ])
 def test_bad_requests_get_openai_style_400s(server, body, param):
     r = httpx.post(server.url + "/v1/completions", content=body, headers={"content-type": "application/json"})
@@ -153,13 +158,15 @@ def test_bad_requests_get_openai_style_400s(server, body, param):
     assert err["type"] == "invalid_request_error" and err["param"] == param and err["message"]
 
 
-def test_bad_chat_messages_name_the_field(server):
-    r = httpx.post(server.url + "/v1/chat/completions", json={"messages": [{"role": "wizard", "content": "x"}]})
-    assert r.status_code == 400 and r.json()["error"]["param"] == "messages"
+@pytest.mark.parametrize("messages", [[{"role": "wizard", "content": "x"}], "hi", {"role": "user"}, [],
+                                      [{"role": "user", "content": "hello " * 100_000}]])
+def test_bad_chat_messages_name_the_field(server, messages):
+    r = httpx.post(server.url + "/v1/chat/completions", json={"messages": messages})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages", r.text
 
 
 def test_overload_queues_or_answers_429_and_finishes_every_accepted_request(server):
-    """4 slots and 4 queued: 16 at once means some get 429 with Retry-After; /health answers throughout;
+    """4 slots and 4 queued: 64 at once means some get 429 with Retry-After; /health answers throughout;
     every accepted request finishes with the tokens it gives alone."""
     expected = _complete(server.url, PROMPTS[0])
 
@@ -169,7 +176,7 @@ def test_overload_queues_or_answers_429_and_finishes_every_accepted_request(serv
                 return await c.post(server.url + "/v1/completions", timeout=300,
                                     json={"prompt": PROMPTS[0], "max_tokens": N, "temperature": 0, "ignore_eos": True})
 
-            tasks = [asyncio.create_task(one()) for _ in range(16)]
+            tasks = [asyncio.create_task(one()) for _ in range(64)]
             health = []
             while not all(t.done() for t in tasks):
                 health.append((await c.get(server.url + "/health", timeout=10)).status_code)

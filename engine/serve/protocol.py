@@ -208,6 +208,10 @@ def parse(kind: str, raw: dict, served_name: str, tokenizer, max_model_len: int,
         else body.max_tokens
     field = "max_completion_tokens" if kind == "chat" and body.max_completion_tokens is not None else "max_tokens"
     room = max_model_len - len(ids)
+    if room < (0 if echo and max_tokens == 0 else 1):  # the prompt alone fills the context: the prompt is at fault
+        where = "prompt" if kind == "completions" else "messages"
+        raise APIError(400, f"the {where} is {len(ids)} tokens; this model's maximum context length is "
+                            f"{max_model_len} tokens; shorten the {where}", where)
     if max_tokens is None:
         max_tokens = max(1, min(default_max_tokens, room))
     if max_tokens < 1 and not (max_tokens == 0 and echo and logprobs is not None):
