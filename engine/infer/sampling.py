@@ -28,29 +28,39 @@ def penalize(logits: torch.Tensor, sp: SamplingParams, tokens: list[int], n_prom
     if not sp.penalized:
         return logits
     x = logits.float().clone()
-    rows, v = x.shape
+    rows = x.shape[0]
     dev = x.device
     if sp.logit_bias:
         ids = torch.tensor([t for t, _ in sp.logit_bias], dtype=torch.long, device=dev)
         x[:, ids] += torch.tensor([b for _, b in sp.logit_bias], dtype=x.dtype, device=dev)
     if sp.repetition_penalty == 1 and not sp.frequency_penalty and not sp.presence_penalty:
         return x
-    counts = torch.zeros(rows, v, device=dev)  # row j: occurrences in the output, drafts[:j] included
-    out = tokens[n_prompt:]
+    # Only the tokens of the history can change: work on their columns, not on [rows, V] (10.9 ms a call
+    # for 5 rows of the 0.5B's 151936 logits and 300 tokens of history, on one thread, before this).
+    out, drafts = tokens[n_prompt:], list(drafts[:rows - 1])
+    prompt = tokens[:n_prompt] if sp.repetition_penalty != 1 else []
+    ids = sorted(set(out) | set(drafts) | set(prompt))
+    if not ids:
+        return x
+    col = {t: i for i, t in enumerate(ids)}
+    idx = torch.tensor(ids, dtype=torch.long, device=dev)
+    counts = torch.zeros(rows, len(ids), device=dev)  # row j: occurrences in the output, drafts[:j] included
     if out:
-        counts += torch.bincount(torch.tensor(out, dtype=torch.long, device=dev), minlength=v)[:v]
-    for j, t in enumerate(drafts[:rows - 1]):
-        counts[j + 1:, t] += 1
+        counts += torch.bincount(torch.tensor([col[t] for t in out], device=dev), minlength=len(ids)).float()
+    for j, t in enumerate(drafts):
+        counts[j + 1:, col[t]] += 1
+    y = x[:, idx]
     if sp.repetition_penalty != 1:
         seen = counts > 0
-        if n_prompt:
-            seen[:, torch.tensor(tokens[:n_prompt], dtype=torch.long, device=dev)] = True
+        if prompt:
+            seen[:, torch.tensor(sorted({col[t] for t in prompt}), dtype=torch.long, device=dev)] = True
         r = sp.repetition_penalty
-        x = torch.where(seen, torch.where(x > 0, x / r, x * r), x)
+        y = torch.where(seen, torch.where(y > 0, y / r, y * r), y)
     if sp.frequency_penalty:
-        x -= sp.frequency_penalty * counts
+        y -= sp.frequency_penalty * counts
     if sp.presence_penalty:
-        x -= sp.presence_penalty * (counts > 0).float()
+        y -= sp.presence_penalty * (counts > 0).float()
+    x[:, idx] = y
     return x
 
 
