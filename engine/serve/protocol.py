@@ -427,7 +427,8 @@ MIN_LOGPROB = -9999.0  # JSON has no -inf: a token of probability 0 reports this
 
 
 def _bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's byte-level BPE alphabet: byte -> the character a token string spells it with."""
+    """GPT-2's byte-level BPE alphabet: byte -> the character a token string spells it with. Written here:
+    transformers' copy lives in an internal module (convert_slow_tokenizer) and has moved between versions."""
     bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("\xa1"), ord("\xac") + 1)) + \
         list(range(ord("\xae"), ord("\xff") + 1))
     cs, k = bs[:], 0
