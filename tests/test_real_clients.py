@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 
@@ -111,21 +110,19 @@ def test_vllm_bench_serve_agrees_with_engine_load(server, tmp_path):
     assert _agree(ours, theirs), (ours, theirs)
 
 
-def _served_tokens(url: str) -> tuple[float, float]:
-    """(prompt, generated) tokens the server has counted so far (its /metrics, vLLM's names)."""
-    text = httpx.get(url + "/metrics", timeout=10).text
-    total = {name: sum(float(v) for v in re.findall(rf"^vllm:{name}_total{{[^}}]*}} ([0-9.e+]+)$", text, re.M))
-             for name in ("prompt_tokens", "generation_tokens")}
-    return total["prompt_tokens"], total["generation_tokens"]
+def _served_tokens(m: dict) -> tuple[float, float]:
+    """(prompt, generated) tokens the server counted over a load point: the record's /metrics change."""
+    delta = m["server_metrics"]["delta"]
+    return tuple(sum(v for k, v in delta.items() if k.split("{")[0] == f"vllm:{name}_total")
+                 for name in ("prompt_tokens", "generation_tokens"))
 
 
-def _metered(url: str, run) -> tuple[object, tuple[float, float], float]:
-    """run()'s result, the tokens the server counted meanwhile, and the CPU seconds of its child processes."""
-    before, t0 = _served_tokens(url), os.times()
+def _client_cpu_s(run) -> tuple[object, float]:
+    """run()'s result and the CPU seconds its child processes took."""
+    t0 = os.times()
     out = run()
-    after, t1 = _served_tokens(url), os.times()
-    cpu = (t1.children_user + t1.children_system) - (t0.children_user + t0.children_system)
-    return out, (after[0] - before[0], after[1] - before[1]), cpu
+    t1 = os.times()
+    return out, (t1.children_user + t1.children_system) - (t0.children_user + t0.children_system)
 
 
 def test_guidellm_sends_the_same_load_and_measures_it_within_its_client_cost(server):
@@ -143,16 +140,17 @@ def test_guidellm_sends_the_same_load_and_measures_it_within_its_client_cost(ser
     seen = {}
 
     def guide() -> float:
-        gl, seen["guidellm"], seen["guidellm_cpu_s"] = _metered(server.url, lambda: _lab(server.url, generator="guidellm"))
+        gl, seen["guidellm_cpu_s"] = _client_cpu_s(lambda: _lab(server.url, generator="guidellm"))
+        seen["guidellm"] = _served_tokens(gl)
         assert gl["server_output_tokens"] == N * OUT
         return gl["server_output_tok_s"]
 
     ours, theirs, runs = _bracketed(server.url, guide)
-    _, seen["lab"], seen["lab_cpu_s"] = _metered(server.url, lambda: _lab(server.url))
+    lab, seen["lab_cpu_s"] = _client_cpu_s(lambda: _lab(server.url))
+    seen["lab"] = _served_tokens(lab)
     print(f"output tok/s: engine load {ours:.2f} (runs {runs}), GuideLLM {theirs:.2f}; client CPU s: "
           f"lab {seen['lab_cpu_s']:.1f}, GuideLLM {seen['guidellm_cpu_s']:.1f}; server tokens {seen}")
-    # like for like, counted by the server (each run also sends the load tool's one short probe request)
-    assert seen["guidellm"] == seen["lab"] and seen["lab"][1] >= N * OUT
+    assert seen["guidellm"] == seen["lab"] == (N * IN, N * OUT)  # like for like, counted by the server
     assert theirs <= ours * (1 + AGREE), (ours, theirs)
     assert theirs >= ours * (1 - GUIDELLM_CLIENT_COST), (ours, theirs)
 
