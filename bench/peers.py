@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from dataclasses import replace
@@ -45,7 +44,7 @@ def ab_configs(cfgs: list[peers.PeerConfig], gpu: bool) -> list[tuple[peers.Peer
     out = [(c, {}, "") for c in cfgs]
     for prec, draft, env, suffix in (AB_GPU if gpu else AB_CPU):
         base = next((c for c in cfgs if c.system == peers.OURS and c.setup.precision == prec
-                     and c.setup.draft == draft and c.act == "fp32"), None)
+                     and c.setup.draft == draft and c.act == "int8"), None)
         if base is not None:
             out.append((base, env, suffix))
     return out
@@ -158,21 +157,15 @@ def main(argv=None) -> int:
     records = []
     t0 = time.time()
     for i, (c, env, suffix) in enumerate(runs, 1):
-        saved = {k: os.environ.get(k) for k in env}
-        os.environ.update(env)   # the worker process inherits it (engine/peers/peer.py copies os.environ)
-        try:
-            rec = peers.measure(c, store)
+        try:  # the worker runs with env (its kernel settings checked against it: engine/peers/peer.py)
+            rec = peers.measure(c, env=env)
         except UserError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
         if suffix:
             rec.config["label"] = c.label + suffix
+        if store is not None and not rec.notes:  # saved under its A/B label (measure would save it without)
+            store.save_run(rec)
         records.append(rec)
         v = rec.metrics.get(M.decode_tok_s)
         print(f"[{i}/{len(runs)} {time.time() - t0:5.0f}s] {c.label}{suffix}: "

@@ -161,3 +161,36 @@ def test_bench_cli_writes_table_chart_and_targets(tmp_path, monkeypatch):
 def _real_tokenizer_dir():
     from engine.infer import catalog
     return catalog.resolve("default-draft")
+
+
+@pytest.mark.parametrize("act,env", [("int8", {}), ("fp32", {}), ("int8", {"SCL_FUSED": "0"}),
+                                     ("int8", {"SCL_KERNEL_ISA": "avx2"})])
+def test_each_labelled_setting_is_what_the_subprocess_ran(act, env, monkeypatch):
+    """Issue 23: a row labelled fp32 activations ran int8 ones (the child's environment left the setting
+    unset). Each labelled setting (activations, the fused path, the ISA) runs in its own peer subprocess,
+    and the kernel settings that process recorded are the ones its label and environment name."""
+    from engine.peers import random_models
+    # the user's cache (not tmp_path): its kernel build is shared, a fresh cache dir compiles it per case
+    monkeypatch.setenv(random_models.ASSETS_ENV, str(_real_tokenizer_dir()))
+    monkeypatch.delenv("SCL_KERNEL_ACT", raising=False)
+    cfg = PeerConfig.of(system="serving-cost-lab", precision="int4", random_init="vicuna-68m", model="vicuna-68m",
+                        prompt_ids=[5, 100, 2000, 7], max_new_tokens=4, reps=1, act=act)
+    rec = peers.measure(cfg, env=env)
+    assert rec.notes == "", rec.notes
+    ran = rec.kernels["settings"]
+    assert ran["act_int8"] is (act == "int8")
+    assert ("fp32 act" in rec.config["label"]) is (act == "fp32")
+    assert ran["fused"] is ("SCL_FUSED" not in env)
+    assert ran["isa"] == env.get("SCL_KERNEL_ISA")
+    assert rec.kernels["int4_activations"].startswith("int8" if act == "int8" else "fp32")
+
+
+def test_a_label_that_differs_from_what_ran_is_refused():
+    """The parent's check itself: recorded settings other than the environment's make the record a failure."""
+    asked = {"SCL_KERNEL_ACT": "fp32"}
+    from engine.ops.config import KernelConfig
+    ran = KernelConfig.from_env({}).to_dict()  # what an unset environment runs: int8 activations
+    why = peer_mod._settings_mismatch(asked, ran)
+    assert why and "act_int8 True (asked False)" in why
+    assert peer_mod._settings_mismatch(asked, {**ran, "act_int8": False}) is None
+    assert "no kernel settings" in peer_mod._settings_mismatch(asked, None)

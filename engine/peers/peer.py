@@ -57,7 +57,10 @@ class PeerConfig:
     max_new_tokens: int = 64
     reps: int = 3
     random_init: str | None = None  # a data/models.json shape: random weights of that shape (GPU runs)
-    act: str = "fp32"  # ours on CPU: "int8" quantizes int4 kernels' activations (SCL_KERNEL_ACT), as llama.cpp does
+    # ours on CPU: the int4 kernels' activations, set in the child as SCL_KERNEL_ACT either way. "int8" (the
+    # engine's default, as llama.cpp quantizes its own) or "fp32"; the worker refuses to report a run whose
+    # kernel config differs from it, so the label is what ran.
+    act: str = "int8"
     timeout_s: int = 1800
 
     @classmethod
@@ -100,9 +103,10 @@ class PeerConfig:
         if self.random_init and (self.system == "llama.cpp" or st.draft == "model"):
             raise UserError(f"{self.label} cannot run on random weights: it needs a GGUF file or a trained draft",
                             "on random-init shapes use self or ngram drafts, and no llama.cpp")
-        if self.act not in ("fp32", "int8") or (self.act == "int8" and self.system != OURS):
+        if self.act not in ("fp32", "int8") or (self.act == "fp32" and self.system != OURS):
             raise UserError(f"activation mode '{self.act}' is not offered for {self.system}",
-                            "use act='int8' only with serving-cost-lab (its int4 CPU kernels), else 'fp32'")
+                            "act chooses serving-cost-lab's int4 kernels' activations ('int8', the default, or "
+                            "'fp32'); other systems run their own and take the default")
         if self.system == OURS:
             self.setup = st.validate()
         if not isinstance(self.max_new_tokens, int) or not 2 <= self.max_new_tokens <= 4096:
@@ -114,10 +118,11 @@ class PeerConfig:
     @property
     def label(self) -> str:
         """Ours: the system, the setup's precision and draft labels (EngineSetup's, the model said once per
-        record) and a8 for int8 activations; a peer: its system, precision and draft."""
+        record) and "fp32 act" when the int4 kernels ran fp32 activations (int8, the engine's default, unmarked,
+        so the label equals the lab's own for the same configuration); a peer: its system, precision and draft."""
         st = self.setup
         if self.system == OURS:
-            return f"{OURS} {st.precision_label}{st.draft_label}" + (" a8" if self.act == "int8" else "")
+            return f"{OURS} {st.precision_label}{st.draft_label}" + (" fp32 act" if self.act == "fp32" else "")
         s = f"{self.system} {st.precision}" + (" (bitsandbytes)" if st.precision in BNB_PRECISIONS else "")
         if st.draft == "model":
             s += f" + {st.draft_model}@{st.precision} draft"
@@ -164,8 +169,10 @@ def unavailable_reason(cfg: PeerConfig) -> str | None:
     return None
 
 
-def measure(cfg: PeerConfig, store=None, progress=None):
-    """Run one peer in a subprocess and return its RunRecord (kind "peer").
+def measure(cfg: PeerConfig, store=None, progress=None, env: dict[str, str] | None = None):
+    """Run one peer in a subprocess and return its RunRecord (kind "peer"). `env`: environment changes for
+    the subprocess (an A/B row's kernel setting); the kernel settings it asks for, and cfg.act, are checked
+    against what the subprocess recorded, so a label never names a setting that did not run.
 
     An unavailable or failing peer still returns a record: metrics empty, notes saying why
     ("unavailable: ..." for a refusal or a missing package, "failed: ..." for a crash or a
@@ -179,7 +186,11 @@ def measure(cfg: PeerConfig, store=None, progress=None):
     result, status = None, "unavailable"
     if reason is None:
         say(f"measuring {cfg.label} ({cfg.reps} reps of {cfg.max_new_tokens} tokens, in a fresh process)")
-        result, reason, status = _spawn(cfg)
+        result, reason, status = _spawn(cfg, env or {})
+        if reason is None and cfg.system == OURS:
+            reason = _settings_mismatch(_child_env(cfg, env or {}), (result or {}).get("kernels", {}).get("settings"))
+            if reason:
+                result, status = None, "failed"
     config = _record_config(cfg, result)
     rec = RunRecord(kind="peer", config=config, metrics=(result or {}).get("metrics", {}),
                     machine=(result or {}).get("machine") or _machine(cfg.setup.device),
@@ -213,15 +224,31 @@ def _machine(device: str) -> dict:
     return machine_facts(device if device.startswith("cuda") and torch.cuda.is_available() else "cpu")
 
 
-def _spawn(cfg: PeerConfig) -> tuple[dict | None, str | None, str]:
+def _child_env(cfg: PeerConfig, changes: dict[str, str]) -> dict[str, str]:
+    env = {**os.environ, **changes}
+    env["PYTHONPATH"] = str(REPO_ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env["SCL_KERNEL_ACT"] = cfg.act  # explicit both ways: unset means the engine's default, not the label's
+    return env
+
+
+def _settings_mismatch(env: dict[str, str], ran: dict | None) -> str | None:
+    """Why the subprocess's recorded kernel settings are not the ones its environment asked for (None: they are)."""
+    from engine.ops.config import KernelConfig
+
+    if ran is None:
+        return "the subprocess recorded no kernel settings, so its label cannot be checked"
+    asked = KernelConfig.from_env(env).to_dict()
+    wrong = {k: (v, ran.get(k)) for k, v in asked.items() if ran.get(k) != v}
+    if wrong:
+        return ("the subprocess ran other kernel settings than its label says: "
+                + ", ".join(f"{k} {got!r} (asked {want!r})" for k, (want, got) in wrong.items()))
+    return None
+
+
+def _spawn(cfg: PeerConfig, changes: dict[str, str]) -> tuple[dict | None, str | None, str]:
     """(result, None, "ok"), or (None, reason, "unavailable" | "failed")."""
     root = str(REPO_ROOT)
-    env = dict(os.environ)
-    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-    if cfg.act == "int8":
-        env["SCL_KERNEL_ACT"] = "int8"
-    else:
-        env.pop("SCL_KERNEL_ACT", None)
+    env = _child_env(cfg, changes)
     try:
         p = subprocess.run([sys.executable, "-m", "engine.peers.workers"], input=json.dumps(cfg.to_dict()), text=True,
                            capture_output=True, timeout=cfg.timeout_s, env=env, cwd=root)
