@@ -113,6 +113,7 @@ class Stub:
     max_in_flight = 100
     in_flight = 0
     served = 0
+    prompts: list = []  # every prompt (or chat messages) received, warm-ups included, in arrival order
     lock = threading.Lock()
 
 
@@ -150,6 +151,8 @@ class StubHandler(BaseHTTPRequestHandler):
 
     def do_POST(self):
         req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        with Stub.lock:
+            Stub.prompts.append(json.dumps(req.get("prompt", req.get("messages"))))
         bad = [k for k in ("ignore_eos", "min_tokens") if k in req]
         if Stub.refuse_forcing and bad:
             return self._json(400, {"error": {"message": f"{bad[0]} is not supported", "param": bad[0],
@@ -253,6 +256,25 @@ def test_sweep_finds_the_highest_rate_meeting_the_slo(stub):
     assert len({r.config["sweep"]["id"] for r in recs}) == 1
     res = sweep_result(recs)
     assert res["max_rate_meeting_slo"] == recs[-1].config["profile"]["rate"]  # the stub meets it everywhere
+
+
+@pytest.mark.parametrize("kind", ["random", "text", "chat"])
+def test_every_point_and_warm_up_sends_prompts_no_server_has_seen(stub, kind):
+    """Issue 23: the same prompts went to every load point, and the warm-up request was the first measured
+    one, so a server with a prompt cache (llama-server's per slot, vLLM's prefixes) answered later points from
+    memory. Every point of a sweep and every warm-up now sends its own prompts; token-id prompts keep their
+    exact length, and a workload shorter than the point (repeated by cycle) repeats no prompt either."""
+    kw = dict(workload="chat:2", input_len=None, output_len=None, requests=3) if kind == "chat" else dict(prompt_kind=kind)
+    Stub.prompts.clear()
+    recs = run(_stub_cfg(stub, profile="sweep:1", warmup=1, **kw))
+    assert len(recs) == 3 and all(r.metrics["load"]["completed"] == r.metrics["load"]["requests"] for r in recs)
+    sent = [p for p in Stub.prompts if p != '"Hello"']  # the forcing probe (client.probe), once per test
+    n = recs[0].metrics["load"]["requests"]
+    assert len(sent) == 3 * (n + 1)  # each point: one warm-up and its requests
+    assert len(set(sent)) == len(sent), "a prompt was sent twice"
+    assert len({r.config["workload"]["fresh_tag"] for r in recs}) == 3
+    if kind == "random":
+        assert all(len(json.loads(p)) == 8 for p in sent)  # --input-len 8, exactly
 
 
 def test_guidellm_generator_ingested_into_the_same_record(stub):

@@ -76,6 +76,18 @@ def llama():
     rs.stop()
 
 
+def test_llama_server_runs_with_its_prompt_cache_off(llama):
+    """Issue 23: comparisons run with every prompt cache off (our engine has none). The same prompt sent twice
+    to llama-server is prefilled in full both times: its own timings say no token came from a cache."""
+    body = {"prompt": "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n", "n_predict": 2,
+            "temperature": 0}
+    answers = [httpx.post(llama.url + "/completion", json=body, timeout=60).json() for _ in range(2)]
+    t0, t1 = (a["timings"] for a in answers)
+    assert t0["prompt_n"] > 10 and t1["prompt_n"] == t0["prompt_n"], (t0, t1)
+    assert t1.get("cache_n", 0) == 0, t1
+    assert llama.facts()["prompt_cache"].startswith("off")
+
+
 def test_llama_server_starts_answers_and_stops_by_pid(llama):
     assert _alive(llama.pid) and httpx.get(llama.url + "/health").status_code == 200
     facts = llama.facts()

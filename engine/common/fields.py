@@ -304,6 +304,9 @@ LOAD: tuple[Field, ...] = (
        "text"),
     _f("server_metrics", "", "the server's /metrics counters: which families it offers and each counter's change "
        "over the load point", "object"),
+    _f("server_view", "", "the server's own timings over the point, from its vLLM histograms (None where it has "
+       "none): requests, e2e_s_mean, ttft_s_mean, queue_s_mean, and concurrency_mean (its e2e sum over the "
+       "client's window)", "object"),
 )
 
 # the per-generation metrics of METRICS: a run states each as the median over its samples

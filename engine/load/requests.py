@@ -118,12 +118,49 @@ def fixed_lengths(n: int, input_len: int, output_len: int, tokenizer, kind: str 
         text = tokenizer.decode(ids)
         n_in = len(tokenizer.encode(text, add_special_tokens=False))
         return [Request(f"text-{i}", n_in, output_len, prompt=text) for i in range(n)]
-    special = set(getattr(tokenizer, "all_special_ids", []) or [])
-    vocab = [i for i in range(min(len(tokenizer), getattr(tokenizer, "vocab_size", len(tokenizer))))
-             if i not in special]
+    vocab = _ordinary_ids(tokenizer)
     rng = random.Random(seed)
     return [Request(f"random-{i}", input_len, output_len, prompt=[rng.choice(vocab) for _ in range(input_len)])
             for i in range(n)]
+
+
+FRESH_IDS = 8  # a token-id prompt's first ids that a fresh copy redraws (its length stays exact)
+
+
+@lru_cache(maxsize=4)
+def _ordinary_ids(tokenizer) -> tuple[int, ...]:
+    special = set(getattr(tokenizer, "all_special_ids", []) or [])
+    return tuple(i for i in range(min(len(tokenizer), getattr(tokenizer, "vocab_size", len(tokenizer))))
+                 if i not in special)
+
+
+def fresh(reqs: list[Request], tag: str, tokenizer) -> list[Request]:
+    """A copy of `reqs` whose every prompt begins differently from any other tag's, so no server can answer
+    it from a prompt or prefix cache (issue 23: llama-server caches each slot's prompt, vLLM caches prefixes).
+
+    Token-id prompts keep their length: their first FRESH_IDS ids are redrawn from (tag, request) as ordinary
+    tokens. Text and chat prompts begin with "[tag.i] ", and their token counts are counted again."""
+    vocab = None
+    out = []
+    for i, r in enumerate(reqs):
+        mark = f"[{tag}.{i}] "
+        if isinstance(r.prompt, list):
+            vocab = vocab or _ordinary_ids(tokenizer)
+            rng = random.Random(f"{tag}.{i}")
+            k = min(FRESH_IDS, len(r.prompt))
+            out.append(Request(f"{r.id}@{tag}", r.prompt_tokens, r.max_tokens,
+                               prompt=[rng.choice(vocab) for _ in range(k)] + list(r.prompt[k:]),
+                               reference_tokens=r.reference_tokens))
+        elif r.messages is not None:
+            msgs = [dict(m) for m in r.messages]
+            msgs[0]["content"] = mark + msgs[0]["content"]
+            out.append(Request(f"{r.id}@{tag}", chat_prompt_tokens(tokenizer, msgs), r.max_tokens, messages=msgs,
+                               reference_tokens=r.reference_tokens))
+        else:
+            text = mark + r.prompt
+            out.append(Request(f"{r.id}@{tag}", count_tokens(tokenizer, text), r.max_tokens, prompt=text,
+                               reference_tokens=r.reference_tokens))
+    return out
 
 
 def text_of_length(ids: list[int], tokenizer, tries: int = 8) -> str:

@@ -16,7 +16,8 @@ from engine.common.errors import UserError
 from engine.load import client, server_metrics
 from engine.load import metrics as M
 from engine.load.profiles import SLO, Limits, Profile, parse_profile, parse_slo
-from engine.load.requests import Request, cycle, fixed_lengths, from_workload, load_tokenizer, tokenizer_folder
+from engine.load.requests import (Request, cycle, fixed_lengths, fresh, from_workload, load_tokenizer,
+                                  tokenizer_folder)
 
 GENERATORS = {"lab": "engine.load (httpx + asyncio)", "guidellm": "GuideLLM 0.8.1 (.venv-guidellm), ingested"}
 
@@ -91,8 +92,29 @@ def _context_of(facts: dict) -> int | None:
     return n if isinstance(n, int) and n > 0 else None
 
 
-def prepare(cfg: LoadConfig, progress=None) -> tuple:
-    """(endpoint, server facts, tokenizer, requests, sampling): everything a load point needs."""
+@dataclass
+class Prepared:
+    """Everything a load point needs. Each point gets its own fresh copy of the requests and the warm-up its
+    own prompts (requests.fresh, tagged by this test's salt and the point's number), so no point is served
+    from a prompt cache an earlier point or the warm-up filled; the record says which tag it sent."""
+
+    endpoint: client.Endpoint
+    facts: dict
+    tokenizer: object
+    requests: list[Request]
+    sampling: client.Sampling
+    salt: str = field(default_factory=lambda: uuid.uuid4().hex[:6])
+    points: int = 0
+
+    def next_point(self) -> tuple[str, list[Request], list[Request]]:
+        """(tag, the warm-up's requests, the point's requests), neither sent before by this test."""
+        tag = f"{self.salt}.{self.points}"
+        self.points += 1
+        return tag, fresh(self.requests, f"{tag}w", self.tokenizer), fresh(self.requests, tag, self.tokenizer)
+
+
+def prepare(cfg: LoadConfig, progress=None) -> Prepared:
+    """Everything a load point needs: the endpoint and what it says of itself, the tokenizer, the requests."""
     say = progress or (lambda s: None)
     cfg.validate()
     ep = client.Endpoint(cfg.url, cfg.served_model, cfg.api_key or os.environ.get("OPENAI_API_KEY"))
@@ -103,10 +125,10 @@ def prepare(cfg: LoadConfig, progress=None) -> tuple:
     ctx = cfg.max_model_len or _context_of(facts) or (cfg.server or {}).get("max_model_len")
     reqs = build_requests(cfg, tok, ctx)
     sampling = client.Sampling(cfg.temperature, cfg.seed, facts["accepts"])
-    return ep, facts, tok, reqs, sampling
+    return Prepared(ep, facts, tok, reqs, sampling)
 
 
-def run_point(cfg: LoadConfig, profile: Profile, prepared: tuple, store=None, sweep: dict | None = None,
+def run_point(cfg: LoadConfig, profile: Profile, prepared: Prepared, store=None, sweep: dict | None = None,
               progress=None, send=None):
     """One load point -> its RunRecord (saved to `store` when given). `send` replaces client.run_point
     (same arguments, raw samples back): engine.cluster's Ray actors as several clients; its `facts` are recorded."""
@@ -114,11 +136,12 @@ def run_point(cfg: LoadConfig, profile: Profile, prepared: tuple, store=None, sw
     from engine.measure.records import RunRecord
 
     say = progress or (lambda s: None)
-    ep, facts, tok, reqs, sampling = prepared
+    ep, facts, tok, sampling = prepared.endpoint, prepared.facts, prepared.tokenizer, prepared.sampling
+    tag, warm, reqs = prepared.next_point()
     slo = cfg.parsed_slo()
     limits = cfg.limits(len(reqs))
     say(f"{profile.label}: {len(reqs)} requests to {ep.base}")
-    client.warm_up(ep, reqs, limits, sampling)
+    client.warm_up(ep, warm, limits, sampling)
     before = client.fetch_metrics(ep) if facts.get("metrics_endpoint") else None
     if cfg.generator == "guidellm":
         from engine.load import guidellm
@@ -136,6 +159,7 @@ def run_point(cfg: LoadConfig, profile: Profile, prepared: tuple, store=None, sw
     load["meets_slo"] = M.meets_slo(load, slo)
     srv = server_metrics.summary(before, after)
     load["server_metrics"] = srv
+    load["server_view"] = server_metrics.server_view(srv.get("delta") or {}, load.get("duration_s"))
     metrics = {"load": load}
     spec = server_metrics.spec_from(srv.get("delta") or {})
     if spec:
@@ -146,7 +170,7 @@ def run_point(cfg: LoadConfig, profile: Profile, prepared: tuple, store=None, sw
         "model": s.get("model") or ep.model, "precision": s.get("precision"), "draft": s.get("draft"),
         "batch_size": 1, "endpoint": {"url": ep.base, "model": ep.model},
         "profile": {**profile.to_dict(), "label": profile.label}, "slo": {**slo.to_dict(), "label": slo.label},
-        "workload": _workload_facts(cfg, reqs), "tokenizer": str(tokenizer_folder(cfg.tokenizer)),
+        "workload": {**_workload_facts(cfg, reqs), "fresh_tag": tag}, "tokenizer": str(tokenizer_folder(cfg.tokenizer)),
         "generator": GENERATORS[cfg.generator],
         "server": {**facts, **{k: v for k, v in s.items() if k not in ("system", "label")}},
         "load_config": cfg.record_config(), "sweep": sweep, "clients": getattr(send, "facts", None),
@@ -182,7 +206,7 @@ def run(cfg: LoadConfig, store=None, progress=None, send=None) -> list:
     return [run_point(cfg, profile, prepared, store, progress=progress, send=send)]
 
 
-def run_sweep(cfg: LoadConfig, profile: Profile, prepared: tuple, store=None, progress=None, send=None) -> list:
+def run_sweep(cfg: LoadConfig, profile: Profile, prepared: Prepared, store=None, progress=None, send=None) -> list:
     """GuideLLM's sweep: synchronous, throughput, then `steps` constant rates up to the throughput's rate."""
     sid = uuid.uuid4().hex[:8]
     recs = []

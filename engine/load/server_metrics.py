@@ -95,6 +95,24 @@ def spec_from(delta: dict[str, float]) -> dict | None:
             "position_rate": rates, "source": "server /metrics, difference over the load point"}
 
 
+def server_view(delta: dict[str, float], window_s: float | None) -> dict | None:
+    """The server's own timings of the point's requests, where it offers vLLM's histograms: the mean
+    arrival-to-finish, arrival-to-first-token and queue time, and the mean requests in flight as the server
+    saw them (its e2e sum over the client's window). Beside the client's figures, these say whether a gap
+    between two clients is the server's (it ran slower) or the client's (its own time, or fewer in flight)."""
+    n = _sum(delta, "vllm:e2e_request_latency_seconds_count")
+    if not n or not window_s:
+        return None
+
+    def mean(name):
+        total = _sum(delta, f"vllm:{name}_seconds_sum")
+        return total / n if total is not None else None
+
+    e2e = _sum(delta, "vllm:e2e_request_latency_seconds_sum")
+    return {"requests": int(n), "e2e_s_mean": mean("e2e_request_latency"), "ttft_s_mean": mean("time_to_first_token"),
+            "queue_s_mean": mean("request_queue_time"), "concurrency_mean": e2e / window_s}
+
+
 def summary(before_text: str | None, after_text: str | None) -> dict:
     """What the record keeps: whether /metrics was there, every counter's change, the family of names."""
     if before_text is None or after_text is None:

@@ -70,6 +70,14 @@ def _serve_missing() -> str | None:
     return f"{' and '.join(missing)} not installed" if missing else None
 
 
+# Comparisons run with every prompt and prefix cache off (issue 23): our engine has none, so a peer's cache
+# would serve repeated prompts from memory and its TTFT would not be a prefill. llama-server caches each
+# slot's prompt (and keeps idle slots' caches in RAM) by default; vLLM caches prefixes by default.
+PROMPT_CACHE_OFF = {OURS: (), "llama-server": ("--no-cache-prompt", "--cache-ram", "0"),
+                    "vllm": ("--no-enable-prefix-caching",), "url": ()}
+PROMPT_CACHE = {OURS: "none (the engine has no prefix cache)", "llama-server": "off (--no-cache-prompt --cache-ram 0)",
+                "vllm": "off (--no-enable-prefix-caching)", "url": "unknown (a server the lab did not start)"}
+
 DEFAULT_PRECISION = {OURS: "int4", "llama-server": "Q4_K_M", "vllm": "bf16"}
 
 
@@ -166,13 +174,14 @@ class ServerSpec:
             # llama-server splits -c across its slots: each request gets c / np.
             cmd = [str(llama_server_binary()), "-m", str(catalog.gguf_path(self.setup.model)), "--host", HOST,
                    "--port", str(port), "-np", n, "-c", str(self.slots * self.max_model_len), "-cb", "--metrics",
-                   "--no-webui", "--alias", self.served_name]
+                   "--no-webui", "--alias", self.served_name] + list(PROMPT_CACHE_OFF["llama-server"])
             if self.threads:
                 cmd += ["-t", str(self.threads)]
         elif self.system == "vllm":
             cmd = [str(vllm_python()), "-m", "vllm.entrypoints.openai.api_server", "--model",
                    str(catalog.resolve(self.setup.model)), "--host", HOST, "--port", str(port), "--max-model-len", ctx,
-                   "--max-num-seqs", n, "--served-model-name", self.served_name, "--dtype", "bfloat16"]
+                   "--max-num-seqs", n, "--served-model-name", self.served_name, "--dtype", "bfloat16",
+                   *PROMPT_CACHE_OFF["vllm"]]
         else:
             return []
         return cmd + list(self.extra_args)
@@ -252,7 +261,7 @@ class RunningServer:
                 "model": sp.served_name if sp.system != "url" else sp.setup.model,
                 "precision": sp.setup.precision, "draft": sp.setup.to_record()["draft"],
                 "setup": sp.setup.to_dict() if sp.system == OURS else None, "slots": sp.slots,
-                "max_model_len": sp.max_model_len,
+                "max_model_len": sp.max_model_len, "prompt_cache": PROMPT_CACHE[sp.system],
                 "launch": {"command": self.command, "pid": self.pid, "port": self.port, "log": self.log_path,
                            "started_at": self.started_at, "ready_s": self.ready_s}}
 
