@@ -42,13 +42,18 @@ COLUMNS = ["system", "profile", "requests", "failed", "out_tok_s", "req_s", "goo
 def specs(model: str, drafts: list[str], precisions: list[str], slots: int, max_model_len: int,
           llama_threads: int | None = None) -> list:
     """Our engine at each precision without a draft and at int4 with each draft (int8 under a self-draft,
-    which must read fewer bytes than its target), llama-server with `slots` slots, vLLM's CPU build."""
+    which must read fewer bytes than its target), llama-server with `slots` slots, plain and with its own
+    speculative decoding for the model and n-gram drafts asked for, and vLLM's CPU build."""
     common = {"model": model, "slots": slots, "max_model_len": max_model_len}
     out = [ServerSpec.of("serving-cost-lab", precision=p, **common) for p in precisions]
     out += [ServerSpec.of("serving-cost-lab", precision="int8" if d == "self" else "int4", draft=d,
                           draft_model="default-draft", draft_precision="int4", gamma=4, **common)
             for d in drafts if d != "none"]
-    return out + [ServerSpec.of("llama-server", threads=llama_threads, **common), ServerSpec.of("vllm", **common)]
+    out += [ServerSpec.of("llama-server", threads=llama_threads, **common)]
+    # llama-server with its own speculative decoding, for each draft kind it has (the same draft and gamma)
+    out += [ServerSpec.of("llama-server", threads=llama_threads, draft=d, draft_model="default-draft", gamma=4,
+                          **common) for d in drafts if d in ("model", "ngram")]
+    return out + [ServerSpec.of("vllm", **common)]
 
 
 def _at(recs, streams: int) -> dict[str, float]:

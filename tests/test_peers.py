@@ -102,7 +102,7 @@ def test_rows_and_targets_are_ratios_of_measured_numbers():
     by = {r["config"]: r for r in rows}
     assert by["serving-cost-lab int4"]["vs_best_peer"] == 0.9
     assert by["llama.cpp Q4_K_M"]["vs_best_peer"] == 1.0
-    assert by["llama.cpp Q4_K_M + prompt lookup"]["status"] == "unavailable: x"
+    assert by["llama.cpp Q4_K_M + Python prompt lookup (llama-cpp-python)"]["status"] == "unavailable: x"
     t = {x["target"]: x for x in peer_report.targets(recs)}
     assert t["best non-speculative vs llama.cpp Q4_K_M"]["ratio"] == 0.9
     assert t["best non-speculative vs llama.cpp Q4_K_M"]["met"] is False
@@ -111,7 +111,7 @@ def test_rows_and_targets_are_ratios_of_measured_numbers():
     fig = peer_report.peer_figure(rows)
     names = {tr.name for tr in fig.data}
     assert names == {"transformers", "llama.cpp", "serving-cost-lab"}
-    assert "not measured: llama.cpp Q4_K_M + prompt lookup" in json.dumps(fig.to_dict()["layout"])
+    assert "not measured: llama.cpp Q4_K_M + Python prompt lookup (llama-cpp-python)" in json.dumps(fig.to_dict()["layout"])
 
 
 def test_random_init_shape_loads_in_both_systems_and_agrees(tmp_path, monkeypatch):

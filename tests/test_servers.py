@@ -88,6 +88,37 @@ def test_llama_server_runs_with_its_prompt_cache_off(llama):
     assert llama.facts()["prompt_cache"].startswith("off")
 
 
+@pytest.mark.parametrize("draft", ["model", "ngram"])
+def test_llama_server_runs_its_own_speculative_decoding(draft):
+    """Issue 23: llama-server at its best drafts natively (-md with the 0.5B GGUF, or its n-gram lookup). The
+    server's own timings and /metrics say it drafted, and the load record's acceptance reads its counters."""
+    from engine.load import server_metrics
+
+    spec = ServerSpec.of("llama-server", model="default-draft", slots=1, max_model_len=512, draft=draft, gamma=3)
+    if servers.unavailable_reason(spec):
+        pytest.skip(servers.unavailable_reason(spec))
+    assert ("-md" in spec.command(1)) is (draft == "model") and "g=3" in spec.label
+    with servers.start(spec) as rs:
+        before = httpx.get(rs.url + "/metrics").text
+        body = {"prompt": "def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return", "n_predict": 24,
+                "temperature": 0}
+        t = httpx.post(rs.url + "/completion", json=body, timeout=120).json()["timings"]
+        after = httpx.get(rs.url + "/metrics").text
+    assert t["draft_n"] > 0 and 0 <= t["draft_n_accepted"] <= t["draft_n"], t
+    spec_stats = server_metrics.spec_from(server_metrics.diff(server_metrics.parse(before),
+                                                              server_metrics.parse(after)))
+    assert spec_stats["drafted"] == t["draft_n"] and spec_stats["accepted"] == t["draft_n_accepted"]
+
+
+def test_llama_server_drafts_are_refused_by_name_where_it_has_none():
+    with pytest.raises(UserError, match="no 'self' draft"):
+        ServerSpec.of("llama-server", draft="self", draft_precision="int4").validate()
+    with pytest.raises(UserError, match="as shipped"):
+        ServerSpec.of("llama-server", draft="model", draft_precision="int4").validate()
+    with pytest.raises(UserError, match="without a draft"):
+        ServerSpec.of("vllm", draft="ngram").validate()
+
+
 def test_llama_server_starts_answers_and_stops_by_pid(llama):
     assert _alive(llama.pid) and httpx.get(llama.url + "/health").status_code == 200
     facts = llama.facts()

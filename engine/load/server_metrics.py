@@ -13,6 +13,7 @@ import re
 _LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+([-+0-9.eEinfINFNa]+)(\s+\d+)?$")
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 SPEC = "vllm:spec_decode_"
+LLAMA_SPEC = "llamacpp:spec_decode_"  # llama-server (with a draft) counts the same three under its own prefix
 
 
 def parse(text: str | None) -> dict[str, float]:
@@ -76,7 +77,10 @@ def _sum(d: dict[str, float], name: str) -> float | None:
 
 
 def spec_from(delta: dict[str, float]) -> dict | None:
-    """metrics.spec over the load point from vLLM's counters (None when the server drafted nothing)."""
+    """metrics.spec over the load point from vLLM's counters, or llama-server's of the same names under
+    `llamacpp:` (None when the server drafted nothing)."""
+    if not _sum(delta, SPEC + "num_drafts_total") and _sum(delta, LLAMA_SPEC + "num_drafts_total"):
+        delta = {SPEC + k[len(LLAMA_SPEC):]: v for k, v in delta.items() if k.startswith(LLAMA_SPEC)}
     drafts = _sum(delta, SPEC + "num_drafts_total")
     drafted = _sum(delta, SPEC + "num_draft_tokens_total")
     accepted = _sum(delta, SPEC + "num_accepted_tokens_total")

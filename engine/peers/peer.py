@@ -127,7 +127,9 @@ class PeerConfig:
         if st.draft == "model":
             s += f" + {st.draft_model}@{st.precision} draft"
         elif st.draft == "ngram":
-            s += " + prompt lookup"
+            # llama.cpp's row is llama-cpp-python's Python LlamaPromptLookupDecoding (it asks for every
+            # position's logits), not llama.cpp's own n-gram drafting: that is llama-server's (servers.py)
+            s += " + Python prompt lookup (llama-cpp-python)" if self.system == "llama.cpp" else " + prompt lookup"
         return s
 
     def to_dict(self) -> dict:

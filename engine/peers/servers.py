@@ -79,6 +79,8 @@ PROMPT_CACHE = {OURS: "none (the engine has no prefix cache)", "llama-server": "
                 "vllm": "off (--no-enable-prefix-caching)", "url": "unknown (a server the lab did not start)"}
 
 DEFAULT_PRECISION = {OURS: "int4", "llama-server": "Q4_K_M", "vllm": "bf16"}
+LLAMA_DRAFTS = ("model", "ngram")  # llama-server's speculative decoding: -md <GGUF>, or --spec-type ngram-simple
+LLAMA_NGRAM_N = 3  # its lookup n-gram, as our ngram drafter's longest match
 
 
 @dataclass
@@ -110,6 +112,8 @@ class ServerSpec:
         setup.setdefault("model", "default-draft")  # None stays: a URL's model is what the server says
         if setup.get("precision") is None:
             setup["precision"] = DEFAULT_PRECISION.get(system, "fp32")
+        if system == "llama-server" and setup.get("draft") == "model":
+            setup.setdefault("draft_precision", "Q4_K_M")  # the draft's catalog GGUF, as shipped
         return cls(system, EngineSetup(**setup), **flat)
 
     def validate(self) -> "ServerSpec":
@@ -120,8 +124,11 @@ class ServerSpec:
         if self.system == "llama-server" and self.setup.precision != "Q4_K_M":
             raise UserError(f"llama-server runs the catalog GGUF as shipped, not '{self.setup.precision}'",
                             "use precision Q4_K_M")
-        if self.system != OURS and self.setup.speculative:
-            raise UserError(f"the lab starts {self.system} without a draft", "use draft='none' for peers")
+        if self.system == "llama-server" and self.setup.draft != "none":
+            self._validate_llama_draft()
+        elif self.system != OURS and self.setup.speculative:
+            raise UserError(f"the lab starts {self.system} without a draft",
+                            "use draft='none' (llama-server drafts with a model or n-gram lookup)")
         if self.system == OURS:
             self.setup = self.setup.validate()
             if self.setup.adaptive_gamma:
@@ -139,6 +146,23 @@ class ServerSpec:
 
         return canonical_name(self.setup.model)
 
+    def _validate_llama_draft(self) -> None:
+        """llama-server's own speculative decoding: a draft model's catalog GGUF (-md) or n-gram lookup."""
+        from engine.infer import catalog
+
+        st = self.setup
+        if st.draft not in LLAMA_DRAFTS:
+            raise UserError(f"llama-server has no '{st.draft}' draft", f"use one of: {', '.join(LLAMA_DRAFTS)}")
+        if isinstance(st.gamma, bool) or not isinstance(st.gamma, int) or not 1 <= st.gamma <= 16:
+            raise UserError(f"gamma {st.gamma!r} is out of range", "use 1 to 16 draft tokens per round")
+        if st.draft == "model":
+            if st.draft_precision != "Q4_K_M":
+                raise UserError(f"llama-server drafts with the catalog GGUF as shipped, not '{st.draft_precision}'",
+                                "use draft_precision Q4_K_M")
+            if catalog.canonical_name(st.draft_model) not in catalog.CATALOG:
+                raise UserError(f"llama-server needs a GGUF for the draft '{st.draft_model}'",
+                                "use a catalog model (default-draft) as the draft")
+
     @property
     def label(self) -> str:
         """Ours: the system and the setup's precision and draft (EngineSetup's label without the model), and
@@ -149,7 +173,10 @@ class ServerSpec:
             return f"{OURS} {self.setup.precision_label}{self.setup.draft_label} ({self.slots} seqs)"
         if self.system == "llama-server":
             threads = f", -t {self.threads}" if self.threads else ""
-            return f"llama-server {self.setup.precision} ({self.slots} slots{threads})"
+            st = self.setup
+            draft = {"model": f" + {st.draft_model}@Q4_K_M draft, g={st.gamma}",
+                     "ngram": f" + n-gram lookup (ngram-simple, n={LLAMA_NGRAM_N}), g={st.gamma}"}.get(st.draft, "")
+            return f"llama-server {st.precision}{draft} ({self.slots} slots{threads})"
         return f"vLLM CPU {self.setup.precision} ({self.slots} seqs)"
 
     def command(self, port: int) -> list[str]:
@@ -175,6 +202,12 @@ class ServerSpec:
             cmd = [str(llama_server_binary()), "-m", str(catalog.gguf_path(self.setup.model)), "--host", HOST,
                    "--port", str(port), "-np", n, "-c", str(self.slots * self.max_model_len), "-cb", "--metrics",
                    "--no-webui", "--alias", self.served_name] + list(PROMPT_CACHE_OFF["llama-server"])
+            if self.setup.draft == "model":  # llama.cpp's own speculative decoding with a draft model
+                cmd += ["-md", str(catalog.gguf_path(self.setup.draft_model)), "--spec-type", "draft-simple",
+                        "--spec-draft-n-max", str(self.setup.gamma)]
+            elif self.setup.draft == "ngram":  # its own n-gram lookup (our ngram drafter matches up to 3 tokens)
+                cmd += ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", str(LLAMA_NGRAM_N),
+                        "--spec-ngram-simple-size-m", str(self.setup.gamma)]
             if self.threads:
                 cmd += ["-t", str(self.threads)]
         elif self.system == "vllm":
