@@ -106,11 +106,12 @@ class Prepared:
     salt: str = field(default_factory=lambda: uuid.uuid4().hex[:6])
     points: int = 0
 
-    def next_point(self) -> tuple[str, list[Request], list[Request]]:
-        """(tag, the warm-up's requests, the point's requests), neither sent before by this test."""
+    def next_point(self, warmup: int) -> tuple[str, list[Request], list[Request]]:
+        """(tag, the `warmup` warm-up requests, the point's requests), neither sent before by this test."""
         tag = f"{self.salt}.{self.points}"
         self.points += 1
-        return tag, fresh(self.requests, f"{tag}w", self.tokenizer), fresh(self.requests, tag, self.tokenizer)
+        return (tag, fresh(self.requests[:warmup], f"{tag}w", self.tokenizer),
+                fresh(self.requests, tag, self.tokenizer))
 
 
 def prepare(cfg: LoadConfig, progress=None) -> Prepared:
@@ -137,9 +138,9 @@ def run_point(cfg: LoadConfig, profile: Profile, prepared: Prepared, store=None,
 
     say = progress or (lambda s: None)
     ep, facts, tok, sampling = prepared.endpoint, prepared.facts, prepared.tokenizer, prepared.sampling
-    tag, warm, reqs = prepared.next_point()
+    limits = cfg.limits(len(prepared.requests))
+    tag, warm, reqs = prepared.next_point(limits.warmup)
     slo = cfg.parsed_slo()
-    limits = cfg.limits(len(reqs))
     say(f"{profile.label}: {len(reqs)} requests to {ep.base}")
     client.warm_up(ep, warm, limits, sampling)
     before = client.fetch_metrics(ep) if facts.get("metrics_endpoint") else None
