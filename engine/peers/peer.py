@@ -188,9 +188,10 @@ def measure(cfg: PeerConfig, store=None, progress=None, env: dict[str, str] | No
     result, status = None, "unavailable"
     if reason is None:
         say(f"measuring {cfg.label} ({cfg.reps} reps of {cfg.max_new_tokens} tokens, in a fresh process)")
-        result, reason, status = _spawn(cfg, env or {})
+        child_env = _child_env(cfg, env or {})
+        result, reason, status = _spawn(cfg, child_env)
         if reason is None and cfg.system == OURS:
-            reason = _settings_mismatch(_child_env(cfg, env or {}), (result or {}).get("kernels", {}).get("settings"))
+            reason = _settings_mismatch(child_env, (result or {}).get("kernels", {}).get("settings"))
             if reason:
                 result, status = None, "failed"
     config = _record_config(cfg, result)
@@ -247,10 +248,9 @@ def _settings_mismatch(env: dict[str, str], ran: dict | None) -> str | None:
     return None
 
 
-def _spawn(cfg: PeerConfig, changes: dict[str, str]) -> tuple[dict | None, str | None, str]:
-    """(result, None, "ok"), or (None, reason, "unavailable" | "failed")."""
+def _spawn(cfg: PeerConfig, env: dict[str, str]) -> tuple[dict | None, str | None, str]:
+    """(result, None, "ok"), or (None, reason, "unavailable" | "failed"); `env` is the child's (_child_env)."""
     root = str(REPO_ROOT)
-    env = _child_env(cfg, changes)
     try:
         p = subprocess.run([sys.executable, "-m", "engine.peers.workers"], input=json.dumps(cfg.to_dict()), text=True,
                            capture_output=True, timeout=cfg.timeout_s, env=env, cwd=root)

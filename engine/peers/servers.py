@@ -27,6 +27,7 @@ from pathlib import Path
 from engine.common.errors import UserError, read_object
 from engine.common.paths import REPO_ROOT, cache_dir
 from engine.common.setup import EngineSetup
+from engine.common.vocab import MAX_GAMMA
 
 OURS = "serving-cost-lab"
 SYSTEMS = (OURS, "llama-server", "vllm", "url")
@@ -153,8 +154,8 @@ class ServerSpec:
         st = self.setup
         if st.draft not in LLAMA_DRAFTS:
             raise UserError(f"llama-server has no '{st.draft}' draft", f"use one of: {', '.join(LLAMA_DRAFTS)}")
-        if isinstance(st.gamma, bool) or not isinstance(st.gamma, int) or not 1 <= st.gamma <= 16:
-            raise UserError(f"gamma {st.gamma!r} is out of range", "use 1 to 16 draft tokens per round")
+        if isinstance(st.gamma, bool) or not isinstance(st.gamma, int) or not 1 <= st.gamma <= MAX_GAMMA:
+            raise UserError(f"gamma {st.gamma!r} is out of range", f"use 1 to {MAX_GAMMA} draft tokens per round")
         if st.draft == "model":
             if st.draft_precision != "Q4_K_M":
                 raise UserError(f"llama-server drafts with the catalog GGUF as shipped, not '{st.draft_precision}'",
