@@ -227,3 +227,47 @@ def test_out_of_range_is_a_400_naming_the_field(server, path, body, param):
 def test_best_of_equal_to_n_is_accepted(server):
     r = _post(server, "/v1/completions", prompt=PROMPT, max_tokens=2, n=2, best_of=2)
     assert len(r["choices"]) == 2 and not math.isnan(r["usage"]["completion_tokens"])
+
+
+PLANETS = "🪐" * 6  # one character, three byte-level tokens each (two of them partial UTF-8)
+OMEGAS = "ꙮ" * 3  # two tokens each; the 0.5B copies it in chat (it answers 🪐 with 🎉, a single token)
+
+
+def _events(server, path: str, **body):
+    with httpx.stream("POST", server.url + path, timeout=600, json={
+            "model": server.model, "temperature": 0, "stream": True, **body}) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                yield json.loads(line[6:])
+
+
+def test_streamed_logprobs_across_a_multi_byte_character(server):
+    ask = dict(prompt=PLANETS, max_tokens=9, logprobs=2, ignore_eos=True)
+    text, entries, names = "", [], []
+    for ev in _events(server, "/v1/completions", **ask):
+        for c in ev["choices"]:
+            assert "\ufffd" not in c["text"]  # a chunk never carries half a character
+            text += c["text"]
+            if c["logprobs"]:
+                assert all(o <= len(text) for o in c["logprobs"]["text_offset"])
+                entries += c["logprobs"]["token_logprobs"]
+                names += c["logprobs"]["tokens"]
+    full = _post(server, "/v1/completions", **ask)["choices"][0]
+    assert "🪐" in text and text == full["text"]
+    assert entries == full["logprobs"]["token_logprobs"] and names == full["logprobs"]["tokens"]
+    assert any("\ufffd" in n for n in names)  # the test did split a character across tokens
+
+    chat = dict(messages=[{"role": "user", "content": f"Copy this line: {OMEGAS}"}], max_tokens=12,
+                logprobs=True, top_logprobs=2)
+    content, raw = "", b""
+    special = set(server.loop.tokenizer.all_special_tokens)  # the end token has an entry (as vLLM's), not text
+    for ev in _events(server, "/v1/chat/completions", **chat):
+        for c in ev["choices"]:
+            content += c["delta"].get("content") or ""
+            for t in (c.get("logprobs") or {}).get("content") or []:
+                raw += b"" if t["token"] in special else bytes(t["bytes"])
+                assert len(raw.decode("utf-8", errors="ignore")) <= len(content)  # no entry ahead of its text
+    whole = _post(server, "/v1/chat/completions", **chat)["choices"][0]
+    assert content == whole["message"]["content"] and raw.decode("utf-8") == content and "ꙮ" in content
+    assert any("\ufffd" in t["token"] for t in whole["logprobs"]["content"])  # a character was split
