@@ -161,3 +161,48 @@ def test_static_generate_batch_matches_each_prompt_alone(small_int4):
     alone = [generate(small_int4, None, N_NEW, prompt_ids=[x], stop_at_eos=False).new_tokens[0] for x in ids]
     assert res.new_tokens == alone
     assert res.settings["policy"] == "prefill-first" and len(res.step_s) == N_NEW - 1
+
+
+@pytest.mark.parametrize("kind", ["none", "model"])
+def test_choices_of_one_request_prefill_its_prompt_once(kind, small_int4):
+    """n choices (choice i > 0 with prefix_from = choice 0): every whole chunk but the prompt's last is
+    copied from choice 0, K/V and the draft's cache, and each choice still gives the tokens it gives alone
+    with its own seed; a choice whose leader was cancelled prefills by itself."""
+    lm = small_int4
+    spec, gamma = (proposer_spec("model", small_int4, lm), 3) if kind == "model" else (None, 0)
+    ids = _ids(lm, [PROMPTS[2] * 4])[0]  # ~100 tokens: several chunks of 16
+    shared = (len(ids) - 1) // SETTINGS.prefill_chunk * SETTINGS.prefill_chunk
+    assert shared >= 4 * SETTINGS.prefill_chunk
+    seeds = [SamplingParams(temperature=0.9, seed=5 + i) for i in range(3)]
+
+    def alone(sp, n):
+        sched, got = Scheduler(lm, SETTINGS, spec, gamma), []
+        r = Request(list(ids), n, sp, stop_at_eos=False, on_token=lambda q, *a: got.append(q) if not got else None)
+        _run(sched, [r])
+        return got[0].out
+
+    sched = Scheduler(lm, SETTINGS, spec, gamma)
+    reqs, seqs, rows = [], {}, []
+    for i, sp in enumerate(seeds):
+        reqs.append(Request(list(ids), 8, sp, stop_at_eos=False, prefix_from=reqs[0] if reqs else None,
+                            on_token=lambda q, *a, i=i: seqs.setdefault(i, q)))
+    for r in reqs:
+        sched.submit(r)
+    while sched.has_work():
+        st, _ = sched.step()
+        rows.append(st.prefill_rows if st else 0)
+    assert [seqs[i].out for i in range(3)] == [alone(sp, 8) for sp in seeds]
+    assert sched.shared_prompt_tokens == 2 * shared
+    assert sum(rows) == len(ids) + 2 * (len(ids) - shared)
+
+    sched, out = Scheduler(lm, SETTINGS, spec, gamma), []  # the leader cancelled while the other waits for it
+    reqs = [Request(list(ids), 4, seeds[0], stop_at_eos=False)]
+    reqs.append(Request(list(ids), 4, seeds[1], stop_at_eos=False, prefix_from=reqs[0],
+                        on_token=lambda q, *a: out.append(q) if not out else None))
+    for r in reqs:
+        sched.submit(r)
+    sched.step()
+    sched.cancel(reqs[0])
+    while sched.has_work():
+        sched.step()
+    assert sched.shared_prompt_tokens == 0 and out[0].out == alone(seeds[1], 4)

@@ -271,3 +271,15 @@ def test_streamed_logprobs_across_a_multi_byte_character(server):
     whole = _post(server, "/v1/chat/completions", **chat)["choices"][0]
     assert content == whole["message"]["content"] and raw.decode("utf-8") == content and "ꙮ" in content
     assert any("\ufffd" in t["token"] for t in whole["logprobs"]["content"])  # a character was split
+
+
+def test_n_choices_share_the_prompt_and_its_logprobs(server):
+    """Choice 1 copies choice 0's prompt K/V (all chunks of 16 but the last) and its prompt logprobs."""
+    before = server.loop.scheduler.shared_prompt_tokens
+    r = _post(server, "/v1/completions", prompt=CODE, max_tokens=3, echo=True, logprobs=1, n=2)
+    a, b = (c["logprobs"] for c in r["choices"])
+    n = len(_ids(server, CODE))
+    assert a["token_logprobs"][:n] == b["token_logprobs"][:n] and a["text_offset"] == b["text_offset"]
+    assert server.loop.scheduler.shared_prompt_tokens - before == (n - 1) // 16 * 16 > 0
+    one = _post(server, "/v1/completions", prompt=CODE, max_tokens=3, echo=True, logprobs=1)["choices"][0]
+    assert one["logprobs"]["token_logprobs"] == a["token_logprobs"] == b["token_logprobs"]  # greedy

@@ -44,6 +44,9 @@ class Request:
     prompt_logprobs: int | None = None  # the same for every prompt token (the first has None); then
     # max_new_tokens may be 0: the sequence ends after its prefill (lm-evaluation-harness's loglikelihood)
     request_id: str = ""
+    # Choice i > 0 of an n-choice request: copies choice 0's prompt K/V instead of prefilling it again
+    # (all but the prompt's last chunk, which it prefills itself at the same boundaries: the same numbers).
+    prefix_from: "Request | None" = None
     uid: int = field(default_factory=lambda: next(_UIDS))  # unique in the process (id() is reused)
 
 
@@ -155,6 +158,15 @@ class Batch:
 
     def kv_bytes(self) -> int:
         return self.cache.nbytes() + (self.proposer.kv_bytes() if self.proposer else 0)
+
+    def share_prefix(self, src: Sequence, dst: Sequence, n: int) -> None:
+        """dst starts with src's first n prompt positions, K/V (the draft's too) and prompt logprobs."""
+        self.cache.copy_prefix(src.slot, dst.slot, n)
+        if self.proposer is not None:
+            self.proposer.copy_prefix(src.slot, dst.slot, n)
+        if dst.req.prompt_logprobs is not None:  # entry j is prompt token j's (None for the first)
+            dst.prompt_logprobs = list(src.prompt_logprobs[:n + 1])
+        dst.prefilled = n
 
     # ------------------------------------------------------------ one step
 

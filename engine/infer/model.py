@@ -129,6 +129,11 @@ class KVCache(nn.Module):
     def nbytes(self) -> int:
         return self.k.numel() * self.k.element_size() * 2
 
+    def copy_prefix(self, src: int, dst: int, n: int) -> None:
+        """Slot dst's positions [0, n) become slot src's."""
+        self.k[:, dst, :, :n] = self.k[:, src, :, :n]
+        self.v[:, dst, :, :n] = self.v[:, src, :, :n]
+
     def clone(self) -> "KVCache":
         """An independent copy (the same slots, capacity and contents)."""
         c = KVCache.__new__(KVCache)

@@ -53,6 +53,9 @@ class NgramProposer:
     def free(self, slot: int) -> None:
         pass
 
+    def copy_prefix(self, src: int, dst: int, n: int) -> None:
+        pass  # it reads the sequence's own tokens
+
     def kv_bytes(self) -> int:
         return 0
 
@@ -113,6 +116,10 @@ class ModelProposer:
 
     def free(self, slot: int) -> None:
         self.fed[slot] = 0
+
+    def copy_prefix(self, src: int, dst: int, n: int) -> None:
+        self.cache.copy_prefix(src, dst, n)
+        self.fed[dst] = n
 
     def kv_bytes(self) -> int:
         return self.cache.nbytes()

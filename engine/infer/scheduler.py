@@ -94,6 +94,7 @@ class Scheduler:
         self._cancel: set[int] = set()  # Request.uid of cancelled running requests
         self._seq_of: dict[int, Sequence] = {}  # Request.uid -> its running sequence
         self.step_s_ewma = 0.05  # recent step time, for Retry-After
+        self.shared_prompt_tokens = 0  # prompt positions copied from another choice, not prefilled
 
     # ------------------------------------------------------------ requests in
 
@@ -180,6 +181,7 @@ class Scheduler:
             decode = []
         budget = st.max_batched_tokens - sum(1 + max(0, min(s.gamma, s.room - 1)) for s in decode)
         chunks = []
+        prefilling = [s for s in prefilling if self._share_prefix(s)]
         for s in prefilling:  # oldest first; a chunk that does not fit waits, and so do the younger ones
             pos, fits = s.prefilled, True
             while pos < s.n_prompt:
@@ -195,6 +197,27 @@ class Scheduler:
             if not fits:
                 break
         return decode, chunks
+
+    def _share_prefix(self, s: Sequence) -> bool:
+        """False while s waits for the choice whose prompt K/V it will copy. It copies every whole chunk
+        before the prompt's last one (fixed boundaries: the last chunk it prefills itself is the same
+        forward its leader ran). A leader cancelled or failed first, or a prompt of one chunk: s prefills
+        alone."""
+        lead_req = s.req.prefix_from
+        if lead_req is None or s.prefilled:
+            return True
+        n = (s.n_prompt - 1) // self.settings.prefill_chunk * self.settings.prefill_chunk
+        lead = self._seq_of.get(lead_req.uid)
+        if n == 0 or lead is None or lead.finish in ("cancelled", "error"):
+            s.req.prefix_from = None
+            return True
+        if lead.prefilled < n:
+            return False
+        self.batch.share_prefix(lead, s, n)
+        s.req.prefix_from = None
+        with self.lock:
+            self.shared_prompt_tokens += n
+        return True
 
     def step(self) -> tuple[StepStats | None, list[Sequence]]:
         """Admit, run one step, retire; returns the step's stats (None if nothing ran) and the finished."""

@@ -82,7 +82,8 @@ def create_app(engine: EngineLoop, served_name: str, facts: dict | None = None, 
                 req = EngineRequest(p.prompt_ids, p.max_tokens, sp if not i or p.seed is None else
                                     dataclasses.replace(sp, seed=p.seed + i), stop_at_eos=not p.ignore_eos,
                                     min_tokens=p.min_tokens, stop=p.stop, stop_token_ids=p.stop_token_ids,
-                                    logprobs=p.logprobs, prompt_logprobs=p.prompt_logprobs)
+                                    logprobs=p.logprobs, prompt_logprobs=p.prompt_logprobs,
+                                    prefix_from=handles[0].req if handles else None)
                 handles.append(engine.submit(req, label=rid if p.n == 1 else f"{rid}-{i}"))
         except (QueueFull, UserError, EngineDead) as e:
             for h in handles:
