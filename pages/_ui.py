@@ -155,13 +155,32 @@ def category_table(records, key: str) -> None:
                    "(accepted / drafted) and per request (the mean of each prompt's), ± over prompts.")
 
 
+PEER_METHOD = ("Peer rows are measured another way than the lab's runs: each system (ours included, as "
+               "serving-cost-lab) gets one prompt, greedy with EOS ignored, in a fresh process, one warm-up and the "
+               "repetitions shown, timed by wall-clock token arrivals in Python (engine/peers/peer.py). The lab's runs "
+               "time the workload's prompts by the engine's own step sums. Compare peers with each other; set "
+               "against the runs above they are a different method.")
+
+
 def comparison_view(records, key: str, price_where: str | None = None, usd: float | None = None) -> list[dict]:
-    """Sortable table, the metric charts side by side, and the cost-vs-quality Pareto view."""
+    """Sortable table, the metric charts side by side, and the cost-vs-quality Pareto view; peer records
+    (another timing method) get their own table below the lab's runs, never rows among them."""
     if not records:
         st.info("No runs to show yet.")
         return []
     if usd is None:
         usd = price_input(price_where or key)
+    runs = [r for r in records if r.kind != "peer"]
+    peer_recs = [r for r in records if r.kind == "peer"]
+    rows = _group_view(runs, key, usd) if runs else []
+    if peer_recs:
+        st.markdown("**Peer systems** (a separate table: another method)")
+        st.caption(PEER_METHOD)
+        rows += _group_view(peer_recs, f"{key}-peers", usd)
+    return rows
+
+
+def _group_view(records, key: str, usd: float | None) -> list[dict]:
     rows = present.comparison_rows(records, usd)
     hl = present.highlights(rows)
     if hl:

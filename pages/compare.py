@@ -61,8 +61,9 @@ with tab_sweep:
                               help="Adds a 256-token evaluation per run; needed for the cost-vs-quality frontier.")
 
     with st.expander("Peer systems as rows (transformers, bitsandbytes, llama.cpp)"):
-        st.caption("Each peer runs on the same prompt and number of new tokens, greedy, in a fresh process, after a "
-                   "warm-up. Only installed peers are offered; `make peers` builds llama-cpp-python.")
+        st.caption("Each peer runs one prompt for the number of new tokens, greedy, in a fresh process, after a "
+                   "warm-up, timed by wall-clock token arrivals: another method than the sweep's runs, so peers get "
+                   "their own table below. Only installed peers are offered; `make peers` builds llama-cpp-python.")
         peer_ok, peer_missing = [], {}
         try:
             peer_ok, peer_missing = peers.dashboard_peer_configs(model, draft_model, int(max_new))

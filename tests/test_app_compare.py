@@ -158,7 +158,8 @@ def test_pick_stored_runs():
 
 
 def test_peer_rows_join_the_comparison(monkeypatch):
-    """A real peer (transformers fp32 on the 0.5B) measured from the page lands in the table beside our run."""
+    """A real peer (transformers fp32 on the 0.5B) measured from the page lands in the peers' own table, whose
+    caption says how peers are measured (another method than the lab's runs)."""
     from pages import _ui
 
     monkeypatch.delenv("SCL_CACHE_DIR")  # the real converted 0.5B, not the scratch cache of the tiny models
@@ -172,6 +173,7 @@ def test_peer_rows_join_the_comparison(monkeypatch):
     run_grid(at, 1)
     t = frame(at, "config", "system", "tok_s")
     assert list(t["system"]) == ["transformers"] and t["tok_s"].iloc[0] > 0
+    assert any(c.value == _ui.PEER_METHOD for c in at.caption)
     stored = _ui.get_store().list_runs()
     assert [r.kind for r in stored] == ["peer"] and stored[0].metrics["new_tokens"] == 4
 

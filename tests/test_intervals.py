@@ -54,6 +54,29 @@ def test_repetition_interval_measures_drift_between_passes():
     assert iv["decode_tok_s"]["lo"] < 6 and iv["decode_tok_s"]["hi"] > 10  # one slow pass widens it
 
 
+def test_fewer_than_five_repetitions_give_a_range_labelled_as_one():
+    """Below stats.MIN_INTERVAL_REPS the ± is the lowest and highest repetition's own median, kind "range",
+    and the tables' 'speed ±' column says so; from 5 on it is a bootstrap interval."""
+    from engine.present.columns import BY_NAME
+
+    class Rec:
+        def __init__(self, ivs):
+            self.metrics = {"intervals": ivs}
+
+    few = [smp(r, p, 10.0 + r + 0.01 * p) for r in range(3) for p in range(4)]
+    _, iv = speed(few)
+    t = iv["decode_tok_s"]
+    assert t["kind"] == "range" and t["n"] == 3
+    assert t["lo"] == pytest.approx(10.015) and t["hi"] == pytest.approx(12.015)  # the passes' own medians
+    assert BY_NAME["spread"].value(Rec(iv)) == "range of 3 reps"
+    many = [smp(r, p, 10.0 + r + 0.01 * p) for r in range(stats.MIN_INTERVAL_REPS) for p in range(4)]
+    _, iv = speed(many)
+    assert iv["decode_tok_s"]["kind"] == "interval"
+    assert BY_NAME["spread"].value(Rec(iv)) == f"95% interval, {stats.MIN_INTERVAL_REPS} reps"
+    old = {"decode_tok_s": {"lo": 9.0, "hi": 11.0, "over": "repetitions", "n": 3}}  # stored before ranges
+    assert BY_NAME["spread"].value(Rec(old)) == "bootstrap of 3 reps (about their range)"
+
+
 def test_paired_speedup_cancels_drift_that_hits_both():
     # repetition 1 ran on a busy machine: both the speculative and the plain runs are half as fast
     spec = [smp(r, p, 20.0 * (0.5 if r == 1 else 1.0)) for r in range(3) for p in range(3)]

@@ -168,8 +168,11 @@ SAMPLE: tuple[Field, ...] = (
 
 # metrics.intervals.<metric path>: a 95% interval (engine/measure/stats.py)
 INTERVAL: tuple[Field, ...] = (
-    _f("lo", "", "2.5th percentile of the bootstrap distribution of the statistic"),
-    _f("hi", "", "97.5th percentile of the same"),
+    _f("lo", "", "2.5th percentile of the bootstrap distribution of the statistic (kind 'range': the lowest "
+       "repetition's own statistic)"),
+    _f("hi", "", "97.5th percentile of the same (kind 'range': the highest repetition's)"),
+    _f("kind", "", "'interval' (a 95% bootstrap interval) or 'range' (fewer than stats.MIN_INTERVAL_REPS "
+       "repetitions: too few draws for a 95% interval, so the range of the repetitions' own statistics)", "text"),
     _f("over", "", "what the bootstrap draws: 'repetitions' (whole passes over every prompt, for speed: the "
        "interval measures machine noise) or 'prompts' (within each category, for acceptance: the interval "
        "measures how acceptance depends on the prompts)", "text"),

@@ -16,8 +16,9 @@ The intervals the lab reports (docs/BENCHMARKS.md, "How the numbers are made"):
   a mix keeps its composition) and recompute the statistic. It measures how much acceptance depends
   on which prompts were picked.
 
-With R repetitions there are few distinct draws (R = 3: 10), so a repetition interval is close to
-the range of the repetitions' own medians; it needs R >= 2 and a prompt interval needs 2 prompts.
+With R repetitions there are few distinct draws (R = 3: 10), so below MIN_INTERVAL_REPS repetitions
+the lab does not call it a 95% interval: it reports the range of the repetitions' own statistics, of
+kind "range" (repetition_spread). A range needs R >= 2 and a prompt interval needs 2 prompts.
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ import math
 import random
 from typing import Callable, Sequence
 
+MIN_INTERVAL_REPS = 5  # fewer repetitions: a range, not a 95% interval (issue 23.5)
 BOOT = 2000  # bootstrap draws: the interval ends move by well under 1% of the median between seeds
 LEVEL = 0.95
 SEED = 0  # fixed: the same samples always give the same interval
@@ -83,6 +85,16 @@ def bootstrap(groups: Sequence, stat: Callable[[list], float | None], strata: Se
         return None
     tail = (1 - level) / 2 * 100
     return percentile(vals, tail), percentile(vals, 100 - tail)
+
+
+def repetition_spread(reps: Sequence, stat: Callable[[list], float | None]) -> tuple[str, tuple[float, float] | None]:
+    """(kind, (lo, hi)) of stat over repetitions: "interval", a bootstrap 95% interval, from
+    MIN_INTERVAL_REPS repetitions on; below that "range", the lowest and highest repetition's own stat."""
+    reps = list(reps)
+    if len(reps) >= MIN_INTERVAL_REPS:
+        return "interval", bootstrap(reps, stat)
+    own = finite(stat([r]) for r in reps)
+    return "range", (min(own), max(own)) if len(own) >= 2 else None
 
 
 def half_width(value: float | None, lo: float | None, hi: float | None) -> float | None:

@@ -14,7 +14,7 @@ from engine.common.fields import BASELINE_AT, CAT, IV, M, PER_GENERATION, S, SMP
 from engine.measure.machine import library_versions, machine_facts
 from engine.measure.memory import PeakMemory
 from engine.measure.records import RunRecord
-from engine.measure.stats import bootstrap, finite, mean, median, percentile
+from engine.measure.stats import bootstrap, finite, mean, median, percentile, repetition_spread
 
 
 def kv_bytes_per_slot(lm) -> float:
@@ -97,8 +97,13 @@ def sample(res, m: dict, category: str, prompt_id: str, rep: int) -> dict:
 SPEED = ((M.decode_tok_s, SMP.decode_tok_s), (M.ttft_s, SMP.ttft_s), (M.token_latency_ms_median, SMP.token_latency_ms))
 
 
-def _interval(ci, over: str, n: int) -> dict | None:
-    return None if ci is None else {IV.lo: ci[0], IV.hi: ci[1], IV.over: over, IV.n: n}
+def _interval(ci, over: str, n: int, kind: str = "interval") -> dict | None:
+    return None if ci is None else {IV.lo: ci[0], IV.hi: ci[1], IV.over: over, IV.n: n, IV.kind: kind}
+
+
+def _over_reps(groups: list, stat) -> dict | None:
+    kind, ci = repetition_spread(groups, stat)
+    return _interval(ci, "repetitions", len(groups), kind)
 
 
 def _reps(samples: list[dict]) -> list[list[dict]]:
@@ -119,7 +124,7 @@ def speed(samples: list[dict], base: list[dict] | None = None) -> tuple[dict, di
     reps = _reps(samples)
     for path, key in SPEED:
         vals[path] = median([s.get(key) for s in samples])
-        ivs[path] = _interval(bootstrap(reps, _pooled_median(key)), "repetitions", len(reps))
+        ivs[path] = _over_reps(reps, _pooled_median(key))
     if base:
         b_reps = {r[0][SMP.rep]: r for r in _reps(base)}
         pairs = [(r, b_reps[r[0][SMP.rep]]) for r in reps if r[0][SMP.rep] in b_reps]
@@ -135,9 +140,8 @@ def speed(samples: list[dict], base: list[dict] | None = None) -> tuple[dict, di
             b = median([s.get(SMP.decode_tok_s) for p in draw for s in p[1]])
             return a / b if a and b else None
 
-        ivs[BASELINE_AT.decode_tok_s] = _interval(bootstrap([p[1] for p in pairs], _pooled_median(SMP.decode_tok_s)),
-                                                 "repetitions", len(pairs))
-        ivs[SPEC_AT.speedup] = _interval(bootstrap(pairs, ratio), "repetitions", len(pairs))
+        ivs[BASELINE_AT.decode_tok_s] = _over_reps([p[1] for p in pairs], _pooled_median(SMP.decode_tok_s))
+        ivs[SPEC_AT.speedup] = _over_reps(pairs, ratio)
     return vals, ivs
 
 

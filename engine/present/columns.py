@@ -18,6 +18,7 @@ from typing import Any, Callable
 from engine.common.formulas import usd_per_million_tokens
 from engine.common import fields as F
 from engine.common.fields import CAT, IV, M, N, QUALITY_AT, SPEC_AT, W
+from engine.measure.stats import MIN_INTERVAL_REPS
 
 MB = 1e6
 
@@ -70,6 +71,19 @@ def _metric(path: str, scale: float = 1.0) -> Callable:
         v = num(F.get(rec.metrics or {}, path))
         return None if v is None else v * scale
     return get
+
+
+def _speed_spread(rec) -> str | None:
+    ivs = (rec.metrics or {}).get(M.intervals)
+    iv = ivs.get(M.decode_tok_s) if isinstance(ivs, dict) else None
+    if not isinstance(iv, dict) or num(iv.get(IV.n)) is None:
+        return None
+    n = int(iv[IV.n])
+    if iv.get(IV.kind) == "range":
+        return f"range of {n} reps"
+    if iv.get(IV.kind) is None and n < MIN_INTERVAL_REPS:  # stored before ranges: a bootstrap of few draws
+        return f"bootstrap of {n} reps (about their range)"
+    return f"95% interval, {n} reps"
 
 
 def _interval(path: str, scale: float = 1.0) -> Callable:
@@ -285,6 +299,9 @@ COLUMNS: tuple[Column, ...] = (
            "per-token latency interval reaches beyond ±10% of the median, the bandwidth probe dropped more than "
            "15% between the run's start and end, or a task waited for a CPU during more than 25% of the run",
            _text(noise_label), text=True),
+    Column("spread", "speed ±", "", "what a speed figure's ± is: a 95% bootstrap interval over repetitions (5 or "
+           "more), or the range of the repetitions' own medians (fewer than 5; engine/measure/stats.py)",
+           _text(_speed_spread), text=True, views=frozenset({"cli", "page", "report"})),
     Column("noisy", "noisy", "", "the noise guard's flag (true, false, or empty: not checked)",
            _text(lambda r: (_noise(r) or {}).get(N.noisy)), text=True, views=frozenset()),
     metric_column("bw_eff", M.bw_efficiency, "bandwidth efficiency", views=frozenset({"cli", "page"})),
@@ -332,7 +349,8 @@ def for_view(view: str) -> list[Column]:
 
 
 PM_DEFINITION = ("± the larger distance from the median to an end of its 95% interval (speed: over repetitions; "
-                 "acceptance: over prompts)")
+                 "acceptance: over prompts); with fewer than 5 repetitions a speed figure's ± reaches the lowest and "
+                 "highest repetition instead, a range, not a 95% interval (the 'speed ±' column says which)")
 
 
 @dataclass(frozen=True)
