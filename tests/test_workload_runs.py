@@ -38,6 +38,10 @@ def test_a_workload_run_keeps_every_sample_and_its_verdict(pool, small_int4, sto
     assert m["spec"]["acceptance_rate_request_mean"] is not None
     assert isinstance(m["noise"]["noisy"], bool) and isinstance(m["noise"]["reasons"], list)
     assert m["noise"]["probe_before_gbs"] > 0 and m["noise"]["probe_after_gbs"] > 0
+    # the floor divides by this process's own probes around the run, not a cached one from another process
+    assert m["bw_probe"] == "this process, before and after the run"
+    assert m["mem_bw_gbs"] == max(m["noise"]["probe_before_gbs"], m["noise"]["probe_after_gbs"])
+    assert m["intervals"]["decode_tok_s"]["kind"] == "range"  # 2 repetitions: a range, not a 95% interval
     assert rec.output["prompt_id"] == ids[0] and rec.config["workload"] == "code:2,chat:1"
 
 

@@ -72,7 +72,11 @@ METRICS: tuple[Field, ...] = (
     _f("run_rss_delta_bytes", "bytes", "that peak minus the resident memory when the run started", "count"),
     _f("peak_gpu_allocated_bytes", "bytes", "CUDA: torch.cuda.max_memory_allocated during the run", "count"),
     _f("load_peak_rss_bytes", "bytes", "peers: the worker process's peak resident memory, load included", "count"),
-    _f("mem_bw_gbs", "GB/s", "measured memory read bandwidth of this machine (best of the probe)"),
+    _f("mem_bw_gbs", "GB/s", "the read bandwidth the floor divides by: the higher of the run's own probes, taken "
+       "in the measuring process right before and right after the measured repetitions (bw_probe says where it "
+       "came from)"),
+    _f("bw_probe", "", "where mem_bw_gbs came from: 'this process, before and after the run' or, when the run "
+       "could not probe, 'cached machine probe (another process)'", "text"),
     _f("bytes_per_token", "bytes", "per generation: bytes read per decode step (weights but the embedding table, "
        "plus the KV cache at the mean context) divided by the tokens that step emits, all sequences together"),
     _f("bw_floor_ms", "ms", "per generation: bytes_per_token / measured read bandwidth: the fastest a token "

@@ -61,3 +61,15 @@ def bandwidth_gbs(device: str = "cpu", refresh: bool = False) -> float:
     f.parent.mkdir(parents=True, exist_ok=True)
     f.write_text(json.dumps(data, indent=1))
     return gbs
+
+
+IN_RUN = "this process, before and after the run"
+CACHED = "cached machine probe (another process)"
+
+
+def run_bandwidth(before: dict | None, after: dict | None, cached: float | None) -> tuple[float | None, str]:
+    """(GB/s, where from) for a run's floor: the higher of its own probes, taken in the measuring process
+    around the measured repetitions (a probe reads 34-83 GB/s from one process to the next here, so a
+    floor from another process can be off by 2x); the cached machine probe only when neither ran."""
+    own = [x for x in ((before or {}).get("probe_gbs"), (after or {}).get("probe_gbs")) if x]
+    return (max(own), IN_RUN) if own else (cached, CACHED)

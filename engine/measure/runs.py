@@ -13,13 +13,14 @@ from dataclasses import dataclass, field, replace
 from types import SimpleNamespace
 
 from engine.common.errors import UserError
+from engine.common.fields import M
 from engine.infer import moe
 from engine.infer.generate import generate
 from engine.infer.loader import LoadedSetup, load_setup, make_spec, resolve_device
 from engine.infer.speculative import generate_speculative
 from engine.infer.tokens import check_length, encode_prompts
 from engine.measure import noise, workloads
-from engine.measure.bandwidth import bandwidth_gbs
+from engine.measure.bandwidth import bandwidth_gbs, run_bandwidth
 from engine.measure.experts import touches_metrics
 from engine.measure.memory import PeakMemory
 from engine.measure.pool import ModelPool
@@ -132,7 +133,7 @@ def load_step(run: Run) -> None:
 
 
 def probe_step(run: Run) -> None:
-    """The machine's memory read bandwidth, the floor every decode step is compared against."""
+    """The machine's cached read bandwidth: the floor's fallback when the run's own probes cannot run."""
     run.bw = bandwidth_gbs(run.device)
 
 
@@ -153,25 +154,30 @@ def measure_step(run: Run) -> None:
     cfg, target = run.cfg, run.loaded.target
     run.say(f"generating with {target.label}" + (f" + {cfg.setup.draft} draft" if run.speculative else ""))
     run.before = noise.before(run.device)
+    done = []  # (result, its baseline twin or None, request, repetition): summarized once the run's probes are in
     with PeakMemory(run.device) as mem, moe.count_expert_touches() as touches:  # an MoE target's experts per step
         for rep in range(cfg.reps):
             for j, (req, ids) in enumerate(run.todo):
                 if len(run.todo) * cfg.reps > 1:
                     run.say(f"repetition {rep + 1}/{cfg.reps}, prompt {j + 1}/{len(run.todo)} ({req.category})")
-                if run.paired:
-                    rb = run.generate(False, req, ids, cfg.max_new_tokens)
-                    run.base.append(sample(rb, summarize(target, rb, None, run.bw), req.category, req.id, rep))
+                rb = run.generate(False, req, ids, cfg.max_new_tokens) if run.paired else None
                 first = run.output is None
                 res = run.generate(run.speculative, req, ids, cfg.max_new_tokens, run.on_token if first else None)
-                m = summarize(target, res, None, run.bw)
-                run.gens.append(m)
-                run.samples.append(sample(res, m, req.category, req.id, rep))
+                done.append((res, rb, req, rep))
                 run.settings = res.settings
                 if first:
                     run.output = {"texts": res.texts, "new_tokens": res.new_tokens, "trace": res.trace,
                                   "finish": res.finish, "prompt_id": req.id}
     run.after = noise.after(run.device)
+    run.bw, source = run_bandwidth(run.before, run.after, run.bw)  # the floor from this process's own probes
+    for res, rb, req, rep in done:
+        if rb is not None:
+            run.base.append(sample(rb, summarize(target, rb, None, run.bw), req.category, req.id, rep))
+        m = summarize(target, res, None, run.bw)
+        run.gens.append(m)
+        run.samples.append(sample(res, m, req.category, req.id, rep))
     run.metrics = aggregate(run.gens, run.samples, run.base or None)
+    run.metrics[M.bw_probe] = source
     run.metrics.update(mem.as_dict())
     run.metrics.update(touches_metrics(touches))
     todo = [r for r, _ in run.todo]

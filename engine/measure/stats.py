@@ -89,12 +89,16 @@ def bootstrap(groups: Sequence, stat: Callable[[list], float | None], strata: Se
 
 def repetition_spread(reps: Sequence, stat: Callable[[list], float | None]) -> tuple[str, tuple[float, float] | None]:
     """(kind, (lo, hi)) of stat over repetitions: "interval", a bootstrap 95% interval, from
-    MIN_INTERVAL_REPS repetitions on; below that "range", the lowest and highest repetition's own stat."""
+    MIN_INTERVAL_REPS repetitions on; below that "range": the lowest and highest of each repetition's
+    own stat and the stat of them all (a pooled median need not lie between the passes' own)."""
     reps = list(reps)
     if len(reps) >= MIN_INTERVAL_REPS:
         return "interval", bootstrap(reps, stat)
-    own = finite(stat([r]) for r in reps)
-    return "range", (min(own), max(own)) if len(own) >= 2 else None
+    own = finite([stat([r]) for r in reps])
+    if len(own) < 2:
+        return "range", None
+    own += finite([stat(reps)])
+    return "range", (min(own), max(own))
 
 
 def half_width(value: float | None, lo: float | None, hi: float | None) -> float | None:
