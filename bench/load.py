@@ -40,7 +40,7 @@ COLUMNS = ["system", "profile", "requests", "failed", "out_tok_s", "req_s", "goo
 
 
 def specs(model: str, drafts: list[str], precisions: list[str], slots: int, max_model_len: int,
-          llama_threads: int | None = None) -> list:
+          llama_threads: int | None = None, vllm_precisions: tuple[str, ...] = ("bf16",)) -> list:
     """Our engine at each precision without a draft and at int4 with each draft (int8 under a self-draft,
     which must read fewer bytes than its target), llama-server with `slots` slots, plain and with its own
     speculative decoding for the model and n-gram drafts asked for, and vLLM's CPU build."""
@@ -53,7 +53,7 @@ def specs(model: str, drafts: list[str], precisions: list[str], slots: int, max_
     # llama-server with its own speculative decoding, for each draft kind it has (the same draft and gamma)
     out += [ServerSpec.of("llama-server", threads=llama_threads, draft=d, draft_model="default-draft", gamma=4,
                           **common) for d in drafts if d in ("model", "ngram")]
-    return out + [ServerSpec.of("vllm", **common)]
+    return out + [ServerSpec.of("vllm", precision=p, **common) for p in vllm_precisions]
 
 
 def _at(recs, streams: int) -> dict[str, float]:
@@ -99,6 +99,8 @@ def main(argv=None) -> int:
     ap.add_argument("--drafts", default=None, help="our engine's drafts at int4, comma-separated (default: "
                     "ngram,model for the 1.5B; ngram for the 0.5B, whose draft model would be itself)")
     ap.add_argument("--precisions", default="int4,int8,bf16", help="our engine without a draft at these precisions")
+    ap.add_argument("--vllm-precisions", default="bf16", help="vLLM's CPU build at these (bf16, fp32, int8: its "
+                    "online int8 weight-only; see bench/vllm_precisions.py for what it accepts)")
     ap.add_argument("--workload", default="chat:16")
     ap.add_argument("--concurrency", default="1,4,8")
     ap.add_argument("--slots", type=int, default=8, help="server slots / max sequences (llama-server -np)")
@@ -119,7 +121,8 @@ def main(argv=None) -> int:
     small = canonical_name(a.model) == canonical_name("default-draft")
     drafts = [d.strip() for d in (a.drafts or ("ngram" if small else "ngram,model")).split(",") if d.strip()]
     precisions = [p.strip() for p in a.precisions.split(",") if p.strip()]
-    todo = specs(a.model, drafts, precisions, a.slots, a.max_model_len, a.llama_threads)
+    todo = specs(a.model, drafts, precisions, a.slots, a.max_model_len, a.llama_threads,
+                 tuple(p.strip() for p in a.vllm_precisions.split(",") if p.strip()))
     if a.only:
         keys = [k.strip().lower() for k in a.only.split(",") if k.strip()]
         todo = [s for s in todo if any(k in s.label.lower() for k in keys)]

@@ -28,9 +28,20 @@ def test_specs_are_validated_with_the_fix():
     for spec, word in [(ServerSpec.of("tgi"), "unknown server"), (ServerSpec.of("url"), "needs its URL"),
                        (ServerSpec.of("llama-server", precision="int4"), "Q4_K_M"),
                        (ServerSpec.of("vllm", draft="ngram"), "without a draft"),
+                       (ServerSpec.of("vllm", precision="int4"), "AWQ or GPTQ checkpoint"),
                        (ServerSpec.of("llama-server", slots=0), "slots")]:
         with pytest.raises(UserError, match=word):
             spec.validate()
+
+
+def test_vllm_runs_the_precision_its_label_says():
+    """vLLM used to get --dtype bfloat16 whatever the spec said: each precision now has its own arguments."""
+    for prec, want in [("bf16", ["--dtype", "bfloat16"]), ("fp32", ["--dtype", "float32"]),
+                       ("int8", ["--quantization", "int8_per_channel_weight_only"])]:
+        spec = ServerSpec.of("vllm", precision=prec).validate()
+        cmd = spec.command(8000)
+        assert " ".join(want) in " ".join(cmd) and prec in spec.label
+        assert cmd.count("--dtype") == 1
 
 
 def test_missing_peers_say_why_and_how_to_get_them(monkeypatch, tmp_path):

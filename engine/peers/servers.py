@@ -80,6 +80,13 @@ PROMPT_CACHE = {OURS: "none (the engine has no prefix cache)", "llama-server": "
                 "vllm": "off (--no-enable-prefix-caching)", "url": "unknown (a server the lab did not start)"}
 
 DEFAULT_PRECISION = {OURS: "int4", "llama-server": "Q4_K_M", "vllm": "bf16"}
+# vLLM's CPU build, from our bf16 safetensors folder: what each precision passes it. int8 is its online
+# per-output-channel int8 weight-only quantization (the format of our int8: symmetric, one scale per row);
+# fp8 its online per-channel fp8. Its int4 (AWQ/GPTQ, CPUWNA16 kernels) needs a checkpoint quantized
+# offline, which nothing here makes: refused by name. bench/vllm_precisions.py records which start here.
+VLLM_PRECISIONS = {"bf16": ("--dtype", "bfloat16"), "fp32": ("--dtype", "float32"),
+                   "int8": ("--dtype", "bfloat16", "--quantization", "int8_per_channel_weight_only"),
+                   "fp8": ("--dtype", "bfloat16", "--quantization", "fp8_per_channel")}
 LLAMA_DRAFTS = ("model", "ngram")  # llama-server's speculative decoding: -md <GGUF>, or --spec-type ngram-simple
 LLAMA_NGRAM_N = 3  # its lookup n-gram, as our ngram drafter's longest match
 
@@ -125,6 +132,10 @@ class ServerSpec:
         if self.system == "llama-server" and self.setup.precision != "Q4_K_M":
             raise UserError(f"llama-server runs the catalog GGUF as shipped, not '{self.setup.precision}'",
                             "use precision Q4_K_M")
+        if self.system == "vllm" and self.setup.precision not in VLLM_PRECISIONS:
+            raise UserError(f"the lab starts vLLM at {', '.join(VLLM_PRECISIONS)}, not '{self.setup.precision}' "
+                            "(its int4 needs an AWQ or GPTQ checkpoint quantized offline)",
+                            f"use precision one of: {', '.join(VLLM_PRECISIONS)}")
         if self.system == "llama-server" and self.setup.draft != "none":
             self._validate_llama_draft()
         elif self.system != OURS and self.setup.speculative:
@@ -214,8 +225,8 @@ class ServerSpec:
         elif self.system == "vllm":
             cmd = [str(vllm_python()), "-m", "vllm.entrypoints.openai.api_server", "--model",
                    str(catalog.resolve(self.setup.model)), "--host", HOST, "--port", str(port), "--max-model-len", ctx,
-                   "--max-num-seqs", n, "--served-model-name", self.served_name, "--dtype", "bfloat16",
-                   *PROMPT_CACHE_OFF["vllm"]]
+                   "--max-num-seqs", n, "--served-model-name", self.served_name,
+                   *VLLM_PRECISIONS[self.setup.precision], *PROMPT_CACHE_OFF["vllm"]]
         else:
             return []
         return cmd + list(self.extra_args)
