@@ -1,10 +1,11 @@
-"""Benchmark the weight-only quantized CPU kernels on the 1.5B model's projection shapes.
+"""Benchmark the weight-only quantized CPU kernels (and the dense bf16/fp32 one) on the 1.5B model's projection shapes.
 
     .venv/bin/python bench/kernels.py            # full run (~2 min on 2 cores)
     .venv/bin/python bench/kernels.py --quick    # fewer reps / shapes subset for smoke runs
     .venv/bin/python bench/kernels.py --json out.json --isa avx2 --threads 1
 
-For each shape (N, K) and M in {1, 5, 16}: our int8 and int4 kernels (engine.ops),
+For each shape (N, K) and M in {1, 5, 16}: our int8 and int4 kernels (engine.ops), our dense bf16 and fp32
+kernel against torch's bf16 F.linear (ops.dense_linear, --no-dense skips them),
 fp32 torch matmul (MKL), torch.ops.aten._weight_int8pack_mm and dynamic int8 quantization
 (torch.ao.quantization.quantize_dynamic, fbgemm) when available.  Reports time, achieved
 GB/s = weight bytes read / time, the fraction of the machine's read bandwidth measured in
@@ -175,6 +176,25 @@ def bench_shape(name, N, K, Ms, args, g):
         del cps
     del p8, p4
 
+    # ---- dense weights: our bf16/fp32 kernel (ops.dense_linear, the weight's own [N, K] layout) and torch's
+    # bf16 F.linear (fp32's is fp32_mkl below)
+    if args.dense:
+        for dt, tag in ((torch.bfloat16, "bf16"), (torch.float32, "fp32")):
+            w = (torch.randn(N, K, generator=g) * 0.02).to(dt)
+            nb = w.numel() * w.element_size()
+            cps = [w] + [w.clone() for _ in range(n_copies(nb, flush) - 1)]
+            for M in Ms:
+                x = xs[M].to(dt)
+                with ops.using(dense_m=min(M, ops.config.KERNEL_MAX_M)):
+                    sec = time_fn(ops.dense_linear, [(x, c) for c in cps], nb / est_bw, args.rounds, args.target_s,
+                                  args.stat)
+                record(f"{tag}_dense", M, sec, nb)
+                if tag == "bf16" and not args.no_baselines:
+                    sec = time_fn(torch.nn.functional.linear, [(x, c) for c in cps], nb / est_bw, args.rounds,
+                                  args.target_s, args.stat)
+                    record("bf16_torch", M, sec, nb)
+            del cps, w
+
     # ---- torch baselines
     if not args.no_baselines:
         w = torch.randn(N, K, generator=g) * 0.02
@@ -226,7 +246,8 @@ def bench_shape(name, N, K, Ms, args, g):
 def fmt_table(rows, Ms, bw):
     by = {(r["shape"], r["M"], r["method"]): r for r in rows}
     shapes = list(dict.fromkeys(r["shape"] for r in rows))
-    methods = [m for m in ("int4_q8", "fp32_mkl", "aten_int8pack_mm", "dynamic_int8")
+    methods = [m for m in ("int4_q8", "bf16_dense", "bf16_torch", "fp32_dense", "fp32_mkl", "aten_int8pack_mm",
+                           "dynamic_int8")
                if any(r["method"] == m for r in rows)]
     out = []
     hdr = ["shape (N x K)", "M", "int8 us", "int8 GB/s", "int8 %BW", "int4 us", "int4 GB/s", "int4 %BW"]
@@ -270,7 +291,7 @@ def fmt_table(rows, Ms, bw):
         out.append("")
         out.append("| method | M=" + " | M=".join(str(M) for M in Ms) + " |")
         out.append("|" + "---|" * (len(Ms) + 1))
-        for meth in ("int8", "int4", "int4_q8", "fp32_mkl"):
+        for meth in ("int8", "int4", "int4_q8", "bf16_dense", "bf16_torch", "fp32_dense", "fp32_mkl"):
             cells = []
             for M in Ms:
                 try:
@@ -358,6 +379,8 @@ def main(argv=None):
     ap.add_argument("--m", default="1,5,16", help="comma-separated M values")
     ap.add_argument("--shapes", default="", help="comma-separated subset of shape names (substring match)")
     ap.add_argument("--no-baselines", action="store_true", help="only our kernels")
+    ap.add_argument("--no-dense", dest="dense", action="store_false",
+                    help="skip the dense bf16/fp32 kernel columns (bf16_dense, bf16_torch, fp32_dense)")
     ap.add_argument("--no-act-int8", dest="act_int8", action="store_false",
                     help="skip the int4 x int8-activation column")
     ap.add_argument("--act-kl", metavar="MODELS", default="",
@@ -416,7 +439,9 @@ def main(argv=None):
           f"{len(bws)} points through the run): **{args.bw:.1f} GB/s** "
           f"(points: {', '.join(f'{b:.1f}' for b in bws)})")
     print("- int8/int4: our kernels, fp32 activations.  int4_q8: act_int8 (SCL_KERNEL_ACT) "
-          f"(activations quantized to int8 per 32-k block, {info.get('int4_q8_kernel', '')}).  fp32_mkl: torch F.linear.  "
+          f"(activations quantized to int8 per 32-k block, {info.get('int4_q8_kernel', '')}).  bf16_dense / fp32_dense: "
+          f"our dense kernel (ops.dense_linear, {info.get('dense_kernel', '')}).  bf16_torch: torch bf16 F.linear.  "
+          "fp32_mkl: torch F.linear.  "
           "aten_int8pack_mm: torch.ops.aten._weight_int8pack_mm.  dynamic_int8: quantize_dynamic (fbgemm; "
           "at most 120 weight copies, so small shapes partly hit the L3 cache)")
     print(f"- int4 group size {args.gs}; cold weights (working set >= {args.flush_mb} MB per measurement); "

@@ -6,6 +6,8 @@ The environment is the initial source, read once at first use (the first prepare
 ``SCL_KERNELS=torch``            ``enabled=False``: the plain-PyTorch path everywhere (also off/0/none/fallback).
 ``SCL_KERNEL_ISA=scalar|avx2|avx512``  ``isa``: cap the CPU ISA (default: the best the CPU has).
 ``SCL_KERNEL_SMALL_M=n``         ``small_m``: largest M for the small-M CPU kernel (default 32, 0..64).
+``SCL_KERNEL_DENSE_M=n``         ``dense_m``: largest M for which bf16/fp32 nn.Linear on CPU runs the dense C++ kernel
+                                 (engine/ops/dense.py; default DEFAULT_DENSE_M, 0..64; 0 = torch's F.linear).
 ``SCL_KERNEL_PREFILL=dequant``   ``prefill="dequant"``: M above ``small_m`` dequantizes weight blocks for a
                                  torch matmul; the default ``"chunks"`` runs the small-M kernel in chunks.
 ``SCL_KERNEL_ACT=fp32|int8``     ``act_int8``: int4 CPU kernels quantize activations to int8 per 32-k block
@@ -33,7 +35,7 @@ import threading
 from typing import Iterator, Mapping, Optional
 
 __all__ = ["KernelConfig", "kernel_config", "configure", "using", "ISA_NAMES", "ISA_IDS", "KERNEL_MAX_M",
-           "DEFAULT_SMALL_M"]
+           "DEFAULT_SMALL_M", "DEFAULT_DENSE_M"]
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +43,7 @@ ISA_NAMES = {0: "scalar", 1: "avx2", 2: "avx512"}
 ISA_IDS = {v: k for k, v in ISA_NAMES.items()}
 KERNEL_MAX_M = 64      # MAX_M in the C++ code
 DEFAULT_SMALL_M = 32   # M above this -> the small-M kernel in chunks, or (past PREFILL_CHUNKS_MAX_M) dequantize
+DEFAULT_DENSE_M = 16   # bf16/fp32 linears: M above this -> torch's F.linear (docs/runs/2026-12-02/bf16_baseline.md)
 PREFILL_MODES = ("chunks", "dequant")
 _OFF_VALUES = ("torch", "fallback", "off", "0", "none")
 _ACT_FP32_VALUES = ("fp32", "f32", "float", "float32", "0", "off")   # anything else (int8, unset): int8
@@ -53,6 +56,7 @@ class KernelConfig:
     enabled: bool = True               # False: plain PyTorch everywhere (CPU and CUDA kernels off)
     isa: Optional[str] = None          # CPU ISA cap: None (best available), "scalar", "avx2", "avx512"
     small_m: int = DEFAULT_SMALL_M     # largest M for the small-M CPU kernel
+    dense_m: int = DEFAULT_DENSE_M     # largest M for the dense bf16/fp32 CPU kernel (0: torch F.linear)
     prefill: str = "chunks"            # M > small_m on CPU: "chunks" (small-M kernel) or "dequant"
     act_int8: bool = True              # int4 CPU kernels: int8 activations (VNNI / AVX2 maddubs / scalar)
     fuse: bool = True                  # engine.quant fuses q/k/v and gate/up before quantizing
@@ -65,8 +69,10 @@ class KernelConfig:
                 raise TypeError(f"KernelConfig.{name} must be a bool, got {getattr(self, name)!r}")
         if self.isa is not None and self.isa not in ISA_IDS:
             raise ValueError(f"KernelConfig.isa must be None or one of {list(ISA_IDS)}, got {self.isa!r}")
-        if isinstance(self.small_m, bool) or not isinstance(self.small_m, int) or not 0 <= self.small_m <= KERNEL_MAX_M:
-            raise ValueError(f"KernelConfig.small_m must be an int in 0..{KERNEL_MAX_M}, got {self.small_m!r}")
+        for name in ("small_m", "dense_m"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= KERNEL_MAX_M:
+                raise ValueError(f"KernelConfig.{name} must be an int in 0..{KERNEL_MAX_M}, got {v!r}")
         if self.prefill not in PREFILL_MODES:
             raise ValueError(f"KernelConfig.prefill must be one of {PREFILL_MODES}, got {self.prefill!r}")
 
@@ -82,16 +88,22 @@ class KernelConfig:
         if isa is not None and isa not in ISA_IDS:
             log.warning("SCL_KERNEL_ISA=%r not one of %s; using the best available", isa, list(ISA_IDS))
             isa = None
-        small_m = DEFAULT_SMALL_M
-        if get("SCL_KERNEL_SMALL_M"):
+
+        def rows(name: str, default: int) -> int:
+            if not get(name):
+                return default
             try:
-                small_m = max(0, min(KERNEL_MAX_M, int(get("SCL_KERNEL_SMALL_M"))))
+                return max(0, min(KERNEL_MAX_M, int(get(name))))
             except ValueError:
-                log.warning("SCL_KERNEL_SMALL_M=%r is not an integer; using %d", get("SCL_KERNEL_SMALL_M"),
-                            DEFAULT_SMALL_M)
+                log.warning("%s=%r is not an integer; using %d", name, get(name), default)
+                return default
+
+        small_m = rows("SCL_KERNEL_SMALL_M", DEFAULT_SMALL_M)
+        dense_m = rows("SCL_KERNEL_DENSE_M", DEFAULT_DENSE_M)
         return cls(enabled=get("SCL_KERNELS") not in _OFF_VALUES,
                    isa=isa,
                    small_m=small_m,
+                   dense_m=dense_m,
                    prefill="dequant" if get("SCL_KERNEL_PREFILL") == "dequant" else "chunks",
                    act_int8=get("SCL_KERNEL_ACT") not in _ACT_FP32_VALUES,
                    fuse=get("SCL_FUSE") != "0",

@@ -5,6 +5,7 @@ import torch
 
 from engine.ops import build as _build
 from engine.ops import config as _config
+from engine.ops.dense import DENSE_KERNELS, dense_kernel
 from engine.ops.fused import fused_info
 from engine.ops.prepared import TILE
 
@@ -15,7 +16,7 @@ _DISABLED = "kernels disabled (SCL_KERNELS=torch or ops.configure(enabled=False)
 
 def backend_info(build: bool = True) -> dict:
     """{"cpu": "avx512"|"avx2"|"scalar"|"torch-fallback", "cpu_reason", "cpu_best", "cpu_vnni",
-    "int4_activations", "cuda": "built"|"unavailable: <reason>", "threads", "small_m", "tile_rows",
+    "int4_activations", "dense_kernel" (bf16/fp32 linears, engine.ops.dense), "cuda": "built"|"unavailable: <reason>", "threads", "small_m", "tile_rows",
     "config": the KernelConfig as a dict, "fused": on/off and why, "fused_steps" / "reference_steps":
     forward passes that took each path in the enclosing ``count_steps()`` run (else in this process;
     "steps_counted" says which), "last_step", "reference_reasons"}.
@@ -43,6 +44,9 @@ def backend_info(build: bool = True) -> dict:
                     "scalar": "scalar reference"}[ext.q8_kernel(isa)]
             info["int4_activations"] = f"int8 per-32 block ({kern})" if cfg.act_int8 else "fp32"
             info["int4_q8_kernel"] = kern
+            info["dense_kernel"] = (f"bf16 {DENSE_KERNELS[dense_kernel(ext, cfg, True)]}, fp32 "
+                                    f"{DENSE_KERNELS[dense_kernel(ext, cfg, False)]}, M <= {cfg.dense_m}"
+                                    if cfg.dense_m else "off (dense_m = 0: torch F.linear)")
     info.update(fused_info())
     if not cfg.enabled:
         info["cuda"] = "unavailable: " + _DISABLED

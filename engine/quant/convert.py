@@ -87,8 +87,19 @@ def _make_linear(lin: nn.Linear, spec: QuantSpec, device) -> nn.Module:
 
 
 def quantize_model(model, spec: QuantSpec, device="cpu"):
-    """Convert an fp32 model in place to `spec`; returns it. Norms and biases stay in float."""
+    """Convert an fp32 model in place to `spec`; returns it. Norms and biases stay in float.
+
+    At fp32/bf16/fp16 on CPU every linear becomes an ops.DenseLinear on the same parameters: decode-sized
+    M runs the C++ dense kernel (bf16, fp32; fp16 stays on torch). Quantized models keep their float
+    leftovers (an unquantized head, an MoE router) as plain nn.Linear."""
     check_supported(spec, device)
+    model = _convert(model, spec, device)
+    if spec.precision in FLOAT_DTYPES and torch.device(device).type == "cpu":
+        ops.adopt_dense_linears(model)
+    return model
+
+
+def _convert(model, spec: QuantSpec, device):
     p = spec.precision
     cdtype = compute_dtype_for(spec, device)
     if p in FLOAT_DTYPES:

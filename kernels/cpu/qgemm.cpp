@@ -260,7 +260,11 @@ torch::Tensor int4_dequant(torch::Tensor w, torch::Tensor sm, int64_t N, int64_t
 
 }  // namespace
 
-namespace scl { void register_fused(pybind11::module& m); }  // fused_cpu.cpp
+namespace scl {
+void register_fused(pybind11::module& m);  // fused_cpu.cpp
+void register_dense(pybind11::module& m);  // dense.cpp
+bool cpu_isa_supported(int64_t isa) { return isa_supported(isa); }  // for dense.cpp
+}
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "Serving Cost Lab weight-only int8/int4 CPU kernels";
@@ -284,4 +288,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     return isa >= 1 ? "avx2-maddubs" : "scalar";
   }, "which int8-activation int4 kernel an ISA level runs");
   scl::register_fused(m);
+  scl::register_dense(m);
 }

@@ -1,0 +1,86 @@
+"""``dense_linear`` / ``DenseLinear``: bf16 and fp32 linears on CPU at small M through the C++ dense kernels.
+
+| x (CPU) | M | path |
+| bf16 x, bf16 W (or fp32 x, fp32 W), extension built, ``dense_m`` > 0 | 1 .. dense_m | kernels/cpu/dense*: one |
+|   | | pass over W's own [N, K] storage, fp32 accumulation, output rounded once to x's dtype |
+| anything else (prefill M, mixed dtypes, CUDA, grad, kernels off) | any | torch's F.linear |
+
+Kernel per ISA cap (``KernelConfig.isa``): avx512 -> VDPBF16PS for bf16 where the CPU has AVX512_BF16 (else
+the AVX-512 shift/FMA kernel), avx2 -> the AVX2 shift/FMA kernel, scalar -> the portable reference.
+Decode and speculative verification (M = gamma + 1) take the kernel; prefill stays on torch (oneDNN's
+bf16 GEMM wins once the weights are reused across rows).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.ops import build as _build
+from engine.ops import config as _config
+
+__all__ = ["DENSE_KERNELS", "dense_kernel", "dense_linear", "DenseLinear", "adopt_dense_linears"]
+
+DENSE_KERNELS = {0: "scalar", 1: "avx2", 2: "avx512", 3: "avx512-bf16"}   # ids of ext.dense_gemm
+_DTYPES = (torch.bfloat16, torch.float32)
+_resolved: dict = {}  # (extension, isa cap, bf16) -> kernel id
+
+
+def dense_kernel(ext, cfg: "_config.KernelConfig", bf16: bool) -> int:
+    """Kernel id for a weight dtype: the best the CPU has under the ISA cap (resolved once per cap)."""
+    key = (id(ext), cfg.isa, bf16)
+    hit = _resolved.get(key)
+    if hit is None:
+        isa = _build.cpu_isa(ext, cfg)
+        hit = 3 if isa == 2 and bf16 and ext.has_avx512_bf16() else isa
+        _resolved[key] = hit
+    return hit
+
+
+def dense_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """F.linear(x, weight, bias); on CPU at 1 <= M <= dense_m with bf16 or fp32 x and weight of one dtype,
+    the C++ dense kernel (same semantics: fp32 accumulation, one rounding to x.dtype)."""
+    cfg = _config.kernel_config()
+    if (cfg.enabled and cfg.dense_m and x.dtype is weight.dtype and x.dtype in _DTYPES and x.device.type == "cpu"
+            and weight.device.type == "cpu" and weight.dim() == 2 and x.is_contiguous() and weight.is_contiguous()
+            and (bias is None or (bias.dtype in _DTYPES and bias.device.type == "cpu"))
+            and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
+                                                  or (bias is not None and bias.requires_grad)))):
+        K = weight.shape[1]
+        M = x.numel() // K if K else 0
+        if 0 < M <= cfg.dense_m and x.shape[-1] == K:
+            ext = _build._cpu_state["ext"] or _build.load_cpu_extension()
+            if ext is not None:
+                b = None if bias is None else bias.contiguous()
+                return ext.dense_gemm(x, weight, b, dense_kernel(ext, cfg, x.dtype is torch.bfloat16))
+    return F.linear(x, weight, bias)
+
+
+class DenseLinear(nn.Linear):
+    """An nn.Linear (same parameters, same state dict) whose forward is `dense_linear`."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return dense_linear(x, self.weight, self.bias)
+
+    @classmethod
+    def adopt(cls, lin: nn.Linear) -> "DenseLinear":
+        """A DenseLinear holding `lin`'s own Parameter objects (no copy: a tied head stays tied)."""
+        new = cls(lin.in_features, lin.out_features, bias=lin.bias is not None, device="meta")
+        new.weight = lin.weight
+        new.bias = lin.bias
+        new.train(lin.training)
+        return new
+
+
+def adopt_dense_linears(model: nn.Module) -> int:
+    """Swap every plain nn.Linear of `model` (exact type: quantized and bitsandbytes layers are left alone)
+    for a DenseLinear on the same parameters; returns how many were swapped."""
+    n = 0
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is nn.Linear:
+                setattr(parent, name, DenseLinear.adopt(child))
+                n += 1
+    return n

@@ -1,0 +1,91 @@
+// Serving Cost Lab -- dense (bf16 / fp32 weight) GEMV / small-M GEMM CPU kernels.
+//
+// y[M, N] = x[M, K] @ W[N, K]^T (+ bias), W in its natural nn.Linear layout (row-major [N, K],
+// no packed copy: the model's own parameter is read), accumulation in fp32, one rounding of
+// the output to the activation dtype at the end (what torch/oneDNN does).
+//
+//   bf16 weights, bf16 x -> bf16 y;  fp32 weights, fp32 x -> fp32 y.  Bias: fp32 or bf16, or none.
+//
+// Work split: threads take blocks of DR = 4 consecutive rows of W; a block's R rows are
+// streamed together (4 independent sequential streams, one FMA chain per row and m-row), and
+// M is walked in blocks of Ops::MB rows that re-read the block's rows from L1/L2.
+//
+// bf16 -> fp32 (the "shift" kernels, AVX-512 and AVX2): a 32-bit lane of W holds the pair
+// (w[2i], w[2i+1]); `lane << 16` is w[2i] as fp32 and `lane & 0xFFFF0000` is w[2i+1], exactly.
+// So the activations are pre-split once per call into even/odd fp32 halves per chunk of 2*W k
+// (xp), and each chunk costs one load, one shift, one AND and two FMAs per row and m.
+// AVX-512 BF16 (the "dp" kernel): VDPBF16PS multiplies 32 bf16 pairs and adds them into 16 fp32
+// lanes (products exact in fp32; the CPU flushes fp32 denormals, far below any activation scale).
+// k beyond the last whole chunk (K % chunk) is summed in scalar fp32 code.
+#pragma once
+#include <cstdint>
+#include <cstring>
+
+namespace scl {
+
+constexpr int DR = 4;   // W rows per block (threads split N in these)
+
+struct DenseParams {
+  const void* w;        // [N][K] bf16 bits (w_bf16) or fp32
+  const void* x;        // [M][K] raw activations, same dtype as w
+  const float* xp;      // shift kernels, bf16: [M][Kc] even/odd-split fp32 copy; fp32: == x
+  int64_t ldxp;         // row stride of xp (Kc for the bf16 copy, K when xp == x)
+  const void* bias;     // [N] or nullptr
+  void* y;              // [M][N], same dtype as x
+  int64_t M, N, K, Kc;  // Kc: k covered by whole SIMD chunks (multiple of the chunk, <= K)
+  bool w_bf16, bias_bf16;
+};
+
+inline float bf16_to_float(uint16_t h) {
+  const uint32_t u = (uint32_t)h << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// fp32 -> bf16, round to nearest even (c10::BFloat16's rounding; NaN stays NaN).
+inline uint16_t float_to_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return (uint16_t)((u >> 16) | 0x40u);
+  u += 0x7FFFu + ((u >> 16) & 1u);
+  return (uint16_t)(u >> 16);
+}
+
+inline float dense_w(const DenseParams& p, int64_t n, int64_t k) {
+  return p.w_bf16 ? bf16_to_float(((const uint16_t*)p.w)[n * p.K + k]) : ((const float*)p.w)[n * p.K + k];
+}
+inline float dense_x(const DenseParams& p, int64_t m, int64_t k) {
+  return p.w_bf16 ? bf16_to_float(((const uint16_t*)p.x)[m * p.K + k]) : ((const float*)p.x)[m * p.K + k];
+}
+
+// Sum over the tail k in [Kc, K) added to s, then bias, then the one rounding to the output dtype.
+inline void dense_finish(const DenseParams& p, int64_t m, int64_t n, float s) {
+  for (int64_t k = p.Kc; k < p.K; ++k) s += dense_w(p, n, k) * dense_x(p, m, k);
+  if (p.bias)
+    s += p.bias_bf16 ? bf16_to_float(((const uint16_t*)p.bias)[n]) : ((const float*)p.bias)[n];
+  if (p.w_bf16)
+    ((uint16_t*)p.y)[m * p.N + n] = float_to_bf16(s);
+  else
+    ((float*)p.y)[m * p.N + n] = s;
+}
+
+// Each entry point computes output rows [n0, n1) for all M rows.
+// prep_x: the even/odd split copy of bf16 activations for the shift kernels (k < Kc).
+namespace scalar {
+void dense_rows(const DenseParams& p, int64_t n0, int64_t n1);
+}
+namespace avx2 {
+constexpr int DENSE_CHUNK = 16;
+void dense_prep_x(const uint16_t* x, int64_t M, int64_t K, int64_t Kc, float* xp);
+void dense_rows(const DenseParams& p, int64_t n0, int64_t n1);
+}
+namespace avx512 {
+constexpr int DENSE_CHUNK = 32;
+bool dense_bf16_compiled();
+void dense_prep_x(const uint16_t* x, int64_t M, int64_t K, int64_t Kc, float* xp);
+void dense_rows(const DenseParams& p, int64_t n0, int64_t n1);
+void dense_rows_dp(const DenseParams& p, int64_t n0, int64_t n1);  // needs AVX512_BF16, bf16 only
+}
+
+}  // namespace scl

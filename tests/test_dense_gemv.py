@@ -1,0 +1,203 @@
+"""The dense bf16/fp32 CPU GEMV kernels (kernels/cpu/dense*, engine/ops/dense.py) against torch's F.linear.
+
+Every kernel id the CPU can run (scalar, AVX2, AVX-512 shift/FMA, AVX512_BF16 VDPBF16PS) on shapes that
+are not multiples of the SIMD chunk or the 4-row block, M from 1 past the default threshold, with and
+without bias; the dispatch (threshold, dtypes, ISA cap, fallbacks); and the 0.5B model at bf16
+greedy-generating the same tokens with the kernel on and off.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine import ops
+from engine.ops import config, dense
+
+# (N, K): N not a multiple of the 4-row block, K not a multiple of 16/32 (the AVX2/AVX-512 chunk).
+SHAPES = [(1, 1), (3, 31), (37, 77), (130, 1000), (67, 1536 + 5), (256, 1536)]
+MS = [1, 2, 3, 4, 5, 7, 8, 9, 16, 17]
+
+
+@pytest.fixture(scope="module")
+def ext():
+    return ops.load_cpu_extension(raise_errors=True)
+
+
+@pytest.fixture(autouse=True)
+def _default_settings():
+    with ops.using(ops.KernelConfig()):
+        yield
+
+
+def _kernels(ext, bf16: bool) -> list[int]:
+    return [k for k in dense.DENSE_KERNELS if ext.dense_kernel_supported(k, bf16)]
+
+
+def _bound(x, w, bias, bf16: bool):
+    """float64 reference and the allowed error: fp32 accumulation (a K-term sum in any order) plus, for bf16
+    output, one rounding to bf16 (half an ulp, 2^-9 relative; 2^-8 allows torch's own rounding too)."""
+    xd, wd = x.double(), w.double()
+    ref = xd @ wd.T + (0 if bias is None else bias.double())
+    mag = xd.abs() @ wd.abs().T + (0 if bias is None else bias.double().abs())
+    tol = 4 * x.shape[-1] * 2.0 ** -24 * mag + 1e-30
+    if bf16:
+        tol = tol + 2.0 ** -8 * ref.abs()
+    return ref, tol
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+@pytest.mark.parametrize("N,K", SHAPES)
+def test_kernels_match_reference_and_torch(ext, dtype, N, K):
+    bf16 = dtype is torch.bfloat16
+    kernels = _kernels(ext, bf16)
+    assert 0 in kernels and (2 in kernels or not ext.isa_supported(2))
+    g = torch.Generator().manual_seed(N * 1000 + K)
+    w = torch.randn(N, K, generator=g).to(dtype)
+    for with_bias in (False, True):
+        b = torch.randn(N, generator=g).to(dtype) if with_bias else None
+        for M in MS:
+            x = torch.randn(M, K, generator=g).to(dtype)
+            ref, tol = _bound(x, w, b, bf16)
+            yt = F.linear(x, w, b)
+            assert ((yt.double() - ref).abs() <= tol).all(), "the bound does not even hold for torch"
+            for k in kernels:
+                y = ext.dense_gemm(x, w, b, k)
+                assert y.dtype == dtype and y.shape == (M, N)
+                err = (y.double() - ref).abs()
+                assert (err <= tol).all(), (dense.DENSE_KERNELS[k], M, with_bias, float((err / tol).max()))
+                if bf16:  # within one bf16 ulp of torch's own bf16 result
+                    ulp = 2.0 ** (torch.floor(torch.log2(yt.double().abs().clamp(min=1e-30))) - 7)
+                    assert ((y.double() - yt.double()).abs() <= ulp + tol).all(), (dense.DENSE_KERNELS[k], M)
+
+
+def test_fp32_bias_on_bf16_weights_and_leading_dims(ext):
+    """A bias may be fp32 on a bf16 model; x may have leading dims."""
+    w = torch.randn(70, 96).bfloat16()
+    b = torch.randn(70)
+    x = torch.randn(2, 3, 96).bfloat16()
+    for k in _kernels(ext, True):
+        y = ext.dense_gemm(x, w, b, k)
+        ref, tol = _bound(x.reshape(6, 96), w, b, True)
+        assert y.shape == (2, 3, 70) and ((y.reshape(6, 70).double() - ref).abs() <= tol).all()
+
+
+def test_rows_are_independent_of_m(ext):
+    """A row's output does not depend on the other rows of the call (m-blocking is per row)."""
+    w = torch.randn(45, 200).bfloat16()
+    x = torch.randn(9, 200).bfloat16()
+    for k in _kernels(ext, True):
+        alone = torch.cat([ext.dense_gemm(x[i:i + 1], w, None, k) for i in range(9)])
+        assert torch.equal(ext.dense_gemm(x, w, None, k), alone), dense.DENSE_KERNELS[k]
+
+
+def test_unsupported_inputs_are_refused(ext):
+    w = torch.randn(8, 32)
+    with pytest.raises(RuntimeError, match="dtype"):
+        ext.dense_gemm(torch.randn(1, 32).bfloat16(), w, None, 0)
+    with pytest.raises(RuntimeError, match="bfloat16 or float32"):
+        ext.dense_gemm(torch.randn(1, 32).half(), w.half(), None, 0)
+    with pytest.raises(RuntimeError, match="not supported"):
+        ext.dense_gemm(torch.randn(1, 32), w, None, 3)  # VDPBF16PS: bf16 only
+    with pytest.raises(RuntimeError, match="contiguous"):
+        ext.dense_gemm(torch.randn(1, 32), torch.randn(32, 8).t(), None, 0)
+    with pytest.raises(RuntimeError, match="bias"):
+        ext.dense_gemm(torch.randn(1, 32), w, torch.randn(7), 0)
+
+
+def test_dispatch_threshold_dtypes_and_isa(ext, monkeypatch):
+    calls = []
+    real = ext.dense_gemm
+    monkeypatch.setattr(ext, "dense_gemm", lambda *a: calls.append(a[3]) or real(*a))
+    w = torch.randn(40, 64).bfloat16()
+    lim = ops.kernel_config().dense_m
+    assert lim == config.DEFAULT_DENSE_M
+    for M, used in ((1, True), (lim, True), (lim + 1, False)):
+        calls.clear()
+        x = torch.randn(M, 64).bfloat16()
+        y = dense.dense_linear(x, w)
+        assert bool(calls) is used, M
+        if not used:
+            assert torch.equal(y, F.linear(x, w))
+    best = 3 if ext.has_avx512_bf16() else int(ext.best_isa())
+    calls.clear()
+    dense.dense_linear(torch.randn(1, 64).bfloat16(), w)
+    assert calls == [best]
+    for isa in ("scalar", "avx2"):
+        if ext.isa_supported(config.ISA_IDS[isa]):
+            with ops.using(isa=isa):
+                calls.clear()
+                dense.dense_linear(torch.randn(1, 64).bfloat16(), w)
+                dense.dense_linear(torch.randn(1, 64), w.float())
+                assert calls == [config.ISA_IDS[isa]] * 2
+    calls.clear()
+    for off in (dict(dense_m=0), dict(enabled=False)):
+        with ops.using(**off):
+            dense.dense_linear(torch.randn(1, 64).bfloat16(), w)
+    dense.dense_linear(torch.randn(1, 64).half(), w.half())                   # fp16: torch
+    dense.dense_linear(torch.randn(2, 64).bfloat16()[:, ::2].repeat(1, 2), w)  # contiguous copy: kernel
+    xt = torch.randn(64, 1).bfloat16().t()                                    # 1 row, stride 1: contiguous
+    dense.dense_linear(xt, w)
+    assert calls == [best, best]
+    wg = w.float().requires_grad_()
+    y = dense.dense_linear(torch.randn(1, 64), wg)                          # autograd: torch
+    assert y.requires_grad and calls == [best, best]
+    with pytest.raises(RuntimeError):                                          # mixed dtypes: torch's own error
+        dense.dense_linear(torch.randn(1, 64), w)
+
+
+def test_adopt_keeps_parameters_and_ties():
+    emb = nn.Embedding(50, 16)
+    m = nn.Module()
+    m.emb, m.head, m.proj = emb, nn.Linear(16, 50, bias=False), nn.Linear(16, 8)
+    m.head.weight = emb.weight
+    w_proj = m.proj.weight
+    assert ops.adopt_dense_linears(m) == 2
+    assert type(m.head) is ops.DenseLinear and m.head.weight is emb.weight and m.proj.weight is w_proj
+    x = torch.randn(3, 16)
+    assert torch.allclose(m.proj(x), F.linear(x, m.proj.weight, m.proj.bias), atol=1e-5)
+    assert set(m.state_dict()) == {"emb.weight", "head.weight", "proj.weight", "proj.bias"}
+
+
+def test_float_models_get_dense_linears_quantized_ones_do_not():
+    """quantize_model on CPU: fp32/bf16 linears become DenseLinear; an int8 model's unquantized head stays nn.Linear."""
+    from engine.quant import make_spec, quantize_model
+    from tests.tiny import tiny_model
+
+    for prec, kind in (("bf16", ops.DenseLinear), ("fp32", ops.DenseLinear), ("int8", nn.Linear)):
+        m = quantize_model(tiny_model().model, make_spec(prec, quantize_head=False), "cpu")
+        lins = [mod for mod in m.modules() if isinstance(mod, nn.Linear)]
+        assert lins and all(type(mod) is kind for mod in lins), prec
+        tok = torch.tensor([1, 2, 3])
+        with torch.inference_mode():
+            cache = m.new_cache(1, 8)
+            m(tok[None], 0, cache)
+            with ops.using(dense_m=0):
+                off = m(tok[None, :1], 3, cache.clone())
+            on = m(tok[None, :1], 3, cache)
+        assert torch.allclose(on, off, rtol=0.05, atol=0.05), prec
+
+
+@pytest.fixture(scope="module")
+def small_bf16(pool):
+    from engine.infer.loader import make_spec
+
+    return pool.get("default-draft", make_spec("bf16"), "cpu")
+
+
+def test_bf16_model_same_tokens_with_kernel_on_and_off(small_bf16):
+    """The 0.5B at bf16: every linear is a DenseLinear on its own bf16 weight, and greedy decoding (M = 1,
+    the kernel) gives the same tokens as torch's F.linear (dense_m = 0)."""
+    from engine.infer.generate import generate
+
+    m = small_bf16.model
+    lins = [mod for mod in m.modules() if isinstance(mod, nn.Linear)]
+    assert lins and all(type(mod) is ops.DenseLinear and mod.weight.dtype is torch.bfloat16 for mod in lins)
+    if m.cfg.tie_embeddings:  # a tied head stays tied: no second copy
+        assert m.lm_head.weight.data_ptr() == m.model.embed_tokens.weight.data_ptr()
+    prompts = ["def quicksort(arr):", "Explain what a hash map is."]
+    on = generate(small_bf16, prompts, 32, chat=False, stop_at_eos=False).new_tokens
+    with ops.using(dense_m=0):
+        off = generate(small_bf16, prompts, 32, chat=False, stop_at_eos=False).new_tokens
+    assert on == off
