@@ -22,16 +22,14 @@ import json
 import os
 import subprocess
 import sys
-import tarfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from engine.common.errors import UserError  # noqa: E402
 from engine.common.paths import cache_dir  # noqa: E402
-from engine.peers.servers import LLAMA_CPP_VERSION  # noqa: E402  (the sdist `make peers` builds from)
+from engine.peers.gguf_tools import LLAMA_CPP_VERSION, convert_f32, llama_cpp_source, quantize  # noqa: E402,F401
 
 # config.json of meta-llama/Llama-3.2-1B-Instruct, the fields that shape the arithmetic.
 LLAMA_3_2_1B = {
@@ -127,73 +125,8 @@ def build_folder(dest: Path, layers: int = 16, seed: int = 0, **overrides) -> Pa
 
 
 # ---------------------------------------------------------------- GGUF through llama.cpp's own converter
-
-
-def llama_cpp_source() -> Path:
-    """vendor/llama.cpp of the llama-cpp-python sdist (the version `make peers` builds), unpacked once:
-    the converter, its gguf-py and its conversion package only."""
-    base = cache_dir() / "llama-cpp-src"
-    src = base / f"llama_cpp_python-{LLAMA_CPP_VERSION}" / "vendor" / "llama.cpp"
-    if (src / "convert_hf_to_gguf.py").exists():
-        return src
-    sdist = base / f"llama_cpp_python-{LLAMA_CPP_VERSION}.tar.gz"
-    if not sdist.exists():
-        base.mkdir(parents=True, exist_ok=True)
-        p = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-binary", ":all:", "--no-deps",
-                            f"llama-cpp-python=={LLAMA_CPP_VERSION}", "-d", str(base)], capture_output=True, text=True)
-        if p.returncode != 0 or not sdist.exists():
-            raise UserError(f"could not download the llama-cpp-python {LLAMA_CPP_VERSION} sdist: "
-                            f"{(p.stderr or p.stdout).strip()[-300:]}",
-                            f"put llama_cpp_python-{LLAMA_CPP_VERSION}.tar.gz in {base}")
-    top = f"llama_cpp_python-{LLAMA_CPP_VERSION}/vendor/llama.cpp/"
-    with tarfile.open(sdist) as tf:
-        keep = [m for m in tf.getmembers() if m.name == top + "convert_hf_to_gguf.py"
-                or m.name.startswith((top + "gguf-py/", top + "conversion/"))]
-        tf.extractall(base, members=keep, filter="data")
-    return src
-
-
-def convert_f32(folder: Path, dest: Path) -> Path:
-    """The folder as an F32 GGUF, written by convert_hf_to_gguf.py with its own gguf-py (once)."""
-    if dest.exists():
-        return dest
-    src = llama_cpp_source()
-    tmp = dest.with_name(dest.name + ".partial")
-    # The Llama converter imports sentencepiece before it finds no tokenizer.model and falls through
-    # to the BPE vocab (tokenizer.json); sentencepiece is not in the lab's venv, so an import-only
-    # stand-in that refuses to be used lets it get there.
-    shim = cache_dir() / "llama-cpp-src" / "no-sentencepiece"
-    shim.mkdir(parents=True, exist_ok=True)
-    (shim / "sentencepiece.py").write_text(
-        "class SentencePieceProcessor:\n    def __init__(self, *a, **k):\n"
-        "        raise RuntimeError('sentencepiece is not installed: this folder has no tokenizer.model')\n")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(src / "gguf-py"), str(shim)]), "HF_HUB_OFFLINE": "1"}
-    env.pop("NO_LOCAL_GGUF", None)
-    p = subprocess.run([sys.executable, str(src / "convert_hf_to_gguf.py"), str(folder), "--outtype", "f32",
-                        "--outfile", str(tmp)], capture_output=True, text=True, env=env, cwd=str(src))
-    if p.returncode != 0:
-        tmp.unlink(missing_ok=True)
-        raise RuntimeError(f"convert_hf_to_gguf.py failed: {(p.stderr or p.stdout).strip()[-1500:]}")
-    os.replace(tmp, dest)
-    return dest
-
-
-def quantize(f32: Path, dest: Path, ftype: str) -> Path:
-    """llama.cpp's own quantizer (llama_model_quantize, through llama-cpp-python) from the F32 GGUF (once)."""
-    if dest.exists():
-        return dest
-    import llama_cpp
-
-    params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{ftype}")
-    params.nthread = os.cpu_count() or 1
-    tmp = dest.with_name(dest.name + ".partial")
-    rc = llama_cpp.llama_model_quantize(str(f32).encode(), str(tmp).encode(), params)
-    if rc != 0:
-        tmp.unlink(missing_ok=True)
-        raise RuntimeError(f"llama_model_quantize to {ftype} returned {rc}")
-    os.replace(tmp, dest)
-    return dest
+# llama_cpp_source, convert_f32 and quantize live in engine.peers.gguf_tools (shared with
+# bench/quality_matched.py); imported above.
 
 
 def gguf_files(folder: Path, types: list[str]) -> dict[str, Path]:

@@ -268,3 +268,65 @@ def evaluate(lm, max_tokens: int = DEFAULT_TOKENS, ref_lm=None, progress=None, *
     path = ensure_reference(lm.name, lm.folder, docs, src, progress, device=lm.device)
     (progress or (lambda s: None))(f"scoring {lm.label} on {sum(d.positions for d in docs):,} tokens")
     return results(score_model(lm, docs, load_reference(path, docs), on_tokens), docs)
+
+
+# ---------------------------------------------------------------- per position, and matching a peer's quality
+
+def position_profile(scores: Scores, docs: list[EvalDoc], first: int = 4) -> dict:
+    """KL by position inside each document: positions 0 .. first-1 (mean, max, and how many documents
+    have KL > 1 there) and the rest (mean, median), plus the share of the total KL the first positions carry.
+
+    A position is the prediction of token p+1 from tokens 0..p of its document (engine.measure.eval_text),
+    so position 0 sees the document's first token alone: the attention-sink position.
+    """
+    pos = torch.tensor([p for d in docs for p in range(d.positions)])
+    if pos.numel() != scores.kl.numel():
+        raise ValueError(f"{scores.kl.numel()} scores for {pos.numel()} positions of these documents")
+    out: dict = {}
+    for p in range(first):
+        kl = scores.kl[pos == p]
+        out[str(p)] = {"documents": int(kl.numel()), "kld_mean": float(kl.mean()) if kl.numel() else None,
+                       "kld_max": float(kl.max()) if kl.numel() else None, "over_1": int((kl > 1).sum()),
+                       "same_top1": float(scores.same_top1[pos == p].double().mean()) if kl.numel() else None}
+    rest = scores.kl[pos >= first]
+    out["rest"] = {"positions": int(rest.numel()), "kld_mean": float(rest.mean()) if rest.numel() else None,
+                   "kld_median": float(rest.median()) if rest.numel() else None}
+    total = float(scores.kl.sum())
+    out["first_share_of_total_kl"] = float(scores.kl[pos < first].sum()) / total if total > 0 else 0.0
+    return out
+
+
+MATCH_KEYS = {"kld_median": "lower", "kld_p99": "lower", "top1_agreement": "higher"}
+
+
+def quality_matched(candidates: dict[str, dict], target: dict, keys: dict[str, str] | None = None) -> dict:
+    """Which candidates are no worse than `target` on every statistic of `keys`, and the one to time.
+
+    candidates: {label: statistics (engine.measure.kld.summarize keys; "weight_bytes" if known)};
+    target: the peer's statistics on the same reference and tokens. keys: {statistic: "lower" | "higher"}
+    (which way is better); by default KLD median and p99 (lower) and same top-1 (higher). Ties count as
+    no worse. Returns {"matched": [labels, in the order given], "misses": {label: [the statistics it
+    loses on]}, "pick": the matched candidate with the fewest weight bytes (then the first given) or
+    None when none matches, "keys": keys}. A statistic missing from a candidate or the target is refused.
+    """
+    keys = dict(MATCH_KEYS if keys is None else keys)
+    for k, way in keys.items():
+        if way not in ("lower", "higher"):
+            raise ValueError(f"statistic {k}: 'lower' or 'higher' is better, not {way!r}")
+        if target.get(k) is None:
+            raise ValueError(f"the target has no {k}")
+    matched, misses = [], {}
+    for label, c in candidates.items():
+        lost = []
+        for k, way in keys.items():
+            if c.get(k) is None:
+                raise ValueError(f"candidate {label} has no {k}")
+            if (c[k] > target[k]) if way == "lower" else (c[k] < target[k]):
+                lost.append(k)
+        if lost:
+            misses[label] = lost
+        else:
+            matched.append(label)
+    order = {label: i for i, label in enumerate(candidates)}
+    pick = min(matched, key=lambda x: (candidates[x].get("weight_bytes") or float("inf"), order[x]), default=None)
+    return {"matched": matched, "misses": misses, "pick": pick, "keys": keys}

@@ -1,4 +1,4 @@
-"""llama.cpp's own Q4_K_M on the quality eval text, scored against our fp32 reference.
+"""llama.cpp's own Q4_K_M (or another GGUF of the same weights) on the quality eval text, scored against our fp32 reference.
 
 The parent (`llama_cpp_quality`) tokenizes the eval text with the lab's tokenizer, makes sure the
 fp32 reference is cached (engine.measure.quality), and hands the token ids and the reference's path
@@ -39,34 +39,47 @@ def llama_cpp_unavailable(model: str) -> str | None:
 
 
 def llama_cpp_quality(model: str = "default", max_tokens: int | None = None, ref_lm=None, progress=None,
-                      timeout_s: int = 3600) -> dict:
-    """The quality statistics of llama.cpp's Q4_K_M GGUF, as engine.measure.quality.evaluate returns them.
+                      timeout_s: int = 3600, *, gguf: str | Path | None = None, precision: str | None = None,
+                      label: str | None = None, docs=None, scores: bool = False) -> dict:
+    """The quality statistics of a llama.cpp GGUF, as engine.measure.quality.evaluate returns them.
+
+    By default the catalog model's shipped Q4_K_M GGUF. `gguf` scores another GGUF file of the same
+    weights and vocabulary instead (bench/quality_matched.py: the reference's weights converted and
+    quantized by llama.cpp's own tools), with its `precision` (GGUF type) and `label`; `model` may then be
+    any model folder, not only a catalog name. `docs`: the eval documents (else the eval text at
+    `max_tokens`). `scores`: also return the per-position scores (engine.measure.kld.Scores.to_lists) as
+    "scores", for per-position analysis.
 
     Adds system, precision, label, weight_bytes and vocab_check. When llama.cpp cannot run here the
     dict is {"system", "precision", "label", "unavailable": reason}; when it fails, "failed": reason.
     `ref_lm` is the fp32 model to compute a missing reference with (else it is loaded by name).
     """
-    from engine.infer.catalog import canonical_name, gguf_path, resolve
+    from engine.infer.catalog import CATALOG, canonical_name, gguf_path, resolve
     from engine.infer.loader import load_tokenizer
     from engine.measure import quality
     from engine.measure.eval_text import DEFAULT_TOKENS, eval_docs
 
-    head = {"system": SYSTEM, "precision": PRECISION, "label": LABEL}
-    reason = llama_cpp_unavailable(model)
+    head = {"system": SYSTEM, "precision": precision or PRECISION, "label": label or LABEL}
+    if gguf is None:
+        reason = llama_cpp_unavailable(model)
+    else:
+        reason = unavailable_reason(PeerConfig.of(system=SYSTEM, model="default", precision=PRECISION))
+        if reason is None and not Path(gguf).is_file():
+            reason = f"the GGUF {gguf} does not exist"
     if reason is not None:
         return {**head, "unavailable": reason}
-    name = canonical_name(model)
+    name = canonical_name(model) if canonical_name(model) in CATALOG else str(model)
     say = progress or (lambda s: None)
     folder = resolve(model, progress)
     tok = load_tokenizer(folder)
-    docs = eval_docs(tok, max_tokens or DEFAULT_TOKENS)
+    docs = docs if docs is not None else eval_docs(tok, max_tokens or DEFAULT_TOKENS)
     ref_path = quality.ensure_reference(name, folder, docs, ref_lm, progress)
-    gguf = gguf_path(model, progress)
+    gguf = gguf if gguf is not None else gguf_path(model, progress)
     vocab = json.loads((folder / "config.json").read_text())["vocab_size"]
-    job = {"gguf": str(gguf), "reference": str(ref_path), "vocab": vocab,
+    job = {"gguf": str(gguf), "reference": str(ref_path), "vocab": vocab, "scores": bool(scores),
            "docs": [{"id": d.id, "category": d.category, "ids": list(d.ids), "text": tok.decode(list(d.ids))}
                     for d in docs]}
-    say(f"scoring {LABEL} on {sum(d.positions for d in docs):,} tokens in a fresh process")
+    say(f"scoring {head['label']} on {sum(d.positions for d in docs):,} tokens in a fresh process")
     env = dict(os.environ)
     env["PYTHONPATH"] = str(REPO_ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     try:
@@ -127,7 +140,10 @@ def run_job(job: dict) -> dict:
             lp = torch.log_softmax(logits[s:e], -1)
             parts.append(score(ref.slice(off + s, off + e), lp, torch.tensor(d.ids[s + 1: e + 1])))
         off += d.positions
-    out = results(Scores.cat(parts), docs)
+    sc = Scores.cat(parts)
+    out = results(sc, docs)
+    if job.get("scores"):
+        out["scores"] = sc.to_lists()
     out.update(weight_bytes=os.path.getsize(job["gguf"]), vocab_check=check, load_s=load_s,
                score_s=time.perf_counter() - t,
                versions={"llama_cpp_python": getattr(llama_cpp, "__version__", None), "n_threads": threads})

@@ -1,0 +1,104 @@
+"""llama.cpp's own GGUF tools, run from this machine: its converter and its quantizer.
+
+- llama_cpp_source(): vendor/llama.cpp of the llama-cpp-python sdist (the version `make peers`
+  builds, engine.peers.servers.LLAMA_CPP_VERSION), unpacked once into the cache: the converter
+  convert_hf_to_gguf.py, its gguf-py and its conversion package.
+- convert_f32(folder, dest): a Hugging Face folder (safetensors + config + tokenizer) as an F32 GGUF,
+  written by that convert_hf_to_gguf.py with its own gguf-py.
+- quantize(f32, dest, ftype): llama.cpp's quantizer, the code llama-quantize runs
+  (llama_model_quantize, through llama-cpp-python), from the F32 GGUF to `ftype` (Q4_K_M, Q8_0, ...).
+
+Each writes to a temporary name and renames, so a file at `dest` is whole; an existing one is kept.
+Shared by bench/llama_shape.py (random weights, speed) and bench/quality_matched.py (the quality
+reference's weights, quality).
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+from engine.common.errors import UserError
+from engine.common.paths import cache_dir
+from engine.peers.servers import LLAMA_CPP_VERSION  # the sdist `make peers` builds from
+
+__all__ = ["FTYPES", "LLAMA_CPP_VERSION", "convert_f32", "llama_cpp_source", "quantize"]
+
+FTYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K_S", "Q3_K_M", "Q3_K_L",
+          "Q4_K_S", "Q4_K_M", "Q5_K_S", "Q5_K_M", "Q6_K")
+
+
+def llama_cpp_source() -> Path:
+    """vendor/llama.cpp of the llama-cpp-python sdist (the version `make peers` builds), unpacked once:
+    the converter, its gguf-py and its conversion package only."""
+    base = cache_dir() / "llama-cpp-src"
+    src = base / f"llama_cpp_python-{LLAMA_CPP_VERSION}" / "vendor" / "llama.cpp"
+    if (src / "convert_hf_to_gguf.py").exists():
+        return src
+    sdist = base / f"llama_cpp_python-{LLAMA_CPP_VERSION}.tar.gz"
+    if not sdist.exists():
+        base.mkdir(parents=True, exist_ok=True)
+        p = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-binary", ":all:", "--no-deps",
+                            f"llama-cpp-python=={LLAMA_CPP_VERSION}", "-d", str(base)], capture_output=True, text=True)
+        if p.returncode != 0 or not sdist.exists():
+            raise UserError(f"could not download the llama-cpp-python {LLAMA_CPP_VERSION} sdist: "
+                            f"{(p.stderr or p.stdout).strip()[-300:]}",
+                            f"put llama_cpp_python-{LLAMA_CPP_VERSION}.tar.gz in {base}")
+    top = f"llama_cpp_python-{LLAMA_CPP_VERSION}/vendor/llama.cpp/"
+    with tarfile.open(sdist) as tf:
+        keep = [m for m in tf.getmembers() if m.name == top + "convert_hf_to_gguf.py"
+                or m.name.startswith((top + "gguf-py/", top + "conversion/"))]
+        tf.extractall(base, members=keep, filter="data")
+    return src
+
+
+def convert_f32(folder: Path, dest: Path) -> Path:
+    """The folder as an F32 GGUF, written by convert_hf_to_gguf.py with its own gguf-py (once)."""
+    folder, dest = Path(folder), Path(dest)
+    if dest.exists():
+        return dest
+    src = llama_cpp_source()
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(dest.name + ".partial")
+    # The Llama converter imports sentencepiece before it finds no tokenizer.model and falls through
+    # to the BPE vocab (tokenizer.json); sentencepiece is not in the lab's venv, so an import-only
+    # stand-in that refuses to be used lets it get there.
+    shim = cache_dir() / "llama-cpp-src" / "no-sentencepiece"
+    shim.mkdir(parents=True, exist_ok=True)
+    (shim / "sentencepiece.py").write_text(
+        "class SentencePieceProcessor:\n    def __init__(self, *a, **k):\n"
+        "        raise RuntimeError('sentencepiece is not installed: this folder has no tokenizer.model')\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(src / "gguf-py"), str(shim)]), "HF_HUB_OFFLINE": "1"}
+    env.pop("NO_LOCAL_GGUF", None)
+    p = subprocess.run([sys.executable, str(src / "convert_hf_to_gguf.py"), str(folder), "--outtype", "f32",
+                        "--outfile", str(tmp)], capture_output=True, text=True, env=env, cwd=str(src))
+    if p.returncode != 0:
+        tmp.unlink(missing_ok=True)
+        raise RuntimeError(f"convert_hf_to_gguf.py failed: {(p.stderr or p.stdout).strip()[-1500:]}")
+    os.replace(tmp, dest)
+    return dest
+
+
+def quantize(f32: Path, dest: Path, ftype: str) -> Path:
+    """llama.cpp's own quantizer (llama_model_quantize, through llama-cpp-python) from the F32 GGUF (once)."""
+    f32, dest = Path(f32), Path(dest)
+    if dest.exists():
+        return dest
+    if ftype not in FTYPES:
+        raise UserError(f"'{ftype}' is not a llama.cpp GGUF type this lab quantizes to",
+                        f"use one of: {', '.join(FTYPES)}")
+    import llama_cpp
+
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_{'ALL' if ftype == 'F32' else 'MOSTLY'}_{ftype}")
+    params.nthread = os.cpu_count() or 1
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(dest.name + ".partial")
+    rc = llama_cpp.llama_model_quantize(str(f32).encode(), str(tmp).encode(), params)
+    if rc != 0:
+        tmp.unlink(missing_ok=True)
+        raise RuntimeError(f"llama_model_quantize to {ftype} returned {rc}")
+    os.replace(tmp, dest)
+    return dest
