@@ -128,6 +128,7 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--only", default="", help="comma list: keep configs whose label contains any of these")
+    ap.add_argument("--labels", default="", help="comma list: keep exactly the configs with these labels")
     ap.add_argument("--random-init", default="", help="comma list of data/models.json shapes (GPU runs)")
     ap.add_argument("--timeout", type=int, default=1800, help="seconds per system")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
@@ -145,6 +146,13 @@ def main(argv=None) -> int:
     if a.only:
         keys = [k.strip().lower() for k in a.only.split(",") if k.strip()]
         cfgs = [c for c in cfgs if any(k in c.label.lower() for k in keys)]
+    if a.labels:
+        want = [x.strip() for x in a.labels.split(",") if x.strip()]
+        unknown = sorted(set(want) - {c.label for c in cfgs})
+        if unknown:
+            print(f"no configuration is labelled {unknown}; the labels: {[c.label for c in cfgs]}", file=sys.stderr)
+            return 2
+        cfgs = [c for c in cfgs if c.label in want]
     if not cfgs:
         print("no configuration matches --only", file=sys.stderr)
         return 2
