@@ -62,13 +62,14 @@ def vllm_client(url: str, served: str, c: int, n: int, a) -> dict:
                             "--random-output-len", str(a.output_len), "--ignore-eos", "--num-prompts", str(n),
                             "--max-concurrency", str(c), "--temperature", "0", "--seed", str(int(time.time())),
                             "--tokenizer", str(catalog.resolve("default-draft")), "--disable-tqdm",
-                            "--save-result", "--result-dir", d, "--result-filename", "v.json"],
+                            "--save-result", "--save-detailed", "--result-dir", d, "--result-filename", "v.json"],
                            capture_output=True, text=True, cwd=ROOT, timeout=1800, preexec_fn=_client_core)
         if p.returncode != 0:
             raise RuntimeError(f"vllm bench serve failed: {(p.stdout + p.stderr)[-1500:]}")
         v = json.loads((Path(d) / "v.json").read_text())
+    errors = sorted({str(e).strip().splitlines()[-1][:300] for e in (v.get("errors") or []) if e})  # its last line
     return {"tok_s": v["output_throughput"], "ttft_p50_ms": v["median_ttft_ms"], "failed": v["failed"],
-            "completed": v["completed"]}
+            "completed": v["completed"], "errors": errors}
 
 
 def _ratio(x, ref):
@@ -121,7 +122,7 @@ def main(argv=None) -> int:
                     r_tok, r_ttft = _ratio(g["tok_s"], ref["tok_s"]), _ratio(g["ttft_p50_ms"], ref["ttft_p50_ms"])
                     row = {"server": spec.label, "c": c, "client": client, "tok_s": round(g["tok_s"], 2),
                            "ttft_p50_ms": round(g["ttft_p50_ms"], 1), "tok_s_ratio": r_tok, "ttft_ratio": r_ttft,
-                           "failed": g["failed"],
+                           "failed": g["failed"], "errors": g.get("errors") or [],
                            "agrees": abs(r_tok - 1) <= TOK_S_BOUND and abs(r_ttft - 1) <= TTFT_BOUND}
                     if g.get("server_e2e_s") and e2e:  # the server's own slow-down while this client ran
                         row["server_e2e_ratio"] = round(sum(e2e) / len(e2e) / g["server_e2e_s"], 3)
@@ -145,6 +146,9 @@ def main(argv=None) -> int:
         md.append(f"| {r['server']} | {r['c']} | {r['client']} | {r['tok_s']} | {r.get('tok_s_ratio', '')} | "
                   f"{r['ttft_p50_ms']} | {r.get('ttft_ratio', '')} | {r['failed']} | {ok} | "
                   f"{r.get('server_e2e_ratio', '')} |")
+    errs = [f"- {r['server']}, C={r['c']}, {r['client']}: {e}" for r in rows for e in r.get("errors") or []]
+    if errs:
+        md += ["", "Failed requests, as the client reported them:", *errs]
     (out / "second_client.md").write_text("\n".join(md) + "\n")
     print("\n".join(md))
     return 0
