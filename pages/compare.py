@@ -55,8 +55,9 @@ with tab_sweep:
         max_new = st.number_input("New tokens per run", 1, 1024, 32, key="cmp-tokens")
         workload = _ui.workload_input("cmp-workload", "chat:4,code:4")
         reps = st.number_input("Repetitions", 1, 20, 3, key="cmp-reps",
-                               help="Every prompt is measured this many times after a warm-up: the intervals and "
-                                    "the noise verdict need 2 or more.")
+                               help="Every prompt is measured this many times after a warm-up: the noise verdict "
+                                    "needs 2 or more; below 5 the ± is the range of the repetitions, from 5 on a "
+                                    "95% interval.")
         quality = st.checkbox("Measure quality vs fp32", value=False, key="cmp-quality",
                               help="Adds a 256-token evaluation per run; needed for the cost-vs-quality frontier.")
 

@@ -93,8 +93,8 @@ with c1:
 with c2:
     n_new = st.number_input("New tokens per run", min_value=4, max_value=512, value=32, step=4, key="home-tokens")
     reps = st.number_input("Repetitions", min_value=1, max_value=10, value=3, key="home-reps",
-                           help="Every prompt is measured this many times after a warm-up; 2 or more give an "
-                                "interval and the noise verdict.")
+                           help="Every prompt is measured this many times after a warm-up; 2 or more give the "
+                                "noise verdict and a ± (a range of the repetitions below 5, a 95% interval from 5).")
 with c3:
     quality = st.checkbox("Measure quality vs fp32", value=True, key="home-quality",
                           help="Perplexity, KL and top-1 agreement against fp32 on the lab's eval text "
