@@ -73,10 +73,16 @@ def _metric(path: str, scale: float = 1.0) -> Callable:
     return get
 
 
-def _speed_spread(rec) -> str | None:
+def _interval_of(rec, path: str) -> dict | None:
+    """metrics.intervals[path] of a record, when it is there."""
     ivs = (rec.metrics or {}).get(M.intervals)
-    iv = ivs.get(M.decode_tok_s) if isinstance(ivs, dict) else None
-    if not isinstance(iv, dict) or num(iv.get(IV.n)) is None:
+    iv = ivs.get(path) if isinstance(ivs, dict) else None
+    return iv if isinstance(iv, dict) else None
+
+
+def _speed_spread(rec) -> str | None:
+    iv = _interval_of(rec, M.decode_tok_s)
+    if iv is None or num(iv.get(IV.n)) is None:
         return None
     n = int(iv[IV.n])
     if iv.get(IV.kind) == "range":
@@ -89,9 +95,8 @@ def _speed_spread(rec) -> str | None:
 def _interval(path: str, scale: float = 1.0) -> Callable:
     """The record's interval of the metric at `path` (metrics.intervals[path]), times `scale`."""
     def get(rec, _usd):
-        ivs = (rec.metrics or {}).get(M.intervals)
-        iv = ivs.get(path) if isinstance(ivs, dict) else None
-        if not isinstance(iv, dict):
+        iv = _interval_of(rec, path)
+        if iv is None:
             return None
         lo, hi = num(iv.get(IV.lo)), num(iv.get(IV.hi))
         return None if lo is None or hi is None else (lo * scale, hi * scale)
