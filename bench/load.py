@@ -3,6 +3,8 @@
     .venv/bin/python bench/load.py                                  # the 0.5B, ShareGPT chat, concurrency 1, 4, 8
     .venv/bin/python bench/load.py --model default --precisions int4   # the 1.5B (its draft: the 0.5B)
     .venv/bin/python bench/load.py --only llama,vllm                 # systems whose label contains any of these
+    .venv/bin/python bench/load.py --concurrency 1,8 --llama-precisions Q4_K_M,Q8_0,BF16 --vllm-precisions bf16,int8
+                                                                     # the headline: each at its best, and at one precision
 
 Each server is started by the lab on 127.0.0.1 (engine/peers/servers.py), warmed with one request,
 then sent the same ShareGPT chat requests (the paired answers' lengths, capped, forced with
@@ -12,6 +14,12 @@ the Load test page runs); every load point is a `load` record in the store. Our 
 listed with the reason. Writes <out>/<name>.{md,csv,json,html} and <name>-crossover.html, with PNGs
 when Debian's chromium is there; the .md ends with $/1M at the SLO, the crossovers and the issue's
 targets checked, and the load average before and after.
+
+The headline table (issue 23.2) has two kinds of column: each system at its best (its fastest
+configuration at that concurrency, draft or not, named), and every system at one precision without a
+draft: bf16 (llama.cpp's BF16 GGUF) and 8-bit weights (our int8, vLLM's int8 weight-only, llama.cpp's
+Q8_0). llama-server's Q8_0 and BF16 are the catalog weights requantized by llama.cpp's own tools, the
+weights our engine quantizes (engine.peers.servers.LLAMA_PRECISIONS).
 """
 from __future__ import annotations
 
@@ -36,11 +44,15 @@ from engine.present.load_view import (crossover_figure, load_columns, load_defin
 from engine.present.printers import format_rows  # noqa: E402
 
 COLUMNS = ["system", "profile", "requests", "failed", "out_tok_s", "req_s", "goodput", "ttft_p50_ms", "ttft_p90_ms",
-           "itl_p50_ms", "itl_p90_ms", "e2e_p90_s", "accept_rate", "accept_len", "forced"]
+           "itl_p50_ms", "itl_p90_ms", "gap_p50_ms", "gap_p99_ms", "e2e_p90_s", "accept_rate", "accept_len", "forced"]
+# The precision columns of the headline: each system's name for it.
+SAME_PRECISION = {"bf16": {"serving-cost-lab": "bf16", "llama-server": "BF16", "vllm": "bf16"},
+                  "8-bit weights": {"serving-cost-lab": "int8", "llama-server": "Q8_0", "vllm": "int8"}}
 
 
 def specs(model: str, drafts: list[str], precisions: list[str], slots: int, max_model_len: int,
-          llama_threads: int | None = None, vllm_precisions: tuple[str, ...] = ("bf16",)) -> list:
+          llama_threads: int | None = None, vllm_precisions: tuple[str, ...] = ("bf16",),
+          llama_precisions: tuple[str, ...] = ("Q4_K_M",)) -> list:
     """Our engine at each precision without a draft and at int4 with each draft (int8 under a self-draft,
     which must read fewer bytes than its target), llama-server with `slots` slots, plain and with its own
     speculative decoding for the model and n-gram drafts asked for, and vLLM's CPU build."""
@@ -49,7 +61,7 @@ def specs(model: str, drafts: list[str], precisions: list[str], slots: int, max_
     out += [ServerSpec.of("serving-cost-lab", precision="int8" if d == "self" else "int4", draft=d,
                           draft_model="default-draft", draft_precision="int4", gamma=4, **common)
             for d in drafts if d != "none"]
-    out += [ServerSpec.of("llama-server", threads=llama_threads, **common)]
+    out += [ServerSpec.of("llama-server", threads=llama_threads, precision=p, **common) for p in llama_precisions]
     # llama-server with its own speculative decoding, for each draft kind it has (the same draft and gamma)
     out += [ServerSpec.of("llama-server", threads=llama_threads, draft=d, draft_model="default-draft", gamma=4,
                           **common) for d in drafts if d in ("model", "ngram")]
@@ -63,30 +75,75 @@ def _at(recs, streams: int) -> dict[str, float]:
 
 
 def targets(recs, slots: int) -> list[str]:
-    """The issue's targets, measured in this run: our int4 at concurrency 8 against its own concurrency 1,
-    vLLM's CPU build and llama-server; speculation at concurrency 1 and where it stops paying."""
+    """The issues' targets, measured in this run: our int4 at concurrency 8 against its own concurrency 1,
+    vLLM's CPU build and llama-server (issues 13 and 23); our bf16 against vLLM's bf16 (23.7); our ITL
+    tail (23.8); speculation at concurrency 1."""
     c1, c8 = _at(recs, 1), _at(recs, 8)
-    ours = f"serving-cost-lab int4 ({slots} seqs)"
-    llama = next((k for k in c8 if k.startswith("llama-server")), None)
-    vllm = next((k for k in c8 if k.startswith("vLLM")), None)
+    ours, ours_bf16 = f"serving-cost-lab int4 ({slots} seqs)", f"serving-cost-lab bf16 ({slots} seqs)"
+    llama = next((k for k in c8 if k.startswith("llama-server Q4_K_M (")), None)
+    vllm = next((k for k in c8 if k.startswith("vLLM CPU bf16")), None)
     out = []
 
-    def check(what, num, den, goal):
+    def check(what, num, den, goal, lower=False):
         if num is None or den is None:
             out.append(f"- {what}: not measured")
             return
         r = num / den
-        out.append(f"- {what}: {num:.1f} / {den:.1f} = **{r:.2f}x** (target >= {goal}x): "
-                   + ("met" if r >= goal else "MISSED"))
+        met = r <= goal if lower else r >= goal
+        out.append(f"- {what}: {num:.1f} / {den:.1f} = **{r:.2f}x** (target {'<=' if lower else '>='} {goal}x): "
+                   + ("met" if met else "MISSED"))
 
     check("our int4 at concurrency 8 / its single stream", c8.get(ours), c1.get(ours), 5.0)
-    check("our int4 / vLLM CPU at concurrency 8", c8.get(ours), c8.get(vllm) if vllm else None, 1.5)
-    check("our int4 / llama-server 8 slots at concurrency 8", c8.get(ours), c8.get(llama) if llama else None, 1.0)
+    check("our int4 / vLLM CPU bf16 at concurrency 8", c8.get(ours), c8.get(vllm) if vllm else None, 1.5)
+    check("our int4 / llama-server Q4_K_M at concurrency 8 (issue 23)", c8.get(ours),
+          c8.get(llama) if llama else None, 2.5)
+    for c, at in ((1, c1), (8, c8)):
+        v = next((k for k in at if k.startswith("vLLM CPU bf16")), None)
+        check(f"our bf16 / vLLM CPU bf16 at concurrency {c} (issue 23.7)", at.get(ours_bf16),
+              at.get(v) if v else None, 0.9)
+    gaps = next(((r.metrics["load"].get("gap_s_p99"), r.metrics["load"].get("gap_s_p50")) for r in recs
+                 if r.config["label"] == ours and (r.config.get("profile") or {}).get("streams") == 8), (None, None))
+    check("our int4 ITL (every gap) p99 / p50 at concurrency 8, ms (issue 23.8)",
+          gaps[0] * 1000 if gaps[0] else None, gaps[1] * 1000 if gaps[1] else None, 3.0, lower=True)
     for lab in c1:
         if lab.startswith("serving-cost-lab int4 +") and ours in c1:
             out.append(f"- {lab} at concurrency 1: {c1[lab]:.1f} against {c1[ours]:.1f} tok/s without a draft "
                        f"= {c1[lab] / c1[ours]:.2f}x")
     return out
+
+
+def _system(rec) -> str:
+    return rec.config.get("system") or rec.config["label"]
+
+
+def _plain(rec) -> bool:
+    return (rec.config.get("draft") or {}).get("kind", "none") in (None, "none")
+
+
+def headline(recs) -> str:
+    """Each system at its best, and all at one precision (SAME_PRECISION), output tok/s at each concurrency;
+    the ratio after each of ours is ours / that peer."""
+    by = {}
+    for r in recs:
+        n = (r.config.get("profile") or {}).get("streams")
+        v = r.metrics["load"].get("output_tok_s")
+        if n and v:
+            by.setdefault((n, _system(r)), []).append((v, r))
+    systems = list(dict.fromkeys(s for _, s in by))
+    head = ["concurrency", "system", "at its best: configuration", "tok/s"] + [f"at {k}: tok/s" for k in SAME_PRECISION]
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for n in sorted({n for n, _ in by}):
+        for sysname in systems:
+            rows = by.get((n, sysname))
+            if not rows:
+                continue
+            best_v, best = max(rows, key=lambda x: x[0])
+            cells = [str(n), sysname, best.config["label"], f"{best_v:.1f}"]
+            for names in SAME_PRECISION.values():
+                hit = [v for v, r in rows if _plain(r) and r.config.get("precision") == names.get(sysname)]
+                cells.append(f"{hit[0]:.1f} ({names[sysname]})" if hit else "not run")
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def _load_average() -> str:
@@ -101,6 +158,8 @@ def main(argv=None) -> int:
     ap.add_argument("--precisions", default="int4,int8,bf16", help="our engine without a draft at these precisions")
     ap.add_argument("--vllm-precisions", default="bf16", help="vLLM's CPU build at these (bf16, fp32, int8: its "
                     "online int8 weight-only; see bench/vllm_precisions.py for what it accepts)")
+    ap.add_argument("--llama-precisions", default="Q4_K_M", help="llama-server at these (Q4_K_M: the catalog GGUF; "
+                    "Q8_0, BF16, F16: the same weights requantized by llama.cpp's tools, built once)")
     ap.add_argument("--workload", default="chat:16")
     ap.add_argument("--concurrency", default="1,4,8")
     ap.add_argument("--slots", type=int, default=8, help="server slots / max sequences (llama-server -np)")
@@ -122,7 +181,8 @@ def main(argv=None) -> int:
     drafts = [d.strip() for d in (a.drafts or ("ngram" if small else "ngram,model")).split(",") if d.strip()]
     precisions = [p.strip() for p in a.precisions.split(",") if p.strip()]
     todo = specs(a.model, drafts, precisions, a.slots, a.max_model_len, a.llama_threads,
-                 tuple(p.strip() for p in a.vllm_precisions.split(",") if p.strip()))
+                 tuple(p.strip() for p in a.vllm_precisions.split(",") if p.strip()),
+                 tuple(p.strip() for p in a.llama_precisions.split(",") if p.strip()))
     if a.only:
         keys = [k.strip().lower() for k in a.only.split(",") if k.strip()]
         todo = [s for s in todo if any(k in s.label.lower() for k in keys)]
@@ -146,7 +206,8 @@ def main(argv=None) -> int:
     head = (f"# Peers under load: {a.model}, {a.workload} (answers capped at {a.max_output_len} tokens), "
             f"concurrency {a.concurrency}\n\n`{command.strip()}`, {time.time() - t0:.0f} s. SLO for goodput: "
             f"{a.slo}. Load average (1, 5, 15 min) before: {load_before}; after: {load_after}.\n\n")
-    md = head + format_rows(rows, "md", cols) + "\n"
+    md = head + "## Each system at its best, and all at one precision (output tok/s)\n\n" + headline(recs)
+    md += "\n## Every configuration\n\n" + format_rows(rows, "md", cols) + "\n"
     if res.skipped:
         md += "\nNot measured:\n" + "".join(f"- {label}: {why}\n" for label, why in res.skipped)
     costs = load_cost.costs_at_slo(recs, a.usd_per_hour)

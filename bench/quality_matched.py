@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import hashlib
 import json
 import math
 import os
@@ -44,43 +43,14 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from engine.common.errors import UserError  # noqa: E402
-from engine.common.paths import cache_dir  # noqa: E402
 from engine.measure import quality  # noqa: E402
 from engine.measure.kld import Scores  # noqa: E402
+from engine.peers.gguf_tools import reference_ggufs  # noqa: E402
 
 F32_MAX_KLD = 1e-3  # the F32 GGUF through llama.cpp against the reference: above this, something differs
 GROUP_SIZES = (32, 64, 128)
 REQUANT, SHIPPED, F32 = "llama.cpp Q4_K_M (requantized from the reference)", "llama.cpp Q4_K_M (shipped: its own weights)", \
     "llama.cpp F32 (the reference, converted)"
-
-
-# ---------------------------------------------------------------- the GGUFs of the reference weights
-
-def gguf_dir(name: str, folder: Path) -> Path:
-    """Where the GGUFs of these reference weights live: keyed by what the weights are, not their name."""
-    w = quality.weights_fingerprint(name, folder)
-    if w is None:
-        raise UserError(f"{folder} has no safetensors or catalog manifest to identify its weights",
-                        "point at a model folder (config.json + *.safetensors + tokenizer)")
-    tag = Path(str(name)).name.replace(" ", "_")
-    return cache_dir() / "quality-matched" / f"{tag}-{hashlib.sha256(w.encode()).hexdigest()[:12]}"
-
-
-def reference_ggufs(name: str, folder: Path, types=("Q4_K_M",), progress=None) -> dict[str, Path]:
-    """{"F32": the reference folder converted by llama.cpp, type: quantized from it by llama.cpp} (built once)."""
-    from engine.peers.gguf_tools import convert_f32, quantize
-
-    say = progress or (lambda s: None)
-    d = gguf_dir(name, folder)
-    f32 = d / "model-F32.gguf"
-    if not f32.exists():
-        say(f"converting {folder} to an F32 GGUF with llama.cpp's convert_hf_to_gguf.py")
-    out = {"F32": convert_f32(folder, f32)}
-    for t in types:
-        if not (d / f"model-{t}.gguf").exists():
-            say(f"quantizing the F32 GGUF to {t} with llama.cpp's quantizer")
-        out[t] = quantize(f32, d / f"model-{t}.gguf", t)
-    return out
 
 
 # ---------------------------------------------------------------- the rows

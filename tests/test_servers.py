@@ -26,7 +26,7 @@ def _alive(pid: int) -> bool:
 
 def test_specs_are_validated_with_the_fix():
     for spec, word in [(ServerSpec.of("tgi"), "unknown server"), (ServerSpec.of("url"), "needs its URL"),
-                       (ServerSpec.of("llama-server", precision="int4"), "Q4_K_M"),
+                       (ServerSpec.of("llama-server", precision="int4"), "Q4_K_M, Q8_0, BF16"),
                        (ServerSpec.of("vllm", draft="ngram"), "without a draft"),
                        (ServerSpec.of("vllm", precision="int4"), "AWQ or GPTQ checkpoint"),
                        (ServerSpec.of("llama-server", slots=0), "slots")]:
@@ -119,6 +119,22 @@ def test_llama_server_runs_its_own_speculative_decoding(draft):
     spec_stats = server_metrics.spec_from(server_metrics.diff(server_metrics.parse(before),
                                                               server_metrics.parse(after)))
     assert spec_stats["drafted"] == t["draft_n"] and spec_stats["accepted"] == t["draft_n_accepted"]
+
+
+def test_llama_server_runs_the_precision_its_label_says():
+    """Issue 23.2: llama-server at our precision. Q8_0 is the catalog weights (those our int8 quantizes)
+    requantized by llama.cpp's own tools; the server reports that file as its model, and answers."""
+    spec = ServerSpec.of("llama-server", model="default-draft", precision="Q8_0", slots=1, max_model_len=256)
+    if servers.unavailable_reason(spec):
+        pytest.skip(servers.unavailable_reason(spec))
+    gguf = spec.llama_gguf()
+    assert gguf.name == "model-Q8_0.gguf" and gguf.stat().st_size > 0
+    assert gguf != ServerSpec.of("llama-server", model="default-draft").llama_gguf()
+    with servers.start(spec) as rs:
+        assert httpx.get(rs.url + "/props", timeout=30).json()["model_path"] == str(gguf)
+        body = {"prompt": "def add(a, b):", "n_predict": 4, "temperature": 0}
+        assert httpx.post(rs.url + "/completion", json=body, timeout=60).json()["tokens_predicted"] == 4
+        assert "Q8_0" in rs.spec.label and rs.facts()["weights"].startswith("requantized by llama.cpp")
 
 
 def test_llama_server_drafts_are_refused_by_name_where_it_has_none():

@@ -1,19 +1,23 @@
 """llama.cpp's own GGUF tools, run from this machine: its converter and its quantizer.
 
 - llama_cpp_source(): vendor/llama.cpp of the llama-cpp-python sdist (the version `make peers`
-  builds, engine.peers.servers.LLAMA_CPP_VERSION), unpacked once into the cache: the converter
+  builds, LLAMA_CPP_VERSION), unpacked once into the cache: the converter
   convert_hf_to_gguf.py, its gguf-py and its conversion package.
 - convert_f32(folder, dest): a Hugging Face folder (safetensors + config + tokenizer) as an F32 GGUF,
   written by that convert_hf_to_gguf.py with its own gguf-py.
 - quantize(f32, dest, ftype): llama.cpp's quantizer, the code llama-quantize runs
   (llama_model_quantize, through llama-cpp-python), from the F32 GGUF to `ftype` (Q4_K_M, Q8_0, ...).
+- reference_ggufs(name, folder, types): a model folder's weights converted, then quantized to each
+  type, cached by what the weights are (quality.weights_fingerprint), not by their name.
 
 Each writes to a temporary name and renames, so a file at `dest` is whole; an existing one is kept.
-Shared by bench/llama_shape.py (random weights, speed) and bench/quality_matched.py (the quality
-reference's weights, quality).
+Shared by bench/llama_shape.py (random weights, speed), bench/quality_matched.py (the quality
+reference's weights, quality) and engine.peers.servers (llama-server at a precision other than the
+shipped Q4_K_M: the same weights our engine quantizes, requantized by llama.cpp).
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import subprocess
 import sys
@@ -22,9 +26,10 @@ from pathlib import Path
 
 from engine.common.errors import UserError
 from engine.common.paths import cache_dir
-from engine.peers.servers import LLAMA_CPP_VERSION  # the sdist `make peers` builds from
 
-__all__ = ["FTYPES", "LLAMA_CPP_VERSION", "convert_f32", "llama_cpp_source", "quantize"]
+__all__ = ["FTYPES", "LLAMA_CPP_VERSION", "convert_f32", "gguf_dir", "llama_cpp_source", "quantize", "reference_ggufs"]
+
+LLAMA_CPP_VERSION = "0.3.36"  # the llama-cpp-python sdist whose vendored llama.cpp `make peers` builds
 
 FTYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K_S", "Q3_K_M", "Q3_K_L",
           "Q4_K_S", "Q4_K_M", "Q5_K_S", "Q5_K_M", "Q6_K")
@@ -102,3 +107,32 @@ def quantize(f32: Path, dest: Path, ftype: str) -> Path:
         raise RuntimeError(f"llama_model_quantize to {ftype} returned {rc}")
     os.replace(tmp, dest)
     return dest
+
+
+def gguf_dir(name: str, folder: Path) -> Path:
+    """Where the GGUFs of these weights live: keyed by what the weights are, not their name."""
+    from engine.measure import quality
+
+    w = quality.weights_fingerprint(name, folder)
+    if w is None:
+        raise UserError(f"{folder} has no safetensors or catalog manifest to identify its weights",
+                        "point at a model folder (config.json + *.safetensors + tokenizer)")
+    tag = Path(str(name)).name.replace(" ", "_")
+    return cache_dir() / "quality-matched" / f"{tag}-{hashlib.sha256(w.encode()).hexdigest()[:12]}"
+
+
+def reference_ggufs(name: str, folder: Path, types=("Q4_K_M",), progress=None) -> dict[str, Path]:
+    """{"F32": the folder converted by llama.cpp, type: quantized from it by llama.cpp} (built once)."""
+    say = progress or (lambda s: None)
+    d = gguf_dir(name, folder)
+    f32 = d / "model-F32.gguf"
+    if not f32.exists():
+        say(f"converting {folder} to an F32 GGUF with llama.cpp's convert_hf_to_gguf.py")
+    out = {"F32": convert_f32(folder, f32)}
+    for t in types:
+        if t == "F32":
+            continue
+        if not (d / f"model-{t}.gguf").exists():
+            say(f"quantizing the F32 GGUF to {t} with llama.cpp's quantizer")
+        out[t] = quantize(f32, d / f"model-{t}.gguf", t)
+    return out

@@ -28,10 +28,10 @@ from engine.common.errors import UserError, read_object
 from engine.common.paths import REPO_ROOT, cache_dir
 from engine.common.setup import EngineSetup
 from engine.common.vocab import MAX_GAMMA
+from engine.peers.gguf_tools import LLAMA_CPP_VERSION  # the sdist `make peers` builds
 
 OURS = "serving-cost-lab"
 SYSTEMS = (OURS, "llama-server", "vllm", "url")
-LLAMA_CPP_VERSION = "0.3.36"  # the llama-cpp-python sdist whose vendored llama.cpp `make peers` builds
 VLLM_VENV = REPO_ROOT / ".venv-vllm"
 HOST = "127.0.0.1"
 # Seen here (2 cores): llama-server answers /health within ~5 s on the 0.5B; vLLM's CPU build after ~2 min.
@@ -87,6 +87,13 @@ DEFAULT_PRECISION = {OURS: "int4", "llama-server": "Q4_K_M", "vllm": "bf16"}
 VLLM_PRECISIONS = {"bf16": ("--dtype", "bfloat16"), "fp32": ("--dtype", "float32"),
                    "int8": ("--dtype", "bfloat16", "--quantization", "int8_per_channel_weight_only"),
                    "fp8": ("--dtype", "bfloat16", "--quantization", "fp8_per_channel")}
+# llama-server's weights: the catalog GGUF as shipped (Q4_K_M), or the same weights our engine quantizes
+# (the catalog folder, Q4_K_M dequantized) converted and requantized by llama.cpp's own tools
+# (gguf_tools.reference_ggufs, built once): its 8-bit and 16-bit types beside our int8 and bf16.
+LLAMA_PRECISIONS = {"Q4_K_M": "the catalog GGUF as shipped",
+                    "Q8_0": "requantized by llama.cpp from the catalog weights (8 bits, one scale per 32)",
+                    "BF16": "converted by llama.cpp from the catalog weights",
+                    "F16": "converted by llama.cpp from the catalog weights"}
 LLAMA_DRAFTS = ("model", "ngram")  # llama-server's speculative decoding: -md <GGUF>, or --spec-type ngram-simple
 LLAMA_NGRAM_N = 3  # its lookup n-gram, as our ngram drafter's longest match
 
@@ -129,9 +136,10 @@ class ServerSpec:
             raise UserError(f"unknown server '{self.system}'", f"use one of: {', '.join(SYSTEMS)}")
         if self.system == "url" and not self.url:
             raise UserError("a 'url' server needs its URL", "pass url='http://host:port'")
-        if self.system == "llama-server" and self.setup.precision != "Q4_K_M":
-            raise UserError(f"llama-server runs the catalog GGUF as shipped, not '{self.setup.precision}'",
-                            "use precision Q4_K_M")
+        if self.system == "llama-server" and self.setup.precision not in LLAMA_PRECISIONS:
+            raise UserError(f"the lab starts llama-server at {', '.join(LLAMA_PRECISIONS)}, not "
+                            f"'{self.setup.precision}' (llama.cpp's own types)",
+                            f"use precision one of: {', '.join(LLAMA_PRECISIONS)}")
         if self.system == "vllm" and self.setup.precision not in VLLM_PRECISIONS:
             raise UserError(f"the lab starts vLLM at {', '.join(VLLM_PRECISIONS)}, not '{self.setup.precision}' "
                             "(its int4 needs an AWQ or GPTQ checkpoint quantized offline)",
@@ -191,6 +199,17 @@ class ServerSpec:
             return f"llama-server {st.precision}{draft} ({self.slots} slots{threads})"
         return f"vLLM CPU {self.setup.precision} ({self.slots} seqs)"
 
+    def llama_gguf(self) -> Path:
+        """llama-server's -m: the catalog GGUF at Q4_K_M, else llama.cpp's own requantization of the catalog
+        weights (converted and quantized once, minutes for the 1.5B)."""
+        from engine.infer import catalog
+        from engine.peers.gguf_tools import reference_ggufs
+
+        p = self.setup.precision
+        if p == "Q4_K_M":
+            return catalog.gguf_path(self.setup.model)
+        return reference_ggufs(catalog.canonical_name(self.setup.model), catalog.resolve(self.setup.model), (p,))[p]
+
     def command(self, port: int) -> list[str]:
         """The launch command (paths resolved; the model converted or joined first if needed)."""
         from engine.infer import catalog
@@ -211,7 +230,7 @@ class ServerSpec:
                     "--served-model-name", self.served_name]
         elif self.system == "llama-server":
             # llama-server splits -c across its slots: each request gets c / np.
-            cmd = [str(llama_server_binary()), "-m", str(catalog.gguf_path(self.setup.model)), "--host", HOST,
+            cmd = [str(llama_server_binary()), "-m", str(self.llama_gguf()), "--host", HOST,
                    "--port", str(port), "-np", n, "-c", str(self.slots * self.max_model_len), "-cb", "--metrics",
                    "--no-webui", "--alias", self.served_name] + list(PROMPT_CACHE_OFF["llama-server"])
             if self.setup.draft == "model":  # llama.cpp's own speculative decoding with a draft model
@@ -307,6 +326,7 @@ class RunningServer:
                 "precision": sp.setup.precision, "draft": sp.setup.to_record()["draft"],
                 "setup": sp.setup.to_dict() if sp.system == OURS else None, "slots": sp.slots,
                 "max_model_len": sp.max_model_len, "prompt_cache": PROMPT_CACHE[sp.system],
+                "weights": LLAMA_PRECISIONS.get(sp.setup.precision) if sp.system == "llama-server" else None,
                 "launch": {"command": self.command, "pid": self.pid, "port": self.port, "log": self.log_path,
                            "started_at": self.started_at, "ready_s": self.ready_s}}
 

@@ -53,6 +53,7 @@ LOAD_COLUMNS: tuple[Column, ...] = (
     metric_column("itl_p50_ms", LOAD_AT.itl_s_p50, "ITL p50 ms", "ms", MS, digits=1),
     metric_column("itl_p90_ms", LOAD_AT.itl_s_p90, "ITL p90 ms", "ms", MS, digits=1, better="lower",
                   chart="Inter-token latency p90 under load"),
+    metric_column("gap_p50_ms", LOAD_AT.gap_s_p50, "gap p50 ms", "ms", MS, digits=1),
     metric_column("gap_p99_ms", LOAD_AT.gap_s_p99, "gap p99 ms", "ms", MS, digits=1),
     metric_column("e2e_p50_s", LOAD_AT.e2e_s_p50, "e2e p50 s", digits=2),
     metric_column("e2e_p90_s", LOAD_AT.e2e_s_p90, "e2e p90 s", digits=2),
