@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import warnings
 
@@ -176,7 +177,6 @@ def _bench_output(recs, a) -> int:
 def cmd_quality(a) -> int:
     """llama.cpp-style statistics against fp32 for each precision, and llama.cpp's own Q4_K_M beside them."""
     import gc
-    import json
 
     from tqdm import tqdm
 
@@ -241,7 +241,25 @@ def cmd_runs(a) -> int:
     if a.show:
         print(st.get_run(a.show).to_json(indent=1))
         return 0
-    _print_summary(st.list_runs(a.limit), "json" if a.json else "md", categories=False)
+    recs = st.list_runs(a.limit)
+    loads, others = [r for r in recs if r.kind == "load"], [r for r in recs if r.kind != "load"]
+    # load records keep their own columns: throughput and latencies under load (issue 24.7)
+    from engine.present import rows
+    from engine.present.load_view import load_rows
+    from engine.present.printers import format_rows
+
+    cols = ["run", "system", "profile", "requests", "failed", "out_tok_s", "goodput", "ttft_p50_ms", "ttft_p90_ms",
+            "itl_p50_ms", "gap_p50_ms", "gap_p99_ms", "e2e_p90_s"]
+    if a.json:  # one list: the runs' rows, then each load record's, tagged kind "load"
+        out = json.loads(_table(rows(others), "cli", "json")) if others else []
+        out += [{"kind": "load", **{c: r.get(c) for c in cols}} for r in load_rows(loads)]
+        print(json.dumps(out, indent=1, default=str))
+        return 0
+    if others or not loads:
+        _print_summary(others, "md", categories=False)
+    if loads:
+        print(("\n" if others else "") + "Under load (python -m engine load):")
+        print(format_rows(load_rows(loads), "md", cols))
     return 0
 
 

@@ -113,17 +113,30 @@ if PLANNER:
         go_plan = st.form_submit_button("Plan", type="primary")
     if go_plan:
         try:
-            st.session_state["plan-result"] = planning.plan_workload(
-                inputs, model, rate, inp, out, float(ttft) / 1e3, float(tpot) / 1e3, sel_gpus, precs, spec, use_cal)
+            args = (inputs, model, rate, inp, out, float(ttft) / 1e3, float(tpot) / 1e3, sel_gpus, precs, spec,
+                    use_cal)
+            st.session_state["plan-result"] = planning.plan_workload(*args)
+            st.session_state["plan-savings"] = (planning.savings_workload(*args)
+                                                if st.session_state["plan-result"].get("best") else None)
         except Exception as e:
             st.session_state.pop("plan-result", None)
+            st.session_state.pop("plan-savings", None)
             _ui.show_error(e)
     res = st.session_state.get("plan-result")
+    sv = st.session_state.get("plan-savings") if res else None
+    if sv:
+        st.markdown(f"**The answer on {_ui.md_escape(sv['gpu'])}:** {_ui.md_escape(sv['headline'])}")
+        st.plotly_chart(planning.savings_figure(sv), key="plan-savings-chart", config={"displaylogo": False})
+        st.dataframe(pd.DataFrame(planning.savings_rows(sv)), hide_index=True, key="plan-savings-steps")
+        for n in sv.get("notes") or []:
+            st.caption(_ui.md_escape(n))
+        with st.expander(f"Each precision on {sv['gpu']}, without and with speculation"):
+            st.dataframe(pd.DataFrame(sv["precisions"]), hide_index=True, key="plan-savings-precisions")
     if res:
         best = res.get("best")
         if best:
             m = st.columns([2, 1, 1, 1])
-            m[0].metric("Cheapest plan that meets the SLOs", best.get("label", ""))
+            m[0].metric("Cheapest plan that meets the SLOs, any GPU", best.get("label", ""))
             m[1].metric("$ per month", f"${best['usd_per_month']:,.0f}" if best.get("usd_per_month") else "n/a")
             m[2].metric("$ per 1M output tokens", f"${best['usd_per_1m_output']:.4f}"
                         if best.get("usd_per_1m_output") else "n/a")

@@ -23,11 +23,16 @@ else:
         notes = st.text_area("Notes", key="rep-notes", max_chars=reports.MAX_NOTES,
                              help="What you measured and why; shown at the top of the exported report.")
         usd = _ui.usd_per_hour()
+        sv = st.session_state.get("plan-savings")
+        with_plan = st.checkbox(f"With the savings answer from Cost & capacity ({_ui.md_escape(sv['headline'])})"
+                                if sv else "With the savings answer from Cost & capacity (plan a workload there first)",
+                                value=bool(sv), disabled=not sv, key="rep-with-plan")
         save = st.form_submit_button("Save report", type="primary")
     if save:
         try:
             recs = _ui.load_records(ids)
-            rid = reports.save(store, name, notes, recs, usd)
+            plan = {"workload": sv.get("workload") or {}, "savings": sv} if sv and with_plan else None
+            rid = reports.save(store, name, notes, recs, usd, plan)
             st.session_state["rep-pending"] = rid
             st.success(f"Saved report '{_ui.md_escape(name.strip())}' with {len(recs)} runs.")
         except Exception as e:
@@ -70,6 +75,12 @@ else:
         st.markdown(f"### {_ui.md_escape(rep.name)}")
         if rep.notes:
             st.text(rep.notes)
+        if rep.plan:
+            from engine.present import planning
+
+            sv = rep.plan["savings"]
+            st.markdown(f"**Your bill on {_ui.md_escape(sv['gpu'])}:** {_ui.md_escape(sv['headline'])}")
+            st.plotly_chart(planning.savings_figure(sv), key="rep-savings-chart", config={"displaylogo": False})
         b1, b2, b3, b4 = st.columns(4)
         try:
             b1.download_button("Export HTML", reports.export_html(rep), file_name=reports.html_filename(rep),

@@ -57,7 +57,17 @@ def test_planner_plans_a_workload():
     at.button(key="FormSubmitter:cost-plan-Plan").click().run()
     assert not problems(at)
     labels = {m.label: m.value for m in at.metric}
-    assert "Cheapest plan that meets the SLOs" in labels
+    assert "Cheapest plan that meets the SLOs, any GPU" in labels
+    # the answer first: the savings waterfall against bf16 without speculation, with each step's cause
+    answer = [m.value for m in at.markdown if m.value.startswith("**The answer on")]
+    assert answer and ("saves $" in answer[0] or "already the cheapest" in answer[0])
+    steps = frame(at, "step", "plan", "cause")
+    assert list(steps["step"]) == ["baseline", "+ quantization", "+ speculation"]
+    assert steps["plan"].iloc[0].endswith("bf16") and all(steps["cause"].str.len() > 0)
+    import json
+
+    charts = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+    assert any(d["data"][0]["type"] == "waterfall" for d in charts)
     assert labels["$ per month"].startswith("$")
     plans = frame(at, "plan", "feasible", "usd_per_month")
     assert plans["feasible"].all() and len(plans) >= 1

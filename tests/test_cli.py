@@ -106,3 +106,25 @@ def test_a_missing_data_package_is_a_clear_error(monkeypatch, capsys):
     finally:
         monkeypatch.undo()
         workloads.humaneval.cache_clear()
+
+
+def test_runs_lists_load_records_with_their_throughput_and_latencies(tmp_path):
+    """Issue 24.7: `python -m engine runs` shows a load record's throughput and latency columns, not a row of
+    blanks in the single-stream table."""
+    from engine.measure.records import RunRecord
+    from engine.measure.store import Store
+
+    load = {"output_tok_s": 12.5, "ttft_s_p50": 0.2, "gap_s_p99": 0.09, "requests": 1, "completed": 1, "failed": 0}
+    rec = RunRecord(kind="load", config={"system": "url", "label": "my deployment",
+                                         "profile": {"kind": "concurrent", "streams": 2}},
+                    metrics={"load": load}, machine={})
+    Store(tmp_path / "lab.sqlite").save_run(rec)
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "SCL_DATA_DIR": str(tmp_path)}
+    md = subprocess.run([sys.executable, "-m", "engine", "runs"], cwd=ROOT, capture_output=True, text=True, env=env)
+    assert md.returncode == 0, md.stderr
+    line = next(x for x in md.stdout.splitlines() if "my deployment" in x)
+    assert "12.5" in line and "200" in line and "Under load" in md.stdout
+    js = subprocess.run([sys.executable, "-m", "engine", "runs", "--json"], cwd=ROOT, capture_output=True, text=True,
+                        env=env)
+    (row,) = json.loads(js.stdout)
+    assert row["kind"] == "load" and row["out_tok_s"] == 12.5 and row["ttft_p50_ms"] == 200.0

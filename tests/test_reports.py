@@ -203,3 +203,54 @@ def test_errors_name_the_fix(tiny_records):
         reports.parse_report("{not json")
     except UserError as e:
         assert "Fix:" in str(e) and "export" in str(e)
+
+
+# ---------------------------------------------------------------- the savings answer (issue 24.1)
+
+def _savings_plan() -> dict:
+    from engine import planner
+    from engine.planner.savings import savings
+
+    sv = savings(planner.Workload(model="llama-3.1-70b", request_rate=0.01, input_tokens=1024, output_tokens=256),
+                 planner.load_gpus(), planner.shapes.load_models(), None, "H100 SXM").to_dict()
+    return {"workload": sv["workload"], "savings": sv}
+
+
+def test_a_report_carries_the_savings_waterfall(tiny_records, store):
+    """Saved with the Cost & capacity page's answer, a report keeps it through the store, JSON and HTML."""
+    plan = _savings_plan()
+    rid = reports.save(store, "bill", "for the customer", tiny_records, 0.25, plan)
+    rep = reports.load(store, rid)
+    sv = rep.plan["savings"]
+    assert sv["headline"] == plan["savings"]["headline"] and "saves $5,022/month" in sv["headline"]
+    assert [s["step"] for s in sv["steps"]] == ["baseline", "+ quantization", "+ speculation"]
+    assert sv["steps"][1]["delta_usd_per_month"] == plan["savings"]["steps"][1]["delta_usd_per_month"]
+    assert rep.plan["workload"]["model"] == "llama-3.1-70b"
+    again = reports.parse_report(reports.export_json(rep))
+    assert again.plan == rep.plan
+    doc = reports.export_html(rep)
+    body = _outside_plotly(doc)
+    assert body.index('id="your-bill"') < body.index("<h3>Runs</h3>")
+    assert '"type":"waterfall"' in body and "fits on 1 GPU(s) instead of 2" in body
+    # a report without a plan has no such section
+    assert 'id="your-bill"' not in _outside_plotly(reports.export_html(reports.Report("x", "", tiny_records)))
+
+
+def test_an_imported_plan_is_checked_field_by_field(tiny_records):
+    body = json.loads(reports.export_json(reports.Report("x", "", tiny_records, plan=_savings_plan())))
+    bad = copy.deepcopy(body)
+    bad["plan"]["savings"]["steps"][0]["usd_per_month"] = "lots"
+    with pytest.raises(UserError, match=r"plan\.savings\.steps\[0\]\.usd_per_month"):
+        reports.parse_report(json.dumps(bad))
+    bad = copy.deepcopy(body)
+    bad["plan"]["savings"]["steps"] = []
+    with pytest.raises(UserError, match="1 to 3 steps"):
+        reports.parse_report(json.dumps(bad))
+    evil = copy.deepcopy(body)
+    evil["plan"]["savings"]["headline"] = EVIL
+    evil["plan"]["savings"]["steps"][1]["cause"] = EVIL
+    evil["plan"]["savings"]["extra"] = "kept out"
+    rep = reports.parse_report(json.dumps(evil))
+    assert "extra" not in rep.plan["savings"]
+    doc = _outside_plotly(reports.export_html(rep))
+    assert EVIL not in doc and "&lt;script&gt;" in doc

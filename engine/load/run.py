@@ -85,6 +85,21 @@ def build_requests(cfg: LoadConfig, tokenizer, max_model_len: int | None) -> lis
     return fixed_lengths(cfg.requests or 32, cfg.input_len, cfg.output_len, tokenizer, cfg.prompt_kind, cfg.seed)
 
 
+def server_from_facts(facts: dict, url: str) -> dict:
+    """What a launcher would have said about a server it did not start, where the server says it: our own
+    server's setup in /v1/models ("lab"), so a load record against its URL is labelled, and calibrates the
+    planner's batch model, like one the lab started. {} for any other server."""
+    lab = facts.get("lab")
+    if not isinstance(lab, dict) or not lab.get("precision"):
+        return {}
+    draft = lab.get("draft") if isinstance(lab.get("draft"), dict) else None
+    settings = lab.get("settings") if isinstance(lab.get("settings"), dict) else {}
+    words = f" + {draft.get('kind')} draft" if draft else ""
+    return {"system": "serving-cost-lab", "label": f"serving-cost-lab {lab['precision']}{words} at {url} (its own "
+            "account)", "model": lab.get("model"), "precision": lab.get("precision"), "draft": draft,
+            "slots": settings.get("max_seqs"), "setup": lab.get("setup"), "identified_by": "/v1/models lab"}
+
+
 def _context_of(facts: dict) -> int | None:
     """The context one request gets, where the server says (llama-server's /props: n_ctx per slot; vLLM's
     /v1/models: max_model_len)."""
@@ -165,7 +180,7 @@ def run_point(cfg: LoadConfig, profile: Profile, prepared: Prepared, store=None,
     spec = server_metrics.spec_from(srv.get("delta") or {})
     if spec:
         metrics["spec"] = spec
-    s = cfg.server or {}
+    s = {**server_from_facts(facts, ep.base), **(cfg.server or {})}  # what the launcher or user said wins
     config = {
         "system": s.get("system") or "endpoint", "label": s.get("label") or ep.base,
         "model": s.get("model") or ep.model, "precision": s.get("precision"), "draft": s.get("draft"),

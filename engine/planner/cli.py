@@ -24,6 +24,7 @@ from engine import planner
 from engine.common.errors import UserError
 from engine.planner import shapes
 from engine.planner.gpus import CatalogError, find_gpu, load_gpus, price_table
+from engine.planner.savings import savings
 
 StoreReader = Callable[[], list]      # () -> list of plain dicts read from the lab's store
 
@@ -176,6 +177,22 @@ _PLAN_COLS = [("plan", "plan"), ("GPUs", "gpus"), ("$/hr", "usd_hr"), ("$/month"
               ("SLO margin", "margin"), ("out tok/s/GPU", "tok_s_gpu"), ("max conc", "max_conc"), ("bound", "bound")]
 
 
+def _savings_text(sv) -> str:
+    """The waterfall as text: the answer, one row per step, each step's cause, the band."""
+    rows = [{"step": s.step, "plan": (s.plan.label if s.plan else "none") + ("" if s.taken else " (not taken)"),
+             "usd_month": _f(s.usd_per_month, 0), "change": "" if i == 0 else f"{s.delta_usd_per_month:+,.0f}",
+             "band": (f"{s.low_usd_per_month:,.0f}-{s.high_usd_per_month:,.0f}"
+                      if s.low_usd_per_month is not None and s.high_usd_per_month is not None else ""),
+             "out_1m": _f(s.plan.usd_per_1m_output, 3) if s.plan and s.plan.feasible else "",
+             "gpus": (s.plan.gpus_total or "") if s.plan else ""} for i, s in enumerate(sv.steps)]
+    out = [f"the answer on {sv.gpu}: {sv.headline}",
+           _table(rows, [("step", "step"), ("plan", "plan"), ("GPUs", "gpus"), ("$/month", "usd_month"),
+                         ("change", "change"), ("band $/month", "band"), ("$/1M out", "out_1m")])]
+    out += [f"  {s.step}: {s.cause}" for s in sv.steps]
+    out += [f"  {n}" for n in sv.notes]
+    return "\n".join(out)
+
+
 # ------------------------------------------------------------------ entry
 
 def run(args, stored_runs: StoreReader | None = None, stored_gpu_overrides: StoreReader | None = None) -> int:
@@ -279,8 +296,10 @@ def _run(a, stored_runs: StoreReader | None, stored_gpu_overrides: StoreReader |
                       "high": "price_high_usd_per_hr"}[a.prices])
     res = planner.plan(w, gpus=gpus, models=models, calibration=cal)
     model = res.model
+    sv = savings(w, gpus, models, cal) if res.best else None
     if a.json:
         d = res.to_dict()
+        d["savings"] = sv.to_dict() if sv else None
         if not a.all:
             d["plans"] = [p for p in d["plans"] if p["feasible"]][: a.top] or d["plans"][: a.top]
         print(json.dumps(d, indent=1, default=str))
@@ -288,8 +307,11 @@ def _run(a, stored_runs: StoreReader | None, stored_gpu_overrides: StoreReader |
     print(f"{model.name}: {w.request_rate:g} req/s, {w.input_tokens} in / {w.output_tokens} out tokens, "
           f"SLO p90 TTFT {w.ttft_p90_s * 1e3:.0f} ms, TPOT {w.tpot_p90_s * 1e3:.1f} ms "
           f"({a.prices} prices, {w.family} kernels)\n")
+    if sv is not None:
+        print(_savings_text(sv) + "\n")
     feas = res.feasible[: a.top]
     if feas:
+        print("every plan that meets the SLOs, cheapest first:")
         print(_table(_plan_rows(feas), _PLAN_COLS))
     else:
         print("no feasible plan.")

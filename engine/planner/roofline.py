@@ -52,6 +52,8 @@ class Deployment:
     mem_util: float | None = None
     reserve_gib: float | None = None
     max_batch: int = DEFAULT_MAX_BATCH
+    # Both efficiencies times this (capped at 1): the planner's fitted error as a band (planner.savings).
+    efficiency_scale: float = 1.0
     calibration: Calibration | None = field(default=None, compare=False, hash=False, repr=False)
     # Per-instance memo of roofline coefficients: planning evaluates thousands of steps per plan.
     # init=False: dataclasses.replace() must start a fresh memo, never share the original's.
@@ -73,6 +75,14 @@ class Deployment:
 
     def efficiency(self, precision: str | None = None) -> tuple[Efficiency, str]:
         """Efficiency for `precision` (default: the deployment's), and where it comes from."""
+        eff, src = self._efficiency(precision)
+        k = self.efficiency_scale
+        if k == 1.0:
+            return eff, src
+        return (Efficiency(min(1.0, eff.mem_bw * k), min(1.0, eff.compute * k), eff.source),
+                f"{src}, x {k:.2f} (the band's edge)")
+
+    def _efficiency(self, precision: str | None = None) -> tuple[Efficiency, str]:
         p = precision or self.precision
         fam = self.family_obj()
         dev = "cpu" if self.gpu.kind == "cpu" else "cuda"

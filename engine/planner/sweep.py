@@ -1,8 +1,9 @@
 """Where quantization and speculation stop paying, and how many replicas share one GPU.
 
-`batch_sweep` tabulates decode cost against batch per precision (with and without speculation),
-`crossovers` says in words where each gain fades, `packing` counts independent replicas of one
-model that fit on one GPU.
+`batch_sweep` tabulates decode cost against batch per precision (with and without speculation, and
+the acceptance speculation needs to pay there), `crossovers` says in words where each gain fades,
+`break_even_acceptance` is that needed acceptance, `packing` counts independent replicas of one model
+that fit on one GPU.
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Sequence
 
 from engine.common.vocab import PRECISIONS
 from engine.planner import shapes
+from engine.planner.acceptance import acceptance_from_mean_length
 from engine.planner.calibration import Calibration
 from engine.planner.efficiency import compute_dtype
 from engine.planner.errors import PlanError
@@ -31,6 +33,19 @@ def _ms(x: float) -> float:
 def _check_count(field: str, v, lo: int, hi: float) -> None:
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not lo <= v <= hi:
         raise PlanError(field, f"must be a number from {lo} to {hi:,.0f}, got {v!r}")
+
+
+def break_even_acceptance(dep: Deployment, batch: float, context: float) -> float | None:
+    """The per-token acceptance below which speculation stops paying at this batch: the a whose E(a, g)
+    equals a round's cost over a plain step's, (verify + drafting) / plain. None when even a = 1 (E = g+1)
+    cannot pay for the round."""
+    sp = dep.spec
+    assert sp is not None
+    plain = decode_step(replace(dep, spec=None, draft=None), batch, context).total
+    need = spec_step(dep, batch, context).total / plain
+    if need >= sp.gamma + 1:
+        return None
+    return acceptance_from_mean_length(need, sp.gamma)
 
 
 def batch_sweep(model: ModelShape, gpu: GPU, precisions: Sequence[str], batches: Sequence[int], context: int,
@@ -61,6 +76,7 @@ def batch_sweep(model: ModelShape, gpu: GPU, precisions: Sequence[str], batches:
                 row["spec_tpot_ms"] = _ms(ss.total / ss.expected_tokens)
                 row["spec_speedup"] = st.total * ss.expected_tokens / ss.total
                 row["spec_bound"] = ss.verify.bound
+                row["break_even_acceptance"] = break_even_acceptance(sdep, b, context)
             base.setdefault(b, row["tok_s"])
             row["speedup_vs_first_precision"] = row["tok_s"] / base[b]
             rows.append(row)
@@ -82,6 +98,10 @@ def crossovers(rows: Sequence[dict], threshold: float = 1.05) -> list[str]:
             out.append(f"{p}: speculation " + (f"stops paying at batch {lose} (the verify pass of gamma+1 "
                                                f"tokens per sequence costs more than the tokens it saves)"
                                                if lose else "still pays at the largest batch swept"))
+            need = [(r["batch"], r.get("break_even_acceptance")) for r in rs]
+            out.append(f"{p}: speculation needs an acceptance above "
+                       + ", ".join(f"{a:.2f} at batch {b}" if a is not None else f"1 (never pays) at batch {b}"
+                                   for b, a in need))
         if p != first and rs and rs[0]["speedup_vs_first_precision"] > threshold:
             fade = next((r for r in rs if r["speedup_vs_first_precision"] < threshold), None)
             why = ""

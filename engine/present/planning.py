@@ -36,6 +36,73 @@ def plan_workload(inputs: dict, model: str, rate: float, input_tokens: int, outp
                         calibration=inputs["calibration"] if use_calibration else None).to_dict()
 
 
+def savings_workload(inputs: dict, model: str, rate: float, input_tokens: int, output_tokens: int,
+                     ttft_p90_s: float, tpot_p90_s: float, gpus: list[str] | None, precisions: list[str] | None,
+                     spec: str, use_calibration: bool, gpu: str | None = None) -> dict:
+    """The savings waterfall for the same workload (planner.savings.Savings.to_dict())."""
+    from engine.planner.savings import savings
+
+    w = planner.Workload(model=model, request_rate=float(rate), input_tokens=int(input_tokens),
+                         output_tokens=int(output_tokens), ttft_p90_s=float(ttft_p90_s), tpot_p90_s=float(tpot_p90_s),
+                         gpus=gpus or None, precisions=precisions or None, spec=spec)
+    return savings(w, inputs["gpus"], inputs["models"], inputs["calibration"] if use_calibration else None,
+                   gpu).to_dict()
+
+
+def savings_figure(sv: dict):
+    """The waterfall: the bf16 baseline, what quantization and speculation each change, the best plan; the
+    whiskers on the ends are the band (planner.savings)."""
+    import plotly.graph_objects as go
+
+    steps = sv["steps"]
+    base = steps[0]
+    x = [_safe(f"baseline: {base['plan'] or 'none'}")]
+    y, measure, text = [base["usd_per_month"] or 0.0], ["absolute"], [_money(base["usd_per_month"])]
+    for s in steps[1:]:
+        what = s["step"] + ("" if s["taken"] else " (not taken)")
+        if s["taken"] and s["plan"]:
+            what += f": {s['precision']}" if s["step"] == "+ quantization" else ""
+        x.append(_safe(what))
+        y.append(s["delta_usd_per_month"] or 0.0)
+        measure.append("relative")
+        text.append(_money(s["delta_usd_per_month"], signed=True))
+    best = steps[-1]
+    x.append(_safe(f"best: {best['plan'] or 'none'}"))
+    y.append(0.0)
+    measure.append("total")
+    text.append(_money(best["usd_per_month"]))
+    fig = go.Figure(go.Waterfall(x=x, y=y, measure=measure, text=text, textposition="outside",
+                                 decreasing=dict(marker_color="#2b8a3e"), increasing=dict(marker_color="#c92a2a"),
+                                 totals=dict(marker_color="#4c6ef5"), connector=dict(line=dict(color="#868e96"))))
+    ends = [(x[0], base), (x[-1], best)]
+    lo = [e[1].get("low_usd_per_month") for e in ends]
+    hi = [e[1].get("high_usd_per_month") for e in ends]
+    if all(v is not None for v in lo + hi):
+        mid = [e[1]["usd_per_month"] or 0.0 for e in ends]
+        fig.add_trace(go.Scatter(x=[e[0] for e in ends], y=mid, mode="markers", marker=dict(size=1, color="#212529"),
+                                 error_y=dict(type="data", symmetric=False, array=[h - m for h, m in zip(hi, mid)],
+                                              arrayminus=[m - lo_ for m, lo_ in zip(mid, lo)], color="#212529"),
+                                 name="band", showlegend=False, hoverinfo="skip"))
+    fig.update_layout(title=_safe(f"What quantization and speculation save on {sv['gpu']} ($/month)"), height=380,
+                      margin=dict(l=50, r=10, t=50, b=120), xaxis=dict(tickangle=-20), yaxis=dict(title="$/month"),
+                      showlegend=False)
+    return fig
+
+
+def savings_rows(sv: dict) -> list[dict]:
+    """The waterfall's steps as table rows: plan, GPUs, $/month, change, band, $/1M output, cause."""
+    return [{"step": s["step"], "plan": (s["plan"] or "none") + ("" if s["taken"] else " (not taken)"),
+             "GPUs": s["gpus"], "$/month": s["usd_per_month"], "change $/month": s["delta_usd_per_month"],
+             "band low": s["low_usd_per_month"], "band high": s["high_usd_per_month"],
+             "$/1M output": s["usd_per_1m_output"], "cause": s["cause"]} for s in sv["steps"]]
+
+
+def _money(v, signed: bool = False) -> str:
+    if v is None:
+        return "n/a"
+    return (f"{'+' if v > 0 else '-' if v < 0 else ''}${abs(v):,.0f}" if signed else f"${v:,.0f}")
+
+
 def price_rows(inputs: dict) -> list[dict]:
     return planner.price_table(inputs["gpus"])
 

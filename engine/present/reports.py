@@ -5,7 +5,11 @@ JSON) is:
 
     {"format": "serving-cost-lab-report", "report_version": 1, "record_schema_version": 1,
      "name": str, "notes": str, "created_at": str, "settings": {"usd_per_hour": float},
-     "runs": [RunRecord.to_dict(), ...]}
+     "runs": [RunRecord.to_dict(), ...],
+     "plan": {"workload": {...}, "savings": planner.savings.Savings.to_dict()}}   # optional
+
+The plan is the Cost & capacity page's answer (the savings waterfall for a workload) when the user
+saved it with the report; `check_plan` keeps only its known fields, each checked.
 
 Imports are untrusted: `parse_report` refuses anything that is not that shape (bad JSON, another
 format or version, a run record that fails `records.validate`, which checks every declared field's
@@ -43,6 +47,7 @@ class Report:
     usd_per_hour: float = DEFAULT_USD_PER_HOUR
     created_at: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
     report_id: str | None = None
+    plan: dict | None = None  # {"workload": {...}, "savings": {...}}: the savings answer, when saved with it
 
     @property
     def run_ids(self) -> list[str]:
@@ -95,6 +100,67 @@ def _check_price(x) -> float:
     return float(x)
 
 
+_STEP_NUMS = ("gpus", "usd_per_month", "delta_usd_per_month", "usd_per_1m_output", "usd_per_1m_tokens",
+              "low_usd_per_month", "high_usd_per_month")
+_STEP_TEXT = ("step", "plan", "precision", "cause")
+_SAVINGS_NUMS = ("saving_usd_per_month", "saving_pct", "saving_low_usd_per_month", "saving_high_usd_per_month")
+_PRECISION_KEYS = ("precision", "speculation", "plan", "feasible", "gpus", "usd_per_month", "usd_per_1m_output",
+                   "why_not")
+_WORKLOAD_KEYS = ("model", "request_rate", "input_tokens", "output_tokens", "ttft_p90_s", "tpot_p90_s", "spec")
+MAX_TEXT = 2000
+
+
+def _num_or_none(v, where: str):
+    if v is None:
+        return None
+    if not _is_num(v):
+        raise UserError(f"{where} is {str(v)[:40]!r}, not a number", FIX)
+    return v
+
+
+def _text(v, where: str, allow_none: bool = True):
+    if v is None and allow_none:
+        return None
+    if not isinstance(v, str) or len(v) > MAX_TEXT:
+        raise UserError(f"{where} should be text of at most {MAX_TEXT} characters", FIX)
+    return v
+
+
+def check_plan(d) -> dict | None:
+    """A report's savings answer, its known fields only, each checked; UserError naming the field if not."""
+    if d is None:
+        return None
+    if not isinstance(d, dict) or not isinstance(d.get("savings"), dict):
+        raise UserError("the report's plan should be an object with a 'savings' object", FIX)
+    sv, wl = d["savings"], d.get("workload") or {}
+    if not isinstance(wl, dict):
+        raise UserError("plan.workload should be an object", FIX)
+    steps = sv.get("steps")
+    if not isinstance(steps, list) or not 1 <= len(steps) <= 3 or not all(isinstance(x, dict) for x in steps):
+        raise UserError("plan.savings.steps should be a list of 1 to 3 steps", FIX)
+    out_steps = []
+    for i, st in enumerate(steps):
+        where = f"plan.savings.steps[{i}]"
+        o = {k: _num_or_none(st.get(k), f"{where}.{k}") for k in _STEP_NUMS}
+        o.update({k: _text(st.get(k), f"{where}.{k}") for k in _STEP_TEXT})
+        o["spec"], o["taken"] = bool(st.get("spec")), bool(st.get("taken", True))
+        out_steps.append(o)
+    precs = sv.get("precisions") or []
+    if not isinstance(precs, list) or len(precs) > 64 or not all(isinstance(x, dict) for x in precs):
+        raise UserError("plan.savings.precisions should be a list of at most 64 objects", FIX)
+    out = {"gpu": _text(sv.get("gpu"), "plan.savings.gpu", False), "model": _text(sv.get("model"), "plan.savings.model"),
+           "headline": _text(sv.get("headline"), "plan.savings.headline", False), "steps": out_steps,
+           "precisions": [{k: (_text(x.get(k), f"plan.savings.precisions[{i}].{k}") if isinstance(x.get(k), str)
+                               else _num_or_none(x.get(k), f"plan.savings.precisions[{i}].{k}")
+                               if not isinstance(x.get(k), bool) else x.get(k)) for k in _PRECISION_KEYS}
+                          for i, x in enumerate(precs)],
+           "notes": [_text(n, "plan.savings.notes", False) for n in (sv.get("notes") or [])][:20]}
+    out.update({k: _num_or_none(sv.get(k), f"plan.savings.{k}") for k in _SAVINGS_NUMS})
+    work = {k: (_text(wl.get(k), f"plan.workload.{k}") if isinstance(wl.get(k), str) or wl.get(k) is None
+                else _num_or_none(wl.get(k), f"plan.workload.{k}")) for k in _WORKLOAD_KEYS}
+    return {"workload": work, "savings": out}
+
+
 # ---------------------------------------------------------------- body <-> Report
 
 def to_body(report: Report) -> dict:
@@ -107,6 +173,7 @@ def to_body(report: Report) -> dict:
         "created_at": report.created_at,
         "settings": {"usd_per_hour": report.usd_per_hour},
         "runs": [json.loads(r.to_json()) for r in report.records],
+        **({"plan": report.plan} if report.plan else {}),
     }
 
 
@@ -146,17 +213,19 @@ def from_body(body, name: str | None = None, notes: str | None = None, report_id
     ca = created_at or body.get("created_at")
     if not isinstance(ca, str) or len(ca) > 64:
         ca = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    return Report(nm, nt, records, price, ca, report_id)
+    return Report(nm, nt, records, price, ca, report_id, check_plan(body.get("plan")))
 
 
 # ---------------------------------------------------------------- store
 
-def save(store, name: str, notes: str, records: list[RunRecord], usd_per_hour: float = DEFAULT_USD_PER_HOUR) -> str:
-    """Save a comparison as a report; returns the report id."""
+def save(store, name: str, notes: str, records: list[RunRecord], usd_per_hour: float = DEFAULT_USD_PER_HOUR,
+         plan: dict | None = None) -> str:
+    """Save a comparison as a report, with the savings answer when given; returns the report id."""
     if not records:
         raise UserError("there is no comparison to save", "run the default comparison or a sweep first, "
                         "or pick previous runs on the Compare page")
-    rep = Report(check_name(name), check_notes(notes), list(records), _check_price(usd_per_hour))
+    rep = Report(check_name(name), check_notes(notes), list(records), _check_price(usd_per_hour),
+                 plan=check_plan(plan))
     return store.save_report(rep.name, rep.notes, to_body(rep))
 
 
@@ -168,7 +237,7 @@ def load(store, report_id: str) -> Report:
 
 def with_price(report: Report, usd_per_hour: float) -> Report:
     return Report(report.name, report.notes, report.records, _check_price(usd_per_hour), report.created_at,
-                  report.report_id)
+                  report.report_id, report.plan)
 
 
 # ---------------------------------------------------------------- JSON
@@ -269,14 +338,14 @@ def export_html(report: Report) -> str:
     machine = ", ".join(str(x) for x in (mach.get("cpu_model"), mach.get("simd"), mach.get("gpu_name")) if x)
     names = present.view_columns(table, "report")
     pf = present.pareto_figure(table)
-    return _with_load_section(_env().get_template("report.html.j2").render(
+    return _with_plan_section(_with_load_section(_env().get_template("report.html.j2").render(
         report=report, csp=Markup(_CSP), style=Markup(_STYLE), plotly_js=Markup(get_plotlyjs()), machine=machine,
         highlights=present.highlights(table), rows=present.display_rows(table, names),  # median ± h
         columns=[present.COLUMNS_BY_NAME[n] for n in names],
         charts=[_figure_div(present.bar_figure(table, col, title, unit, better))
                 for col, title, unit, better in present.available_charts(table)],
         pareto=_figure_div(pf) if pf is not None else None, missing=present.missing_charts(table),
-        definitions=present.definitions(names) + _DEFINITIONS_EXTRA), report)
+        definitions=present.definitions(names) + _DEFINITIONS_EXTRA), report), report)
 
 
 _LOAD_SECTION = """<h3 id="under-load">Under load</h3>
@@ -314,6 +383,34 @@ def _with_load_section(html: str, report: Report) -> str:
         costs=load_cost.cost_rows(costs), verdicts=[x.verdict for x in pairs],
         charts=[_figure_div(f) for f in figs])
     at = html.rfind("<h3>Definitions</h3>")
+    return html[:at] + section + html[at:] if at >= 0 else html.replace("</body>", section + "</body>")
+
+
+_PLAN_SECTION = """<h3 id="your-bill">Your bill: what quantization and speculation save</h3>
+<p id="plan-headline"><b>On {{ sv.gpu }}:</b> {{ sv.headline }}</p>
+<p class="meta">{{ wl.model }}: {{ wl.request_rate | cell }} req/s, {{ wl.input_tokens | cell }} in /
+{{ wl.output_tokens | cell }} out tokens, SLO p90 TTFT {{ wl.ttft_p90_s | cell }} s, TPOT {{ wl.tpot_p90_s | cell }} s</p>
+<div class="chart">{{ fig | safe }}</div>
+<table id="plan-steps"><thead><tr><th class="l">step</th><th class="l">plan</th><th>GPUs</th><th>$/month</th>
+<th>change</th><th>band low</th><th>band high</th><th>$/1M out</th><th class="l">cause</th></tr></thead><tbody>
+{% for s in sv.steps %}<tr><td class="l">{{ s.step }}</td><td class="l">{{ s.plan }}{{ "" if s.taken else " (not taken)" }}</td>\
+<td>{{ s.gpus | cell }}</td><td>{{ s.usd_per_month | cell }}</td><td>{{ s.delta_usd_per_month | cell }}</td>\
+<td>{{ s.low_usd_per_month | cell }}</td><td>{{ s.high_usd_per_month | cell }}</td><td>{{ s.usd_per_1m_output | cell }}</td>\
+<td class="l">{{ s.cause }}</td></tr>
+{% endfor %}</tbody></table>
+{% for n in sv.notes %}<p class="meta">{{ n }}</p>{% endfor %}
+"""
+
+
+def _with_plan_section(html: str, report: Report) -> str:
+    """The savings answer saved with the report (waterfall, steps, causes, band) before its runs."""
+    if not report.plan:
+        return html
+    from engine.present.planning import savings_figure
+
+    sv, wl = report.plan["savings"], report.plan.get("workload") or {}
+    section = _env().from_string(_PLAN_SECTION).render(sv=sv, wl=wl, fig=_figure_div(savings_figure(sv)))
+    at = html.find("<h3>Runs</h3>")
     return html[:at] + section + html[at:] if at >= 0 else html.replace("</body>", section + "</body>")
 
 
