@@ -110,13 +110,29 @@ if PLANNER:
         precs = st.multiselect("Precisions (empty = all)", list(planning.PLAN_PRECISIONS), default=["bf16", "fp8", "int8",
                                                                                           "int4"],
                                key="plan-precisions")
+        t1, t2, t3, t4, t5 = st.columns([2, 1, 1, 1, 1])
+        shape = t1.selectbox("Traffic over the day", planning.TRAFFIC_CHOICES, key="plan-traffic",
+                             help="constant: the rate above all day. Otherwise the rate above is the busiest hour's "
+                                  "(for 'my CSV', the file's busiest hour), and the plan compares a fleet sized for "
+                                  "the peak with an autoscaled one.")
+        ratio = t2.number_input("Peak / trough (diurnal)", min_value=1.0, value=4.0, step=0.5, key="plan-ratio")
+        up_min = t3.number_input("Scale-up minutes", min_value=0.0, max_value=60.0, value=5.0, step=1.0,
+                                 key="plan-scale-up")
+        min_rep = t4.number_input("Min replicas", min_value=0, value=1, step=1, key="plan-min-rep")
+        max_rep = t5.number_input("Max replicas (0 = none)", min_value=0, value=0, step=1, key="plan-max-rep")
+        day_csv = st.file_uploader("Your day as a CSV (hour,rate: 24 rows, requests/s)", type=["csv"],
+                                   key="plan-traffic-csv")
         go_plan = st.form_submit_button("Plan", type="primary")
     if go_plan:
         try:
-            args = (inputs, model, rate, inp, out, float(ttft) / 1e3, float(tpot) / 1e3, sel_gpus, precs, spec,
-                    use_cal)
+            rates = planning.traffic_rates(shape, float(rate), float(ratio),
+                                           day_csv.getvalue() if day_csv is not None else None)
+            day = None if rates is None else {"rates": rates, "name": shape, "min_replicas": int(min_rep),
+                                              "max_replicas": int(max_rep) or None, "scale_up_min": float(up_min)}
+            args = (inputs, model, max(rates) if rates else rate, inp, out, float(ttft) / 1e3, float(tpot) / 1e3,
+                    sel_gpus, precs, spec, use_cal)
             st.session_state["plan-result"] = planning.plan_workload(*args)
-            st.session_state["plan-savings"] = (planning.savings_workload(*args)
+            st.session_state["plan-savings"] = (planning.savings_workload(*args, day=day)
                                                 if st.session_state["plan-result"].get("best") else None)
         except Exception as e:
             st.session_state.pop("plan-result", None)
@@ -132,6 +148,24 @@ if PLANNER:
             st.caption(_ui.md_escape(n))
         with st.expander(f"Each precision on {sv['gpu']}, without and with speculation"):
             st.dataframe(pd.DataFrame(sv["precisions"]), hide_index=True, key="plan-savings-precisions")
+        day = sv.get("day")
+        if day:
+            st.markdown(f"**A day of {_ui.md_escape(day['traffic'])} traffic on {_ui.md_escape(day['plan'])}** "
+                        f"({day['capacity_per_replica']:.3g} req/s per replica of {day['gpus_per_replica']} GPU(s) "
+                        "at the SLOs)")
+            d = st.columns(4)
+            d[0].metric("Sized for the peak", f"${day['peak_usd_per_month']:,.0f}/month",
+                        f"{day['peak_gpu_hours']:,.0f} GPU-hours/day", delta_color="off")
+            d[1].metric("Autoscaled", f"${day['auto_usd_per_month']:,.0f}/month",
+                        f"{day['auto_gpu_hours']:,.0f} GPU-hours/day", delta_color="off")
+            saved = day["peak_usd_per_month"] - day["auto_usd_per_month"]
+            d[2].metric("Autoscaling saves", f"${saved:,.0f}/month",
+                        f"{saved / day['peak_usd_per_month']:.0%}" if day["peak_usd_per_month"] else None)
+            d[3].metric("Hours missing the SLO while scaling", len(day["missed_hours"]),
+                        ", ".join(f"{h}:00" for h in day["missed_hours"][:6]) or "none", delta_color="off")
+            st.plotly_chart(planning.day_figure(day), key="plan-day-chart", config={"displaylogo": False})
+            for n in day.get("notes") or []:
+                st.caption(_ui.md_escape(n))
     if res:
         best = res.get("best")
         if best:

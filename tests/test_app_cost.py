@@ -74,6 +74,27 @@ def test_planner_plans_a_workload():
     assert all(("H100" in p or "A100" in p) for p in plans["plan"])
 
 
+def test_planner_compares_a_peak_sized_fleet_with_an_autoscaled_one():
+    """Issue 24.2: a diurnal day whose busiest hour is the rate: the fleet sized for the peak against the
+    autoscaled one, in dollars, GPU-hours and the hours that miss the SLO while scaling."""
+    at = AppTest.from_file(PAGE, default_timeout=TIMEOUT).run()
+    at.selectbox(key="plan-model").set_value("llama-3.1-8b")
+    at.number_input(key="plan-rate").set_value(200.0)
+    at.multiselect(key="plan-gpus").set_value(["H200"])
+    at.selectbox(key="plan-traffic").set_value("diurnal")
+    at.button(key="FormSubmitter:cost-plan-Plan").click().run()
+    assert not problems(at)
+    m = {x.label: x for x in at.metric}
+    peak = float(m["Sized for the peak"].value.strip("$/month").replace(",", ""))
+    auto = float(m["Autoscaled"].value.strip("$/month").replace(",", ""))
+    assert 0 < auto < peak
+    assert any("A day of diurnal traffic" in x.value for x in at.markdown)
+    import json
+
+    titles = [json.dumps(json.loads(c.proto.spec)["layout"].get("title")) for c in at.get("plotly_chart")]
+    assert any("A day of diurnal" in t for t in titles)
+
+
 def test_planner_refuses_impossible_slo_with_a_message():
     at = AppTest.from_file(PAGE, default_timeout=TIMEOUT).run()
     at.number_input(key="plan-tpot").set_value(0.1)  # 0.1 ms per token: no GPU does that

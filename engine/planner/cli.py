@@ -24,6 +24,7 @@ from engine import planner
 from engine.common.errors import UserError
 from engine.planner import shapes
 from engine.planner.gpus import CatalogError, find_gpu, load_gpus, price_table
+from engine.planner import batchjob, fleet, traffic
 from engine.planner.savings import savings
 
 StoreReader = Callable[[], list]      # () -> list of plain dicts read from the lab's store
@@ -78,6 +79,20 @@ def add_parser(subparsers, stored_runs: StoreReader | None = None,
     p.add_argument("--kv-dtype", default="bf16", choices=list(shapes.KV_DTYPES))
     p.add_argument("--group-size", type=int, default=64, help="int4 group size")
     p.add_argument("--quantize-head", action="store_true", help="quantize the output head too")
+    p.add_argument("--traffic", default=None, choices=list(traffic.SHAPES),
+                   help="a day of traffic whose busiest hour is --rate: size a fleet for the peak and an autoscaled one")
+    p.add_argument("--peak-to-trough", type=float, default=4.0, help="diurnal traffic: peak / trough (default 4)")
+    p.add_argument("--traffic-csv", default=None, metavar="CSV",
+                   help="the day as a CSV of hour,rate (24 rows, requests/s); its busiest hour is the rate planned")
+    p.add_argument("--min-replicas", type=int, default=1, help="autoscaler floor (default 1)")
+    p.add_argument("--max-replicas", type=int, default=None, help="autoscaler ceiling (default none)")
+    p.add_argument("--scale-up-min", type=float, default=5.0, help="minutes a new replica takes to serve (default 5)")
+    p.add_argument("--fleet", default=None, metavar="MODEL:RATE,...",
+                   help="plan several models on one GPU kind (--gpus, one): one model per GPU against sharing GPUs; "
+                        "each at RATE req/s with --input/--output/--ttft/--tpot")
+    p.add_argument("--batch-job", type=float, default=None, metavar="TOKENS_PER_DAY",
+                   help="plan a batch job instead: this many output tokens a day, no latency SLO, within --deadline")
+    p.add_argument("--deadline", type=float, default=8.0, help="batch job: hours each day's tokens must finish in")
     p.add_argument("--price", type=_price, action="append", default=[], metavar="GPU=USD",
                    help="price override for this plan, e.g. --price 'H100 SXM=2.49' (repeatable)")
     p.add_argument("--prices", choices=["reference", "low", "high"], default="reference",
@@ -175,6 +190,97 @@ def _plan_rows(plans) -> list[dict]:
 _PLAN_COLS = [("plan", "plan"), ("GPUs", "gpus"), ("$/hr", "usd_hr"), ("$/month", "usd_month"),
               ("$/1M in", "in_1m"), ("$/1M out", "out_1m"), ("TTFT p90 ms", "ttft_p90"), ("TPOT p90 ms", "tpot_p90"),
               ("SLO margin", "margin"), ("out tok/s/GPU", "tok_s_gpu"), ("max conc", "max_conc"), ("bound", "bound")]
+
+
+def _fleet(a, gpus, models) -> int:
+    """--fleet: several models on one GPU kind, one per GPU against packed, at each precision."""
+    items = []
+    for part in _csv(a.fleet):
+        name, _, rate = part.rpartition(":")
+        try:
+            items.append(fleet.FleetModel(name.strip(), float(rate), a.input, a.output, a.ttft, a.tpot))
+        except ValueError:
+            raise planner.PlanError("fleet", f"'{part}' is not MODEL:RATE (a catalog model and requests/s)") from None
+    if not a.gpus or len(a.gpus) != 1:
+        raise planner.PlanError("gpus", "a fleet plans on one GPU kind: give --gpus with one GPU")
+    fp = fleet.plan_fleet(items, a.gpus[0], gpus, models, a.precisions or ("bf16", "fp8", "int8", "int4"))
+    if a.json:
+        print(json.dumps(fp.to_dict(), indent=1, default=str))
+        return 0
+    b = fp.best
+    print(f"a fleet of {len(items)} models on {fp.gpu} ({', '.join(f'{i.model} at {i.request_rate:g} req/s' for i in items)})"
+          f"\n\nthe answer: at {b.precision}, {b.gpus_packed} GPU(s) shared against {b.gpus_separate} with one model "
+          f"per GPU: ${b.usd_per_month_packed:,.0f}/month against ${b.usd_per_month_separate:,.0f}\n")
+    rows = [{"precision": o.precision, "sep": o.gpus_separate, "packed": o.gpus_packed,
+             "usd_sep": _f(o.usd_per_month_separate, 0), "usd_packed": _f(o.usd_per_month_packed, 0),
+             "gpus": " | ".join(" + ".join(f"{r.model} {r.memory_gib:.1f} GiB {r.share:.0%}" for r in bn)
+                                for bn in o.bins)} for o in fp.options]
+    print(_table(rows, [("precision", "precision"), ("GPUs, one model each", "sep"), ("GPUs shared", "packed"),
+                        ("$/month one each", "usd_sep"), ("$/month shared", "usd_packed"),
+                        ("each GPU: model, memory at peak concurrency, share of time", "gpus")]))
+    for r in fp.refused:
+        print(f"  not at {r}")
+    return 0
+
+
+def _batch_job(a, gpus, models) -> int:
+    """--batch-job: the cheapest day for N output tokens within the deadline, each option's tokens per dollar."""
+    job = batchjob.BatchJob(a.model, a.batch_job, a.input, a.output, a.deadline, a.gpus, a.precisions,
+                            tuple(a.tp or (1, 2, 4, 8)))
+    bp = batchjob.plan_batch(job, gpus, models)
+    if a.json:
+        d = bp.to_dict()
+        d["options"] = d["options"][: a.top]
+        print(json.dumps(d, indent=1, default=str))
+        return 0 if bp.best else 1
+    print(f"{a.model}: a batch job of {a.batch_job:,.0f} output tokens a day ({a.input} in / {a.output} out per "
+          f"request), done within {a.deadline:g} h, no latency SLO\n")
+    if bp.best is None:
+        print("no configuration fits.")
+        return 1
+    b = bp.best
+    print(f"the answer: {b.label}, {b.replicas} replica(s) for {a.deadline:g} h: ${b.usd_per_day:,.2f}/day, "
+          f"${b.usd_per_1m_output:.4f} per 1M output tokens ({b.tok_per_usd:,.0f} tokens per $)\n")
+    rows = [{"plan": o.label, "replicas": o.replicas, "tok_s": _f(o.output_tok_s, 0), "tok_usd": f"{o.tok_per_usd:,.0f}",
+             "usd_day": _f(o.usd_per_day), "out_1m": _f(o.usd_per_1m_output, 4),
+             "latency": _f(o.request_latency_s / 60, 1)} for o in bp.options[: a.top]]
+    print(_table(rows, [("plan", "plan"), ("replicas", "replicas"), ("out tok/s per replica", "tok_s"),
+                        ("tokens per $", "tok_usd"), ("$/day", "usd_day"), ("$/1M out", "out_1m"),
+                        ("one request, min", "latency")]))
+    return 0
+
+
+def _traffic(a) -> list[float] | None:
+    """The day's hourly rates from --traffic (peak --rate) or --traffic-csv; None for a constant rate."""
+    if a.traffic and a.traffic_csv:
+        raise planner.PlanError("traffic", "give either --traffic or --traffic-csv, not both")
+    if a.traffic_csv:
+        try:
+            data = Path(a.traffic_csv).read_bytes()
+        except OSError as e:
+            raise planner.PlanError("traffic-csv", f"cannot read {a.traffic_csv}: {e.strerror}") from None
+        return traffic.from_csv(data)
+    return traffic.shape(a.traffic, a.rate, a.peak_to_trough) if a.traffic else None
+
+
+def _day_text(day, a) -> str:
+    """A day of traffic: the fleet sized for the peak against the autoscaled one."""
+    what = f"{a.traffic} traffic" if a.traffic else f"the day in {a.traffic_csv}"
+    saved = day.peak_usd_per_month - day.auto_usd_per_month
+    miss = (", ".join(f"hour {h} ({day.missed_minutes[h]:.0f} min)" for h in day.missed_hours)
+            or "none")
+    return "\n".join([
+        f"a day of {what} (peak {max(day.rates):g} req/s, lowest {min(day.rates):g}) on {day.plan}: "
+        f"{day.capacity_per_replica:.3g} req/s per replica of {day.gpus_per_replica} GPU(s) at the SLOs",
+        f"  sized for the peak: {day.peak_replicas} replica(s) all day = {day.peak_gpu_hours:,.0f} GPU-hours/day, "
+        f"${day.peak_usd_per_month:,.0f}/month",
+        f"  autoscaled (min {a.min_replicas}, max {a.max_replicas or 'none'}, {a.scale_up_min:g} min to scale up): "
+        f"{day.auto_gpu_hours:,.0f} GPU-hours/day, ${day.auto_usd_per_month:,.0f}/month, "
+        f"{'saving' if saved >= 0 else 'costing'} ${abs(saved):,.0f}/month "
+        f"({abs(saved) / day.peak_usd_per_month:.0%}) against the peak-sized fleet",
+        "  replicas by hour: " + " ".join(str(n) for n in day.auto_replicas),
+        f"  SLO missed while scaling up: {miss}",
+        *[f"  {n}" for n in day.notes]])
 
 
 def _savings_text(sv) -> str:
@@ -286,8 +392,13 @@ def _run(a, stored_runs: StoreReader | None, stored_gpu_overrides: StoreReader |
         except shapes.ShapeError:
             raise planner.PlanError("model", f"unknown model '{a.model}'; known: {', '.join(models)}") from None
         return _sweep_or_packing(a, model, gpus, models, cal)
+    if a.batch_job is not None:
+        return _batch_job(a, gpus, models)
+    if a.fleet is not None:
+        return _fleet(a, gpus, models)
+    rates = _traffic(a)
     w = planner.Workload(
-        model=a.model, request_rate=a.rate, input_tokens=a.input, output_tokens=a.output,
+        model=a.model, request_rate=max(rates) if rates else a.rate, input_tokens=a.input, output_tokens=a.output,
         ttft_p90_s=a.ttft, tpot_p90_s=a.tpot, gpus=a.gpus, precisions=a.precisions, tp_options=a.tp,
         spec=a.spec, acceptance_rate=a.acceptance, gamma=a.gamma, draft_kind=a.draft_kind,
         draft_model=a.draft_model, family=a.family, kv_dtype=a.kv_dtype, group_size=a.group_size,
@@ -297,9 +408,13 @@ def _run(a, stored_runs: StoreReader | None, stored_gpu_overrides: StoreReader |
     res = planner.plan(w, gpus=gpus, models=models, calibration=cal)
     model = res.model
     sv = savings(w, gpus, models, cal) if res.best else None
+    day = None
+    if rates and sv is not None and sv.best is not None:
+        day = traffic.day_for_plan(sv.best, rates, traffic.Autoscale(a.min_replicas, a.max_replicas, a.scale_up_min))
     if a.json:
         d = res.to_dict()
         d["savings"] = sv.to_dict() if sv else None
+        d["day"] = day.to_dict() if day else None
         if not a.all:
             d["plans"] = [p for p in d["plans"] if p["feasible"]][: a.top] or d["plans"][: a.top]
         print(json.dumps(d, indent=1, default=str))
@@ -309,6 +424,8 @@ def _run(a, stored_runs: StoreReader | None, stored_gpu_overrides: StoreReader |
           f"({a.prices} prices, {w.family} kernels)\n")
     if sv is not None:
         print(_savings_text(sv) + "\n")
+    if day is not None:
+        print(_day_text(day, a) + "\n")
     feas = res.feasible[: a.top]
     if feas:
         print("every plan that meets the SLOs, cheapest first:")

@@ -38,15 +38,68 @@ def plan_workload(inputs: dict, model: str, rate: float, input_tokens: int, outp
 
 def savings_workload(inputs: dict, model: str, rate: float, input_tokens: int, output_tokens: int,
                      ttft_p90_s: float, tpot_p90_s: float, gpus: list[str] | None, precisions: list[str] | None,
-                     spec: str, use_calibration: bool, gpu: str | None = None) -> dict:
-    """The savings waterfall for the same workload (planner.savings.Savings.to_dict())."""
+                     spec: str, use_calibration: bool, gpu: str | None = None, day: dict | None = None) -> dict:
+    """The savings waterfall for the same workload (planner.savings.Savings.to_dict()); with `day`
+    ({"rates", "name", "min_replicas", "max_replicas", "scale_up_min"}) also the best plan's day of
+    traffic, sized for the peak and autoscaled, under "day"."""
     from engine.planner.savings import savings
 
     w = planner.Workload(model=model, request_rate=float(rate), input_tokens=int(input_tokens),
                          output_tokens=int(output_tokens), ttft_p90_s=float(ttft_p90_s), tpot_p90_s=float(tpot_p90_s),
                          gpus=gpus or None, precisions=precisions or None, spec=spec)
-    return savings(w, inputs["gpus"], inputs["models"], inputs["calibration"] if use_calibration else None,
-                   gpu).to_dict()
+    sv = savings(w, inputs["gpus"], inputs["models"], inputs["calibration"] if use_calibration else None, gpu)
+    out = sv.to_dict()
+    if day is not None and sv.best is not None:
+        from engine.planner import traffic
+
+        out["day"] = traffic.day_for_plan(sv.best, day["rates"], traffic.Autoscale(
+            day.get("min_replicas", 1), day.get("max_replicas"), day.get("scale_up_min", 5.0))).to_dict()
+        out["day"]["traffic"] = day.get("name", "")
+    return out
+
+
+TRAFFIC_CHOICES = ("constant", "business-hours", "diurnal", "bursty", "my CSV")
+
+
+def traffic_rates(kind: str, peak: float, peak_to_trough: float = 4.0, csv_bytes: bytes | None = None
+                  ) -> list[float] | None:
+    """The day's hourly rates: None for a constant rate, a named shape peaking at `peak`, or an uploaded CSV."""
+    from engine.planner import traffic
+
+    if kind == "constant":
+        return None
+    if kind == "my CSV":
+        if csv_bytes is None:
+            raise planner.PlanError("profile", "upload a CSV of hour,rate (24 rows, requests/s) for 'my CSV'")
+        return traffic.from_csv(csv_bytes)
+    return traffic.shape(kind, peak, peak_to_trough)
+
+
+def day_figure(day: dict):
+    """The day's fleet: replicas per hour sized for the peak and autoscaled (left), the rate (right), the
+    hours that miss the SLO while scaling up marked."""
+    import plotly.graph_objects as go
+
+    rows = day["rows"]
+    hours = [r["hour"] for r in rows]
+    fig = go.Figure()
+    fig.add_trace(go.Bar(x=hours, y=[r["rate"] for r in rows], name="requests/s", marker_color="#dee2e6",
+                         yaxis="y2"))
+    fig.add_trace(go.Scatter(x=hours, y=[r["peak_replicas"] for r in rows], name="replicas sized for the peak",
+                             mode="lines", line=dict(color="#c92a2a", dash="dash")))
+    fig.add_trace(go.Scatter(x=hours, y=[r["auto_replicas"] for r in rows], name="replicas autoscaled",
+                             mode="lines+markers", line=dict(color="#2b8a3e", shape="hv")))
+    miss = [r for r in rows if r["slo_missed_min"] > 0]
+    if miss:
+        fig.add_trace(go.Scatter(x=[r["hour"] for r in miss], y=[r["auto_replicas"] for r in miss], mode="markers",
+                                 name="SLO missed while scaling up", marker=dict(color="#e67700", size=12,
+                                                                                 symbol="x")))
+    fig.update_layout(title=_safe(f"A day of {day.get('traffic') or 'traffic'} on {day['plan']}"), height=360,
+                      margin=dict(l=50, r=50, t=50, b=40), xaxis=dict(title="hour of day", dtick=2),
+                      yaxis=dict(title="replicas", rangemode="tozero"),
+                      yaxis2=dict(title="requests/s", overlaying="y", side="right", rangemode="tozero",
+                                  showgrid=False), legend=dict(orientation="h", y=-0.2))
+    return fig
 
 
 def savings_figure(sv: dict):
