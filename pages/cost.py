@@ -192,6 +192,38 @@ if PLANNER:
             with st.expander("Assumptions"):
                 st.markdown("\n".join(f"- {_ui.md_escape(x)}" for x in best["assumptions"]))
 
+    st.subheader("A fleet of models")
+    with st.form("cost-fleet"):
+        f1, f2 = st.columns([3, 1])
+        fleet_text = f1.text_input("Models and their request rates (model:req/s, comma-separated)",
+                                   value="llama-3.1-8b:1, qwen2.5-7b:0.5, mistral-7b:0.5", key="fleet-models",
+                                   help="Each model plans with the input/output lengths and SLOs of the form above.")
+        fleet_gpu = f2.selectbox("GPU", gpu_names, index=gpu_names.index("L40S") if "L40S" in gpu_names else 0,
+                                 key="fleet-gpu")
+        go_fleet = st.form_submit_button("Plan the fleet")
+    if go_fleet:
+        try:
+            st.session_state["fleet-result"] = planning.fleet_plan(
+                inputs, fleet_text, fleet_gpu, st.session_state.get("plan-in", 1024),
+                st.session_state.get("plan-out", 256), st.session_state.get("plan-ttft", 2000.0) / 1e3,
+                st.session_state.get("plan-tpot", 50.0) / 1e3)
+        except Exception as e:
+            st.session_state.pop("fleet-result", None)
+            _ui.show_error(e)
+    fp = st.session_state.get("fleet-result")
+    if fp and fp.get("best"):
+        b = fp["best"]
+        answer = (f"At {b['precision']}, {b['gpus_packed']} {fp['gpu']} GPU(s) shared against {b['gpus_separate']} "
+                  f"with one model per GPU: ${b['usd_per_month_packed']:,.0f}/month against "
+                  f"${b['usd_per_month_separate']:,.0f}")
+        st.markdown(f"**{_ui.md_escape(answer)}**")
+        st.plotly_chart(planning.fleet_figure(fp), key="fleet-chart", config={"displaylogo": False})
+        st.dataframe(pd.DataFrame(planning.fleet_rows(fp)), hide_index=True, key="fleet-table")
+        for r in fp.get("refused") or []:
+            st.caption("Not at " + _ui.md_escape(r))
+        st.caption("A GPU takes another model while the memory at each one's peak concurrency (weights, reserve, "
+                   "KV for twice its mean decode batch) fits, and their shares of the GPU's time add to at most 1.")
+
     st.subheader("GPU prices")
     try:
         pt = pd.DataFrame(planning.price_rows(inputs))

@@ -95,6 +95,20 @@ def test_planner_compares_a_peak_sized_fleet_with_an_autoscaled_one():
     assert any("A day of diurnal" in t for t in titles)
 
 
+def test_a_fleet_of_models_shares_gpus_where_quantization_makes_them_fit():
+    """Issue 24.3: three 7-8B models on L40S: shared GPUs against one model per GPU, per precision."""
+    at = AppTest.from_file(PAGE, default_timeout=TIMEOUT).run()
+    at.button(key="FormSubmitter:cost-fleet-Plan the fleet").click().run()
+    assert not problems(at)
+    rows = frame(at, "precision", "GPUs shared").set_index("precision")
+    assert rows.loc["int4", "GPUs shared"] == 1 and rows.loc["int4", "GPUs, one model each"] == 3
+    assert rows.loc["bf16", "GPUs shared"] == 2
+    assert any("shared against 3 with one model per GPU" in m.value for m in at.markdown)
+    at.text_input(key="fleet-models").set_value("llama-3.1-8b:fast")
+    at.button(key="FormSubmitter:cost-fleet-Plan the fleet").click().run()
+    assert any("is not model:rate" in e.value for e in at.error)
+
+
 def test_planner_refuses_impossible_slo_with_a_message():
     at = AppTest.from_file(PAGE, default_timeout=TIMEOUT).run()
     at.number_input(key="plan-tpot").set_value(0.1)  # 0.1 ms per token: no GPU does that

@@ -352,8 +352,15 @@ def test_dashboard_in_a_browser(server, browser, tmp_path):
     assert_clean(page, "compare", log)
     shot(page, "05-compare")
     go_to(page, "Cost & capacity", "Cost & capacity")
-    page.get_by_role("button", name="Plan").click()
+    page.get_by_role("button", name="Plan", exact=True).click()
     page.get_by_text("Cheapest plan that meets the SLOs").first.wait_for(timeout=60_000)
+    settle(page)
+    # the answer first (issue 24): the savings waterfall, drawn by plotly as a waterfall trace
+    page.get_by_text("The answer on").first.wait_for(timeout=30_000)
+    assert page.evaluate("""() => Array.from(document.querySelectorAll('.js-plotly-plot'))
+        .some(p => (p.data || []).some(t => t.type === 'waterfall'))""")
+    page.get_by_role("button", name="Plan the fleet").click()
+    page.get_by_text("with one model per GPU").first.wait_for(timeout=60_000)
     settle(page)
     assert_clean(page, "cost", log)
     shot(page, "06-cost")
@@ -373,6 +380,7 @@ def test_dashboard_in_a_browser(server, browser, tmp_path):
     dl.value.save_as(str(html_path))
     doc = html_path.read_text()
     assert 'id="plotly-inline"' in doc and "<script>alert" not in doc.split('id="plotly-inline"')[0]
+    assert 'id="your-bill"' in doc  # saved with the Cost page's savings answer (the checkbox's default)
 
     offline = browser.new_context(viewport={"width": 1300, "height": 1000}, offline=True)
     requests, dialogs = [], []

@@ -156,6 +156,44 @@ def _money(v, signed: bool = False) -> str:
     return (f"{'+' if v > 0 else '-' if v < 0 else ''}${abs(v):,.0f}" if signed else f"${v:,.0f}")
 
 
+def fleet_plan(inputs: dict, text: str, gpu: str, input_tokens: int, output_tokens: int, ttft_p90_s: float,
+               tpot_p90_s: float) -> dict:
+    """A fleet of models from 'model:rate, model:rate' on one GPU kind (planner.fleet), as a dict."""
+    from engine.planner import fleet
+
+    items = []
+    for part in [x.strip() for x in (text or "").split(",") if x.strip()]:
+        name, _, rate = part.rpartition(":")
+        try:
+            items.append(fleet.FleetModel(name.strip(), float(rate), int(input_tokens), int(output_tokens),
+                                          float(ttft_p90_s), float(tpot_p90_s)))
+        except ValueError:
+            raise planner.PlanError("fleet", f"'{part}' is not model:rate (a catalog model and requests/s)") from None
+    return fleet.plan_fleet(items, gpu, inputs["gpus"], inputs["models"]).to_dict()
+
+
+def fleet_rows(fp: dict) -> list[dict]:
+    """One row per precision: GPUs one model each against shared, $/month, what each GPU holds."""
+    return [{"precision": o["precision"], "GPUs, one model each": o["gpus_separate"], "GPUs shared": o["gpus_packed"],
+             "$/month one each": o["usd_per_month_separate"], "$/month shared": o["usd_per_month_packed"],
+             "each GPU": " | ".join(" + ".join(f"{r['model']} {r['memory_gib']:.1f} GiB {r['share']:.0%}" for r in b)
+                                    for b in o["bins"])} for o in fp["options"]]
+
+
+def fleet_figure(fp: dict):
+    """GPUs per precision: one model per GPU against shared."""
+    import plotly.graph_objects as go
+
+    x = [o["precision"] for o in fp["options"]]
+    fig = go.Figure([go.Bar(x=x, y=[o["gpus_separate"] for o in fp["options"]], name="one model per GPU",
+                            marker_color="#adb5bd"),
+                     go.Bar(x=x, y=[o["gpus_packed"] for o in fp["options"]], name="models sharing GPUs",
+                            marker_color="#2b8a3e")])
+    fig.update_layout(title=_safe(f"A fleet of models on {fp['gpu']}: GPUs needed"), barmode="group", height=320,
+                      margin=dict(l=40, r=10, t=50, b=40), yaxis=dict(title="GPUs", dtick=1))
+    return fig
+
+
 def price_rows(inputs: dict) -> list[dict]:
     return planner.price_table(inputs["gpus"])
 

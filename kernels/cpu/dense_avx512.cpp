@@ -43,7 +43,7 @@ namespace avx512 {
 
 bool dense_bf16_compiled() { return true; }
 
-constexpr int DPMB = 4;  // m-rows per block: 4 rows x 4 m accumulators + 4 x vectors + 1 w
+constexpr int DPMB = 4;  // m-rows per block: 4 m accumulators + 4 x vectors + 1 w
 
 template <int R, int MB>
 static inline void dp_block(const DenseParams& p, int64_t n0, int64_t m0) {
@@ -59,7 +59,6 @@ static inline void dp_block(const DenseParams& p, int64_t n0, int64_t m0) {
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) {
       const uint16_t* wr = wb + r * K + c;
-      _mm_prefetch((const char*)wr + SCL_DENSE_PF_BYTES, _MM_HINT_T0);
       const __m512bh wv = (__m512bh)_mm512_loadu_si512((const void*)wr);
       for (int m = 0; m < MB; ++m) acc[r][m] = _mm512_dpbf16_ps(acc[r][m], wv, xv[m]);
     }
@@ -83,10 +82,12 @@ static inline void dp_rows_m(const DenseParams& p, int64_t n0) {
   dp_tail_m<R, DPMB - 1>(p, n0, m0, p.M - m0);
 }
 
+// One row of W at a time, in address order, no software prefetch: a thread's rows are one sequential
+// stream, which the hardware prefetcher follows at full speed. Measured cold (48 distinct 4864 x 896
+// bf16 matrices, this EPYC VM, 2 threads): 4 interleaved rows with a 1 KB prefetch read 16 GB/s at
+// M = 1 and 9.3 at M = 8; one row at a time 23.1 and 12.3.
 void dense_rows_dp(const DenseParams& p, int64_t n0, int64_t n1) {
-  int64_t n = n0;
-  for (; n + DR <= n1; n += DR) dp_rows_m<DR>(p, n);
-  for (; n < n1; ++n) dp_rows_m<1>(p, n);
+  for (int64_t n = n0; n < n1; ++n) dp_rows_m<1>(p, n);
 }
 
 }  // namespace avx512
