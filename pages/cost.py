@@ -170,7 +170,9 @@ if PLANNER:
         best = res.get("best")
         if best:
             m = st.columns([2, 1, 1, 1])
-            m[0].metric("Cheapest plan that meets the SLOs, any GPU", best.get("label", ""))
+            m[0].metric("Cheapest plan that meets the SLOs, any GPU", best.get("label", ""),
+                        help="At equal cost, the one with the most spare capacity at the SLOs. The answer above "
+                             "prefers, at equal cost, the plan with fewer changes from bf16 without speculation.")
             m[1].metric("$ per month", f"${best['usd_per_month']:,.0f}" if best.get("usd_per_month") else "n/a")
             m[2].metric("$ per 1M output tokens", f"${best['usd_per_1m_output']:.4f}"
                         if best.get("usd_per_1m_output") else "n/a")

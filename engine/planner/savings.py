@@ -80,6 +80,7 @@ class SavingsStep:
     delta_usd_per_month: float      # against the step before; negative saves
     cause: str
     taken: bool = True              # False: this step did not pay here, so the best plan skips it
+    alternative: Plan | None = None  # a step not taken: the plan it would have been
     low_usd_per_month: float | None = None
     high_usd_per_month: float | None = None
 
@@ -90,7 +91,8 @@ class SavingsStep:
                 "usd_per_month": self.usd_per_month, "delta_usd_per_month": self.delta_usd_per_month,
                 "usd_per_1m_output": p.usd_per_1m_output if p else None,
                 "usd_per_1m_tokens": p.usd_per_1m_tokens if p else None, "cause": self.cause, "taken": self.taken,
-                "low_usd_per_month": self.low_usd_per_month, "high_usd_per_month": self.high_usd_per_month}
+                "low_usd_per_month": self.low_usd_per_month, "high_usd_per_month": self.high_usd_per_month,
+                "alternative": p_alt.label if (p_alt := self.alternative) is not None else None}
 
 
 @dataclass
@@ -123,8 +125,12 @@ class Savings:
         if b is None or best is None:
             return self.notes[0] if self.notes else "no saving computed"
         if best.label == b.label:
+            same = [s.alternative for s in self.steps[1:] if not s.taken and s.alternative is not None
+                    and s.alternative.usd_per_month == b.usd_per_month]
+            also = (f" ({', '.join(p.label for p in same)} cost the same)"
+                    if same else "")
             return (f"{b.label} without speculation is already the cheapest plan here (${b.usd_per_month:,.0f}/month): "
-                    "quantization and speculation save nothing at this load")
+                    f"quantization and speculation save nothing at this load{also}")
         band = ""
         if self.saving_low_usd_per_month is not None and self.saving_high_usd_per_month is not None:
             band = f" (band ${self.saving_low_usd_per_month:,.0f} to ${self.saving_high_usd_per_month:,.0f})"
@@ -277,7 +283,7 @@ def savings(w: Workload, gpus: Mapping[str, GPU], models: Mapping[str, ModelShap
                       + quantization_cause(prev, alt, _read_at_1(prev, wf, model, g, calibration),
                                            _read_at_1(alt, wf, model, g, calibration),
                                            _at_tp(on_g, base_prec, alt.tp)) + ")")
-        steps.append(SavingsStep("+ quantization", prev, _month(prev), 0.0, words, False))
+        steps.append(SavingsStep("+ quantization", prev, _month(prev), 0.0, words, False, alternative=alt))
     elif q is None:
         why = next((x.reasons for x in on_g if x.precision == best.precision and not x.spec and x.reasons), [])
         steps.append(SavingsStep("+ quantization", None, None, 0.0,
@@ -299,11 +305,11 @@ def savings(w: Workload, gpus: Mapping[str, GPU], models: Mapping[str, ModelShap
         steps.append(SavingsStep("+ speculation", prev, _month(prev), 0.0, "not asked for (speculation off)", False))
     else:
         alt = _cheapest(on_g, prev.precision, True) if prev is not None else None
-        words = ("not taken: speculation does not pay at this load"
+        words = ("not taken: speculation saves nothing at this load"
                  + (f" ({alt.label} costs ${alt.usd_per_month:,.0f}/month; "
                     f"{speculation_cause(prev, alt, _need(alt, wf, model, g, sc, draft, calibration))})"
                     if alt else " (no plan with speculation meets the SLOs)"))
-        steps.append(SavingsStep("+ speculation", prev, _month(prev), 0.0, words, False))
+        steps.append(SavingsStep("+ speculation", prev, _month(prev), 0.0, words, False, alternative=alt))
 
     out = Savings(chosen, model.name, steps, notes=notes, workload={
         "model": model.name, "request_rate": w.request_rate, "input_tokens": w.input_tokens,
