@@ -20,7 +20,6 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Mapping, Sequence
 
-from engine.common.vocab import PRECISIONS
 from engine.planner import shapes
 from engine.planner.efficiency import compute_dtype
 from engine.planner.errors import PlanError
@@ -28,6 +27,7 @@ from engine.planner.gpus import GPU, find_gpu
 from engine.planner.queueing import closed_loop_point
 from engine.planner.roofline import Deployment
 from engine.planner.shapes import ModelShape, ShapeError
+from engine.planner.workload import choice_problems
 
 BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 MAX_TOKENS_PER_DAY = 1e15
@@ -69,12 +69,7 @@ class BatchJob:
         if m is not None and not probs and self.input_tokens + self.output_tokens > m.max_context:
             probs.append(("input_tokens", f"input {self.input_tokens} + output {self.output_tokens} tokens exceed "
                           f"{m.name}'s context of {m.max_context} tokens"))
-        for g in self.gpus or []:
-            if find_gpu(str(g), gpus) is None:
-                probs.append(("gpus", f"unknown GPU '{g}'; known: {', '.join(gpus)}"))
-        for p in self.precisions or []:
-            if p not in PRECISIONS:
-                probs.append(("precisions", f"unknown precision '{p}'; choose from {', '.join(PRECISIONS)}"))
+        probs += choice_problems(self.gpus, self.precisions, gpus)
         if probs:
             raise PlanError(probs)
         return m

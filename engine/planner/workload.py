@@ -27,6 +27,15 @@ MAX_USD_PER_GPU_HOUR = 1000.0   # ~80x the dearest GPU-hour in data/gpus.csv ($1
 PRICE_COLUMNS = ("price_usd_per_hr", "price_low_usd_per_hr", "price_high_usd_per_hr")
 
 
+def choice_problems(names: Sequence[str] | None, precisions: Sequence[str] | None,
+                    gpus: Mapping[str, GPU]) -> list[tuple[str, str]]:
+    """(field, message) for each GPU or precision a plan was restricted to that does not exist."""
+    probs = [("gpus", f"unknown GPU '{g}'; known: {', '.join(gpus)}") for g in names or []
+             if find_gpu(str(g), gpus) is None]
+    return probs + [("precisions", f"unknown precision '{p}'; choose from {', '.join(PRECISIONS)}")
+                    for p in precisions or [] if p not in PRECISIONS]
+
+
 @dataclass
 class Workload:
     """What to plan for. Times in seconds, rates in requests/s, lengths in tokens.
@@ -108,12 +117,7 @@ class Workload:
                           f"{m.name}'s context of {m.max_context} tokens"))
         num("ttft_p90_s", self.ttft_p90_s)
         num("tpot_p90_s", self.tpot_p90_s)
-        for g in self.gpus or []:
-            if find_gpu(str(g), gpus) is None:
-                probs.append(("gpus", f"unknown GPU '{g}'; known: {', '.join(gpus)}"))
-        for p in self.precisions or []:
-            if p not in PRECISIONS:
-                probs.append(("precisions", f"unknown precision '{p}'; choose from {', '.join(PRECISIONS)}"))
+        probs += choice_problems(self.gpus, self.precisions, gpus)
         for t in self.tp_options or []:
             if isinstance(t, bool) or not isinstance(t, int) or not 1 <= t <= 8:
                 probs.append(("tp_options", f"tensor-parallel size must be an integer 1-8, got {t!r}"))
