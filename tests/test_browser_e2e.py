@@ -352,14 +352,11 @@ def test_dashboard_in_a_browser(server, browser, tmp_path):
     assert_clean(page, "compare", log)
     shot(page, "05-compare")
     go_to(page, "Cost & capacity", "Cost & capacity")
-    page.get_by_label("Traffic over the day").click()  # a day of traffic: the fleet sized for the peak vs autoscaled
-    page.get_by_role("option", name="diurnal", exact=True).click()
     page.get_by_role("button", name="Plan", exact=True).click()
     page.get_by_text("Cheapest plan that meets the SLOs").first.wait_for(timeout=60_000)
     settle(page)
     # the answer first (issue 24): the savings waterfall, drawn by plotly as a waterfall trace
     page.get_by_text("The answer on").first.wait_for(timeout=30_000)
-    page.get_by_text("A day of diurnal traffic").first.wait_for(timeout=30_000)
     assert page.evaluate("""() => Array.from(document.querySelectorAll('.js-plotly-plot'))
         .some(p => (p.data || []).some(t => t.type === 'waterfall'))""")
     page.get_by_role("button", name="Plan the fleet").click()
