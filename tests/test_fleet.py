@@ -67,4 +67,4 @@ def test_plan_cli_fleet(capsys):
     out = capsys.readouterr().out
     assert "1 GPU(s) shared against 3 with one model per GPU" in out
     assert main(["plan", "--fleet", "llama-3.1-8b:fast", "--gpus", "L40S", "--no-store"]) == 2
-    assert "is not MODEL:RATE" in capsys.readouterr().err
+    assert "is not model:rate" in capsys.readouterr().err

@@ -194,13 +194,7 @@ _PLAN_COLS = [("plan", "plan"), ("GPUs", "gpus"), ("$/hr", "usd_hr"), ("$/month"
 
 def _fleet(a, gpus, models) -> int:
     """--fleet: several models on one GPU kind, one per GPU against packed, at each precision."""
-    items = []
-    for part in _csv(a.fleet):
-        name, _, rate = part.rpartition(":")
-        try:
-            items.append(fleet.FleetModel(name.strip(), float(rate), a.input, a.output, a.ttft, a.tpot))
-        except ValueError:
-            raise planner.PlanError("fleet", f"'{part}' is not MODEL:RATE (a catalog model and requests/s)") from None
+    items = fleet.parse_fleet(a.fleet, a.input, a.output, a.ttft, a.tpot)
     if not a.gpus or len(a.gpus) != 1:
         raise planner.PlanError("gpus", "a fleet plans on one GPU kind: give --gpus with one GPU")
     fp = fleet.plan_fleet(items, a.gpus[0], gpus, models, a.precisions or ("bf16", "fp8", "int8", "int4"))

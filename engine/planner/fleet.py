@@ -44,6 +44,20 @@ class FleetModel:
     tpot_p90_s: float = 0.05
 
 
+def parse_fleet(text: str, input_tokens: int, output_tokens: int, ttft_p90_s: float,
+                tpot_p90_s: float) -> list[FleetModel]:
+    """'model:rate, model:rate' (a catalog model and requests/s each) as FleetModels with these lengths and SLOs."""
+    items = []
+    for part in [x.strip() for x in (text or "").split(",") if x.strip()]:
+        name, _, rate = part.rpartition(":")
+        try:
+            items.append(FleetModel(name.strip(), float(rate), int(input_tokens), int(output_tokens),
+                                    float(ttft_p90_s), float(tpot_p90_s)))
+        except ValueError:
+            raise PlanError("fleet", f"'{part}' is not model:rate (a catalog model and requests/s)") from None
+    return items
+
+
 @dataclass
 class Replica:
     model: str

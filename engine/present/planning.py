@@ -25,13 +25,18 @@ def planner_inputs(stored_runs: Sequence[dict], overrides: list[dict]) -> dict:
     return {"models": planner.shapes.load_models(), "gpus": planner.load_gpus(overrides, probe), "calibration": cal}
 
 
+def _workload(model, rate, input_tokens, output_tokens, ttft_p90_s, tpot_p90_s, gpus, precisions, spec):
+    """The Cost page's form as a Workload (the plan and the savings answer plan the same one)."""
+    return planner.Workload(model=model, request_rate=float(rate), input_tokens=int(input_tokens),
+                            output_tokens=int(output_tokens), ttft_p90_s=float(ttft_p90_s),
+                            tpot_p90_s=float(tpot_p90_s), gpus=gpus or None, precisions=precisions or None, spec=spec)
+
+
 def plan_workload(inputs: dict, model: str, rate: float, input_tokens: int, output_tokens: int, ttft_p90_s: float,
                   tpot_p90_s: float, gpus: list[str] | None, precisions: list[str] | None, spec: str,
                   use_calibration: bool) -> dict:
     """The planner's answer for one workload, as a dict (PlanResult.to_dict())."""
-    w = planner.Workload(model=model, request_rate=float(rate), input_tokens=int(input_tokens),
-                         output_tokens=int(output_tokens), ttft_p90_s=float(ttft_p90_s), tpot_p90_s=float(tpot_p90_s),
-                         gpus=gpus or None, precisions=precisions or None, spec=spec)
+    w = _workload(model, rate, input_tokens, output_tokens, ttft_p90_s, tpot_p90_s, gpus, precisions, spec)
     return planner.plan(w, gpus=inputs["gpus"], models=inputs["models"],
                         calibration=inputs["calibration"] if use_calibration else None).to_dict()
 
@@ -44,9 +49,7 @@ def savings_workload(inputs: dict, model: str, rate: float, input_tokens: int, o
     traffic, sized for the peak and autoscaled, under "day"."""
     from engine.planner.savings import savings
 
-    w = planner.Workload(model=model, request_rate=float(rate), input_tokens=int(input_tokens),
-                         output_tokens=int(output_tokens), ttft_p90_s=float(ttft_p90_s), tpot_p90_s=float(tpot_p90_s),
-                         gpus=gpus or None, precisions=precisions or None, spec=spec)
+    w = _workload(model, rate, input_tokens, output_tokens, ttft_p90_s, tpot_p90_s, gpus, precisions, spec)
     sv = savings(w, inputs["gpus"], inputs["models"], inputs["calibration"] if use_calibration else None, gpu)
     out = sv.to_dict()
     if day is not None and sv.best is not None:
@@ -161,14 +164,7 @@ def fleet_plan(inputs: dict, text: str, gpu: str, input_tokens: int, output_toke
     """A fleet of models from 'model:rate, model:rate' on one GPU kind (planner.fleet), as a dict."""
     from engine.planner import fleet
 
-    items = []
-    for part in [x.strip() for x in (text or "").split(",") if x.strip()]:
-        name, _, rate = part.rpartition(":")
-        try:
-            items.append(fleet.FleetModel(name.strip(), float(rate), int(input_tokens), int(output_tokens),
-                                          float(ttft_p90_s), float(tpot_p90_s)))
-        except ValueError:
-            raise planner.PlanError("fleet", f"'{part}' is not model:rate (a catalog model and requests/s)") from None
+    items = fleet.parse_fleet(text, input_tokens, output_tokens, ttft_p90_s, tpot_p90_s)
     return fleet.plan_fleet(items, gpu, inputs["gpus"], inputs["models"]).to_dict()
 
 
