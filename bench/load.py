@@ -121,29 +121,24 @@ def _plain(rec) -> bool:
 
 
 def headline(recs) -> str:
-    """Each system at its best, and all at one precision (SAME_PRECISION), output tok/s at each concurrency;
-    the ratio after each of ours is ours / that peer."""
+    """Each system at its best (its fastest configuration at each concurrency, named), and every system at
+    one precision without a draft (SAME_PRECISION): output tok/s, as a markdown table."""
     by = {}
     for r in recs:
         n = (r.config.get("profile") or {}).get("streams")
         v = r.metrics["load"].get("output_tok_s")
         if n and v:
             by.setdefault((n, _system(r)), []).append((v, r))
-    systems = list(dict.fromkeys(s for _, s in by))
-    head = ["concurrency", "system", "at its best: configuration", "tok/s"] + [f"at {k}: tok/s" for k in SAME_PRECISION]
-    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
-    for n in sorted({n for n, _ in by}):
-        for sysname in systems:
-            rows = by.get((n, sysname))
-            if not rows:
-                continue
-            best_v, best = max(rows, key=lambda x: x[0])
-            cells = [str(n), sysname, best.config["label"], f"{best_v:.1f}"]
-            for names in SAME_PRECISION.values():
-                hit = [v for v, r in rows if _plain(r) and r.config.get("precision") == names.get(sysname)]
-                cells.append(f"{hit[0]:.1f} ({names[sysname]})" if hit else "not run")
-            lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+    rows = []
+    for n, sysname in sorted(by, key=lambda k: (k[0], list(by).index(k))):
+        best_v, best = max(by[(n, sysname)], key=lambda x: x[0])
+        row = {"concurrency": n, "system": sysname, "at its best: configuration": best.config["label"],
+               "tok/s": f"{best_v:.1f}"}
+        for what, names in SAME_PRECISION.items():
+            hit = [v for v, r in by[(n, sysname)] if _plain(r) and r.config.get("precision") == names.get(sysname)]
+            row[f"at {what}: tok/s"] = f"{hit[0]:.1f} ({names[sysname]})" if hit else "not run"
+        rows.append(row)
+    return format_rows(rows, "md") + "\n"
 
 
 def _load_average() -> str:
