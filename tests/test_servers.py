@@ -123,7 +123,7 @@ def test_llama_server_runs_its_own_speculative_decoding(draft):
 
 def test_llama_server_runs_the_precision_its_label_says():
     """Issue 23.2: llama-server at our precision. Q8_0 is the catalog weights (those our int8 quantizes)
-    requantized by llama.cpp's own tools; the server reports that file as its model, and answers."""
+    converted by llama.cpp's own converter (no F32 GGUF in between); the server reports that file as its model, and answers."""
     spec = ServerSpec.of("llama-server", model="default-draft", precision="Q8_0", slots=1, max_model_len=256)
     if servers.unavailable_reason(spec):
         pytest.skip(servers.unavailable_reason(spec))
@@ -134,7 +134,7 @@ def test_llama_server_runs_the_precision_its_label_says():
         assert httpx.get(rs.url + "/props", timeout=30).json()["model_path"] == str(gguf)
         body = {"prompt": "def add(a, b):", "n_predict": 4, "temperature": 0}
         assert httpx.post(rs.url + "/completion", json=body, timeout=60).json()["tokens_predicted"] == 4
-        assert "Q8_0" in rs.spec.label and rs.facts()["weights"].startswith("requantized by llama.cpp")
+        assert "Q8_0" in rs.spec.label and rs.facts()["weights"].startswith("converted to Q8_0 by llama.cpp")
 
 
 def test_llama_server_drafts_are_refused_by_name_where_it_has_none():

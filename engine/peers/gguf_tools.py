@@ -7,13 +7,14 @@
   written by that convert_hf_to_gguf.py with its own gguf-py.
 - quantize(f32, dest, ftype): llama.cpp's quantizer, the code llama-quantize runs
   (llama_model_quantize, through llama-cpp-python), from the F32 GGUF to `ftype` (Q4_K_M, Q8_0, ...).
-- reference_ggufs(name, folder, types): a model folder's weights converted, then quantized to each
-  type, cached by what the weights are (quality.weights_fingerprint), not by their name.
+- convert(folder, dest, ftype): the same converter writing F16, BF16 or Q8_0 itself.
+- reference_ggufs(name, folder, types): a model folder's weights as each type (converted, or quantized
+  from the F32 conversion), cached by what the weights are (quality.weights_fingerprint), not by their name.
 
 Each writes to a temporary name and renames, so a file at `dest` is whole; an existing one is kept.
 Shared by bench/llama_shape.py (random weights, speed), bench/quality_matched.py (the quality
 reference's weights, quality) and engine.peers.servers (llama-server at a precision other than the
-shipped Q4_K_M: the same weights our engine quantizes, requantized by llama.cpp).
+shipped Q4_K_M: the same weights our engine quantizes, converted by llama.cpp).
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from pathlib import Path
 from engine.common.errors import UserError
 from engine.common.paths import cache_dir
 
-__all__ = ["FTYPES", "LLAMA_CPP_VERSION", "convert_f32", "gguf_dir", "llama_cpp_source", "quantize", "reference_ggufs"]
+__all__ = ["CONVERTER_TYPES", "FTYPES", "LLAMA_CPP_VERSION", "convert", "convert_f32", "gguf_dir", "llama_cpp_source", "quantize", "reference_ggufs"]
 
 LLAMA_CPP_VERSION = "0.3.36"  # the llama-cpp-python sdist whose vendored llama.cpp `make peers` builds
 
@@ -59,8 +60,21 @@ def llama_cpp_source() -> Path:
     return src
 
 
+# The types convert_hf_to_gguf.py writes itself (--outtype): no F32 GGUF in between (2 GB for the 0.5B).
+CONVERTER_TYPES = ("F32", "F16", "BF16", "Q8_0")
+
+
 def convert_f32(folder: Path, dest: Path) -> Path:
     """The folder as an F32 GGUF, written by convert_hf_to_gguf.py with its own gguf-py (once)."""
+    return convert(folder, dest, "F32")
+
+
+def convert(folder: Path, dest: Path, ftype: str) -> Path:
+    """The folder as a GGUF of `ftype` (one of CONVERTER_TYPES), written by convert_hf_to_gguf.py with
+    its own gguf-py (once)."""
+    if ftype not in CONVERTER_TYPES:
+        raise UserError(f"llama.cpp's converter does not write {ftype}",
+                        f"convert to F32 and quantize, or use one of: {', '.join(CONVERTER_TYPES)}")
     folder, dest = Path(folder), Path(dest)
     if dest.exists():
         return dest
@@ -77,7 +91,7 @@ def convert_f32(folder: Path, dest: Path) -> Path:
         "        raise RuntimeError('sentencepiece is not installed: this folder has no tokenizer.model')\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(src / "gguf-py"), str(shim)]), "HF_HUB_OFFLINE": "1"}
     env.pop("NO_LOCAL_GGUF", None)
-    p = subprocess.run([sys.executable, str(src / "convert_hf_to_gguf.py"), str(folder), "--outtype", "f32",
+    p = subprocess.run([sys.executable, str(src / "convert_hf_to_gguf.py"), str(folder), "--outtype", ftype.lower(),
                         "--outfile", str(tmp)], capture_output=True, text=True, env=env, cwd=str(src))
     if p.returncode != 0:
         tmp.unlink(missing_ok=True)
@@ -126,17 +140,27 @@ def gguf_dir(name: str, folder: Path) -> Path:
 
 
 def reference_ggufs(name: str, folder: Path, types=("Q4_K_M",), progress=None) -> dict[str, Path]:
-    """{"F32": the folder converted by llama.cpp, type: quantized from it by llama.cpp} (built once)."""
+    """{type: the folder's weights as that GGUF} (built once). The converter writes CONVERTER_TYPES
+    itself; the others are quantized by llama.cpp's quantizer from an F32 conversion, which is then
+    returned too ("F32")."""
     say = progress or (lambda s: None)
     d = gguf_dir(name, folder)
-    f32 = d / "model-F32.gguf"
-    if not f32.exists():
-        say(f"converting {folder} to an F32 GGUF with llama.cpp's convert_hf_to_gguf.py")
-    out = {"F32": convert_f32(folder, f32)}
+    out: dict[str, Path] = {}
     for t in types:
-        if t == "F32":
-            continue
-        if not (d / f"model-{t}.gguf").exists():
-            say(f"quantizing the F32 GGUF to {t} with llama.cpp's quantizer")
-        out[t] = quantize(f32, d / f"model-{t}.gguf", t)
+        if t in CONVERTER_TYPES and t != "F32":
+            if not (d / f"model-{t}.gguf").exists():
+                say(f"converting {folder} to a {t} GGUF with llama.cpp's convert_hf_to_gguf.py")
+            out[t] = convert(folder, d / f"model-{t}.gguf", t)
+    rest = [t for t in types if t not in out]
+    if rest:
+        f32 = d / "model-F32.gguf"
+        if not f32.exists():
+            say(f"converting {folder} to an F32 GGUF with llama.cpp's convert_hf_to_gguf.py")
+        out["F32"] = convert_f32(folder, f32)
+        for t in rest:
+            if t == "F32":
+                continue
+            if not (d / f"model-{t}.gguf").exists():
+                say(f"quantizing the F32 GGUF to {t} with llama.cpp's quantizer")
+            out[t] = quantize(f32, d / f"model-{t}.gguf", t)
     return out

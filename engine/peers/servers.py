@@ -88,10 +88,10 @@ VLLM_PRECISIONS = {"bf16": ("--dtype", "bfloat16"), "fp32": ("--dtype", "float32
                    "int8": ("--dtype", "bfloat16", "--quantization", "int8_per_channel_weight_only"),
                    "fp8": ("--dtype", "bfloat16", "--quantization", "fp8_per_channel")}
 # llama-server's weights: the catalog GGUF as shipped (Q4_K_M), or the same weights our engine quantizes
-# (the catalog folder, Q4_K_M dequantized) converted and requantized by llama.cpp's own tools
+# (the catalog folder, Q4_K_M dequantized) converted by llama.cpp's own converter
 # (gguf_tools.reference_ggufs, built once): its 8-bit and 16-bit types beside our int8 and bf16.
 LLAMA_PRECISIONS = {"Q4_K_M": "the catalog GGUF as shipped",
-                    "Q8_0": "requantized by llama.cpp from the catalog weights (8 bits, one scale per 32)",
+                    "Q8_0": "converted to Q8_0 by llama.cpp from the catalog weights (8 bits, one scale per 32)",
                     "BF16": "converted by llama.cpp from the catalog weights",
                     "F16": "converted by llama.cpp from the catalog weights"}
 LLAMA_DRAFTS = ("model", "ngram")  # llama-server's speculative decoding: -md <GGUF>, or --spec-type ngram-simple
@@ -200,8 +200,8 @@ class ServerSpec:
         return f"vLLM CPU {self.setup.precision} ({self.slots} seqs)"
 
     def llama_gguf(self) -> Path:
-        """llama-server's -m: the catalog GGUF at Q4_K_M, else llama.cpp's own requantization of the catalog
-        weights (converted and quantized once, minutes for the 1.5B)."""
+        """llama-server's -m: the catalog GGUF at Q4_K_M, else the catalog weights converted by llama.cpp's
+        own converter to that type (once, minutes for the 1.5B)."""
         from engine.infer import catalog
         from engine.peers.gguf_tools import reference_ggufs
 
