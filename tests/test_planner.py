@@ -479,8 +479,18 @@ def test_load_records_calibrate_the_batch_model_and_plans_say_so():
     here = load_gpus(probe={"mem_bw_gbs": 20})["this machine"]
     d = Deployment(m, here, "int4", calibration=cal)
     eff, src = d.efficiency()
-    assert "batched decode 0.05 TFLOP/s measured under load" in src
-    assert decode_step(d, 8, 232).t_compute == pytest.approx(8 * flops / rate, rel=0.02)
+    assert "decode step measured under load" in src and "ms per sequence" in src
+    for b in (1, 4, 8):  # the step is the measured line (the KV term adds < 2% at this context)
+        assert decode_step(d, b, 232).total == pytest.approx(bf.step_s(b), rel=0.02)
+    # another model on this machine scales the line by its bytes (weights term) and FLOPs (per sequence)
+    big = Deployment(MODELS["qwen2.5-coder-1.5b"], here, "int4", calibration=cal)
+    weights_s, per_seq_s = bf.line
+    wb = lambda mm: shapes.weight_bytes_breakdown(mm, "int4")
+    s1, s2 = decode_step(d, 1, 232), decode_step(big, 1, 232)
+    assert s1.additive and s2.t_weights / s1.t_weights == pytest.approx(
+        (wb(big.model).blocks + wb(big.model).embedding + wb(big.model).small)
+        / (wb(m).blocks + wb(m).embedding + wb(m).small), rel=0.01)
+    assert s1.t_weights == pytest.approx(weights_s, rel=0.01)
     w = Workload("qwen2.5-coder-0.5b", 0.5, 200, 64, ttft_p90_s=20, tpot_p90_s=2.0, gpus=["this machine"],
                  precisions=["int4"], spec="off", tp_options=[1])
     with_load = plan(w, models=MODELS, calibration=cal).plans[0]

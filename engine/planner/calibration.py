@@ -94,8 +94,9 @@ class BatchFit:
     """The decode step against batch size, from load records of the lab's server on this machine.
 
     points: (batch, step seconds, run id) with batch = the mean sequences in flight (Little's law,
-    capped at the server's slots) and step = the median inter-token latency of a request (the step
-    it decoded in, prefill chunks of newcomers included). decode_tflops = median over points at
+    capped at the server's slots) and step = the median inter-token latency of a request less the
+    prefills of other requests it shared its decode with, at the lab's measured prefill rate
+    (`_LoadPoint.decode_step`: the queueing models add those prefills back). decode_tflops = median over points at
     batch > 1 of batch * FLOPs per token / (step - fixed overhead): the FLOP rate the step reached,
     the roofline's compute side for batched decode. t(B) = intercept + slope * B is the least-squares
     line through the points (None with fewer than two distinct batches)."""
@@ -107,6 +108,17 @@ class BatchFit:
     points: tuple[tuple[float, float, str], ...]
     intercept_s: float | None = None
     slope_s: float | None = None
+    flops_per_token: float | None = None    # mean over the points (matmuls + attention at their context)
+    overhead_s: float = 0.0                 # the kernel family's fixed step cost, taken off the intercept
+
+    @property
+    def line(self) -> tuple[float, float] | None:
+        """(seconds per step for the weights, seconds per sequence) of the fitted line, the family's
+        overhead taken off the intercept; None unless both are positive (a line that says nothing)."""
+        if self.slope_s is None or self.intercept_s is None or not self.flops_per_token:
+            return None
+        weights = self.intercept_s - self.overhead_s
+        return (weights, self.slope_s) if weights > 0 and self.slope_s > 0 else None
 
     @property
     def n(self) -> int:
@@ -120,7 +132,7 @@ class BatchFit:
 
     def words(self) -> str:
         line = (f"; step {self.intercept_s * 1e3:.1f} ms + {self.slope_s * 1e3:.1f} ms per sequence"
-                if self.slope_s is not None else "")
+                if self.slope_s is not None and self.intercept_s is not None else "")
         return (f"batched decode {self.decode_tflops:.3g} TFLOP/s measured under load ({self.n} load point(s) of "
                 f"{self.model}, batch up to {max(b for b, _, _ in self.points):.1f}{line})")
 
@@ -152,6 +164,19 @@ class Calibration:
 
     def fit_for(self, device: str, precision: str) -> Fit | None:
         return self.fits.get((device, precision))
+
+    def decode_line_for(self, device: str, precision: str) -> BatchFit | None:
+        """The measured decode step against batch (a load-record line that says something), or None."""
+        bf = self.batch.get((device, precision))
+        return bf if bf is not None and bf.line is not None else None
+
+    def prefill_for(self, device: str, precision: str) -> tuple[float, str] | None:
+        """(TFLOP/s, where it comes from) of prefill as the lab measured it (bench records' prefill, else
+        load records' time to first token at concurrency 1); None when it measured neither."""
+        pf = self.prefill_tflops.get((device, precision))
+        if pf:
+            return pf, f"prefill {pf:.3g} TFLOP/s measured"
+        return None
 
     def compute_for(self, device: str, precision: str) -> tuple[float, str] | None:
         """(TFLOP/s the lab's steps reached, where it comes from) for the roofline's compute side:
@@ -220,7 +245,7 @@ def _base_precision(label) -> str:
     return str(label).lower().split("-g")[0]
 
 
-def _record_precision(cfg: Mapping) -> str:
+def record_precision(cfg: Mapping) -> str:
     """The precision of a record's config: config.quant.precision, else config.precision without
     the label's group suffix ('int4-g64' -> 'int4')."""
     return _base_precision(_get(cfg, "quant", "precision") or cfg.get("precision") or "")
@@ -252,7 +277,7 @@ def record_bytes_per_token(rec: Mapping, models: Mapping[str, ModelShape] | None
         base = "fp32" if _get(rec, "machine", "device", default="cpu") == "cpu" else None
         try:  # the quantization options as the record's setup states them, whichever schema stored it
             setup = setup_from_record(cfg)
-            wb = shapes.decode_read_bytes(shape, _record_precision(cfg), 1, bool(setup.quantize_embeddings),
+            wb = shapes.decode_read_bytes(shape, record_precision(cfg), 1, bool(setup.quantize_embeddings),
                                           bool(setup.quantize_head), int(setup.group_size), base_dtype=base)
         except (ShapeError, UserError, TypeError, ValueError):
             return None
@@ -279,7 +304,7 @@ def _acceptance_obs(rec: Mapping, rid: str, models) -> AcceptanceObs | str:
                         _model_name(dm, models) if dm else None, float(a), float(g),
                         float(mal) if _finite_pos(mal) else None, rid,
                         int(drafted) if _finite_pos(drafted) else 1,
-                        _base_precision(dp) if dp else None, _record_precision(cfg) or None)
+                        _base_precision(dp) if dp else None, record_precision(cfg) or None)
     return IDENTICAL_DRAFT if obs.identical else obs
 
 
@@ -304,7 +329,7 @@ def calibrate(records: Iterable[Mapping], fit_overhead: bool = False, overhead_s
     groups: dict[tuple[str, str], list[tuple[float, float, str]]] = {}
     prefill: dict[tuple[str, str], list[float]] = {}
     acc: list[AcceptanceObs] = []
-    loads: dict[tuple[str, str, str, int], list[tuple[float, float, str, float]]] = {}
+    loads: dict[tuple[str, str, str, int], list[tuple[_LoadPoint, str]]] = {}
     skipped: list[tuple[str, str]] = []
     bws: list[float] = []
     for i, rec in enumerate(records or []):
@@ -315,13 +340,16 @@ def calibrate(records: Iterable[Mapping], fit_overhead: bool = False, overhead_s
         cfg, met = rec.get("config") or {}, rec.get("metrics") or {}
         device = str(_get(rec, "machine", "device") or cfg.get("device") or "cpu")
         device = "cuda" if device.startswith("cuda") else device
-        prec = _record_precision(cfg)
+        prec = record_precision(cfg)
         if rec.get("kind") == "load" and not isinstance(met.get(M.spec), Mapping):
             pt = _load_point(rec, models)
             if isinstance(pt, str):
                 skipped.append((rid, pt))
             else:
-                loads.setdefault((device, prec, pt[3], pt[4]), []).append((pt[0], pt[1], rid, pt[2]))
+                loads.setdefault((device, prec, pt.model, pt.layers), []).append((pt, rid))
+                pf = _load_prefill_tflops(rec, pt.batch, models)
+                if pf:
+                    prefill.setdefault((device, prec), []).append(pf)
             continue
         if isinstance(met.get(M.spec), Mapping):
             obs = _acceptance_obs(rec, rid, models)
@@ -372,7 +400,11 @@ def calibrate(records: Iterable[Mapping], fit_overhead: bool = False, overhead_s
     bws.sort()
     pf_med = {k: sorted(v)[len(v) // 2] for k, v in prefill.items()}
     batch: dict[tuple[str, str], BatchFit] = {}
-    for (dev, prec, model, layers), pts in loads.items():
+    for (dev, prec, model, layers), got in loads.items():
+        pf = pf_med.get((dev, prec))
+        shape = shapes.get_model(model, models)
+        pts = [(pt.batch, pt.decode_step(shapes.prefill_flops(shape, pt.prompt) / (pf * 1e12) if pf else 0.0),
+                rid, pt.flops) for pt, rid in got]
         bf = _batch_fit(dev, prec, model, layers, pts)
         if bf is None:
             skipped += [(p[2], "load point at batch 1 only: nothing to say about batch > 1") for p in pts]
@@ -384,8 +416,35 @@ def calibrate(records: Iterable[Mapping], fit_overhead: bool = False, overhead_s
 LAB_SERVER = "serving-cost-lab"
 
 
-def _load_point(rec: Mapping, models) -> tuple[float, float, float, str, int] | str:
-    """(batch, step s, FLOPs per token, model, layers) of a load record of the lab's own server, or why not."""
+@dataclass(frozen=True)
+class _LoadPoint:
+    """What one load record of the lab's server says about its decode step."""
+
+    batch: float            # mean sequences in flight, capped at the server's slots
+    itl_s: float            # median inter-token latency of a request
+    flops: float            # FLOPs per decode token at the point's mean context
+    model: str
+    layers: int
+    streams: int | None     # closed loop: the concurrency; None for timed arrivals
+    request_s: float        # completed requests per second
+    prompt: int             # mean prompt tokens of a request
+    output: int             # mean output tokens of a request
+
+    def decode_step(self, prefill_s: float) -> float:
+        """The decode step alone: the inter-token latency less the prefills of other requests that ran
+        while this one decoded, spread over its tokens. Closed loop: each of the other c - 1 users is
+        replaced about once per request, so (c - 1) prefills over O - 1 tokens. Timed arrivals: a
+        share rate * prefill of the time goes to prefills (the open-loop model's 1 - rho, inverted)."""
+        if prefill_s <= 0:
+            return self.itl_s
+        if self.streams is not None:
+            shared = (min(self.streams, max(1, round(self.batch))) - 1) * prefill_s / max(1, self.output - 1)
+            return max(self.itl_s - shared, 0.2 * self.itl_s)
+        return self.itl_s * max(1.0 - self.request_s * prefill_s, 0.2)
+
+
+def _load_point(rec: Mapping, models) -> _LoadPoint | str:
+    """What a load record of the lab's own server says about its decode step, or why it says nothing."""
     cfg, m = rec.get("config") or {}, _get(rec, "metrics", M.load) or {}
     if cfg.get("system") != LAB_SERVER:
         return f"load record of {cfg.get('system') or 'an unknown server'}: its kernels say nothing about the lab's"
@@ -404,7 +463,23 @@ def _load_point(rec: Mapping, models) -> tuple[float, float, float, str, int] | 
     n = w.get("requests") or 0
     ctx = ((w.get("prompt_tokens_total") or 0) + 0.5 * (w.get("requested_output_tokens_total") or 0)) / n if n else 0
     flops = 2.0 * shapes.matmul_params_per_token(shape) + 4.0 * shape.layers * shape.q_dim * ctx
-    return batch, float(step), flops, shape.name, shape.layers
+    prof = cfg.get("profile") or {}
+    streams = int(prof["streams"]) if prof.get("kind") == "concurrent" and prof.get("streams") else None
+    return _LoadPoint(batch, float(step), flops, shape.name, shape.layers, streams, float(m.get(L.request_s) or 0.0),
+                      round((w.get("prompt_tokens_total") or 0) / n) if n else 0,
+                      round((w.get("requested_output_tokens_total") or 0) / n) if n else 0)
+
+
+def _load_prefill_tflops(rec: Mapping, batch: float, models) -> float | None:
+    """Prefill FLOP rate of a load point at concurrency 1 (no other request shares its prefill):
+    prefill FLOPs of the mean prompt over the median time to first token; None at higher concurrency."""
+    cfg, m = rec.get("config") or {}, _get(rec, "metrics", M.load) or {}
+    w = cfg.get("workload") or {}
+    ttft, n = m.get(L.ttft_s_p50), w.get("requests") or 0
+    if batch > BATCHED or not _finite_pos(ttft) or not n or not _finite_pos(w.get("prompt_tokens_total")):
+        return None
+    shape = shapes.get_model(cfg.get("model") or "", models)   # _load_point already found it
+    return shapes.prefill_flops(shape, max(1, round(w["prompt_tokens_total"] / n))) / float(ttft) / 1e12
 
 
 def _batch_fit(dev: str, prec: str, model: str, layers: int, pts) -> BatchFit | None:
@@ -419,7 +494,8 @@ def _batch_fit(dev: str, prec: str, model: str, layers: int, pts) -> BatchFit | 
         xm, ym = sum(xs) / len(xs), sum(ys) / len(ys)
         slope = sum((x - xm) * (y - ym) for x, y in zip(xs, ys)) / sum((x - xm) ** 2 for x in xs)
         a = ym - slope * xm
-    return BatchFit(dev, prec, model, rates[len(rates) // 2], tuple((b, t, r) for b, t, r, _ in sorted(pts)), a, slope)
+    return BatchFit(dev, prec, model, rates[len(rates) // 2], tuple((b, t, r) for b, t, r, _ in sorted(pts)), a, slope,
+                    sum(p[3] for p in pts) / len(pts), over)
 
 
 def _record_prefill_tflops(rec: Mapping, models) -> float | None:

@@ -2,6 +2,7 @@
 
 Thin layer over engine.planner: parse, call, print a table (or --json). Also:
   --check-published   recompute the docs' table of predictions vs published measurements
+  --check-load        the plan for this machine against its own load records of the lab's server
   --sweep GPU         decode cost vs batch per precision, with/without speculation
   --packing GPU       replicas of the model that fit on one GPU per precision
   --gpus-table        the GPU catalog with prices and their spread
@@ -24,7 +25,7 @@ from engine import planner
 from engine.common.errors import UserError
 from engine.planner import shapes
 from engine.planner.gpus import CatalogError, find_gpu, load_gpus, price_table
-from engine.planner import batchjob, fleet, traffic
+from engine.planner import batchjob, fleet, selfcheck, traffic
 from engine.planner.savings import savings
 
 StoreReader = Callable[[], list]      # () -> list of plain dicts read from the lab's store
@@ -106,6 +107,9 @@ def add_parser(subparsers, stored_runs: StoreReader | None = None,
     p.add_argument("--why", action="store_true", help="print the formula breakdown of the best plan")
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
     p.add_argument("--check-published", action="store_true", help="predictions vs published measurements")
+    p.add_argument("--check-load", action="store_true",
+                   help="the plan for this machine against the load records of the lab's server (from --records "
+                        "/ the store): output tok/s, TTFT and ITL per point, and the term that misses")
     p.add_argument("--sweep", default=None, metavar="GPU", help="decode cost vs batch on this GPU")
     p.add_argument("--batches", type=_ints, default=[1, 2, 4, 8, 16, 32, 64, 128, 256])
     p.add_argument("--context", type=int, default=None, help="context tokens for --sweep (default input+output/2)")
@@ -361,6 +365,16 @@ def _run(a, stored_runs: StoreReader | None, stored_gpu_overrides: StoreReader |
     cal = planner.calibrate(records) if records else None
     probe = {"mem_bw_gbs": cal.machine_bw_gbs} if cal and cal.machine_bw_gbs else None
     gpus = load_gpus(_overrides(a, stored_gpu_overrides), probe)
+    if a.check_load:
+        rows = selfcheck.check_load(records, probe, cal)
+        if a.json:
+            print(json.dumps(rows, indent=1))
+        else:
+            print(selfcheck.check_load_markdown(rows))
+            ok = sum(r["within"] for r in rows)
+            print(f"\n{ok} of {len(rows)} load point(s) within {selfcheck.TOLERANCE:.0%} "
+                  "(in-sample: these points calibrated the model)")
+        return 0
     if a.gpus_table:
         rows = price_table(gpus)
         if a.json:

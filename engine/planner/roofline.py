@@ -32,6 +32,7 @@ ALLREDUCE_LATENCY_US = {"nvlink": 10.0, "pcie": 25.0}
 DEFAULT_MEM_UTIL = {"gpu": 0.90, "cpu": 0.75}   # vLLM's gpu_memory_utilization default is 0.90
 DEFAULT_MAX_BATCH = 256                          # vLLM's default max_num_seqs
 PREFILL_CHUNK_TOKENS = 8192                      # activation memory reserved for one prefill chunk
+MEASURED_LINE = "measured under load"            # Efficiency.source of a step taken from a load-record line
 
 
 @dataclass(frozen=True)
@@ -79,13 +80,52 @@ class Deployment:
         k = self.efficiency_scale
         if k == 1.0:
             return eff, src
-        return (Efficiency(min(1.0, eff.mem_bw * k), min(1.0, eff.compute * k), eff.source),
+        # A fraction of a datasheet peak cannot pass 1; a measured line's can, against this machine's
+        # placeholder peaks (only fraction * peak means something there).
+        cap = math.inf if eff.source == MEASURED_LINE else 1.0
+        return (Efficiency(min(cap, eff.mem_bw * k), min(cap, eff.compute * k), eff.source),
                 f"{src}, x {k:.2f} (the band's edge)")
+
+    def _lab_device(self) -> str | None:
+        """'cpu' or 'cuda' where the lab's calibration applies (this machine, or the lab's own CUDA
+        kernels); None for other stacks, whose kernels the lab did not measure."""
+        if self.calibration is None:
+            return None
+        if self.gpu.kind == "cpu":
+            return "cpu"
+        return "cuda" if self.family == "lab-cuda" else None
+
+    def measured_line(self, precision: str | None = None):
+        """The calibration's decode step against batch for this device and precision (a BatchFit
+        whose line says something), or None: the step is then that line, not the roofline's max."""
+        dev = self._lab_device()
+        return self.calibration.decode_line_for(dev, precision or self.precision) if dev else None
+
+    def prefill_tflops(self) -> tuple[float, str] | None:
+        """(TFLOP/s, source) of prefill as the lab measured it on this device, scaled like the band."""
+        dev = self._lab_device()
+        got = self.calibration.prefill_for(dev, self.precision) if dev else None
+        return (got[0] * self.efficiency_scale, got[1]) if got else None
 
     def _efficiency(self, precision: str | None = None) -> tuple[Efficiency, str]:
         p = precision or self.precision
         fam = self.family_obj()
         dev = "cpu" if self.gpu.kind == "cpu" else "cuda"
+        bf = self.measured_line(p)
+        if bf is not None:
+            # The step measured under load, t(B) = weights + B * per sequence, as fractions of this
+            # device's peaks: the weights term for the measured model's bytes, the per-sequence term
+            # for its FLOPs per token (another model on this device scales by its bytes and FLOPs).
+            weights_s, per_seq_s = bf.line
+            measured = shapes.get_model(bf.model)
+            cdt = compute_dtype(self.gpu, p)[0]
+            peak = (self.gpu.peak_tflops(cdt) if cdt else None) or 1e-9
+            wb = _fixed_weight_bytes(measured, p, self)
+            return (Efficiency(wb / weights_s / (self.gpu.mem_bw_tbs * 1e12),
+                               bf.flops_per_token / per_seq_s / (peak * 1e12), MEASURED_LINE),
+                    f"decode step measured under load on {dev}: {bf.intercept_s * 1e3:.1f} ms + "
+                    f"{per_seq_s * 1e3:.2f} ms per sequence ({bf.n + sum(1 for b, _, _ in bf.points if b <= 1.5)} "
+                    f"load point(s) of {bf.model}); weights and compute add up on this device")
         fit = None
         if self.calibration is not None and (dev == "cpu" or self.family == "lab-cuda"):
             fit = self.calibration.fit_for(dev, p)
@@ -121,6 +161,9 @@ class Step:
     t_compute: float
     t_comm: float
     t_overhead: float
+    # True where the step is a line measured under load (Deployment.measured_line): on that device
+    # streaming the weights and computing do not overlap, so their times add instead of max().
+    additive: bool = False
 
     @property
     def t_memory(self) -> float:
@@ -128,7 +171,8 @@ class Step:
 
     @property
     def total(self) -> float:
-        return max(self.t_memory, self.t_compute) + self.t_comm + self.t_overhead
+        core = self.t_memory + self.t_compute if self.additive else max(self.t_memory, self.t_compute)
+        return core + self.t_comm + self.t_overhead
 
     @property
     def bound(self) -> str:
@@ -178,6 +222,15 @@ class _Coef:
     comm_lat: float       # s per step of all-reduce latency (2 per layer)
     comm_tok: float       # s per token of all-reduce transfer
     overhead: float       # s per forward pass
+    additive: bool        # memory and compute times add (a step measured under load), else max()
+
+
+def _fixed_weight_bytes(model: ModelShape, precision: str, dep: Deployment) -> float:
+    """Bytes a decode step reads whatever its batch: dense blocks, head, norms (not MoE experts,
+    not the embedding table, of which a step reads only its tokens' rows)."""
+    wb = shapes.weight_bytes_breakdown(model, precision, dep.quantize_embeddings, dep.quantize_head, dep.group_size)
+    head = wb.embedding if wb.head_shares_embedding else wb.head
+    return wb.blocks - wb.experts + head + wb.small
 
 
 def _coef(dep: Deployment, model: ModelShape, precision: str, layers_overhead: bool = True) -> _Coef:
@@ -189,7 +242,6 @@ def _coef(dep: Deployment, model: ModelShape, precision: str, layers_overhead: b
     eff, _ = dep.efficiency(precision)
     fam = dep.family_obj()
     wb = shapes.weight_bytes_breakdown(model, precision, dep.quantize_embeddings, dep.quantize_head, dep.group_size)
-    head = wb.embedding if wb.head_shares_embedding else wb.head
     cdt, _ = compute_dtype(gpu, precision)
     peak = (gpu.peak_tflops(cdt) if cdt else None) or 1e-9
     bw = gpu.mem_bw_tbs * 1e12
@@ -203,7 +255,7 @@ def _coef(dep: Deployment, model: ModelShape, precision: str, layers_overhead: b
     else:
         comm_lat = comm_tok = 0.0
     c = _Coef(
-        w_fixed=(wb.blocks - wb.experts + head + wb.small) / tp,
+        w_fixed=_fixed_weight_bytes(model, precision, dep) / tp,
         w_experts=wb.experts / tp,
         experts=model.experts,
         active=model.active_experts,
@@ -220,6 +272,7 @@ def _coef(dep: Deployment, model: ModelShape, precision: str, layers_overhead: b
         comm_lat=comm_lat,
         comm_tok=comm_tok,
         overhead=(fam.step_overhead_ms + (fam.per_layer_overhead_ms * model.layers if layers_overhead else 0)) / 1e3,
+        additive=dep.measured_line(precision) is not None,
     )
     dep._memo[key] = c
     return c
@@ -239,7 +292,8 @@ def _step_parts(c: _Coef, batch: float, context: float, tokens_per_seq: float):
 
 def _step_time(c: _Coef, batch: float, context: float, tokens_per_seq: float = 1.0) -> float:
     tokens, w, kv, flops, t_comm = _step_parts(c, batch, context, tokens_per_seq)
-    return max(w * c.inv_bw_w + kv * c.inv_bw_kv, flops * c.inv_flops) + t_comm + c.overhead
+    mem, comp = w * c.inv_bw_w + kv * c.inv_bw_kv, flops * c.inv_flops
+    return (mem + comp if c.additive else max(mem, comp)) + t_comm + c.overhead
 
 
 def forward_cost(dep: Deployment, model: ModelShape, precision: str, batch: float, context: float,
@@ -249,7 +303,8 @@ def forward_cost(dep: Deployment, model: ModelShape, precision: str, batch: floa
     Weight bytes are all but the embedding table (its rows only), MoE experts as touched."""
     c = _coef(dep, model, precision, layers_overhead)
     tokens, w, kv, flops, t_comm = _step_parts(c, batch, context, tokens_per_seq)
-    return Step(tokens, w, kv, flops, w * c.inv_bw_w, kv * c.inv_bw_kv, flops * c.inv_flops, t_comm, c.overhead)
+    return Step(tokens, w, kv, flops, w * c.inv_bw_w, kv * c.inv_bw_kv, flops * c.inv_flops, t_comm, c.overhead,
+                c.additive)
 
 
 def decode_step(dep: Deployment, batch: float, context: float, tokens_per_seq: float = 1.0) -> Step:
@@ -271,11 +326,15 @@ def prefill_step(dep: Deployment, tokens: int, batch: int = 1) -> Step:
     flops = batch * shapes.prefill_flops(m, tokens) / tp
     cdt, _ = compute_dtype(gpu, dep.precision)
     peak = (gpu.peak_tflops(cdt) if cdt else None) or 1e-9
+    # The lab's measured prefill rate where it has one: prefill GEMMs run at another rate than the
+    # batched decode step the efficiency's compute side may come from.
+    measured = dep.prefill_tflops()
+    rate = measured[0] * 1e12 if measured else eff.compute * peak * 1e12
     bw = gpu.mem_bw_tbs * 1e12
     t_comm = 2 * m.layers * allreduce_time(batch * tokens * m.hidden * 2, tp, gpu)
     t_over = (fam.step_overhead_ms + fam.per_layer_overhead_ms * m.layers) / 1e3
     st = Step(batch * tokens, wbytes, kvw, flops, wbytes / (eff.mem_bw * bw), kvw / (fam.kv_mem_bw * bw),
-              flops / (eff.compute * peak * 1e12), t_comm, t_over)
+              flops / rate, t_comm, t_over)
     dep._memo[key] = st
     return st
 

@@ -1,0 +1,67 @@
+"""Issue 24.7: the planner checks itself on this machine. The README's flow as a user runs it: our
+real server on 127.0.0.1 (`serve`), closed-loop load points at concurrency 1, 4 and 8 against its URL
+(`load --url`), then `plan --check-load`: the plan for "this machine", calibrated from those records,
+against the output tok/s they measured, within 25% at each point, or the row names the term that misses.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from engine.measure.store import Store
+
+ROOT = Path(__file__).resolve().parent.parent
+POINTS = {1: 6, 4: 12, 8: 16}  # concurrency: requests (two rounds at the higher ones)
+
+
+def _engine(*args, data: Path, timeout=600):
+    return subprocess.run([sys.executable, "-m", "engine", *args], capture_output=True, text=True, cwd=ROOT,
+                          timeout=timeout, env={**os.environ, "SCL_DATA_DIR": str(data)})
+
+
+@pytest.fixture(scope="module")
+def our_server():
+    from engine.peers import servers
+
+    spec = servers.ServerSpec.of("serving-cost-lab", model="default-draft", precision="int4", slots=8,
+                                 max_model_len=1024)
+    reason = servers.unavailable_reason(spec)
+    if reason:
+        pytest.skip(reason)
+    rs = servers.start(spec, progress=print)
+    yield rs
+    rs.stop()
+
+
+def test_the_plan_for_this_machine_predicts_our_server_under_load(our_server, tmp_path):
+    for c, n in POINTS.items():
+        p = _engine("load", "--url", our_server.url, "--profile", f"concurrent:{c}", "--input-len", "128",
+                    "--output-len", "48", "--requests", str(n), "--warmup", "1", "--label", f"self-check C={c}",
+                    data=tmp_path)
+        assert p.returncode == 0, p.stderr[-2000:]
+    recs = Store(tmp_path / "lab.sqlite").list_runs(kind="load")
+    assert len(recs) == 3 and all(r.config["system"] == "serving-cost-lab" for r in recs)
+
+    p = _engine("plan", "--check-load", "--json", data=tmp_path)
+    assert p.returncode == 0, p.stderr[-2000:]
+    rows = json.loads(p.stdout)
+    assert [r["concurrency"] for r in rows] == [1, 4, 8]
+    assert all("measured under load" in r["source"] for r in rows)  # the step is the line these points give
+    table = _engine("plan", "--check-load", data=tmp_path).stdout
+    for r in rows:
+        assert r["within"], f"C={r['concurrency']}: {r['misses']} misses\n{table}"
+        assert r["output_tok_s_measured"] == pytest.approx(
+            next(x for x in recs if x.config["profile"]["streams"] == r["concurrency"]).metrics["load"]["output_tok_s"])
+    # the measured throughput grows with concurrency on this machine, and the plan says so too
+    assert rows[0]["output_tok_s_predicted"] < rows[1]["output_tok_s_predicted"] < rows[2]["output_tok_s_predicted"]
+    print(table)
+
+
+def test_check_load_without_records_says_what_to_run(tmp_path):
+    p = _engine("plan", "--check-load", data=tmp_path)
+    assert p.returncode == 2 and "no closed-loop load record" in p.stderr and "concurrent:C" in p.stderr
