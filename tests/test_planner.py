@@ -502,6 +502,34 @@ def test_load_records_calibrate_the_batch_model_and_plans_say_so():
     assert with_load.max_rate_per_replica < without.max_rate_per_replica  # the measured batch cost, not a placeholder
 
 
+def test_load_points_give_the_decode_step_less_the_prefills_other_requests_shared_it_with():
+    """Closed loop at C: the measured inter-token latency holds the prefills of the C - 1 other users (each
+    replaced about once per request); the calibrated step takes them out at the prefill rate measured at
+    concurrency 1 (its time to first token), and the closed-loop model adds them back once."""
+    m = MODELS["qwen2.5-coder-0.5b"]
+    ttft1, out = 0.5, 48
+
+    def rec(c, itl, request_s=1.0):
+        r = _load_record(c, itl, run_id=f"C{c}")
+        r["config"]["profile"] = {"kind": "concurrent", "streams": c}
+        r["config"]["workload"]["requested_output_tokens_total"] = 8 * out
+        r["metrics"]["load"].update(ttft_s_p50=ttft1 if c == 1 else 2.0, request_s=request_s)
+        return r
+
+    cal = calibrate([rec(1, 0.02), rec(4, 0.08), rec(8, 0.16)])
+    pf = cal.prefill_tflops[("cpu", "int4")]
+    assert pf == pytest.approx(shapes.prefill_flops(m, 200) / ttft1 / 1e12)
+    steps = {b: t for b, t, _ in cal.batch[("cpu", "int4")].points}
+    assert steps[1] == pytest.approx(0.02)  # alone: nothing to take out
+    for c, itl in ((4, 0.08), (8, 0.16)):
+        assert steps[c] == pytest.approx(itl - (c - 1) * ttft1 / (out - 1), rel=1e-6)
+    # timed arrivals: a share rate * T_p of the time went to prefills
+    r = _load_record(3, 0.1, run_id="P")
+    r["metrics"]["load"]["request_s"] = 0.4
+    cal2 = calibrate([rec(1, 0.02), rec(8, 0.16), r])
+    assert {round(b): t for b, t, _ in cal2.batch[("cpu", "int4")].points}[3] == pytest.approx(0.1 * (1 - 0.4 * ttft1))
+
+
 # ---------------------------------------------------------------- published measurements
 
 def test_published_predictions_are_reproducible_and_documented():

@@ -124,7 +124,7 @@ class Deployment:
             return (Efficiency(wb / weights_s / (self.gpu.mem_bw_tbs * 1e12),
                                bf.flops_per_token / per_seq_s / (peak * 1e12), MEASURED_LINE),
                     f"decode step measured under load on {dev}: {bf.intercept_s * 1e3:.1f} ms + "
-                    f"{per_seq_s * 1e3:.2f} ms per sequence ({bf.n + sum(1 for b, _, _ in bf.points if b <= 1.5)} "
+                    f"{per_seq_s * 1e3:.2f} ms per sequence ({len(bf.points)} "
                     f"load point(s) of {bf.model}); weights and compute add up on this device")
         fit = None
         if self.calibration is not None and (dev == "cpu" or self.family == "lab-cuda"):
@@ -226,8 +226,8 @@ class _Coef:
 
 
 def _fixed_weight_bytes(model: ModelShape, precision: str, dep: Deployment) -> float:
-    """Bytes a decode step reads whatever its batch: dense blocks, head, norms (not MoE experts,
-    not the embedding table, of which a step reads only its tokens' rows)."""
+    """Bytes a decode step reads whatever its batch: dense blocks, the head (all of the embedding
+    table when tied), norms; not MoE experts, nor an untied embedding table (only its tokens' rows)."""
     wb = shapes.weight_bytes_breakdown(model, precision, dep.quantize_embeddings, dep.quantize_head, dep.group_size)
     head = wb.embedding if wb.head_shares_embedding else wb.head
     return wb.blocks - wb.experts + head + wb.small
