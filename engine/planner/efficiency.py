@@ -7,10 +7,21 @@ the lab's own fits where it has them.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import csv
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
 from typing import Mapping
 
+from engine.common.paths import DATA
 from engine.planner.gpus import GPU
+
+# The bandwidth efficiencies fitted to data/published_measurements.csv (planner.fit computes them;
+# `python -m engine plan --refit` rewrites this file and a test fails when it is stale).
+FIT_PATH = DATA / "efficiency_fit.csv"
+FITTED_FAMILIES = ("serving", "torch-compile", "hf-eager")   # stacks with published points
+ALL_GENERATIONS = "*"
+MIN_POOLED_POINTS = 2   # a fallback over all generations needs two points: one stack on one GPU is not a trend
 
 
 @dataclass(frozen=True)
@@ -88,6 +99,70 @@ FAMILIES: dict[str, KernelFamily] = {
         "lab-cuda", "the lab's own CUDA kernels (defaults = serving until calibrated from cuda records)",
         _SERVING_EFF, 0.80, 0.3, 0.02, "defaults; calibrate from the lab's cuda run records"),
 }
+
+
+@dataclass(frozen=True)
+class FitCell:
+    """e_w of one (generation, family, precision), the median of its published points' e_w;
+    generation ALL_GENERATIONS pools every generation."""
+
+    generation: str
+    family: str
+    precision: str
+    mem_bw: float
+    ids: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class FitTable:
+    """Fitted bandwidth efficiencies by (generation, family, precision), with the fallbacks:
+    the cell, else (family, precision) over all generations, else the family's default."""
+
+    cells: Mapping[tuple[str, str, str], FitCell] = field(default_factory=dict)
+
+    def lookup(self, generation: str, family: str, precision: str, base: Efficiency) -> tuple[Efficiency, str]:
+        """(efficiency, where it comes from); the compute side is always `base`'s."""
+        if family not in FITTED_FAMILIES:
+            return base, f"{family} default"
+        gen = generation or "unknown generation"
+        cell = self.cells.get((generation, family, precision)) if generation else None
+        if cell is not None:
+            return (Efficiency(cell.mem_bw, base.compute, "fitted"),
+                    f"fitted: e_w {cell.mem_bw:.2f} = median of {len(cell.ids)} published point(s) for "
+                    f"{gen} x {family} x {precision} ({', '.join(cell.ids)})")
+        pooled = self.cells.get((ALL_GENERATIONS, family, precision))
+        if pooled is not None and len(pooled.ids) >= MIN_POOLED_POINTS:
+            return (Efficiency(pooled.mem_bw, base.compute, "extrapolated"),
+                    f"extrapolated: no published point for {gen} x {family} x {precision}; e_w "
+                    f"{pooled.mem_bw:.2f} of {family} x {precision} over all generations "
+                    f"({len(pooled.ids)} point(s))")
+        few = f" (only {len(pooled.ids)} on any generation)" if pooled is not None else " on any generation"
+        return (Efficiency(base.mem_bw, base.compute, "extrapolated"),
+                f"extrapolated: no published point for {gen} x {family} x {precision}{few}; "
+                f"{family} default e_w {base.mem_bw:.2f}")
+
+
+EMPTY_FIT = FitTable()
+
+
+def read_fit(path: str | Path | None = None) -> FitTable:
+    """The fitted table as written by planner.fit.write_fit (empty if the file is missing)."""
+    p = Path(path) if path else FIT_PATH
+    if not p.exists():
+        return EMPTY_FIT
+    cells = {}
+    with open(p, newline="") as f:
+        for r in csv.DictReader(f):
+            c = FitCell(r["generation"], r["family"], r["precision"], float(r["e_w"]),
+                        tuple(x for x in r["ids"].split() if x))
+            cells[(c.generation, c.family, c.precision)] = c
+    return FitTable(cells)
+
+
+@lru_cache(maxsize=1)
+def shipped_fit() -> FitTable:
+    """data/efficiency_fit.csv, read once."""
+    return read_fit()
 
 
 def _half(gpu: GPU) -> str:

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from engine.common.vocab import BNB_PRECISIONS
 from engine.planner import shapes
 from engine.planner.calibration import Calibration
-from engine.planner.efficiency import FAMILIES, Efficiency, KernelFamily, compute_dtype
+from engine.planner.efficiency import FAMILIES, Efficiency, FitTable, KernelFamily, compute_dtype, shipped_fit
 from engine.planner.errors import PlanError
 from engine.planner.gpus import GPU
 from engine.planner.shapes import ModelShape
@@ -56,6 +56,9 @@ class Deployment:
     # Both efficiencies times this (capped at 1): the planner's fitted error as a band (planner.savings).
     efficiency_scale: float = 1.0
     calibration: Calibration | None = field(default=None, compare=False, hash=False, repr=False)
+    # Bandwidth efficiencies fitted to published measurements (None: the shipped fit,
+    # data/efficiency_fit.csv); planner.fit passes its own tables to fit and to leave one out.
+    fit: FitTable | None = field(default=None, compare=False, hash=False, repr=False)
     # Per-instance memo of roofline coefficients: planning evaluates thousands of steps per plan.
     # init=False: dataclasses.replace() must start a fresh memo, never share the original's.
     _memo: dict = field(default_factory=dict, init=False, compare=False, hash=False, repr=False)
@@ -129,7 +132,11 @@ class Deployment:
         fit = None
         if self.calibration is not None and (dev == "cpu" or self.family == "lab-cuda"):
             fit = self.calibration.fit_for(dev, p)
-        base = fam.efficiency[p]
+        if dev == "cpu":
+            base, base_src = fam.efficiency[p], f"{fam.name} default"
+        else:
+            table = self.fit if self.fit is not None else shipped_fit()
+            base, base_src = table.lookup(self.gpu.generation, fam.name, p, fam.efficiency[p])
         comp, comp_src = base.compute, ""
         if self.calibration is not None and (dev == "cpu" or self.family == "lab-cuda"):
             achieved, words = self.calibration.compute_for(dev, p) or (None, "")
@@ -142,10 +149,10 @@ class Deployment:
             return (Efficiency(fit.mem_bw_frac, comp, "calibrated"),
                     f"calibrated from {fit.n} lab run(s) on {dev} (fit rmse {fit.rmse_rel:.0%}){comp_src}")
         if comp_src:
-            return Efficiency(base.mem_bw, comp, "calibrated prefill"), f"{fam.name} default{comp_src}"
+            return Efficiency(base.mem_bw, comp, "calibrated prefill"), f"{base_src}{comp_src}"
         if p in BNB_PRECISIONS and fam.name == "serving":
-            return base, f"{fam.name} default for bitsandbytes kernels"
-        return base, f"{fam.name} default"
+            return base, f"{base_src} (bitsandbytes kernels)"
+        return base, base_src
 
 
 @dataclass(frozen=True)
