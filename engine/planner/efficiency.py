@@ -64,6 +64,8 @@ _SERVING_EFF = {
                                    "kernels); at large batch the dequantization costs compute: assumption"),
     "int4": Efficiency(0.65, 0.40, "Marlin (Frantar et al. 2024) keeps W4A16 near the bandwidth limit up to "
                                    "batch 16-32, then dequantization makes it compute-heavy: assumption"),
+    "fp4": Efficiency(0.65, 0.55, "NVFP4 W4A4 on Blackwell FP4 tensor cores quantizes activations per token "
+                                  "like W8A8 fp8: fp8's defaults (assumption; no published fp4 point is fitted)"),
     "nf4": Efficiency(0.35, 0.25, "bitsandbytes 4-bit kernels are far from the bandwidth limit (dequantize "
                                   "then GEMM): assumption, calibrate from the lab"),
     "llm.int8": Efficiency(0.25, 0.25, "bitsandbytes LLM.int8 decomposes outliers into a second fp16 matmul; "
@@ -78,6 +80,7 @@ _CPU_EFF = {
     "nf4": Efficiency(0.10, 0.10, "placeholder (bitsandbytes on CPU)"),
     "llm.int8": Efficiency(0.10, 0.10, "placeholder (bitsandbytes on CPU)"),
     "fp8": Efficiency(0.20, 0.10, "placeholder (fp8 is dequantized in software)"),
+    "fp4": Efficiency(0.20, 0.10, "never used: compute_dtype refuses fp4 without FP4 tensor cores"),
 }
 FAMILIES: dict[str, KernelFamily] = {
     "serving": KernelFamily(
@@ -171,6 +174,13 @@ def _half(gpu: GPU) -> str:
 
 def compute_dtype(gpu: GPU, precision: str) -> tuple[str | None, str]:
     """(dtype whose peak the matmuls run at, explanation); dtype None = not runnable on this GPU."""
+    if precision == "fp4":
+        # W4A4 needs FP4 tensor cores; fp4 checkpoints on older GPUs would run as W4A16 dequantization,
+        # which int4 already models with a measured kernel class.
+        if gpu.fp4_tflops:
+            return "fp4", "W4A4: NVFP4 weights and activations on FP4 tensor cores"
+        return None, (f"{gpu.name} has no FP4 tensor cores (Blackwell: B200, RTX PRO 6000 Blackwell): "
+                      f"use int4 (W4A16) or fp8")
     if gpu.kind == "cpu":
         d = precision if precision in ("bf16", "fp16") else "fp32"
         return (d if gpu.peak_tflops(d) else "fp32"), "CPU: the lab computes in fp32 except bf16/fp16 runs"
