@@ -19,7 +19,7 @@ from engine.planner.gpus import GPU
 # The bandwidth efficiencies fitted to data/published_measurements.csv (planner.fit computes them;
 # `python -m engine plan --refit` rewrites this file and a test fails when it is stale).
 FIT_PATH = DATA / "efficiency_fit.csv"
-FITTED_FAMILIES = ("serving", "torch-compile", "hf-eager")   # stacks with published points
+FITTED_FAMILIES = ("serving", "torch-compile", "llm-local", "hf-eager")   # stacks with published points
 ALL_GENERATIONS = "*"
 MIN_POOLED_POINTS = 2   # a fallback over all generations needs two points: one stack on one GPU is not a trend
 
@@ -90,6 +90,9 @@ FAMILIES: dict[str, KernelFamily] = {
     "torch-compile": KernelFamily(
         "torch-compile", "PyTorch-native compiled decode (gpt-fast style): CUDA graphs, no scheduler",
         _SERVING_EFF, 0.80, 0.15, 0.0, "per-step overhead 0.15 ms: one graph replay and argmax (assumption)"),
+    "llm-local": KernelFamily(
+        "llm-local", "single-user local engines with their own CUDA kernels (MLC-LLM, ExLlamaV2, llama.cpp)",
+        _SERVING_EFF, 0.80, 0.15, 0.0, "per-step overhead 0.15 ms: as torch-compile (assumption)"),
     "hf-eager": KernelFamily(
         "hf-eager", "Hugging Face transformers in eager mode (research code: Spec-Bench, Medusa, EAGLE)",
         _SERVING_EFF, 0.80, 1.0, 0.43,
@@ -122,6 +125,12 @@ class FitTable:
     the cell, else (family, precision) over all generations, else the family's default."""
 
     cells: Mapping[tuple[str, str, str], FitCell] = field(default_factory=dict)
+    # family -> fitted per-layer fixed cost (ms per layer per forward), added to the family's own
+    per_layer_ms: Mapping[str, float] = field(default_factory=dict)
+
+    def layer_overhead_ms(self, family: KernelFamily) -> float:
+        """The family's per-layer cost per forward pass, with the fitted part."""
+        return family.per_layer_overhead_ms + self.per_layer_ms.get(family.name, 0.0)
 
     def lookup(self, generation: str, family: str, precision: str, base: Efficiency) -> tuple[Efficiency, str]:
         """(efficiency, where it comes from); the compute side is always `base`'s."""
@@ -153,13 +162,16 @@ def read_fit(path: str | Path | None = None) -> FitTable:
     p = Path(path) if path else FIT_PATH
     if not p.exists():
         return EMPTY_FIT
-    cells = {}
+    cells, per_layer = {}, {}
     with open(p, newline="") as f:
         for r in csv.DictReader(f):
-            c = FitCell(r["generation"], r["family"], r["precision"], float(r["e_w"]),
+            if r["kind"] == "per_layer_ms":
+                per_layer[r["family"]] = float(r["value"])
+                continue
+            c = FitCell(r["generation"], r["family"], r["precision"], float(r["value"]),
                         tuple(x for x in r["ids"].split() if x))
             cells[(c.generation, c.family, c.precision)] = c
-    return FitTable(cells)
+    return FitTable(cells, per_layer)
 
 
 @lru_cache(maxsize=1)

@@ -89,6 +89,14 @@ class Deployment:
         return (Efficiency(min(cap, eff.mem_bw * k), min(cap, eff.compute * k), eff.source),
                 f"{src}, x {k:.2f} (the band's edge)")
 
+    def fit_table(self) -> FitTable:
+        return self.fit if self.fit is not None else shipped_fit()
+
+    def layer_overhead_ms(self) -> float:
+        """Per-layer cost per forward pass: the family's, plus the part fitted to published points."""
+        fam = self.family_obj()
+        return fam.per_layer_overhead_ms if self.gpu.kind == "cpu" else self.fit_table().layer_overhead_ms(fam)
+
     def _lab_device(self) -> str | None:
         """'cpu' or 'cuda' where the lab's calibration applies (this machine, or the lab's own CUDA
         kernels); None for other stacks, whose kernels the lab did not measure."""
@@ -135,8 +143,7 @@ class Deployment:
         if dev == "cpu":
             base, base_src = fam.efficiency[p], f"{fam.name} default"
         else:
-            table = self.fit if self.fit is not None else shipped_fit()
-            base, base_src = table.lookup(self.gpu.generation, fam.name, p, fam.efficiency[p])
+            base, base_src = self.fit_table().lookup(self.gpu.generation, fam.name, p, fam.efficiency[p])
         comp, comp_src = base.compute, ""
         if self.calibration is not None and (dev == "cpu" or self.family == "lab-cuda"):
             achieved, words = self.calibration.compute_for(dev, p) or (None, "")
@@ -278,7 +285,7 @@ def _coef(dep: Deployment, model: ModelShape, precision: str, layers_overhead: b
         inv_flops=1.0 / (eff.compute * peak * 1e12),
         comm_lat=comm_lat,
         comm_tok=comm_tok,
-        overhead=(fam.step_overhead_ms + (fam.per_layer_overhead_ms * model.layers if layers_overhead else 0)) / 1e3,
+        overhead=(fam.step_overhead_ms + (dep.layer_overhead_ms() * model.layers if layers_overhead else 0)) / 1e3,
         additive=dep.measured_line(precision) is not None,
     )
     dep._memo[key] = c
@@ -339,7 +346,7 @@ def prefill_step(dep: Deployment, tokens: int, batch: int = 1) -> Step:
     rate = measured[0] * 1e12 if measured else eff.compute * peak * 1e12
     bw = gpu.mem_bw_tbs * 1e12
     t_comm = 2 * m.layers * allreduce_time(batch * tokens * m.hidden * 2, tp, gpu)
-    t_over = (fam.step_overhead_ms + fam.per_layer_overhead_ms * m.layers) / 1e3
+    t_over = (fam.step_overhead_ms + dep.layer_overhead_ms() * m.layers) / 1e3
     st = Step(batch * tokens, wbytes, kvw, flops, wbytes / (eff.mem_bw * bw), kvw / (fam.kv_mem_bw * bw),
               flops / rate, t_comm, t_over)
     dep._memo[key] = st
