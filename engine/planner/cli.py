@@ -71,7 +71,7 @@ def add_parser(subparsers, stored_runs: StoreReader | None = None,
     p.add_argument("--ttft", type=float, default=2.0, help="p90 time-to-first-token SLO, seconds (default 2)")
     p.add_argument("--tpot", type=float, default=0.05, help="p90 per-token latency SLO, seconds (default 0.05)")
     p.add_argument("--gpus", type=_csv, default=None, help="comma-separated GPU names (default: all shipped GPUs)")
-    p.add_argument("--precisions", type=_csv, default=None, help=f"comma-separated: {','.join(shapes.PRECISIONS)}")
+    p.add_argument("--precisions", type=_csv, default=None, help=f"comma-separated: {','.join(shapes.PLAN_PRECISIONS)} (fp4: Blackwell only, never by default)")
     p.add_argument("--tp", type=_ints, default=None, help="tensor-parallel sizes to try (default 1,2,4,8)")
     p.add_argument("--spec", choices=["auto", "on", "off"], default="auto", help="speculative decoding plans")
     p.add_argument("--acceptance", type=float, default=None, help="draft acceptance rate (default: measured by the lab)")
