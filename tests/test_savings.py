@@ -80,9 +80,10 @@ def test_a_step_that_saves_nothing_is_not_taken(catalog):
 
 def test_the_band_is_the_planners_published_error_and_the_acceptance_range(catalog):
     gpus, models = catalog
-    rows = [r for r in planner.check_published() if r["in_sample"] == "no"]
+    from engine.planner import fit
+    rows = [r for r in fit.check_with_loo() if not r["excluded"]]
     err, words = efficiency_error()
-    assert err == pytest.approx(statistics.median(abs(r["error_pct"]) / 100 for r in rows))
+    assert err == pytest.approx(statistics.median(abs(r.get("loo_error_pct", r["error_pct"])) / 100 for r in rows))
     assert f"{len(rows)} published measurements" in words
     # an assumed acceptance (0.6) is banded +/- 0.2
     w = planner.Workload(model="llama-3.1-8b", request_rate=2, input_tokens=1024, output_tokens=256, tpot_p90_s=0.03)

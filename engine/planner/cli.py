@@ -1,7 +1,9 @@
 """`python -m engine plan`: the cost & capacity planner on the command line.
 
 Thin layer over engine.planner: parse, call, print a table (or --json). Also:
-  --check-published   recompute the docs' table of predictions vs published measurements
+  --check-published   recompute the docs' table of predictions vs published measurements, with the
+                      leave-one-out error of every point the efficiency fit uses
+  --refit             rewrite data/efficiency_fit.csv from data/published_measurements.csv (developers)
   --check-load        the plan for this machine against its own load records of the lab's server
   --sweep GPU         decode cost vs batch per precision, with/without speculation
   --packing GPU       replicas of the model that fit on one GPU per precision
@@ -25,7 +27,7 @@ from engine import planner
 from engine.common.errors import UserError
 from engine.planner import shapes
 from engine.planner.gpus import CatalogError, find_gpu, load_gpus, price_table
-from engine.planner import batchjob, fleet, selfcheck, traffic
+from engine.planner import batchjob, fit, fleet, selfcheck, traffic
 from engine.planner.savings import savings
 
 StoreReader = Callable[[], list]      # () -> list of plain dicts read from the lab's store
@@ -69,7 +71,7 @@ def add_parser(subparsers, stored_runs: StoreReader | None = None,
     p.add_argument("--ttft", type=float, default=2.0, help="p90 time-to-first-token SLO, seconds (default 2)")
     p.add_argument("--tpot", type=float, default=0.05, help="p90 per-token latency SLO, seconds (default 0.05)")
     p.add_argument("--gpus", type=_csv, default=None, help="comma-separated GPU names (default: all shipped GPUs)")
-    p.add_argument("--precisions", type=_csv, default=None, help=f"comma-separated: {','.join(shapes.PRECISIONS)}")
+    p.add_argument("--precisions", type=_csv, default=None, help=f"comma-separated: {','.join(shapes.PLAN_PRECISIONS)} (fp4: Blackwell only, never by default)")
     p.add_argument("--tp", type=_ints, default=None, help="tensor-parallel sizes to try (default 1,2,4,8)")
     p.add_argument("--spec", choices=["auto", "on", "off"], default="auto", help="speculative decoding plans")
     p.add_argument("--acceptance", type=float, default=None, help="draft acceptance rate (default: measured by the lab)")
@@ -106,7 +108,11 @@ def add_parser(subparsers, stored_runs: StoreReader | None = None,
     p.add_argument("--all", action="store_true", help="show infeasible plans too")
     p.add_argument("--why", action="store_true", help="print the formula breakdown of the best plan")
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
-    p.add_argument("--check-published", action="store_true", help="predictions vs published measurements")
+    p.add_argument("--check-published", action="store_true",
+                   help="predictions vs published measurements, with the fit's leave-one-out errors")
+    p.add_argument("--refit", action="store_true",
+                   help="rewrite data/efficiency_fit.csv from the published measurements (developers; then update "
+                        "docs/PLANNER.md from --check-published)")
     p.add_argument("--check-load", action="store_true",
                    help="the plan for this machine against the load records of the lab's server (from --records "
                         "/ the store): output tok/s, TTFT and ITL per point, and the term that misses")
@@ -351,15 +357,21 @@ def _run(a, stored_runs: StoreReader | None, stored_gpu_overrides: StoreReader |
                  "hf_id": m.hf_id} for m in models.values()]
         print(json.dumps(rows, indent=1) if a.json else _table(rows, [(k, k) for k in rows[0]]))
         return 0
+    if a.refit:
+        table = fit.refit()
+        print(f"wrote {fit.write_fit(table)}\n")
+        print(fit.fit_table_markdown(table))
+        return 0
     if a.check_published:
-        rows = planner.check_published()
+        rows = fit.check_with_loo()
         if a.json:
             print(json.dumps(rows, indent=1))
         else:
             print(planner.published_table_markdown(rows))
-            errs = [abs(r["error_pct"]) for r in rows]
-            print(f"\n{len(rows)} measurements; median |error| {sorted(errs)[len(errs) // 2]:.0f}%, "
-                  f"max {max(errs):.0f}%")
+            print("\n" + fit.summary_line(rows))
+            for r in rows:
+                if r.get("excluded"):
+                    print(f"excluded {r['id']}: {r['excluded']}")
         return 0
     records = _load_records(a.records, None if a.no_store else stored_runs)
     cal = planner.calibrate(records) if records else None

@@ -7,10 +7,21 @@ the lab's own fits where it has them.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import csv
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
 from typing import Mapping
 
+from engine.common.paths import DATA
 from engine.planner.gpus import GPU
+
+# The bandwidth efficiencies fitted to data/published_measurements.csv (planner.fit computes them;
+# `python -m engine plan --refit` rewrites this file and a test fails when it is stale).
+FIT_PATH = DATA / "efficiency_fit.csv"
+FITTED_FAMILIES = ("serving", "torch-compile", "llm-local", "hf-eager")   # stacks with published points
+ALL_GENERATIONS = "*"
+MIN_POOLED_POINTS = 2   # a fallback over all generations needs two points: one stack on one GPU is not a trend
 
 
 @dataclass(frozen=True)
@@ -53,6 +64,8 @@ _SERVING_EFF = {
                                    "kernels); at large batch the dequantization costs compute: assumption"),
     "int4": Efficiency(0.65, 0.40, "Marlin (Frantar et al. 2024) keeps W4A16 near the bandwidth limit up to "
                                    "batch 16-32, then dequantization makes it compute-heavy: assumption"),
+    "fp4": Efficiency(0.65, 0.55, "NVFP4 W4A4 on Blackwell FP4 tensor cores quantizes activations per token "
+                                  "like W8A8 fp8: fp8's defaults (assumption; no published fp4 point is fitted)"),
     "nf4": Efficiency(0.35, 0.25, "bitsandbytes 4-bit kernels are far from the bandwidth limit (dequantize "
                                   "then GEMM): assumption, calibrate from the lab"),
     "llm.int8": Efficiency(0.25, 0.25, "bitsandbytes LLM.int8 decomposes outliers into a second fp16 matmul; "
@@ -67,6 +80,7 @@ _CPU_EFF = {
     "nf4": Efficiency(0.10, 0.10, "placeholder (bitsandbytes on CPU)"),
     "llm.int8": Efficiency(0.10, 0.10, "placeholder (bitsandbytes on CPU)"),
     "fp8": Efficiency(0.20, 0.10, "placeholder (fp8 is dequantized in software)"),
+    "fp4": Efficiency(0.20, 0.10, "never used: compute_dtype refuses fp4 without FP4 tensor cores"),
 }
 FAMILIES: dict[str, KernelFamily] = {
     "serving": KernelFamily(
@@ -76,6 +90,9 @@ FAMILIES: dict[str, KernelFamily] = {
     "torch-compile": KernelFamily(
         "torch-compile", "PyTorch-native compiled decode (gpt-fast style): CUDA graphs, no scheduler",
         _SERVING_EFF, 0.80, 0.15, 0.0, "per-step overhead 0.15 ms: one graph replay and argmax (assumption)"),
+    "llm-local": KernelFamily(
+        "llm-local", "single-user local engines with their own CUDA kernels (MLC-LLM, ExLlamaV2, llama.cpp)",
+        _SERVING_EFF, 0.80, 0.15, 0.0, "per-step overhead 0.15 ms: as torch-compile (assumption)"),
     "hf-eager": KernelFamily(
         "hf-eager", "Hugging Face transformers in eager mode (research code: Spec-Bench, Medusa, EAGLE)",
         _SERVING_EFF, 0.80, 1.0, 0.43,
@@ -90,12 +107,92 @@ FAMILIES: dict[str, KernelFamily] = {
 }
 
 
+@dataclass(frozen=True)
+class FitCell:
+    """e_w of one (generation, family, precision), the median of its published points' e_w;
+    generation ALL_GENERATIONS pools every generation."""
+
+    generation: str
+    family: str
+    precision: str
+    mem_bw: float
+    ids: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class FitTable:
+    """Fitted bandwidth efficiencies by (generation, family, precision), with the fallbacks:
+    the cell, else (family, precision) over all generations, else the family's default."""
+
+    cells: Mapping[tuple[str, str, str], FitCell] = field(default_factory=dict)
+    # family -> fitted per-layer fixed cost (ms per layer per forward), added to the family's own
+    per_layer_ms: Mapping[str, float] = field(default_factory=dict)
+
+    def layer_overhead_ms(self, family: KernelFamily) -> float:
+        """The family's per-layer cost per forward pass, with the fitted part."""
+        return family.per_layer_overhead_ms + self.per_layer_ms.get(family.name, 0.0)
+
+    def lookup(self, generation: str, family: str, precision: str, base: Efficiency) -> tuple[Efficiency, str]:
+        """(efficiency, where it comes from); the compute side is always `base`'s."""
+        if family not in FITTED_FAMILIES:
+            return base, f"{family} default"
+        gen = generation or "unknown generation"
+        cell = self.cells.get((generation, family, precision)) if generation else None
+        if cell is not None:
+            return (Efficiency(cell.mem_bw, base.compute, "fitted"),
+                    f"fitted: e_w {cell.mem_bw:.2f} = median of {len(cell.ids)} published point(s) for "
+                    f"{gen} x {family} x {precision} ({', '.join(cell.ids)})")
+        pooled = self.cells.get((ALL_GENERATIONS, family, precision))
+        if pooled is not None and len(pooled.ids) >= MIN_POOLED_POINTS:
+            return (Efficiency(pooled.mem_bw, base.compute, "extrapolated"),
+                    f"extrapolated: no published point for {gen} x {family} x {precision}; e_w "
+                    f"{pooled.mem_bw:.2f} of {family} x {precision} over all generations "
+                    f"({len(pooled.ids)} point(s))")
+        few = f" (only {len(pooled.ids)} on any generation)" if pooled is not None else " on any generation"
+        return (Efficiency(base.mem_bw, base.compute, "extrapolated"),
+                f"extrapolated: no published point for {gen} x {family} x {precision}{few}; "
+                f"{family} default e_w {base.mem_bw:.2f}")
+
+
+EMPTY_FIT = FitTable()
+
+
+def read_fit(path: str | Path | None = None) -> FitTable:
+    """The fitted table as written by planner.fit.write_fit (empty if the file is missing)."""
+    p = Path(path) if path else FIT_PATH
+    if not p.exists():
+        return EMPTY_FIT
+    cells, per_layer = {}, {}
+    with open(p, newline="") as f:
+        for r in csv.DictReader(f):
+            if r["kind"] == "per_layer_ms":
+                per_layer[r["family"]] = float(r["value"])
+                continue
+            c = FitCell(r["generation"], r["family"], r["precision"], float(r["value"]),
+                        tuple(x for x in r["ids"].split() if x))
+            cells[(c.generation, c.family, c.precision)] = c
+    return FitTable(cells, per_layer)
+
+
+@lru_cache(maxsize=1)
+def shipped_fit() -> FitTable:
+    """data/efficiency_fit.csv, read once."""
+    return read_fit()
+
+
 def _half(gpu: GPU) -> str:
     return "bf16" if gpu.bf16_tflops else "fp16"
 
 
 def compute_dtype(gpu: GPU, precision: str) -> tuple[str | None, str]:
     """(dtype whose peak the matmuls run at, explanation); dtype None = not runnable on this GPU."""
+    if precision == "fp4":
+        # W4A4 needs FP4 tensor cores; fp4 checkpoints on older GPUs would run as W4A16 dequantization,
+        # which int4 already models with a measured kernel class.
+        if gpu.fp4_tflops:
+            return "fp4", "W4A4: NVFP4 weights and activations on FP4 tensor cores"
+        return None, (f"{gpu.name} has no FP4 tensor cores (Blackwell: B200, RTX PRO 6000 Blackwell): "
+                      f"use int4 (W4A16) or fp8")
     if gpu.kind == "cpu":
         d = precision if precision in ("bf16", "fp16") else "fp32"
         return (d if gpu.peak_tflops(d) else "fp32"), "CPU: the lab computes in fp32 except bf16/fp16 runs"

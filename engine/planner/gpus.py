@@ -20,9 +20,9 @@ THIS_MACHINE = "this machine"
 
 # Numeric fields, and whether 0/empty means "not supported" (None) rather than an error.
 _NUM_FIELDS = ("memory_gb", "mem_bw_tbs", "fp32_tflops", "fp16_tflops", "bf16_tflops", "fp8_tflops",
-               "int8_tops", "interconnect_gbs", "max_gpus_per_node", "price_usd_per_hr",
+               "fp4_tflops", "int8_tops", "interconnect_gbs", "max_gpus_per_node", "price_usd_per_hr",
                "price_low_usd_per_hr", "price_high_usd_per_hr")
-_OPTIONAL_NUM = ("bf16_tflops", "fp8_tflops", "int8_tops", "price_low_usd_per_hr", "price_high_usd_per_hr")
+_OPTIONAL_NUM = ("bf16_tflops", "fp8_tflops", "fp4_tflops", "int8_tops", "price_low_usd_per_hr", "price_high_usd_per_hr")
 _REQUIRED_FOR_NEW = ("memory_gb", "mem_bw_tbs", "fp16_tflops", "price_usd_per_hr")
 
 
@@ -50,6 +50,7 @@ class GPU:
     fp16_tflops: float = 0.0
     bf16_tflops: float | None = None
     fp8_tflops: float | None = None
+    fp4_tflops: float | None = None         # NVFP4/MXFP4 tensor cores (Blackwell); None on older GPUs
     int8_tops: float | None = None
     interconnect: str = ""
     interconnect_gbs: float = 0.0           # per-GPU bidirectional figure of the datasheet
@@ -61,6 +62,9 @@ class GPU:
     price_date: str = ""
     spec_source: str = ""
     notes: str = ""
+    # Architecture generation (Ampere, Ada, Hopper, Blackwell, CDNA3, Turing; cpu): the fitted
+    # bandwidth efficiencies are per generation (planner.fit); "" = unknown, the fit extrapolates.
+    generation: str = ""
     placeholder: bool = False               # figures are not measured/datasheet values
     origin: str = "shipped"                 # shipped | override | user | probe
     overridden: tuple[str, ...] = field(default_factory=tuple)
@@ -78,9 +82,9 @@ class GPU:
         return None
 
     def peak_tflops(self, dtype: str) -> float | None:
-        """Dense peak for a compute dtype: fp32 | fp16 | bf16 | fp8 | int8 (None = unsupported)."""
+        """Dense peak for a compute dtype: fp32 | fp16 | bf16 | fp8 | fp4 | int8 (None = unsupported)."""
         return {"fp32": self.fp32_tflops, "fp16": self.fp16_tflops, "bf16": self.bf16_tflops,
-                "fp8": self.fp8_tflops, "int8": self.int8_tops}[dtype]
+                "fp8": self.fp8_tflops, "fp4": self.fp4_tflops, "int8": self.int8_tops}[dtype]
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -130,7 +134,7 @@ def _coerce(d: Mapping, row: str, problems: list) -> dict:
             x = _num(k, v, problems, row)
             if x is None:
                 continue
-            if k in ("bf16_tflops", "fp8_tflops", "int8_tops") and x == 0:
+            if k in ("bf16_tflops", "fp8_tflops", "fp4_tflops", "int8_tops") and x == 0:
                 x = None          # 0 = the hardware has no such support
             out[k] = int(x) if k == "max_gpus_per_node" else x
         elif k == "placeholder":
@@ -184,9 +188,10 @@ def load_gpus(overrides: list[dict] | None = None, probe: Mapping | None = None,
       {"name": "H100 SXM", "price_usd_per_hr": 2.49, "price_source": "our contract",
        "price_date": "2026-12-01"}
           changes fields of a shipped GPU (any column of data/gpus.csv; name matched loosely).
-      {"name": "RTX 4090", "memory_gb": 24, "mem_bw_tbs": 1.008, "fp16_tflops": 165.2,
-       "bf16_tflops": 165.2, "fp8_tflops": 330.3, "price_usd_per_hr": 0.34, ...}
-          adds a GPU; memory_gb, mem_bw_tbs, fp16_tflops and price_usd_per_hr are required.
+      {"name": "RTX 4090 (our rack)", "memory_gb": 24, "mem_bw_tbs": 1.008, "fp16_tflops": 165.2,
+       "bf16_tflops": 165.2, "fp8_tflops": 330.3, "price_usd_per_hr": 0.34, "generation": "Ada", ...}
+          adds a GPU; memory_gb, mem_bw_tbs, fp16_tflops and price_usd_per_hr are required
+          (without a generation its plans use extrapolated efficiencies).
       {"name": "T4", "remove": true}
           hides a GPU from planning.
     Numbers must be finite and >= 0; empty or 0 for bf16/fp8/int8 means "not supported".

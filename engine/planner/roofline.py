@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from engine.common.vocab import BNB_PRECISIONS
 from engine.planner import shapes
 from engine.planner.calibration import Calibration
-from engine.planner.efficiency import FAMILIES, Efficiency, KernelFamily, compute_dtype
+from engine.planner.efficiency import FAMILIES, Efficiency, FitTable, KernelFamily, compute_dtype, shipped_fit
 from engine.planner.errors import PlanError
 from engine.planner.gpus import GPU
 from engine.planner.shapes import ModelShape
@@ -56,6 +56,9 @@ class Deployment:
     # Both efficiencies times this (capped at 1): the planner's fitted error as a band (planner.savings).
     efficiency_scale: float = 1.0
     calibration: Calibration | None = field(default=None, compare=False, hash=False, repr=False)
+    # Bandwidth efficiencies fitted to published measurements (None: the shipped fit,
+    # data/efficiency_fit.csv); planner.fit passes its own tables to fit and to leave one out.
+    fit: FitTable | None = field(default=None, compare=False, hash=False, repr=False)
     # Per-instance memo of roofline coefficients: planning evaluates thousands of steps per plan.
     # init=False: dataclasses.replace() must start a fresh memo, never share the original's.
     _memo: dict = field(default_factory=dict, init=False, compare=False, hash=False, repr=False)
@@ -85,6 +88,14 @@ class Deployment:
         cap = math.inf if eff.source == MEASURED_LINE else 1.0
         return (Efficiency(min(cap, eff.mem_bw * k), min(cap, eff.compute * k), eff.source),
                 f"{src}, x {k:.2f} (the band's edge)")
+
+    def fit_table(self) -> FitTable:
+        return self.fit if self.fit is not None else shipped_fit()
+
+    def layer_overhead_ms(self) -> float:
+        """Per-layer cost per forward pass: the family's, plus the part fitted to published points."""
+        fam = self.family_obj()
+        return fam.per_layer_overhead_ms if self.gpu.kind == "cpu" else self.fit_table().layer_overhead_ms(fam)
 
     def _lab_device(self) -> str | None:
         """'cpu' or 'cuda' where the lab's calibration applies (this machine, or the lab's own CUDA
@@ -129,7 +140,10 @@ class Deployment:
         fit = None
         if self.calibration is not None and (dev == "cpu" or self.family == "lab-cuda"):
             fit = self.calibration.fit_for(dev, p)
-        base = fam.efficiency[p]
+        if dev == "cpu":
+            base, base_src = fam.efficiency[p], f"{fam.name} default"
+        else:
+            base, base_src = self.fit_table().lookup(self.gpu.generation, fam.name, p, fam.efficiency[p])
         comp, comp_src = base.compute, ""
         if self.calibration is not None and (dev == "cpu" or self.family == "lab-cuda"):
             achieved, words = self.calibration.compute_for(dev, p) or (None, "")
@@ -142,10 +156,10 @@ class Deployment:
             return (Efficiency(fit.mem_bw_frac, comp, "calibrated"),
                     f"calibrated from {fit.n} lab run(s) on {dev} (fit rmse {fit.rmse_rel:.0%}){comp_src}")
         if comp_src:
-            return Efficiency(base.mem_bw, comp, "calibrated prefill"), f"{fam.name} default{comp_src}"
+            return Efficiency(base.mem_bw, comp, "calibrated prefill"), f"{base_src}{comp_src}"
         if p in BNB_PRECISIONS and fam.name == "serving":
-            return base, f"{fam.name} default for bitsandbytes kernels"
-        return base, f"{fam.name} default"
+            return base, f"{base_src} (bitsandbytes kernels)"
+        return base, base_src
 
 
 @dataclass(frozen=True)
@@ -271,7 +285,7 @@ def _coef(dep: Deployment, model: ModelShape, precision: str, layers_overhead: b
         inv_flops=1.0 / (eff.compute * peak * 1e12),
         comm_lat=comm_lat,
         comm_tok=comm_tok,
-        overhead=(fam.step_overhead_ms + (fam.per_layer_overhead_ms * model.layers if layers_overhead else 0)) / 1e3,
+        overhead=(fam.step_overhead_ms + (dep.layer_overhead_ms() * model.layers if layers_overhead else 0)) / 1e3,
         additive=dep.measured_line(precision) is not None,
     )
     dep._memo[key] = c
@@ -332,7 +346,7 @@ def prefill_step(dep: Deployment, tokens: int, batch: int = 1) -> Step:
     rate = measured[0] * 1e12 if measured else eff.compute * peak * 1e12
     bw = gpu.mem_bw_tbs * 1e12
     t_comm = 2 * m.layers * allreduce_time(batch * tokens * m.hidden * 2, tp, gpu)
-    t_over = (fam.step_overhead_ms + fam.per_layer_overhead_ms * m.layers) / 1e3
+    t_over = (fam.step_overhead_ms + dep.layer_overhead_ms() * m.layers) / 1e3
     st = Step(batch * tokens, wbytes, kvw, flops, wbytes / (eff.mem_bw * bw), kvw / (fam.kv_mem_bw * bw),
               flops / rate, t_comm, t_over)
     dep._memo[key] = st

@@ -153,6 +153,9 @@ def evaluate_plan(dep: Deployment, w: Workload) -> Plan:
         plan.assumptions.append(f"{g.name}: figures are PLACEHOLDERS until a measured probe is given")
     if dep.spec is not None and dep.spec.assumed:
         plan.assumptions.append(f"speculation {acceptance_words(dep.spec)}")
+    if "extrapolated:" in eff_src:
+        # No published point covers this GPU generation x kernel family x precision (planner.fit).
+        plan.assumptions.append(f"efficiency {eff_src}")
     cdt, cnote = compute_dtype(g, dep.precision)
     if cdt is None:
         plan.reasons.append(cnote)

@@ -14,6 +14,8 @@ Byte formats per quantized linear of shape (out, in), n = out*in weights:
   int4      n/2 + 4*out*ceil(in/g)   two weights a byte, fp16 scale + fp16 min per group of g inputs
   nf4       n/2 + 4*ceil(n/64)       bitsandbytes NF4, blocksize 64, fp32 absmax per block;
             with double quantization the absmax is int8 (1 byte/block) + fp32 per 256 blocks + fp32 offset
+  fp4       n/2 + ceil(n/16)   NVFP4 (planner only, no lab kernel): e2m1 weights, one fp8 e4m3 scale per
+            16 = 4.5 bits a weight (MXFP4, one 8-bit scale per 32, is 4.25: 6% fewer bytes, not modelled)
 Norms, biases, routers and whatever is not quantized stay in the base dtype (counted).
 """
 from __future__ import annotations
@@ -33,6 +35,10 @@ MODELS_PATH = DATA / "models.json"
 
 FLOAT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 KV_DTYPES = ("fp32", "bf16", "fp16", "fp8", "int8", "int4")
+# The planner's precisions: the lab's (engine.common.vocab, shared with the engine and the dashboard's
+# pickers) plus fp4, which only Blackwell's FP4 tensor cores run and the lab has no kernel for.
+PLAN_PRECISIONS = PRECISIONS + ("fp4",)
+FP4_GROUP = 16   # NVFP4: one fp8 scale per 16 weights
 NF4_BLOCKSIZE = 64          # bitsandbytes default blocksize for 4-bit (Params4bit)
 NF4_DQ_BLOCKSIZE = 256      # bitsandbytes blocksize of the second-level (double) quantization
 
@@ -539,8 +545,8 @@ def expected_experts_touched(experts: int, active: int, tokens: float) -> float:
 
 def _check_precision(precision: str) -> str:
     p = (precision or "").strip().lower()
-    if p not in PRECISIONS:
-        raise ShapeError(f"unknown precision '{precision}'; choose one of {', '.join(PRECISIONS)}")
+    if p not in PLAN_PRECISIONS:
+        raise ShapeError(f"unknown precision '{precision}'; choose one of {', '.join(PLAN_PRECISIONS)}")
     return p
 
 
@@ -567,6 +573,8 @@ def linear_bytes(out: int, inp: int, precision: str, group_size: int = 64, doubl
         blocks = math.ceil(n / NF4_BLOCKSIZE)
         absmax = blocks + 4 * math.ceil(blocks / NF4_DQ_BLOCKSIZE) + 4 if double_quant else 4 * blocks
         b = (n + 1) // 2 + absmax
+    elif p == "fp4":
+        b = (n + 1) // 2 + math.ceil(n / FP4_GROUP)
     else:  # pragma: no cover - _check_precision guards
         raise AssertionError(p)
     return b * count

@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from engine.common.vocab import MAX_GAMMA, PRECISIONS
+from engine.common.vocab import MAX_GAMMA
 from engine.planner import shapes
 from engine.planner.efficiency import FAMILIES
 from engine.planner.errors import PlanError
@@ -32,8 +32,8 @@ def choice_problems(names: Sequence[str] | None, precisions: Sequence[str] | Non
     """(field, message) for each GPU or precision a plan was restricted to that does not exist."""
     probs = [("gpus", f"unknown GPU '{g}'; known: {', '.join(gpus)}") for g in names or []
              if find_gpu(str(g), gpus) is None]
-    return probs + [("precisions", f"unknown precision '{p}'; choose from {', '.join(PRECISIONS)}")
-                    for p in precisions or [] if p not in PRECISIONS]
+    return probs + [("precisions", f"unknown precision '{p}'; choose from {', '.join(shapes.PLAN_PRECISIONS)}")
+                    for p in precisions or [] if p not in shapes.PLAN_PRECISIONS]
 
 
 @dataclass
