@@ -106,7 +106,8 @@ if PLANNER:
             ttft = st.number_input("TTFT p90 SLO (ms)", min_value=1.0, value=2000.0, step=100.0, key="plan-ttft")
             tpot = st.number_input("Time per output token p90 SLO (ms)", min_value=0.1, value=50.0, step=5.0,
                                    key="plan-tpot")
-            sel_gpus = st.multiselect("GPUs (empty = all)", gpu_names, key="plan-gpus")
+            sel_gpus = st.multiselect("GPUs (empty = all data-center GPUs)", gpu_names, key="plan-gpus",
+                                      help="A consumer card (RTX 4090) is planned only when picked here.")
         precs = st.multiselect("Precisions (empty = all)", list(planning.PLAN_PRECISIONS), default=["bf16", "fp8", "int8",
                                                                                           "int4"],
                                key="plan-precisions")

@@ -535,6 +535,19 @@ def test_load_points_give_the_decode_step_less_the_prefills_other_requests_share
     assert {round(b): t for b, t, _ in cal2.batch[("cpu", "int4")].points}[3] == pytest.approx(0.1 * (1 - 0.4 * ttft1))
 
 
+def test_a_consumer_card_is_planned_only_when_named():
+    """The RTX 4090 (in the catalog for the published rows measured on it) is never among "every GPU": its
+    drivers are not licensed for data-center use; named, it is planned like any other."""
+    gpus = load_gpus()
+    assert gpus["RTX 4090"].kind == "consumer"
+    w = Workload("llama-3.1-8b", 5, 1024, 256, ttft_p90_s=1, tpot_p90_s=0.05, spec="off")
+    every = plan(w, models=MODELS)
+    assert every.plans and all(p.gpu != "RTX 4090" for p in every.plans)
+    named = plan(Workload("llama-3.1-8b", 5, 1024, 256, ttft_p90_s=1, tpot_p90_s=0.05, spec="off",
+                          gpus=["RTX 4090"]), models=MODELS)
+    assert named.plans and all(p.gpu == "RTX 4090" for p in named.plans)
+
+
 # ---------------------------------------------------------------- published measurements
 
 def test_published_predictions_are_reproducible_and_documented():

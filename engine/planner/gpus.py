@@ -34,6 +34,9 @@ class CatalogError(ValueError):
         super().__init__("; ".join(f"{f}: {m}" for f, m in problems))
 
 
+GPU_KINDS = ("gpu", "consumer")  # accelerators; "gpu" alone are planned when no GPU is named
+
+
 @dataclass(frozen=True)
 class GPU:
     """One accelerator (or this machine's CPU) as the planner sees it.
@@ -43,7 +46,9 @@ class GPU:
     """
 
     name: str
-    kind: str = "gpu"                       # gpu | cpu
+    # gpu | consumer | cpu. A consumer card (RTX 4090) is planned only when named: GeForce drivers are not
+    # licensed for data-center use, so "every GPU" means the data-center ones.
+    kind: str = "gpu"
     memory_gb: float = 0.0
     mem_bw_tbs: float = 0.0
     fp32_tflops: float = 0.0
@@ -231,7 +236,7 @@ def load_gpus(overrides: list[dict] | None = None, probe: Mapping | None = None,
             g = GPU(name=name, origin="user", overridden=tuple(sorted(d)), **d)
         else:
             g = replace(cur, origin="override", overridden=tuple(sorted(set(cur.overridden) | set(d))), **d)
-        if g.kind == "gpu":
+        if g.kind in GPU_KINDS:
             for k in ("memory_gb", "mem_bw_tbs", "fp16_tflops"):
                 if not getattr(g, k) > 0:
                     problems.append((f"overrides[{i}].{k}", f"must be > 0 for GPU '{name}'"))

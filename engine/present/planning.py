@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from engine import planner
-from engine.planner.gpus import THIS_MACHINE  # noqa: F401
+from engine.planner.gpus import GPU_KINDS, THIS_MACHINE  # noqa: F401
 # the pages set and read the user's prices through these (they never import the planner themselves)
 from engine.planner.price_overrides import machine_price, set_gpu_price, set_machine_price  # noqa: F401
 from engine.common.vocab import PRECISIONS
@@ -195,7 +195,7 @@ def price_rows(inputs: dict) -> list[dict]:
 
 
 def gpu_names(inputs: dict) -> list[str]:
-    return [g.name for g in inputs["gpus"].values() if g.kind == "gpu"]
+    return [g.name for g in inputs["gpus"].values() if g.kind in GPU_KINDS]
 
 
 def plans_figure(rows: Sequence[dict], top: int = 12):
