@@ -25,6 +25,9 @@ def _default_kernel_settings():
 
 
 IDS = torch.randint(0, 20000, (200,), generator=torch.Generator().manual_seed(7))
+# Mean KL between the reference and fused paths with int8 activations: their rounding noise, which
+# accumulates through the KV cache (up to ~0.09 measured, AVX2 or AVX-512), is far below a defect's (> 1).
+INT8_NOISE_KL = 0.15
 
 
 
@@ -92,10 +95,12 @@ def _kl(p_logits, q_logits):
 def test_fused_int8_activations_match_reference_in_distribution(small_int4, isa):
     """With int8 activations the two paths cannot agree to rounding: a 1e-6 change of an input
     moves a rounding boundary (measured: a logit by ~1). They must agree in distribution: the KL
-    between them is the size of the int8-activation noise itself (~0.01), not of a defect (> 1)."""
+    between them is the size of the int8-activation noise itself, not of a defect (> 1). The noise
+    accumulates through each path's own KV cache: on an AMD EPYC with AVX2 only, the slot decoded
+    three times (pass 3) reads 0.087 (one row 0.225), against 0.004-0.03 at the first passes."""
     ref, got = _paths(small_int4, 12, act_int8=True, isa=isa)
     for i, (a, b) in enumerate(zip(ref, got)):
-        assert _kl(a, b) < 0.05, f"pass {i}: KL(reference || fused) = {_kl(a, b):.3g}"
+        assert _kl(a, b) < INT8_NOISE_KL, f"pass {i}: KL(reference || fused) = {_kl(a, b):.3g}"
 
 
 @pytest.mark.parametrize("act_int8", [False, True])

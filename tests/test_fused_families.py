@@ -17,6 +17,7 @@ from engine import ops
 from engine.infer.model import Rows
 from engine.ops.fused import FUSED_FEATURES
 from tests import families as F
+from tests.test_fused import INT8_NOISE_KL
 
 pytestmark = pytest.mark.usefixtures("_default_kernel_settings")
 
@@ -154,12 +155,15 @@ def test_lower_isas(models, isa):
 
 
 def test_int8_activations_stay_in_distribution(models):
-    """The default int4 setting (int8 activations) cannot agree to rounding; it agrees in distribution."""
+    """The default int4 setting (int8 activations) cannot agree to rounding; it agrees in distribution.
+    Each path decodes from a KV cache it wrote itself, so the int8 rounding noise accumulates pass by pass:
+    measured on an AMD EPYC (AVX2, no AVX-512) 0.0005 at the first pass, 0.051 at the ninth; a defect
+    (a wrong position, slot or scale) reads > 1."""
     (ref, _), (got, _), counts = _both_paths(models("gemma3", "int4"), act_int8=True)
     assert counts.reference == 0
     for a, b in zip(ref, got):
         la, lb = torch.log_softmax(a, -1), torch.log_softmax(b, -1)
-        assert float((la.exp() * (la - lb)).sum(-1).mean()) < 0.05
+        assert float((la.exp() * (la - lb)).sum(-1).mean()) < INT8_NOISE_KL
 
 
 @pytest.mark.parametrize("family,feature", [("llama-dynamic", "rope_length_dependent"), ("qwen3-moe", "moe")])
