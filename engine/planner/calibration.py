@@ -347,7 +347,7 @@ def calibrate(records: Iterable[Mapping], fit_overhead: bool = False, overhead_s
                 skipped.append((rid, pt))
             else:
                 loads.setdefault((device, prec, pt.model, pt.layers), []).append((pt, rid))
-                pf = _load_prefill_tflops(rec, pt.batch, models)
+                pf = _load_prefill_tflops(rec, pt, models)
                 if pf:
                     prefill.setdefault((device, prec), []).append(pf)
             continue
@@ -470,16 +470,13 @@ def _load_point(rec: Mapping, models) -> _LoadPoint | str:
                       round((w.get("requested_output_tokens_total") or 0) / n) if n else 0)
 
 
-def _load_prefill_tflops(rec: Mapping, batch: float, models) -> float | None:
+def _load_prefill_tflops(rec: Mapping, pt: "_LoadPoint", models) -> float | None:
     """Prefill FLOP rate of a load point at concurrency 1 (no other request shares its prefill):
     prefill FLOPs of the mean prompt over the median time to first token; None at higher concurrency."""
-    cfg, m = rec.get("config") or {}, _get(rec, "metrics", M.load) or {}
-    w = cfg.get("workload") or {}
-    ttft, n = m.get(L.ttft_s_p50), w.get("requests") or 0
-    if batch > BATCHED or not _finite_pos(ttft) or not n or not _finite_pos(w.get("prompt_tokens_total")):
+    ttft = (_get(rec, "metrics", M.load) or {}).get(L.ttft_s_p50)
+    if pt.batch > BATCHED or not _finite_pos(ttft) or pt.prompt < 1:
         return None
-    shape = shapes.get_model(cfg.get("model") or "", models)   # _load_point already found it
-    return shapes.prefill_flops(shape, max(1, round(w["prompt_tokens_total"] / n))) / float(ttft) / 1e12
+    return shapes.prefill_flops(shapes.get_model(pt.model, models), pt.prompt) / float(ttft) / 1e12
 
 
 def _batch_fit(dev: str, prec: str, model: str, layers: int, pts) -> BatchFit | None:
