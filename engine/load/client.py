@@ -5,6 +5,10 @@ chunk that carries text, and the end with time.perf_counter(), and keeps the raw
 tokenized while the load runs (on a small machine the client shares the CPU with the server):
 tokens are counted afterwards (run.py). Every loop is bounded: `Limits.requests` requests, no new
 request after `Limits.max_seconds`, each request cut at `Limits.request_timeout_s`.
+
+A profile schedules users (`users`): a multi-turn conversation is one user, who sends turn k+1 only after
+turn k's answer ended (a closed loop per conversation); a single-turn request is a user of its own. So
+concurrent:C keeps C conversations going, and a rate profile starts conversations at its rate.
 """
 from __future__ import annotations
 
@@ -188,6 +192,8 @@ async def send(client, ep: Endpoint, req: Request, s: Sampling, t0: float) -> di
     path = "/v1/chat/completions" if req.api == "chat" else "/v1/completions"
     sample = {"id": req.id, "max_tokens": req.max_tokens, "prompt_tokens": req.prompt_tokens, "ok": False,
               "status": None, "error": None, "finish_reason": None, "usage": None}
+    if req.conversation is not None:
+        sample["conversation"], sample["turn"] = req.conversation, req.turn
     stamps, pieces = [], []
     start = time.perf_counter()
     sample["t_send_s"] = start - t0
@@ -245,37 +251,60 @@ def _finish(sample: dict, start: float, stamps: list[float], pieces: list[str], 
 
 # ---------------------------------------------------------------- a load point
 
+def users(reqs: list[Request]) -> list[list[Request]]:
+    """The requests as users, each sending its own in order: a conversation's turns, or one single-turn request."""
+    out: list[list[Request]] = []
+    where: dict[str, int] = {}
+    for r in reqs:
+        if r.conversation is None:
+            out.append([r])
+            continue
+        if r.conversation not in where:
+            where[r.conversation] = len(out)
+            out.append([])
+        out[where[r.conversation]].append(r)
+    return out
+
+
 async def _run(ep: Endpoint, reqs: list[Request], profile: Profile, limits: Limits, s: Sampling) -> tuple:
     import httpx
 
-    in_flight = profile.in_flight(len(reqs))
-    times = profile.send_times(len(reqs))
+    measured = users(reqs)
+    in_flight = profile.in_flight(len(measured))
+    times = profile.send_times(len(measured))
     conns = (in_flight or 64) + 8
     timeout = httpx.Timeout(limits.request_timeout_s, connect=10.0)
     async with httpx.AsyncClient(timeout=timeout, headers=ep.headers(),
                                  limits=httpx.Limits(max_connections=conns, max_keepalive_connections=conns)) as c:
-        measured = reqs
         t0 = time.perf_counter()
         deadline = t0 + limits.max_seconds
+        samples: list[dict] = []
+
+        async def user(turns: list[Request]):
+            """One user's requests, each sent when the last one's answer ended; none after the deadline."""
+            for i, r in enumerate(turns):
+                if i and time.perf_counter() >= deadline:
+                    return
+                samples.append(await send(c, ep, r, s, t0))
+                if asyncio.current_task().cancelling():
+                    return  # cut at the time limit: its later turns are not sent
+
         if times is None:
             queue = list(reversed(measured))
-            samples: list[dict] = []
 
             async def stream():
                 while queue and time.perf_counter() < deadline:
-                    samples.append(await send(c, ep, queue.pop(), s, t0))
+                    await user(queue.pop())
 
             tasks = [asyncio.create_task(stream()) for _ in range(min(in_flight, len(measured)))]
-            await _wait(tasks, deadline + limits.request_timeout_s)
         else:
-            async def at(t, r):
+            async def at(t, u):
                 await asyncio.sleep(max(0.0, t0 + t - time.perf_counter()))
-                return await send(c, ep, r, s, t0)
+                await user(u)
 
-            tasks = [asyncio.create_task(at(t, r)) for t, r in zip(times, measured) if t < limits.max_seconds]
-            await _wait(tasks, deadline + limits.request_timeout_s)
-            samples = [t.result() for t in tasks if t.done() and not t.cancelled()]
-        return samples, t0
+            tasks = [asyncio.create_task(at(t, u)) for t, u in zip(times, measured) if t < limits.max_seconds]
+        await _wait(tasks, deadline + limits.request_timeout_s)
+        return list(samples), t0
 
 
 async def _wait(tasks, until: float) -> None:

@@ -5,11 +5,13 @@ transformers' AutoTokenizer), as vLLM's `bench serve` and GuideLLM do, so two se
 the same work whatever their own tokenizers say. A workload prompt asks for its paired answer's
 length (ShareGPT's reference answer tokenized here), capped by `max_output_len`; fixed lengths send
 `input_len` tokens (random ids through /v1/completions, or repeated text) and ask for `output_len`.
+A multi-turn workload (`multiturn:N[:TURNS]`) gives each conversation's turns in order, each carrying the
+conversation so far; the client sends a conversation's turns one after another (client.users).
 """
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 
@@ -30,6 +32,8 @@ class Request:
     messages: list | None = None
     prompt: str | list[int] | None = None
     reference_tokens: int | None = None  # the workload's paired answer, before the cap
+    conversation: str | None = None  # multi-turn: the conversation this turn belongs to (None: single-turn)
+    turn: int | None = None  # multi-turn: 0-based; turn k+1's messages begin with turn k's
 
     @property
     def api(self) -> str:
@@ -102,6 +106,41 @@ def from_workload(spec: str, tokenizer, max_output_len: int = 256, default_outpu
     return out
 
 
+def from_conversations(spec: str, tokenizer, max_output_len: int = 256,
+                       max_model_len: int | None = None) -> tuple[list[Request], dict]:
+    """Every turn of a `multiturn` workload's conversations, in order, and what was cut.
+
+    Turn k asks for its recorded answer's length (capped, as from_workload). A conversation stops at its
+    first turn that cannot fit `max_model_len` (every later turn is longer); one whose first turn cannot
+    fit is dropped."""
+    from engine.measure import conversations
+
+    _check_len(max_output_len, "max output length")
+    count, turns = conversations.parse(spec)
+    out, cut, dropped = [], 0, 0
+    for conv in conversations.load(spec):
+        sent = 0
+        for k in range(turns):
+            messages = conv.messages(k)
+            n_in = chat_prompt_tokens(tokenizer, messages)
+            if max_model_len is not None and n_in + 1 > max_model_len:
+                break
+            ref = count_tokens(tokenizer, conv.exchanges[k].assistant)
+            want = min(max(ref, 1), max_output_len)
+            if max_model_len is not None:
+                want = min(want, max_model_len - n_in)
+            out.append(Request(f"{conv.id}.t{k}", n_in, want, messages=messages, reference_tokens=ref,
+                               conversation=conv.id, turn=k))
+            sent += 1
+        cut += turns - sent
+        dropped += sent == 0
+    if not out:
+        raise UserError(f"no conversation of workload '{spec}' fits a context of {max_model_len} tokens",
+                        "raise --max-model-len or choose another workload")
+    return out, {"conversations": count - dropped, "turns_per_conversation": turns,
+                 "turns_cut_by_context": cut, "conversations_dropped": dropped}
+
+
 def fixed_lengths(n: int, input_len: int, output_len: int, tokenizer, kind: str = "random",
                   seed: int = 0) -> list[Request]:
     """`n` completion requests of exactly `input_len` prompt tokens asking for `output_len` tokens.
@@ -139,11 +178,13 @@ def fresh(reqs: list[Request], tag: str, tokenizer) -> list[Request]:
     it from a prompt or prefix cache (issue 23: llama-server caches each slot's prompt, vLLM caches prefixes).
 
     Token-id prompts keep their length: their first FRESH_IDS ids are redrawn from (tag, request) as ordinary
-    tokens. Text and chat prompts begin with "[tag.i] ", and their token counts are counted again."""
+    tokens. Text and chat prompts begin with "[tag.i] ", and their token counts are counted again. Every turn
+    of a conversation gets its first turn's mark (i of that turn), so the turns still share their prefix."""
     vocab = None
     out = []
+    starts: dict[str, int] = {}
     for i, r in enumerate(reqs):
-        mark = f"[{tag}.{i}] "
+        mark = f"[{tag}.{starts.setdefault(r.conversation, i) if r.conversation is not None else i}] "
         if isinstance(r.prompt, list):
             vocab = vocab or _ordinary_ids(tokenizer)
             rng = random.Random(f"{tag}.{i}")
@@ -154,8 +195,8 @@ def fresh(reqs: list[Request], tag: str, tokenizer) -> list[Request]:
         elif r.messages is not None:
             msgs = [dict(m) for m in r.messages]
             msgs[0]["content"] = mark + msgs[0]["content"]
-            out.append(Request(f"{r.id}@{tag}", chat_prompt_tokens(tokenizer, msgs), r.max_tokens, messages=msgs,
-                               reference_tokens=r.reference_tokens))
+            out.append(replace(r, id=f"{r.id}@{tag}", prompt_tokens=chat_prompt_tokens(tokenizer, msgs),
+                               messages=msgs))
         else:
             text = mark + r.prompt
             out.append(Request(f"{r.id}@{tag}", count_tokens(tokenizer, text), r.max_tokens, prompt=text,
@@ -187,12 +228,12 @@ def _check_len(n, what: str) -> None:
 
 
 def cycle(requests: list[Request], n: int) -> list[Request]:
-    """`n` requests, the list repeated in order when it is shorter (ids made unique)."""
+    """`n` requests, the list repeated in order when it is shorter (ids, and conversations, made unique)."""
     if len(requests) >= n:
         return requests[:n]
     out = []
     for i in range(n):
-        r = requests[i % len(requests)]
-        out.append(r if i < len(requests) else Request(f"{r.id}#{i // len(requests)}", r.prompt_tokens, r.max_tokens,
-                                                       r.messages, r.prompt, r.reference_tokens))
+        r, k = requests[i % len(requests)], i // len(requests)
+        out.append(r if not k else replace(r, id=f"{r.id}#{k}",
+                                           conversation=r.conversation and f"{r.conversation}#{k}"))
     return out

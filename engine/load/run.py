@@ -16,8 +16,9 @@ from engine.common.errors import UserError
 from engine.load import client, server_metrics
 from engine.load import metrics as M
 from engine.load.profiles import SLO, Limits, Profile, parse_profile, parse_slo
-from engine.load.requests import (Request, cycle, fixed_lengths, fresh, from_workload, load_tokenizer,
-                                  tokenizer_folder)
+from engine.load.requests import (Request, cycle, fixed_lengths, fresh, from_conversations, from_workload,
+                                  load_tokenizer, tokenizer_folder)
+from engine.measure.conversations import is_multiturn
 
 GENERATORS = {"lab": "engine.load (httpx + asyncio)", "guidellm": "GuideLLM 0.8.1 (.venv-guidellm), ingested"}
 
@@ -28,7 +29,7 @@ class LoadConfig:
     profile: str = "concurrent:1"
     slo: str | None = None
     slo_attainment: float = 0.9
-    workload: str | None = "chat:16"  # None: fixed lengths
+    workload: str | None = "chat:16"  # None: fixed lengths; multiturn:N[:TURNS]: conversations turn by turn
     input_len: int | None = None
     output_len: int | None = None
     prompt_kind: str = "random"  # fixed lengths: random | text
@@ -58,6 +59,8 @@ class LoadConfig:
                             "pass --workload, or --input-len/--output-len, not both")
         if self.generator not in GENERATORS:
             raise UserError(f"unknown load generator '{self.generator}'", f"use one of: {', '.join(GENERATORS)}")
+        if self.generator != "lab" and is_multiturn(self.workload):
+            raise UserError("only the lab's client replays multi-turn conversations", "drop --generator guidellm")
         if not 0 <= self.temperature <= 2:
             raise UserError(f"temperature {self.temperature} is out of range", "use 0 (greedy) to 2")
         self.limits(1)
@@ -78,11 +81,15 @@ class LoadConfig:
         return d
 
 
-def build_requests(cfg: LoadConfig, tokenizer, max_model_len: int | None) -> list[Request]:
+def build_requests(cfg: LoadConfig, tokenizer, max_model_len: int | None) -> tuple[list[Request], dict]:
+    """The requests, and what a multi-turn workload cut to fit the context ({} for any other)."""
+    if is_multiturn(cfg.workload):
+        base, cut = from_conversations(cfg.workload, tokenizer, cfg.max_output_len, max_model_len)
+        return cycle(base, cfg.requests or len(base)), cut
     if cfg.workload is not None:
         base = from_workload(cfg.workload, tokenizer, cfg.max_output_len, max_model_len=max_model_len)
-        return cycle(base, cfg.requests or len(base))
-    return fixed_lengths(cfg.requests or 32, cfg.input_len, cfg.output_len, tokenizer, cfg.prompt_kind, cfg.seed)
+        return cycle(base, cfg.requests or len(base)), {}
+    return fixed_lengths(cfg.requests or 32, cfg.input_len, cfg.output_len, tokenizer, cfg.prompt_kind, cfg.seed), {}
 
 
 def server_from_facts(facts: dict, url: str) -> dict:
@@ -120,6 +127,7 @@ class Prepared:
     sampling: client.Sampling
     salt: str = field(default_factory=lambda: uuid.uuid4().hex[:6])
     points: int = 0
+    cut: dict = field(default_factory=dict)  # multi-turn: conversations and turns cut to fit the context
 
     def next_point(self, warmup: int) -> tuple[str, list[Request], list[Request]]:
         """(tag, the `warmup` warm-up requests, the point's requests), neither sent before by this test."""
@@ -139,9 +147,9 @@ def prepare(cfg: LoadConfig, progress=None) -> Prepared:
     ep = client.Endpoint(cfg.url, facts.get("model"), ep.api_key)
     tok = load_tokenizer(cfg.tokenizer)
     ctx = cfg.max_model_len or _context_of(facts) or (cfg.server or {}).get("max_model_len")
-    reqs = build_requests(cfg, tok, ctx)
+    reqs, cut = build_requests(cfg, tok, ctx)
     sampling = client.Sampling(cfg.temperature, cfg.seed, facts["accepts"])
-    return Prepared(ep, facts, tok, reqs, sampling)
+    return Prepared(ep, facts, tok, reqs, sampling, cut=cut)
 
 
 def run_point(cfg: LoadConfig, profile: Profile, prepared: Prepared, store=None, sweep: dict | None = None,
@@ -153,6 +161,8 @@ def run_point(cfg: LoadConfig, profile: Profile, prepared: Prepared, store=None,
 
     say = progress or (lambda s: None)
     ep, facts, tok, sampling = prepared.endpoint, prepared.facts, prepared.tokenizer, prepared.sampling
+    if send is not None and prepared.cut:
+        raise UserError("Ray clients split the requests, not the conversations", "drop --ray for a multi-turn load")
     limits = cfg.limits(len(prepared.requests))
     tag, warm, reqs = prepared.next_point(limits.warmup)
     slo = cfg.parsed_slo()
@@ -186,7 +196,7 @@ def run_point(cfg: LoadConfig, profile: Profile, prepared: Prepared, store=None,
         "model": s.get("model") or ep.model, "precision": s.get("precision"), "draft": s.get("draft"),
         "batch_size": 1, "endpoint": {"url": ep.base, "model": ep.model},
         "profile": {**profile.to_dict(), "label": profile.label}, "slo": {**slo.to_dict(), "label": slo.label},
-        "workload": {**_workload_facts(cfg, reqs), "fresh_tag": tag}, "tokenizer": str(tokenizer_folder(cfg.tokenizer)),
+        "workload": {**_workload_facts(cfg, reqs), **prepared.cut, "fresh_tag": tag}, "tokenizer": str(tokenizer_folder(cfg.tokenizer)),
         "generator": GENERATORS[cfg.generator],
         "server": {**facts, **{k: v for k, v in s.items() if k not in ("system", "label")}},
         "load_config": cfg.record_config(), "sweep": sweep, "clients": getattr(send, "facts", None),
