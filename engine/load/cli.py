@@ -21,7 +21,8 @@ def add_parser(subparsers, ray_sender=None) -> argparse.ArgumentParser:
     p.add_argument("--slo-attainment", type=float, default=0.9,
                    help="share of requests that must meet the SLO for a load point to meet it (default 0.9)")
     p.add_argument("--workload", default=None,
-                   help="workload spec (default chat:16): chat, code, edit, ... with counts")
+                   help="workload spec (default chat:16): chat, code, edit, ... with counts; or multiturn:N[:TURNS], "
+                        "N ShareGPT conversations replayed turn by turn (default 8 of 4 turns)")
     p.add_argument("--input-len", type=int, default=None, help="fixed prompt length in tokens (instead of a workload)")
     p.add_argument("--output-len", type=int, default=None, help="fixed output length in tokens")
     p.add_argument("--prompt-kind", default="random", choices=["random", "text"],
@@ -87,6 +88,7 @@ def cmd_load(a) -> int:
 def _ray_sender(a):
     """The Ray clients --ray/--clients ask for, or None (this process is the one client)."""
     from engine.common.errors import UserError
+    from engine.measure.conversations import is_multiturn
 
     if a.ray is None:
         if a.clients != 1:
@@ -95,6 +97,8 @@ def _ray_sender(a):
         return None
     if a.generator != "lab":
         raise UserError("--ray runs the lab's own client on the cluster, not GuideLLM", "drop --generator guidellm")
+    if is_multiturn(a.workload):
+        raise UserError("Ray's clients split the requests, not the conversations", "drop --ray for a multi-turn load")
     if getattr(a, "ray_sender", None) is None:
         raise UserError("--ray is not available from this entry point", "run it as `python -m engine load --ray ...`")
     return a.ray_sender(a.ray, a.clients)

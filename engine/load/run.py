@@ -161,8 +161,6 @@ def run_point(cfg: LoadConfig, profile: Profile, prepared: Prepared, store=None,
 
     say = progress or (lambda s: None)
     ep, facts, tok, sampling = prepared.endpoint, prepared.facts, prepared.tokenizer, prepared.sampling
-    if send is not None and prepared.cut:
-        raise UserError("Ray clients split the requests, not the conversations", "drop --ray for a multi-turn load")
     limits = cfg.limits(len(prepared.requests))
     tag, warm, reqs = prepared.next_point(limits.warmup)
     slo = cfg.parsed_slo()
