@@ -59,6 +59,10 @@ def test_a_misspelt_workload_names_the_valid_ones():
     with pytest.raises(UserError, match="unknown workload 'multi-turn'") as e:
         workloads.parse("multi-turn:2")
     assert "chat, code" in e.value.fix and "multiturn:N[:TURNS]" in e.value.fix
+    with pytest.raises(UserError, match="out of range"):  # before anything is sent
+        LoadConfig(url="http://127.0.0.1:9", workload="multiturn:2:40").validate()
+    with pytest.raises(UserError, match="only the lab's client"):
+        LoadConfig(url="http://127.0.0.1:9", workload="multiturn:2", generator="guidellm").validate()
 
 
 def test_turns_extend_the_previous_prompt_and_the_context_cuts_them(tok):

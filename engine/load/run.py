@@ -18,6 +18,7 @@ from engine.load import metrics as M
 from engine.load.profiles import SLO, Limits, Profile, parse_profile, parse_slo
 from engine.load.requests import (Request, cycle, fixed_lengths, fresh, from_conversations, from_workload,
                                   load_tokenizer, tokenizer_folder)
+from engine.measure import conversations
 from engine.measure.conversations import is_multiturn
 
 GENERATORS = {"lab": "engine.load (httpx + asyncio)", "guidellm": "GuideLLM 0.8.1 (.venv-guidellm), ingested"}
@@ -59,8 +60,10 @@ class LoadConfig:
                             "pass --workload, or --input-len/--output-len, not both")
         if self.generator not in GENERATORS:
             raise UserError(f"unknown load generator '{self.generator}'", f"use one of: {', '.join(GENERATORS)}")
-        if self.generator != "lab" and is_multiturn(self.workload):
-            raise UserError("only the lab's client replays multi-turn conversations", "drop --generator guidellm")
+        if is_multiturn(self.workload):
+            if self.generator != "lab":
+                raise UserError("only the lab's client replays multi-turn conversations", "drop --generator guidellm")
+            conversations.parse(self.workload)  # a bad spec fails before anything is sent
         if not 0 <= self.temperature <= 2:
             raise UserError(f"temperature {self.temperature} is out of range", "use 0 (greedy) to 2")
         self.limits(1)
