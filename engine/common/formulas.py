@@ -46,3 +46,21 @@ def expected_length(a: float | None, gamma: float | None) -> float | None:
 def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, bytes_per_value: float) -> float:
     """2 (K and V) * layers * kv_heads * head_dim * bytes per value."""
     return 2.0 * num_layers * num_kv_heads * head_dim * bytes_per_value
+
+
+# KV-cache precisions: bytes per cached value, and the scales. int8 (the engine's, engine/infer/paged.py)
+# keeps an fp16 scale per INT8_K_GROUP values of a K vector (keys have outlier channels: one scale per
+# vector costs Qwen2.5 a KL of 0.008, per 32 values 0.003) and one per V vector; int4 a scale and a zero
+# point per vector; fp8 (e4m3) is cast with a per-tensor scale of 1, as vLLM stores it without calibrated
+# scales. The planner and the engine both read these.
+KV_VALUE_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5}
+KV_SCALE_BYTES = {"int8": 2, "int4": 4}  # per scaled vector (an MLA latent, a V vector)
+INT8_K_GROUP = 32
+
+
+def kv_pair_bytes(head_dim: int, kv_dtype: str) -> float:
+    """Bytes one token's K and V of one KV head occupy at kv_dtype, scales included."""
+    base = 2 * head_dim * KV_VALUE_BYTES[kv_dtype]
+    if kv_dtype == "int8":
+        return base + 2 * -(-head_dim // INT8_K_GROUP) + KV_SCALE_BYTES["int8"]
+    return base + 2 * KV_SCALE_BYTES.get(kv_dtype, 0)

@@ -87,7 +87,8 @@ class Sequence:
     tokens: list[int]
     n_prompt: int
     gamma: int = 0  # this round's draft length (adaptive gamma moves it per sequence)
-    prefilled: int = 0
+    prefilled: int = 0  # positions whose K/V the target's cache holds (while prefilling)
+    recompute_to: int = 0  # after a preemption: the positions to prefill again before decoding resumes
     out: list[int] = field(default_factory=list)
     trace: list[str] = field(default_factory=list)
     finish: str | None = None  # "eos" | "stop" | "length" | "cancelled" | "error" (then `error` says why)
@@ -109,8 +110,18 @@ class Sequence:
         return self.req.sampling
 
     @property
+    def prefill_end(self) -> int:
+        """Positions to prefill: the prompt, or after a preemption every committed token but the last."""
+        return max(self.n_prompt, self.recompute_to)
+
+    @property
     def decoding(self) -> bool:
-        return self.prefilled >= self.n_prompt and self.finish is None
+        return self.prefilled >= self.prefill_end and self.finish is None
+
+    @property
+    def cached_len(self) -> int:
+        """Positions of committed tokens whose K/V the target's cache holds."""
+        return len(self.tokens) - 1 if self.decoding else self.prefilled
 
     @property
     def room(self) -> int:
@@ -133,9 +144,9 @@ class Batch:
     """The target (and a proposer) over `slots` cache slots of `capacity` positions each."""
 
     def __init__(self, target, slots: int, capacity: int, eos: set[int], proposer=None, gamma: int = 0,
-                 adaptive: bool = False):
+                 adaptive: bool = False, cache=None):
         self.target, self.eos = target, eos
-        self.cache = target.model.new_cache(slots, capacity)
+        self.cache = cache if cache is not None else target.model.new_cache(slots, capacity)
         self.proposer, self.gamma_max, self.adaptive = proposer, gamma if proposer else 0, adaptive
         self.slots, self.capacity = slots, capacity
         self.vocab = target.cfg.vocab_size
@@ -160,8 +171,14 @@ class Batch:
         return self.cache.nbytes() + (self.proposer.kv_bytes() if self.proposer else 0)
 
     def share_prefix(self, src: Sequence, dst: Sequence, n: int) -> None:
-        """dst starts with src's first n prompt positions, K/V (the draft's too) and prompt logprobs."""
-        self.cache.copy_prefix(src.slot, dst.slot, n)
+        """dst starts with src's first n prompt positions, K/V (the draft's too) and prompt logprobs.
+        A paged cache shares src's whole blocks (held twice, computed once) and dst prefills the rest."""
+        if self.cache.paged:
+            n = n // self.cache.block_size * self.cache.block_size
+            self.cache.blocks.share(src.slot, dst.slot, n // self.cache.block_size)
+            self.cache.sync(dst.slot)
+        else:
+            self.cache.copy_prefix(src.slot, dst.slot, n)
         if self.proposer is not None:
             self.proposer.copy_prefix(src.slot, dst.slot, n)
         if dst.req.prompt_logprobs is not None:  # entry j is prompt token j's (None for the first)
@@ -196,6 +213,8 @@ class Batch:
         for s, p0, n in chunks:
             segs.append((s.slot, p0, n))
             toks += s.tokens[p0:p0 + n]
+            if s.recompute_to:  # K/V of tokens already committed: no logits wanted
+                continue
             if s.req.prompt_logprobs is not None:  # every row: row r predicts prompt token p0 + r + 1
                 want += range(len(toks) - n, len(toks))
             elif p0 + n == s.n_prompt:
@@ -221,6 +240,8 @@ class Batch:
                 fail(s, e)
         for s, p0, n in chunks:
             s.prefilled = p0 + n
+            if s.recompute_to:
+                continue
             if s.req.prompt_logprobs is not None:
                 try:
                     self._prompt_logprobs(s, p0, n, logits[row:row + n])

@@ -117,7 +117,10 @@ class KVCache(nn.Module):
     """K/V for `slots` sequences of up to `capacity` positions each: [layers, slots, Hkv, capacity, D].
 
     A sequence owns one slot for its lifetime and writes each token's K/V at the token's position.
+    engine/infer/paged.py's PagedKVCache is the other cache: the same write/read, through block tables.
     """
+
+    paged = False
 
     def __init__(self, cfg: ModelConfig, slots: int, capacity: int, dtype, device):
         super().__init__()
@@ -128,6 +131,15 @@ class KVCache(nn.Module):
 
     def nbytes(self) -> int:
         return self.k.numel() * self.k.element_size() * 2
+
+    def write(self, layer: int, rows: "Rows", k: torch.Tensor, v: torch.Tensor) -> None:
+        """Row r's K/V [N, KV, D] at its slot and position."""
+        self.k[layer][rows.slot, :, rows.pos] = k.to(self.k.dtype)
+        self.v[layer][rows.slot, :, rows.pos] = v.to(self.v.dtype)
+
+    def read(self, layer: int, slot: int, k0: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Slot's K and V at positions [k0, end): [KV, end - k0, D] (views, in the cache's dtype)."""
+        return self.k[layer, slot, :, k0:end], self.v[layer, slot, :, k0:end]
 
     def copy_prefix(self, src: int, dst: int, n: int) -> None:
         """Slot dst's positions [0, n) become slot src's."""
@@ -268,16 +280,15 @@ class Attention(nn.Module):
         if c.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        ck, cv = cache.k[self.layer], cache.v[self.layer]
-        ck[rows.slot, :, rows.pos] = k.to(ck.dtype)
-        cv[rows.slot, :, rows.pos] = v.reshape(-1, kv, d).to(cv.dtype)
+        cache.write(self.layer, rows, k, v.reshape(-1, kv, d))
         window = c.window(self.layer)
         outs = []
         for slot, r0, n, p0 in rows.segments:
             end = p0 + n
             k0 = max(0, p0 - window + 1) if window else 0  # keys no row of this segment can see are not read
             qs = q[r0:r0 + n].transpose(0, 1)[None]  # [1, H, n, D]
-            ks, vs = ck[slot, :, k0:end][None].to(q.dtype), cv[slot, :, k0:end][None].to(q.dtype)
+            ks, vs = cache.read(self.layer, slot, k0, end)
+            ks, vs = ks[None].to(q.dtype), vs[None].to(q.dtype)
             o = _attend(qs, ks, vs, p0, k0, window, c.attn_scale, c.attn_softcap)
             outs.append(o[0].transpose(0, 1).reshape(n, h * d))
         return self.o_proj(outs[0] if len(outs) == 1 else torch.cat(outs))

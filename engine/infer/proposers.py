@@ -74,6 +74,8 @@ class ModelProposer:
         """Feed the same prompt chunks the target prefills: (seq, first position, rows)."""
         if not chunks:
             return
+        # A target that reused cached K/V (the prefix cache) starts past what this draft holds: it catches up.
+        chunks = [(s, min(p0, self.fed[s.slot]), p0 + n - min(p0, self.fed[s.slot])) for s, p0, n in chunks]
         dev = self.lm.device
         toks = torch.tensor([t for s, p0, n in chunks for t in s.tokens[p0:p0 + n]], device=dev)
         self.lm.model.forward_rows(toks, Rows.of([(s.slot, p0, n) for s, p0, n in chunks], dev), self.cache,

@@ -8,11 +8,19 @@ Settings (recorded in every record that uses them):
 - prefill_chunk: prompts are prefilled in chunks of this many tokens, at fixed boundaries (0,
   chunk, 2 chunk, ...), so a request's numbers do not depend on the load around it;
 - max_waiting: requests queued beyond the running ones; past it, submit() refuses (the server
-  answers 429 with Retry-After).
+  answers 429 with Retry-After);
+- kv_cache: "slots" reserves max_model_len positions per slot up front; "paged" (engine/infer/
+  paged.py, blocks.py) holds blocks of block_size positions in a budget of kv_cache_gib GiB (0: as
+  much as the slots would take), taken as sequences grow; prefix_caching reuses the cached blocks a
+  prompt starts with; kv_dtype is the cached K/V's precision (auto: the compute dtype, int8, fp8).
 
 Policy, every step:
 1. admit waiting requests into free slots, first come first served (a slot is freed the moment
-   its sequence finishes or is cancelled);
+   its sequence finishes or is cancelled); a paged cache admits a request only when the blocks of
+   its prompt are there (preempted sequences first, oldest first), and gives each decoding sequence
+   the blocks of its next round: when none are left it preempts the newest sequence (its blocks go
+   back; it is admitted again later and prefills its committed tokens again, reusing whatever the
+   prefix cache still holds), never touching another sequence's blocks;
 2. "decode-first" (serving): every decoding sequence runs its round (1 + gamma rows); the rows left
    in the budget go to prefill chunks, oldest request first, whole chunks only, so decodes are never
    starved and a long prompt cannot stall the others for more than a chunk per step;
@@ -31,6 +39,12 @@ from engine.common.setup import EngineSetup
 from engine.infer.batch import Batch, Request, Sequence, StepStats, fail, stream
 
 POLICIES = ("decode-first", "prefill-first")
+KV_CACHES = ("slots", "paged")
+
+
+def _arrival(s: Sequence) -> int:
+    """Requests are numbered as they are made: the newest has the largest uid (preempted first)."""
+    return s.req.uid
 
 
 class QueueFull(Exception):
@@ -49,6 +63,11 @@ class BatchSettings:
     prefill_chunk: int = 256
     max_waiting: int = 64
     policy: str = "decode-first"
+    kv_cache: str = "slots"  # slots | paged
+    kv_cache_gib: float = 0.0  # paged: the KV budget (0: what max_seqs slots of max_model_len would take)
+    block_size: int = 64  # paged: positions per block (a multiple of the fused attention's key tile, 64)
+    prefix_caching: bool = False  # paged: reuse cached blocks of a prompt's prefix
+    kv_dtype: str = "auto"  # auto (the compute dtype) | fp32 | bf16 | fp16 | int8 | fp8
 
     def validate(self, gamma: int = 0) -> "BatchSettings":
         for name in ("max_seqs", "max_model_len", "max_batched_tokens", "prefill_chunk"):
@@ -59,6 +78,18 @@ class BatchSettings:
             raise UserError(f"max_waiting {self.max_waiting!r} is negative", "set max_waiting to 0 or more")
         if self.policy not in POLICIES:
             raise UserError(f"unknown scheduling policy '{self.policy}'", f"use one of: {', '.join(POLICIES)}")
+        if self.kv_cache not in KV_CACHES:
+            raise UserError(f"unknown KV cache '{self.kv_cache}'", f"use one of: {', '.join(KV_CACHES)}")
+        if self.kv_cache == "slots" and (self.prefix_caching or self.kv_cache_gib or self.kv_dtype != "auto"):
+            raise UserError("prefix caching, a KV budget and a KV dtype need the paged KV cache",
+                            "set kv_cache to paged (serve: --kv-cache paged)")
+        if isinstance(self.block_size, bool) or not isinstance(self.block_size, int) or self.block_size < 64 \
+                or self.block_size % 64:
+            raise UserError(f"block_size {self.block_size!r} is not a multiple of 64",
+                            "use 64, 128, 256 ... (the fused attention reads keys in tiles of 64)")
+        if not isinstance(self.kv_cache_gib, (int, float)) or isinstance(self.kv_cache_gib, bool) \
+                or not 0 <= self.kv_cache_gib < 4096:
+            raise UserError(f"kv_cache_gib {self.kv_cache_gib!r} is out of range", "give 0 (auto) or a budget in GiB")
         need = self.max_seqs * (gamma + 1) + min(self.prefill_chunk, self.max_model_len)
         if self.max_batched_tokens < need:
             raise UserError(f"max_batched_tokens {self.max_batched_tokens} cannot hold a decode round of "
@@ -84,10 +115,14 @@ class Scheduler:
 
         self.settings = settings.validate(gamma if proposer_spec else 0)
         self.headroom = speculation_headroom(proposer_spec, gamma)
+        cache = self._paged_cache(target) if settings.kv_cache == "paged" else None
+        self.blocks = cache.blocks if cache is not None else None
         proposer = proposer_spec.build(settings.max_seqs, settings.max_model_len) if proposer_spec else None
         self.batch = Batch(target, settings.max_seqs, settings.max_model_len, eos if eos is not None else eos_ids(target),
-                           proposer, gamma, adaptive)
+                           proposer, gamma, adaptive, cache)
         self.waiting: deque[Request] = deque()
+        self.preempted: deque[Sequence] = deque()  # oldest first: admitted again before any waiting request
+        self.preemptions = 0
         self.running: list[Sequence] = []
         self.free_slots = list(range(settings.max_seqs))[::-1]
         self.lock = threading.Lock()
@@ -95,6 +130,29 @@ class Scheduler:
         self._seq_of: dict[int, Sequence] = {}  # Request.uid -> its running sequence
         self.step_s_ewma = 0.05  # recent step time, for Retry-After
         self.shared_prompt_tokens = 0  # prompt positions copied from another choice, not prefilled
+
+    def _paged_cache(self, target):
+        from engine.infer.paged import PagedKVCache, block_bytes, blocks_in_budget, check_kv_dtype, kv_dtype_name
+
+        st, cfg = self.settings, target.model.cfg
+        check_kv_dtype(st.kv_dtype, target.device)
+        name = kv_dtype_name(st.kv_dtype, target.model.compute_dtype)
+        gib = st.kv_cache_gib or st.max_seqs * -(-st.max_model_len // st.block_size) * block_bytes(cfg, st.block_size, name) / 2 ** 30
+        n = blocks_in_budget(cfg, st.block_size, name, gib, st.max_model_len)
+        return PagedKVCache(cfg, st.max_seqs, st.max_model_len, n, st.block_size, target.model.compute_dtype,
+                            target.device, st.kv_dtype, st.prefix_caching)
+
+    def kv_facts(self) -> dict:
+        """What the KV cache is and holds: recorded beside the settings (and /metrics' gauges)."""
+        c = self.batch.cache
+        out = {"kv_cache": "paged" if c.paged else "slots", "kv_bytes": self.batch.kv_bytes(),
+               "preemptions": self.preemptions}
+        if c.paged:
+            b = self.blocks
+            out.update(kv_dtype=c.kv_name, block_size=c.block_size, num_blocks=c.num_blocks, blocks_used=b.used(),
+                       prefix_caching=b.prefix_caching, prefix_cache_queries=b.stats.queries,
+                       prefix_cache_hits=b.stats.hits, prefix_cache_evictions=b.evictions)
+        return out
 
     # ------------------------------------------------------------ requests in
 
@@ -139,39 +197,108 @@ class Scheduler:
         return max(1.0, left * self.step_s_ewma)
 
     def has_work(self) -> bool:
-        return bool(self.running or self.waiting)
+        return bool(self.running or self.waiting or self.preempted)
 
     def sequence(self, req: Request) -> Sequence | None:
         return self._seq_of.get(req.uid)
 
     # ------------------------------------------------------------ one step
 
+    def _admit_paged(self) -> None:
+        """Preempted sequences, then waiting requests, first come first served, while slots and the blocks of
+        their prompts (or committed tokens) are there; the prefix cache supplies what it holds."""
+        with self.lock:
+            while self.preempted and self.free_slots:
+                s = self.preempted[0]
+                slot = self.free_slots[-1]
+                reuse = s.recompute_to or (0 if s.req.prompt_logprobs is not None else s.n_prompt - 1)
+                got = self.blocks.admit(slot, s.tokens, s.prefill_end, reuse)
+                if got is None:
+                    return
+                self.preempted.popleft()
+                self.free_slots.pop()
+                s.slot, s.prefilled = slot, got
+                self.batch.cache.sync(slot)
+                self.running.append(s)
+            while self.waiting and self.free_slots:
+                req = self.waiting[0]
+                slot = self.free_slots[-1]
+                # at least the prompt's last token is prefilled (its logits give the first token); prompt
+                # logprobs and an n-choice follower (which shares its leader's blocks) reuse nothing
+                reuse = 0 if (req.prompt_logprobs is not None or req.prefix_from is not None) else len(req.prompt_ids) - 1
+                got = self.blocks.admit(slot, list(req.prompt_ids), len(req.prompt_ids), reuse)
+                if got is None:
+                    return
+                self.waiting.popleft()
+                self.free_slots.pop()
+                self.batch.cache.sync(slot)
+                self._start(req, slot).prefilled = got
+
+    def _start(self, req: Request, slot: int) -> Sequence:
+        try:  # e.g. a seed the generator refuses: this request's failure, not the step's
+            seq = self.batch.new_sequence(req, slot)
+        except Exception as e:  # noqa: BLE001
+            seq = Sequence(req, slot, self.batch.vocab, list(req.prompt_ids), len(req.prompt_ids))
+            fail(seq, e)
+        self.running.append(seq)
+        self._seq_of[req.uid] = seq
+        return seq
+
     def _admit(self) -> None:
+        if self.blocks is not None:
+            return self._admit_paged()
         with self.lock:
             while self.waiting and self.free_slots:
-                req = self.waiting.popleft()
-                slot = self.free_slots.pop()
-                try:  # e.g. a seed the generator refuses: this request's failure, not the step's
-                    seq = self.batch.new_sequence(req, slot)
-                except Exception as e:  # noqa: BLE001
-                    seq = Sequence(req, slot, self.batch.vocab, list(req.prompt_ids), len(req.prompt_ids))
-                    fail(seq, e)
-                self.running.append(seq)
-                self._seq_of[req.uid] = seq
+                self._start(self.waiting.popleft(), self.free_slots.pop())
 
     def _retire(self) -> list[Sequence]:
         with self.lock:
-            for s in self.running:
+            for s in self.running + list(self.preempted):
                 if s.req.uid in self._cancel and s.finish is None:
                     s.finish = "cancelled"
             done = [s for s in self.running if s.finish is not None]
             for s in done:
                 self.running.remove(s)
-                self.batch.free(s)
-                self.free_slots.append(s.slot)
+                self._release(s)
+            gone = [s for s in self.preempted if s.finish is not None]  # cancelled while preempted: no slot
+            for s in gone:
+                self.preempted.remove(s)
+            for s in done + gone:
                 self._cancel.discard(s.req.uid)
                 self._seq_of.pop(s.req.uid, None)
-        return done
+        return done + gone
+
+    def _release(self, s: Sequence) -> None:
+        self.batch.free(s)
+        if self.blocks is not None:
+            self.blocks.release(s.slot)
+        self.free_slots.append(s.slot)
+
+    def _preempt(self, s: Sequence) -> None:
+        """Give s's blocks back; it waits (before any new request) and prefills its committed tokens again."""
+        with self.lock:
+            self.running.remove(s)
+            self._release(s)
+            s.prefilled, s.recompute_to = 0, (len(s.tokens) - 1 if s.out else 0)
+            if not s.out:  # its prompt's logprobs are collected again from the start
+                s.prompt_logprobs = []
+            self.preempted.appendleft(s)  # preempted newest first, so the oldest ends up first
+            self.preemptions += 1
+
+    def _reserve(self) -> None:
+        """Blocks for every decoding sequence's next round (its last token and drafts), oldest first; when
+        they run out, the newest sequence is preempted (possibly the one asking)."""
+        for s in sorted(self.running, key=_arrival):
+            if s not in self.running or not s.decoding:
+                continue
+            need = len(s.tokens) + max(0, min(s.gamma, s.room - 1))
+            while not self.blocks.grow(s.slot, need):
+                victim = max(self.running, key=_arrival)
+                self._preempt(victim)
+                if victim is s:
+                    break
+            if s in self.running:
+                self.batch.cache.sync(s.slot)
 
     def plan(self) -> tuple[list[Sequence], list[tuple[Sequence, int]]]:
         st = self.settings
@@ -184,9 +311,9 @@ class Scheduler:
         prefilling = [s for s in prefilling if self._share_prefix(s)]
         for s in prefilling:  # oldest first; a chunk that does not fit waits, and so do the younger ones
             pos, fits = s.prefilled, True
-            while pos < s.n_prompt:
+            while pos < s.prefill_end:
                 # whole chunks at fixed boundaries: chunk k covers [k*c, (k+1)*c)
-                n = min(st.prefill_chunk - pos % st.prefill_chunk, s.n_prompt - pos)
+                n = min(st.prefill_chunk - pos % st.prefill_chunk, s.prefill_end - pos)
                 if n > budget:
                     fits = False
                     break
@@ -223,6 +350,8 @@ class Scheduler:
         """Admit, run one step, retire; returns the step's stats (None if nothing ran) and the finished."""
         done = self._retire()
         self._admit()
+        if self.blocks is not None:
+            self._reserve()
         decode, chunks = self.plan()
         if not decode and not chunks:
             return None, done + self._retire()
@@ -234,6 +363,9 @@ class Scheduler:
             except Exception as e:  # noqa: BLE001
                 fail(s, e)
         self.step_s_ewma = 0.8 * self.step_s_ewma + 0.2 * st.wall_s
+        if self.blocks is not None:  # blocks now full of committed K/V join the prefix cache
+            for s in self.running:
+                self.blocks.register(s.slot, s.tokens, s.cached_len)
         return st, done + self._retire()
 
     def _run(self, decode, chunks) -> StepStats:

@@ -61,6 +61,7 @@ FUSED_FEATURES: frozenset[str] = frozenset({
 FUSED_HEAD_DIMS = (64, 96, 128, 256)  # the attention kernel's instantiations (fused_simd_body.h)
 _ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}  # make_fused_plan's act codes
 
+_NO_TABLE = torch.empty(0, dtype=torch.int32)
 _lock = threading.Lock()
 _plans: "weakref.WeakKeyDictionary[torch.nn.Module, tuple]" = weakref.WeakKeyDictionary()
 
@@ -271,7 +272,7 @@ def fused_forward_rows(model, tokens: torch.Tensor, rows, cache, logits_at: Opti
     if n < 1:
         return _decline("no rows")
     if cache.k.dtype != torch.float32 or cache.k.device.type != "cpu":
-        return _decline(f"KV cache dtype {cache.k.dtype}")
+        return _decline(f"KV cache dtype {str(cache.k.dtype).replace('torch.', '')}")
     ext = _build._cpu_state["ext"] or _build.load_cpu_extension()
     if ext is None:
         return _decline("CPU extension not built")
@@ -294,7 +295,8 @@ def fused_forward_rows(model, tokens: torch.Tensor, rows, cache, logits_at: Opti
     if mc.embed_scale != 1.0:  # Gemma: the scale rounded to the compute dtype, as the model applies it
         x = x * torch.tensor(mc.embed_scale, dtype=x.dtype)
     isa = _build.cpu_isa(ext, cfg)
-    args = (cache.k, cache.v)
+    # a paged cache (engine/infer/paged.py) hands its block table; a slot cache an empty one
+    args = (cache.k, cache.v, cache.table if getattr(cache, "paged", False) else _NO_TABLE)
     opts = (isa, bool(ext.has_vnni()), cfg.act_int8, torch.get_num_threads())
     if n <= FUSED_MAX_ROWS:
         out = ext.fused_step(plan, x.contiguous(), [v for s in segs for v in s], *args, out_rows, *opts)

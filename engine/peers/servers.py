@@ -74,9 +74,9 @@ def _serve_missing() -> str | None:
 # Comparisons run with every prompt and prefix cache off (issue 23): our engine has none, so a peer's cache
 # would serve repeated prompts from memory and its TTFT would not be a prefill. llama-server caches each
 # slot's prompt (and keeps idle slots' caches in RAM) by default; vLLM caches prefixes by default.
-PROMPT_CACHE_OFF = {OURS: (), "llama-server": ("--no-cache-prompt", "--cache-ram", "0"),
+PROMPT_CACHE_OFF = {OURS: ("--no-prefix-caching",), "llama-server": ("--no-cache-prompt", "--cache-ram", "0"),
                     "vllm": ("--no-enable-prefix-caching",), "url": ()}
-PROMPT_CACHE = {OURS: "none (the engine has no prefix cache)", "llama-server": "off (--no-cache-prompt --cache-ram 0)",
+PROMPT_CACHE = {OURS: "off (--no-prefix-caching)", "llama-server": "off (--no-cache-prompt --cache-ram 0)",
                 "vllm": "off (--no-enable-prefix-caching)", "url": "unknown (a server the lab did not start)"}
 
 DEFAULT_PRECISION = {OURS: "int4", "llama-server": "Q4_K_M", "vllm": "bf16"}
@@ -227,7 +227,7 @@ class ServerSpec:
                 cmd += ["--draft-model", st.draft_model, "--draft-precision", st.draft_precision,
                         "--gamma", str(st.gamma)]
             cmd += ["--host", HOST, "--port", str(port), "--max-seqs", n, "--max-model-len", ctx,
-                    "--served-model-name", self.served_name]
+                    "--served-model-name", self.served_name, *PROMPT_CACHE_OFF[OURS]]
         elif self.system == "llama-server":
             # llama-server splits -c across its slots: each request gets c / np.
             cmd = [str(llama_server_binary()), "-m", str(self.llama_gguf()), "--host", HOST,

@@ -27,7 +27,7 @@ from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 from typing import Iterable, Mapping
 
-from engine.common.formulas import kv_bytes_per_token as _kv_base_bytes
+from engine.common.formulas import KV_SCALE_BYTES, KV_VALUE_BYTES, kv_pair_bytes
 from engine.common.paths import DATA
 from engine.common.vocab import PRECISIONS, canonical_model_name
 
@@ -675,25 +675,21 @@ def decode_read_bytes(model: ModelShape, precision: str, tokens_in_step: int = 1
     return dense + experts + head + wb.small + min(tokens_in_step, model.vocab) * row_bytes
 
 
-_KV_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5}
-
-
 def kv_layer_bytes(model: ModelShape, kv_dtype: str = "bf16") -> float:
     """KV-cache bytes one token occupies in one layer.
 
-    Ordinary attention: 2 (K and V) * kv_heads * head_dim * bytes (engine.common.formulas).
+    Ordinary attention: kv_heads * kv_pair_bytes (K and V, engine.common.formulas, which the engine's
+    paged cache reads too).
     MLA (DeepSeek): one latent of kv_lora_rank + qk_rope_head_dim values, shared by all heads.
-    int8/int4 caches add one fp16 scale (int4: scale and zero point) per cached vector (K and V
-    of each KV head; MLA: the latent); fp8 uses per-tensor scales (negligible).
+    int8 caches add fp16 scales (per 32 values of K, per V vector), int4 a scale and a zero point
+    per cached vector (MLA: per latent); fp8 uses per-tensor scales (negligible).
     """
     k = (kv_dtype or "").strip().lower()
-    if k not in _KV_BYTES:
+    if k not in KV_VALUE_BYTES:
         raise ShapeError(f"unknown KV dtype '{kv_dtype}'; choose one of {', '.join(KV_DTYPES)}")
     if model.is_mla:
-        b, vectors = (model.kv_lora_rank + model.qk_rope_head_dim) * _KV_BYTES[k], 1
-    else:
-        b, vectors = _kv_base_bytes(1, model.kv_heads, model.head_dim, _KV_BYTES[k]), 2 * model.kv_heads
-    return b + vectors * {"int8": 2, "int4": 4}.get(k, 0)
+        return (model.kv_lora_rank + model.qk_rope_head_dim) * KV_VALUE_BYTES[k] + KV_SCALE_BYTES.get(k, 0)
+    return model.kv_heads * kv_pair_bytes(model.head_dim, k)
 
 
 def kv_cache_bytes(model: ModelShape, context: float, kv_dtype: str = "bf16") -> float:

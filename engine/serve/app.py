@@ -63,7 +63,7 @@ def create_app(engine: EngineLoop, served_name: str, facts: dict | None = None, 
     async def metrics():
         g = engine.gauges()
         return PlainTextResponse(prometheus_text(engine.stats, g["running"], g["waiting"], g["slots_used"], g["slots"],
-                                                 served_name), media_type="text/plain; version=0.0.4")
+                                                 served_name, kv=g["kv"]), media_type="text/plain; version=0.0.4")
 
     async def run(kind: str, request: Request):
         try:

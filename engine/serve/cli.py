@@ -8,7 +8,8 @@ import sys
 from engine.common.errors import UserError
 
 DEFAULT_PORT = 8000
-DEATH_GRACE_S = 2.0  # after the engine dies: in-flight requests get their errors, /health says 503, then exit 1
+DEATH_GRACE_S = 2.0
+KV_FACTS = ("kv_cache", "kv_dtype", "block_size", "num_blocks", "kv_bytes", "prefix_caching")  # fixed at start  # after the engine dies: in-flight requests get their errors, /health says 503, then exit 1
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -34,6 +35,15 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="prompt tokens per prefill chunk: it bounds how long a decode step waits for a prefill "
                         "(ITL p99 710 ms at 256, 335 ms at 64: docs/SERVING.md)")
     p.add_argument("--max-waiting", type=int, default=64, help="queued requests beyond the running ones (then 429)")
+    p.add_argument("--kv-cache", default="paged", choices=("paged", "slots"),
+                   help="paged: blocks taken as sequences grow, in --kv-cache-gib (docs/SERVING.md); slots: "
+                        "max-model-len positions reserved per sequence up front")
+    p.add_argument("--kv-cache-gib", type=float, default=0.0,
+                   help="the paged cache's budget in GiB (0: what --max-seqs slots of --max-model-len would take)")
+    p.add_argument("--block-size", type=int, default=64, help="positions per KV block (a multiple of 64)")
+    p.add_argument("--no-prefix-caching", action="store_true",
+                   help="turn automatic prefix caching off (like-for-like with servers that have none)")
+    p.add_argument("--kv-dtype", default="auto", help="the KV cache's precision: auto (the compute dtype), int8, fp8 (GPU)")
     p.add_argument("--max-tokens-default", type=int, default=256, help="max_tokens when a request gives none")
     p.add_argument("--log-requests-text", action="store_true", help="also log prompts' outputs (off: no text logged)")
     p.set_defaults(fn=run)
@@ -63,11 +73,15 @@ def build(a):
     chunk = a.prefill_chunk
     # A decode round of every slot (each verifying its drafts) plus one prefill chunk.
     batched = a.max_batched_tokens or a.max_seqs * max(setup.headroom, 1) + chunk
+    paged = a.kv_cache == "paged"
     settings = BatchSettings(max_seqs=a.max_seqs, max_model_len=a.max_model_len, max_batched_tokens=batched,
-                             prefill_chunk=chunk, max_waiting=a.max_waiting, policy="decode-first")
+                             prefill_chunk=chunk, max_waiting=a.max_waiting, policy="decode-first",
+                             kv_cache=a.kv_cache, kv_cache_gib=a.kv_cache_gib, block_size=a.block_size,
+                             prefix_caching=paged and not a.no_prefix_caching, kv_dtype=a.kv_dtype).validate()
     loop = EngineLoop(target, settings, loaded.proposer, gamma, log_text=a.log_requests_text)
     facts = {"model": target.name, "precision": target.spec.label, "device": target.device,
-             "draft": setup.to_record()["draft"], "setup": setup.to_dict(), "settings": settings.to_dict()}
+             "draft": setup.to_record()["draft"], "setup": setup.to_dict(), "settings": settings.to_dict(),
+             "kv": {k: v for k, v in loop.scheduler.kv_facts().items() if k in KV_FACTS}}
     return loop, a.served_model_name or a.model, facts
 
 

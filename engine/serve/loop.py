@@ -149,8 +149,8 @@ class EngineLoop:
 
     def gauges(self) -> dict:
         s = self.scheduler
-        return {"running": len(s.running), "waiting": len(s.waiting), "slots_used": len(s.running),
-                "slots": self.settings.max_seqs}
+        return {"running": len(s.running), "waiting": len(s.waiting) + len(s.preempted),
+                "slots_used": len(s.running), "slots": self.settings.max_seqs, "kv": s.kv_facts()}
 
     # ------------------------------------------------------------ the engine thread
 

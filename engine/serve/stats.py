@@ -3,7 +3,10 @@
 Names follow vLLM's (vllm/v1/metrics, vllm/v1/spec_decode/metrics.py), so a dashboard or a load
 test that reads a vLLM server reads ours the same way:
 - vllm:num_requests_running / vllm:num_requests_waiting: gauges at scrape time;
-- vllm:kv_cache_usage_perc: share of KV cache slots in use (0..1);
+- vllm:kv_cache_usage_perc: share of the KV cache in use (0..1): blocks held (paged), else slots;
+- vllm:prefix_cache_queries_total / vllm:prefix_cache_hits_total: prompt tokens looked up in the prefix
+  cache at admission, and of those the tokens found cached (hit rate = hits / queries);
+- vllm:num_preemptions_total: sequences preempted because the KV blocks ran out;
 - vllm:prompt_tokens_total / vllm:generation_tokens_total: prompt tokens prefilled and tokens generated;
 - vllm:request_success_total{finished_reason}: finished requests by reason (stop, length, abort);
 - vllm:spec_decode_num_drafts_total: draft rounds (one per sequence per round);
@@ -100,17 +103,27 @@ def _hist(name: str, h: Histogram, help_: str) -> list[str]:
 
 
 def prometheus_text(stats: ServerStats, running: int, waiting: int, slots_used: int, slots: int,
-                    model: str) -> str:
-    """The Prometheus text exposition of the stats (the /metrics sink)."""
+                    model: str, kv: dict | None = None) -> str:
+    """The Prometheus text exposition of the stats (the /metrics sink); kv: Scheduler.kv_facts()."""
     lbl = f'model_name="{model}"'
+    kv = kv or {}
+    usage = kv["blocks_used"] / kv["num_blocks"] if kv.get("num_blocks") else (slots_used / slots if slots else 0.0)
     with stats.lock:
         lines = [
             "# HELP vllm:num_requests_running Requests in the running batch.", "# TYPE vllm:num_requests_running gauge",
             f"vllm:num_requests_running{{{lbl}}} {running}",
             "# HELP vllm:num_requests_waiting Requests waiting for a slot.", "# TYPE vllm:num_requests_waiting gauge",
             f"vllm:num_requests_waiting{{{lbl}}} {waiting}",
-            "# HELP vllm:kv_cache_usage_perc Share of KV cache slots in use.", "# TYPE vllm:kv_cache_usage_perc gauge",
-            f"vllm:kv_cache_usage_perc{{{lbl}}} {slots_used / slots if slots else 0.0}",
+            "# HELP vllm:kv_cache_usage_perc Share of the KV cache in use.", "# TYPE vllm:kv_cache_usage_perc gauge",
+            f"vllm:kv_cache_usage_perc{{{lbl}}} {usage}",
+            "# HELP vllm:num_preemptions Sequences preempted (KV blocks ran out).",
+            "# TYPE vllm:num_preemptions counter", f"vllm:num_preemptions_total{{{lbl}}} {kv.get('preemptions', 0)}",
+            "# HELP vllm:prefix_cache_queries Prompt tokens looked up in the prefix cache.",
+            "# TYPE vllm:prefix_cache_queries counter",
+            f"vllm:prefix_cache_queries_total{{{lbl}}} {kv.get('prefix_cache_queries', 0)}",
+            "# HELP vllm:prefix_cache_hits Prompt tokens found in the prefix cache.",
+            "# TYPE vllm:prefix_cache_hits counter",
+            f"vllm:prefix_cache_hits_total{{{lbl}}} {kv.get('prefix_cache_hits', 0)}",
             "# HELP vllm:prompt_tokens_total Prompt tokens of finished requests.",
             "# TYPE vllm:prompt_tokens_total counter", f"vllm:prompt_tokens_total{{{lbl}}} {stats.prompt_tokens}",
             "# HELP vllm:generation_tokens_total Generated tokens of finished requests.",

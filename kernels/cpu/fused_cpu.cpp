@@ -108,12 +108,25 @@ inline void head_in(const FusedPlan& P, const LayerW& lw, const IsaFns& F, const
   F.rope(dst, P.cosb.data() + off, P.sinb.data() + off, P.rope_dim[(size_t)lw.rope]);
 }
 
+// Where the cache keeps position pos of (layer l, slot, kv head kh): a slot cache [L, slots, KV, cap, D]
+// (table null), or a paged one [L, blocks, KV, bs, D] whose slot s holds block table[s * tw + pos / bs].
+struct KVLayout {
+  int64_t L, KV, D, n1, n3;        // n1: slots or blocks, n3: capacity or block size
+  const int32_t* table;
+  int64_t tw;                      // table row width (blocks per slot)
+  int64_t off(int64_t l, int64_t slot, int64_t kh, int64_t pos) const {
+    if (!table) return (((l * n1 + slot) * KV + kh) * n3 + pos) * D;
+    const int64_t b = table[slot * tw + pos / n3];
+    return (((l * n1 + b) * KV + kh) * n3 + pos % n3) * D;
+  }
+};
+
 // Row r's K (normed, RoPE applied) and V of layer l into the cache at its slot and position, all kv heads.
 void write_kv(const FusedPlan& P, const QKV& x, const IsaFns& F, int64_t l, int64_t r, int64_t pos, int64_t slot,
-              float* kc, float* vc, int64_t cap, int64_t slots) {
+              float* kc, float* vc, const KVLayout& lay) {
   const LayerW& lw = P.layers[(size_t)l];
   for (int64_t kh = 0; kh < P.KV; ++kh) {
-    const int64_t off = ((l * slots + slot) * P.KV + kh) * cap * P.D + pos * P.D;
+    const int64_t off = lay.off(l, slot, kh, pos);
     head_in(P, lw, F, lw.k_norm, x.k + r * x.ldk + kh * P.D, r, kc + off);
     std::memcpy(vc + off, x.v + r * x.ldv + kh * P.D, sizeof(float) * (size_t)P.D);
   }
@@ -128,10 +141,12 @@ inline int64_t chunk_of(int64_t units, int64_t nt) {
 }  // namespace
 
 // One forward pass. x: [N, hidden] fp32 embeddings; segs: (slot, first row, rows, first position)
-// per sequence; kc/vc: [L, slots, KV, capacity, D] fp32; out_rows: rows whose logits are wanted.
+// per sequence; kc/vc: [L, slots, KV, capacity, D] fp32 with an empty block_table, or [L, blocks, KV,
+// block size, D] with block_table [slots, blocks per slot] int32 (a paged cache); out_rows: rows whose
+// logits are wanted.
 // Returns logits [R, V] (or the final-normed hidden rows [R, hidden] when the head is not ours).
 torch::Tensor fused_step(FusedPlan& P, torch::Tensor x_in, std::vector<int64_t> segs, torch::Tensor kc,
-                         torch::Tensor vc, std::vector<int64_t> out_rows, int64_t isa, bool vnni, bool act_int8,
+                         torch::Tensor vc, torch::Tensor table, std::vector<int64_t> out_rows, int64_t isa, bool vnni, bool act_int8,
                          int64_t nthreads) {
   std::lock_guard<std::mutex> lock(P.mu);
   const double t_setup = P.profiling ? now_s() : 0.0;
@@ -147,9 +162,17 @@ torch::Tensor fused_step(FusedPlan& P, torch::Tensor x_in, std::vector<int64_t> 
   for (auto* c : {&kc, &vc})
     TORCH_CHECK(c->scalar_type() == torch::kFloat32 && c->is_contiguous() && c->dim() == 5 &&
                     c->size(0) == P.L && c->size(2) == P.KV && c->size(4) == P.D,
-                "cache must be contiguous fp32 [layers, slots, kv_heads, capacity, head_dim]");
+                "cache must be contiguous fp32 [layers, slots or blocks, kv_heads, positions, head_dim]");
   TORCH_CHECK(kc.sizes() == vc.sizes(), "k and v caches differ in shape");
-  const int64_t slots = kc.size(1), cap = kc.size(3);
+  const bool paged = table.numel() > 0;
+  TORCH_CHECK(!paged || (table.scalar_type() == torch::kInt32 && table.is_contiguous() && table.dim() == 2 &&
+                         kc.size(3) % KEY_TILE == 0),
+              "a paged cache needs a contiguous int32 block table [slots, blocks] and a block size that is a "
+              "multiple of ", KEY_TILE);
+  const KVLayout lay{P.L, P.KV, P.D, kc.size(1), kc.size(3), paged ? table.data_ptr<int32_t>() : nullptr,
+                     paged ? table.size(1) : 0};
+  const int64_t slots = paged ? table.size(0) : kc.size(1);
+  const int64_t cap = paged ? table.size(1) * kc.size(3) : kc.size(3);
   int64_t rows_seen = 0, maxlen = 0;
   std::vector<int64_t> row_pos((size_t)M, -1), row_slot((size_t)M, -1);
   for (int64_t s = 0; s < S; ++s) {
@@ -158,6 +181,11 @@ torch::Tensor fused_step(FusedPlan& P, torch::Tensor x_in, std::vector<int64_t> 
     TORCH_CHECK(r0 == rows_seen && n >= 1 && p0 >= 0 && p0 + n <= cap, "segments must tile the rows in order "
                 "and fit the cache");
     for (int64_t t = 0; t < s; ++t) TORCH_CHECK(segs[4 * t] != slot, "two segments of one slot in a step");
+    if (paged)   // every block the segment reads or writes is a block of the cache
+      for (int64_t b = 0; b <= (p0 + n - 1) / lay.n3; ++b) {
+        const int32_t id = lay.table[slot * lay.tw + b];
+        TORCH_CHECK(id >= 0 && id < lay.n1, "block table entry ", id, " of slot ", slot, " is not a block");
+      }
     for (int64_t i = 0; i < n; ++i) row_pos[(size_t)(r0 + i)] = p0 + i, row_slot[(size_t)(r0 + i)] = slot;
     for (int64_t b = 0; b < n; b += ATT_ROWS) items.insert(items.end(), {s, b, std::min<int64_t>(ATT_ROWS, n - b)});
     long_seg = long_seg || n > ATT_ROWS;
@@ -178,6 +206,11 @@ torch::Tensor fused_step(FusedPlan& P, torch::Tensor x_in, std::vector<int64_t> 
   for (int64_t t = 0; t < nt; ++t)
     if ((int64_t)P.th[(size_t)t].scores.size() < nq_max * maxlen)
       P.th[(size_t)t].scores.assign((size_t)(nq_max * maxlen), 0.f);   // grows with the context only
+  const int64_t ntiles = (maxlen + KEY_TILE - 1) / KEY_TILE;
+  for (int64_t t = 0; t < nt; ++t) {
+    P.th[(size_t)t].ktiles.resize((size_t)ntiles);
+    P.th[(size_t)t].vtiles.resize((size_t)ntiles);
+  }
   for (int64_t i = 0; i < P.nctr; ++i) P.ctr[i].store(0, std::memory_order_relaxed);
   std::memcpy(P.x.data(), x_in.data_ptr<float>(), sizeof(float) * (size_t)(M * P.hidden));
   const int64_t half = P.D / 2;
@@ -209,7 +242,6 @@ torch::Tensor fused_step(FusedPlan& P, torch::Tensor x_in, std::vector<int64_t> 
   const int64_t HD = P.H * P.D;
   float* kcw = kc.data_ptr<float>();
   float* vcw = vc.data_ptr<float>();
-  const int64_t per_slot = P.KV * cap * P.D, per_layer = slots * per_slot;
 
 #pragma omp parallel num_threads((int)nt)
   {
@@ -290,7 +322,7 @@ torch::Tensor fused_step(FusedPlan& P, torch::Tensor x_in, std::vector<int64_t> 
         for (;;) {
           const int64_t r = ctr.fetch_add(1, std::memory_order_relaxed);
           if (r >= M) break;
-          write_kv(P, qx, F, l, r, row_pos[(size_t)r], row_slot[(size_t)r], kcw, vcw, cap, slots);
+          write_kv(P, qx, F, l, r, row_pos[(size_t)r], row_slot[(size_t)r], kcw, vcw, lay);
         }
         mark(P_KVW);
 #pragma omp barrier
@@ -306,13 +338,12 @@ torch::Tensor fused_step(FusedPlan& P, torch::Tensor x_in, std::vector<int64_t> 
           const int64_t* itm = items.data() + 3 * (it / P.KV);
           const int64_t kh = it % P.KV, s = itm[0];
           const int64_t slot = segs[4 * s], r0 = segs[4 * s + 1] + itm[1], n = itm[2], p0 = segs[4 * s + 3] + itm[1];
-          float* kbase = kcw + l * per_layer + slot * per_slot + kh * cap * P.D;
-          float* vbase = vcw + l * per_layer + slot * per_slot + kh * cap * P.D;
           for (int64_t i = 0; i < n; ++i) {
             const int64_t r = r0 + i, pos = p0 + i;
             if (!long_seg) {
-              head_in(P, lw, F, lw.k_norm, qx.k + r * qx.ldk + kh * P.D, r, kbase + pos * P.D);
-              std::memcpy(vbase + pos * P.D, qx.v + r * qx.ldv + kh * P.D, sizeof(float) * (size_t)P.D);
+              const int64_t off = lay.off(l, slot, kh, pos);
+              head_in(P, lw, F, lw.k_norm, qx.k + r * qx.ldk + kh * P.D, r, kcw + off);
+              std::memcpy(vcw + off, qx.v + r * qx.ldv + kh * P.D, sizeof(float) * (size_t)P.D);
             }
             for (int64_t g = 0; g < P.G; ++g)
               head_in(P, lw, F, lw.q_norm, qx.q + r * qx.ldq + (kh * P.G + g) * P.D, r,
@@ -320,8 +351,13 @@ torch::Tensor fused_step(FusedPlan& P, torch::Tensor x_in, std::vector<int64_t> 
             lens[i] = pos + 1;
             starts[i] = lw.window ? std::max<int64_t>(0, pos - lw.window + 1) : 0;
           }
-          AttnItem a{me.q.data(), n * P.G, P.G, starts, lens, kbase, vbase, me.scores.data(), me.out.data(),
-                     P.D, p0 + n, P.scale, P.softcap};
+          for (int64_t t = 0; t * KEY_TILE < p0 + n; ++t) {
+            const int64_t off = lay.off(l, slot, kh, t * KEY_TILE);
+            me.ktiles[(size_t)t] = kcw + off;
+            me.vtiles[(size_t)t] = vcw + off;
+          }
+          AttnItem a{me.q.data(), n * P.G, P.G, starts, lens, me.ktiles.data(), me.vtiles.data(), me.scores.data(),
+                     me.out.data(), P.D, p0 + n, P.scale, P.softcap};
           F.attention(a);
           const int64_t c0 = kh * P.G * P.D, c1 = c0 + P.G * P.D;
           for (int64_t i = 0; i < n; ++i) {

@@ -16,6 +16,7 @@ namespace scl {
 constexpr int FUSED_MAX_ROWS = 64;   // rows per fused call (= MAX_M of the tile kernels); more are chunked
 constexpr int ATT_ROWS = 16;         // rows of one sequence per attention work item
 constexpr int FUSED_MAX_Q = 512;     // queries per attention item: ATT_ROWS x q heads per kv head
+constexpr int64_t KEY_TILE = 64;     // keys per tile of the attention kernel: a paged cache's block size is a multiple
 
 // One attention work item: the rows of one sequence x one kv head (its G query heads).
 // Query qi = row (qi / G), head (qi % G); row i attends to keys [start[i], len[i]) (start > 0:
@@ -27,8 +28,10 @@ struct AttnItem {
   int64_t nq, G;
   const int64_t* start;  // [nq / G] first key per row
   const int64_t* len;    // [nq / G] keys per row
-  const float* k;        // [>= max len][D] this (layer, slot, kv head)'s keys
-  const float* v;        // [>= max len][D] values
+  // key tile t (keys [t * KEY_TILE, (t + 1) * KEY_TILE), contiguous [KEY_TILE][D]) of this (layer,
+  // sequence, kv head): in a slot cache consecutive tiles, in a paged cache wherever its block is
+  const float* const* kt;
+  const float* const* vt;
   float* scores;         // [nq][maxlen] workspace
   float* out;            // [nq][D]
   int64_t D, maxlen;

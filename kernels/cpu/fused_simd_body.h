@@ -134,7 +134,7 @@ void add_inplace(float* x, const float* y, int64_t n) {
 // JB keys (a block of K or V stays in L1 while every query of the item uses it):
 // scores = q.k * scale (soft-capped if asked); e = exp(s - max), sum; out = sum_j e_j v_j / sum.
 // A query reads only its keys [start, len): a sliding window skips the blocks before it.
-constexpr int64_t ATT_JB = 64;
+constexpr int64_t ATT_JB = KEY_TILE;
 
 template <int NDV>
 static void attention_t(const AttnItem& a) {
@@ -151,9 +151,10 @@ static void attention_t(const AttnItem& a) {
       FV qv[NDV];
       for (int d = 0; d < NDV; ++d) qv[d] = FOps::load(a.q + qi * D + d * FW);
       float* s = a.scores + qi * ML;
+      const float* ktile = a.kt[jb / ATT_JB];   // keys jb .. jb + ATT_JB - 1, one block
       int64_t j = j0;
       for (; j + 4 <= je; j += 4) {   // 4 keys at once: one 4-way horizontal sum instead of four
-        const float* kr = a.k + j * D;
+        const float* kr = ktile + (j - jb) * D;
         FV c0 = FOps::mul(qv[0], FOps::load(kr)), c1 = FOps::mul(qv[0], FOps::load(kr + D));
         FV c2 = FOps::mul(qv[0], FOps::load(kr + 2 * D)), c3 = FOps::mul(qv[0], FOps::load(kr + 3 * D));
         for (int d = 1; d < NDV; ++d) {
@@ -166,7 +167,7 @@ static void attention_t(const AttnItem& a) {
         for (int t = 0; t < 4; ++t) s[j + t] *= a.scale;
       }
       for (; j < je; ++j) {
-        const float* kr = a.k + j * D;
+        const float* kr = ktile + (j - jb) * D;
         FV acc = FOps::mul(qv[0], FOps::load(kr));
         for (int d = 1; d < NDV; ++d) acc = FOps::fma(qv[d], FOps::load(kr + d * FW), acc);
         s[j] = FOps::hsum(acc) * a.scale;
@@ -212,9 +213,10 @@ static void attention_t(const AttnItem& a) {
       float* o = a.out + qi * D;
       for (int d = 0; d < NDV; ++d) acc[d] = FOps::load(o + d * FW);
       const float* e = a.scores + qi * ML;
+      const float* vtile = a.vt[jb / ATT_JB];
       for (int64_t j = j0; j < je; ++j) {
         const FV p = FOps::set1(e[j]);
-        const float* vr = a.v + j * D;
+        const float* vr = vtile + (j - jb) * D;
         for (int d = 0; d < NDV; ++d) acc[d] = FOps::fma(p, FOps::load(vr + d * FW), acc[d]);
       }
       for (int d = 0; d < NDV; ++d) FOps::store(o + d * FW, acc[d]);

@@ -1,0 +1,162 @@
+"""The block manager of the paged KV cache: which blocks each sequence holds, and the prefix cache.
+
+The cache is `num_blocks` blocks of `block_size` positions. A sequence (its slot) holds a block
+table: block i holds its positions [i * block_size, (i + 1) * block_size). Blocks are taken as the
+sequence grows and given back when it ends or is preempted.
+
+Automatic prefix caching (vLLM's): a block whose positions are all committed tokens is full; its
+key is a hash of its tokens and of the key of the block before it, so equal keys mean equal
+prefixes, hence equal K/V (one model, one cache). A new sequence takes every cached block its
+prompt starts with and prefills only the rest. A block is shared by reference count; one no
+sequence holds stays cached, and is evicted least recently freed first when a block is needed.
+Pure Python: the tensors live in engine/infer/paged.py.
+"""
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict, deque
+from dataclasses import dataclass
+
+_ROOT = b"scl-kv-prefix"
+
+
+def block_key(parent: bytes, tokens: list[int]) -> bytes:
+    """The key of a full block: sha256 of its parent's key and its tokens (collisions: never in practice)."""
+    h = hashlib.sha256(parent)
+    h.update(b"".join(int(t).to_bytes(4, "little", signed=True) for t in tokens))
+    return h.digest()
+
+
+@dataclass
+class PrefixStats:
+    """Counters in tokens, as vLLM's vllm:prefix_cache_queries / vllm:prefix_cache_hits count them."""
+
+    queries: int = 0  # prompt tokens looked up at admission
+    hits: int = 0  # of those, tokens found cached (not prefilled)
+
+    @property
+    def hit_rate(self) -> float | None:
+        return self.hits / self.queries if self.queries else None
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int, prefix_caching: bool):
+        self.num_blocks, self.block_size, self.prefix_caching = num_blocks, block_size, prefix_caching
+        self.free: deque[int] = deque(range(num_blocks))  # blocks holding nothing worth keeping
+        self.ref = [0] * num_blocks
+        self.key: list[bytes | None] = [None] * num_blocks
+        self.cached: dict[bytes, int] = {}  # key -> block
+        self.lru: OrderedDict[int, None] = OrderedDict()  # cached blocks no sequence holds, first evicted first
+        self.tables: dict[int, list[int]] = {}  # slot -> its blocks
+        self.chain: dict[int, list[bytes]] = {}  # slot -> keys of its full blocks, in order
+        self.stats = PrefixStats()
+        self.evictions = 0
+
+    # ------------------------------------------------------------ capacity
+
+    def blocks_for(self, positions: int) -> int:
+        return -(-positions // self.block_size)
+
+    def available(self) -> int:
+        """Blocks a sequence could take now: the free ones and the cached ones nobody holds."""
+        return len(self.free) + len(self.lru)
+
+    def used(self) -> int:
+        """Blocks some sequence holds (vLLM's KV-cache usage counts these)."""
+        return self.num_blocks - self.available()
+
+    # ------------------------------------------------------------ sequences
+
+    def match(self, tokens: list[int], limit: int) -> list[int]:
+        """The cached blocks `tokens` starts with, whole blocks within its first `limit` positions."""
+        if not self.prefix_caching:
+            return []
+        out, parent = [], _ROOT
+        for i in range(min(limit, len(tokens)) // self.block_size):
+            parent = block_key(parent, tokens[i * self.block_size:(i + 1) * self.block_size])
+            b = self.cached.get(parent)
+            if b is None:
+                break
+            out.append(b)
+        return out
+
+    def admit(self, slot: int, tokens: list[int], positions: int, reuse_limit: int) -> int | None:
+        """Give `slot` blocks for its first `positions` positions, reusing the cached blocks its tokens start
+        with (within reuse_limit positions). Returns the positions reused, or None (nothing taken) if the
+        blocks are not there."""
+        hits = self.match(tokens, reuse_limit)
+        need = self.blocks_for(positions) - len(hits)
+        idle_hits = sum(1 for b in hits if self.ref[b] == 0)  # taking these removes them from the LRU
+        if need > self.available() - idle_hits:
+            return None
+        for b in hits:
+            self._hold(b)
+        self.tables[slot] = hits + [self._take() for _ in range(need)]
+        self.chain[slot] = [self.key[b] for b in hits]
+        if self.prefix_caching and reuse_limit > 0:
+            self.stats.queries += positions
+            self.stats.hits += len(hits) * self.block_size
+        return len(hits) * self.block_size
+
+    def grow(self, slot: int, positions: int) -> bool:
+        """Extend slot's table to hold `positions` positions; False (nothing taken) if blocks run out."""
+        table = self.tables[slot]
+        need = self.blocks_for(positions) - len(table)
+        if need > self.available():
+            return False
+        table += [self._take() for _ in range(max(0, need))]
+        return True
+
+    def share(self, src: int, dst: int, n_blocks: int) -> None:
+        """dst's first n_blocks become src's (an n-choice request's prompt): held twice, computed once."""
+        table = self.tables[dst]
+        for i in range(n_blocks):
+            self.release_block(table[i])
+            table[i] = self.tables[src][i]
+            self._hold(table[i])
+        self.chain[dst] = list(self.chain[src][:n_blocks])
+
+    def register(self, slot: int, tokens: list[int], valid: int) -> None:
+        """Key the slot's blocks that are full of committed K/V (positions < valid) into the prefix cache."""
+        if not self.prefix_caching:
+            return
+        chain, table, bs = self.chain[slot], self.tables[slot], self.block_size
+        for i in range(len(chain), min(valid // bs, len(table))):
+            k = block_key(chain[-1] if chain else _ROOT, tokens[i * bs:(i + 1) * bs])
+            chain.append(k)
+            b = table[i]
+            if k not in self.cached and self.key[b] is None:  # a twin computed at the same time stays unkeyed
+                self.cached[k], self.key[b] = b, k
+
+    def release(self, slot: int) -> None:
+        """The slot's sequence ended (or was preempted): its blocks go back, the keyed ones stay cached.
+        Its last blocks are freed first, so they are evicted before the prefix that others may share."""
+        for b in reversed(self.tables.pop(slot, [])):
+            self.release_block(b)
+        self.chain.pop(slot, None)
+
+    # ------------------------------------------------------------ blocks
+
+    def release_block(self, b: int) -> None:
+        self.ref[b] -= 1
+        if self.ref[b] == 0:
+            if self.key[b] is not None:
+                self.lru[b] = None
+            else:
+                self.free.append(b)
+
+    def _hold(self, b: int) -> None:
+        if self.ref[b] == 0:
+            self.lru.pop(b, None)
+        self.ref[b] += 1
+
+    def _take(self) -> int:
+        if self.free:
+            b = self.free.popleft()
+        else:  # the least recently freed cached block
+            b, _ = self.lru.popitem(last=False)
+            del self.cached[self.key[b]]
+            self.key[b] = None
+            self.evictions += 1
+        self.ref[b] = 1
+        return b
