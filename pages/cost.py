@@ -195,6 +195,23 @@ if PLANNER:
             with st.expander("Assumptions"):
                 st.markdown("\n".join(f"- {_ui.md_escape(x)}" for x in best["assumptions"]))
 
+    st.subheader("KV cache: the sequences a budget holds")
+    k1, k2, k3 = st.columns(3)
+    kv_model = k1.selectbox("Model", model_names, index=model_names.index(default_model), key="kv-model")
+    kv_gib = k2.number_input("KV budget (GiB)", min_value=0.01, value=8.0, step=1.0, key="kv-gib")
+    kv_ctx = k3.number_input("Tokens per sequence (prompt + output)", min_value=1, value=2048, step=256, key="kv-ctx")
+    try:
+        st.dataframe(pd.DataFrame(planning.kv_fit_rows(inputs, kv_model, float(kv_gib), int(kv_ctx))),
+                     hide_index=True, key="kv-fit", column_config={
+                         "kib_per_token": st.column_config.NumberColumn("KiB per token", format="%.1f"),
+                         "vs_bf16": st.column_config.NumberColumn("× bf16", format="%.2f")})
+        st.caption("Sequences = ⌊budget ÷ KV bytes of one sequence⌋; bytes per token = layers × KV heads × (K + V "
+                   "bytes of a head, with int8's fp16 scales: one per 32 key values, one per value vector). The "
+                   "engine's paged cache (`serve --kv-cache-gib`, `--kv-dtype`) allocates its blocks by the same "
+                   "formula; docs/SERVING.md.")
+    except Exception as e:
+        _ui.show_error(e)
+
     st.subheader("A fleet of models")
     with st.form("cost-fleet"):
         f1, f2 = st.columns([3, 1])

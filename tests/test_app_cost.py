@@ -144,3 +144,14 @@ def test_gpu_price_override():
     at.button(key="ov-del").click().run()
     prices = frame(at, "gpu", "usd_per_hr").set_index("gpu")
     assert prices.loc["H100 SXM", "usd_per_hr"] != 2.49
+
+
+def test_kv_budget_table_follows_the_budget_and_shows_int8_about_twice_bf16():
+    """The KV panel: sequences a budget holds per KV precision, from the formula the paged cache allocates by."""
+    at = AppTest.from_file(PAGE, default_timeout=TIMEOUT).run()
+    assert not problems(at)
+    t = frame(at, "kv_dtype", "sequences", "vs_bf16").set_index("kv_dtype")
+    assert 1.9 <= t.loc["int8", "vs_bf16"] < 2.0 and t.loc["fp32", "vs_bf16"] == pytest.approx(0.5, abs=0.01)
+    at.number_input(key="kv-gib").set_value(16.0).run()
+    t2 = frame(at, "kv_dtype", "sequences").set_index("kv_dtype")
+    assert t2.loc["bf16", "sequences"] in (2 * t.loc["bf16", "sequences"], 2 * t.loc["bf16", "sequences"] + 1)

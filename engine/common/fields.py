@@ -314,6 +314,9 @@ LOAD: tuple[Field, ...] = (
     _f("server_view", "", "the server's own timings over the point, from its vLLM histograms (None where it has "
        "none): requests, e2e_s_mean, ttft_s_mean, queue_s_mean, and concurrency_mean (its e2e sum over the "
        "client's window)", "object"),
+    _f("prefix_cache", "", "the server's prefix cache over the point, from vLLM's counters (None where it counts "
+       "neither): queries and hits (prompt tokens looked up, and found cached), hit_rate = hits / queries, "
+       "and preemptions (sequences whose KV blocks were taken back)", "object"),
 )
 
 # the per-generation metrics of METRICS: a run states each as the median over its samples

@@ -143,6 +143,17 @@ class PagedKVCache(nn.Module):
         return out[0], out[1]
 
 
+def one_sequence_cache(model, positions: int, kv_dtype: str) -> PagedKVCache:
+    """A paged cache holding exactly one sequence (slot 0) of `positions` positions at kv_dtype: what a
+    quality measurement of a KV precision runs on."""
+    bs = 64
+    n = -(-positions // bs)
+    cache = PagedKVCache(model.cfg, 1, positions, n, bs, model.compute_dtype, model.device, kv_dtype)
+    cache.blocks.admit(0, [], positions, 0)
+    cache.sync(0)
+    return cache
+
+
 def quantize_int8(x: torch.Tensor, groups: int) -> tuple[torch.Tensor, torch.Tensor]:
     """x [..., D] -> int8 values [..., D] and fp16 scales [..., groups] (amax / 127 of each group of
     D / groups values, rounded to fp16 first, so the values are quantized with the scale that is stored)."""

@@ -187,6 +187,7 @@ def run_point(cfg: LoadConfig, profile: Profile, prepared: Prepared, store=None,
     srv = server_metrics.summary(before, after)
     load["server_metrics"] = srv
     load["server_view"] = server_metrics.server_view(srv.get("delta") or {}, load.get("duration_s"))
+    load["prefix_cache"] = server_metrics.prefix_cache_from(srv.get("delta") or {})
     metrics = {"load": load}
     spec = server_metrics.spec_from(srv.get("delta") or {})
     if spec:

@@ -99,6 +99,18 @@ def spec_from(delta: dict[str, float]) -> dict | None:
             "position_rate": rates, "source": "server /metrics, difference over the load point"}
 
 
+def prefix_cache_from(delta: dict[str, float]) -> dict | None:
+    """The prefix cache over the load point, from vLLM's counters (tokens): hit rate = hits / queries, and
+    the preemptions (None when the server counts neither)."""
+    queries = _sum(delta, "vllm:prefix_cache_queries_total")
+    preempted = _sum(delta, "vllm:num_preemptions_total")
+    if queries is None and preempted is None:
+        return None
+    hits = _sum(delta, "vllm:prefix_cache_hits_total") or 0.0
+    return {"queries": int(queries or 0), "hits": int(hits), "hit_rate": hits / queries if queries else None,
+            "preemptions": int(preempted or 0), "source": "server /metrics, difference over the load point"}
+
+
 def server_view(delta: dict[str, float], window_s: float | None) -> dict | None:
     """The server's own timings of the point's requests, where it offers vLLM's histograms: the mean
     arrival-to-finish, arrival-to-first-token and queue time, and the mean requests in flight as the server

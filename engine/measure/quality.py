@@ -36,11 +36,17 @@ FIELDS = ("offsets", "idx", "lp", "rest_lp", "top1", "target_lp")
 
 # ---------------------------------------------------------------- forward passes
 
-def _chunks(lm, ids, chunk: int = CHUNK):
-    """(start, end, log-probs [end - start, V] on the model's device) over one document, fresh cache."""
+def _chunks(lm, ids, chunk: int = CHUNK, kv_dtype: str = "auto"):
+    """(start, end, log-probs [end - start, V] on the model's device) over one document, fresh cache
+    (a paged one at kv_dtype when that is not the compute dtype: the KV cache's own quality loss)."""
     model = lm.model
     t = torch.tensor([list(ids)], device=lm.device)
-    cache = model.new_cache(1, len(ids))
+    if kv_dtype == "auto":
+        cache = model.new_cache(1, len(ids))
+    else:
+        from engine.infer.paged import check_kv_dtype, one_sequence_cache
+
+        cache = one_sequence_cache(model, len(ids), check_kv_dtype(kv_dtype, lm.device))
     for s in range(0, len(ids) - 1, chunk):
         e = min(s + chunk, len(ids) - 1)
         logits = model(t[:, s:e], s, cache)[0]
@@ -243,11 +249,11 @@ def results(scores: Scores, docs: list[EvalDoc]) -> dict:
 
 
 @torch.inference_mode()
-def score_model(lm, docs: list[EvalDoc], ref: Reference, on_tokens=None) -> Scores:
-    """Per-position scores of a loaded model against the reference, document by document."""
+def score_model(lm, docs: list[EvalDoc], ref: Reference, on_tokens=None, kv_dtype: str = "auto") -> Scores:
+    """Per-position scores of a loaded model (its K/V cached at kv_dtype) against the reference."""
     parts, off = [], 0
     for d in docs:
-        for s, e, lp in _chunks(lm, d.ids):
+        for s, e, lp in _chunks(lm, d.ids, kv_dtype=kv_dtype):
             targets = torch.tensor(d.ids[s + 1: e + 1], device=lp.device)
             parts.append(score(ref.slice(off + s, off + e, lp.device), lp, targets))
             if on_tokens:
@@ -257,8 +263,9 @@ def score_model(lm, docs: list[EvalDoc], ref: Reference, on_tokens=None) -> Scor
 
 
 def evaluate(lm, max_tokens: int = DEFAULT_TOKENS, ref_lm=None, progress=None, *, on_tokens=None,
-             docs: list[EvalDoc] | None = None) -> dict:
-    """llama.cpp-style statistics of `lm` against its fp32 reference on `max_tokens` scored tokens.
+             docs: list[EvalDoc] | None = None, kv_dtype: str = "auto") -> dict:
+    """llama.cpp-style statistics of `lm` (its K/V cached at kv_dtype) against its fp32 reference on
+    `max_tokens` scored tokens.
 
     ref_lm: the fp32 copy to compute a missing reference with (else `lm` itself when it is fp32, else
     loaded by name). on_tokens(n) is called as positions are scored (progress bars).
@@ -267,7 +274,7 @@ def evaluate(lm, max_tokens: int = DEFAULT_TOKENS, ref_lm=None, progress=None, *
     src = ref_lm if ref_lm is not None else (lm if lm.spec.precision == "fp32" else None)
     path = ensure_reference(lm.name, lm.folder, docs, src, progress, device=lm.device)
     (progress or (lambda s: None))(f"scoring {lm.label} on {sum(d.positions for d in docs):,} tokens")
-    return results(score_model(lm, docs, load_reference(path, docs), on_tokens), docs)
+    return results(score_model(lm, docs, load_reference(path, docs), on_tokens, kv_dtype), docs)
 
 
 # ---------------------------------------------------------------- per position, and matching a peer's quality

@@ -227,7 +227,9 @@ class ServerSpec:
                 cmd += ["--draft-model", st.draft_model, "--draft-precision", st.draft_precision,
                         "--gamma", str(st.gamma)]
             cmd += ["--host", HOST, "--port", str(port), "--max-seqs", n, "--max-model-len", ctx,
-                    "--served-model-name", self.served_name, *PROMPT_CACHE_OFF[OURS]]
+                    "--served-model-name", self.served_name]
+            if "--prefix-caching" not in self.extra_args:  # off unless asked: like-for-like with the peers
+                cmd += PROMPT_CACHE_OFF[OURS]
         elif self.system == "llama-server":
             # llama-server splits -c across its slots: each request gets c / np.
             cmd = [str(llama_server_binary()), "-m", str(self.llama_gguf()), "--host", HOST,
@@ -331,7 +333,8 @@ class RunningServer:
                 "model": sp.served_name if sp.system != "url" else sp.setup.model,
                 "precision": sp.setup.precision, "draft": sp.setup.to_record()["draft"],
                 "setup": sp.setup.to_dict() if sp.system == OURS else None, "slots": sp.slots,
-                "max_model_len": sp.max_model_len, "prompt_cache": PROMPT_CACHE[sp.system],
+                "max_model_len": sp.max_model_len,
+                "prompt_cache": "on (--prefix-caching)" if "--prefix-caching" in sp.extra_args else PROMPT_CACHE[sp.system],
                 "weights": LLAMA_PRECISIONS.get(sp.setup.precision) if sp.system == "llama-server" else None,
                 "launch": {"command": self.command, "pid": self.pid, "port": self.port, "log": self.log_path,
                            "started_at": self.started_at, "ready_s": self.ready_s}}

@@ -58,6 +58,9 @@ LOAD_COLUMNS: tuple[Column, ...] = (
     metric_column("e2e_p50_s", LOAD_AT.e2e_s_p50, "e2e p50 s", digits=2),
     metric_column("e2e_p90_s", LOAD_AT.e2e_s_p90, "e2e p90 s", digits=2),
     metric_column("e2e_p99_s", LOAD_AT.e2e_s_p99, "e2e p99 s", digits=2),
+    Column("prefix_hit", "prefix-cache hits", "share", "prompt tokens found in the server's prefix cache over "
+           "those looked up during the point (vllm:prefix_cache_hits / vllm:prefix_cache_queries)",
+           lambda r, _usd: (((r.metrics or {}).get(M.load) or {}).get("prefix_cache") or {}).get("hit_rate"), digits=2),
     metric_column("accept_rate", SPEC_AT.acceptance_rate, "acceptance", "share", digits=3),
     metric_column("accept_len", SPEC_AT.mean_acceptance_length, "acceptance length", digits=2),
     Column("forced", "lengths forced", "", "whether every answer ran to the length it asked for (ignore_eos)",

@@ -208,3 +208,16 @@ def plans_figure(rows: Sequence[dict], top: int = 12):
     fig.update_layout(title="Cheapest feasible plans ($/month)", height=340, margin=dict(l=40, r=10, t=50, b=110),
                       xaxis=dict(tickangle=-30))
     return fig
+
+
+def kv_fit_rows(inputs: dict, model: str, budget_gib: float, context_tokens: int) -> list[dict]:
+    """Sequences of `context_tokens` that a KV budget holds at each KV precision (the planner's byte formula,
+    engine.common.formulas.kv_pair_bytes, which the engine's paged cache allocates by), against bf16."""
+    m = inputs["models"][model]
+    per_seq = {kv: planner.shapes.kv_cache_bytes(m, context_tokens, kv) for kv in planner.shapes.KV_DTYPES}
+    fits = {kv: int(budget_gib * 2 ** 30 // b) for kv, b in per_seq.items()}
+    return [{"kv_dtype": kv, "kib_per_token": per_seq[kv] / context_tokens / 1024, "sequences": fits[kv],
+             "vs_bf16": fits[kv] / fits["bf16"] if fits["bf16"] else None,
+             "engine": "CPU and GPU" if kv in ("fp32", "bf16", "fp16", "int8") else
+             ("GPU (compute capability 8.9+)" if kv == "fp8" else "planner only")}
+            for kv in planner.shapes.KV_DTYPES]

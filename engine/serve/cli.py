@@ -41,8 +41,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--kv-cache-gib", type=float, default=0.0,
                    help="the paged cache's budget in GiB (0: what --max-seqs slots of --max-model-len would take)")
     p.add_argument("--block-size", type=int, default=64, help="positions per KV block (a multiple of 64)")
-    p.add_argument("--no-prefix-caching", action="store_true",
-                   help="turn automatic prefix caching off (like-for-like with servers that have none)")
+    p.add_argument("--prefix-caching", action=argparse.BooleanOptionalAction, default=True,
+                   help="automatic prefix caching (paged cache; on by default): --no-prefix-caching for "
+                        "like-for-like comparisons with servers that have none")
     p.add_argument("--kv-dtype", default="auto", help="the KV cache's precision: auto (the compute dtype), int8, fp8 (GPU)")
     p.add_argument("--max-tokens-default", type=int, default=256, help="max_tokens when a request gives none")
     p.add_argument("--log-requests-text", action="store_true", help="also log prompts' outputs (off: no text logged)")
@@ -77,7 +78,7 @@ def build(a):
     settings = BatchSettings(max_seqs=a.max_seqs, max_model_len=a.max_model_len, max_batched_tokens=batched,
                              prefill_chunk=chunk, max_waiting=a.max_waiting, policy="decode-first",
                              kv_cache=a.kv_cache, kv_cache_gib=a.kv_cache_gib, block_size=a.block_size,
-                             prefix_caching=paged and not a.no_prefix_caching, kv_dtype=a.kv_dtype).validate()
+                             prefix_caching=paged and a.prefix_caching, kv_dtype=a.kv_dtype).validate()
     loop = EngineLoop(target, settings, loaded.proposer, gamma, log_text=a.log_requests_text)
     facts = {"model": target.name, "precision": target.spec.label, "device": target.device,
              "draft": setup.to_record()["draft"], "setup": setup.to_dict(), "settings": settings.to_dict(),
