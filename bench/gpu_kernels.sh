@@ -23,15 +23,21 @@
 # Part 2 (PART=decode or all), a second process: the decode step's kernels and its CUDA graph
 #   5. decode_attention (ragged lengths, GQA 6/7/4/1 query heads per kv head, head_dim 64/128,
 #      fp32/fp16/bf16, caches up to 4096 positions, slots permuted, NaN-poisoned output) against
-#      a per-sequence fp32 SDPA; rmsnorm_residual against the model's RMSNorm (residual updated
-#      in place, the rounding of the activation dtype);
+#      a per-sequence fp32 SDPA, on the slot cache and on a paged cache (blocks of 64/128/192
+#      positions permuted across the cache through an int32 block table; positions past each
+#      length, unmapped blocks and table entries past a sequence's blocks all NaN); rmsnorm_residual
+#      against the model's RMSNorm (residual updated in place, the rounding of the activation dtype);
 #   6. timings (CUDA events): decode_attention vs torch (a loop of per-sequence SDPA, and one
-#      masked SDPA over the whole cache) at B = 1, 8, 32 and 2k positions; rmsnorm_residual vs
+#      masked SDPA over the whole cache) at B = 1, 8, 32 and 2k positions; paged (64-position
+#      blocks, permuted) vs slot cache at B = 8 and 2k positions; rmsnorm_residual vs
 #      torch add + RMSNorm;
 #   7. the decode step of a random-init 1.5B shape (engine/peers/random_models.py) at bf16 and
 #      int4: engine.ops.cuda_graph.decode_step (kernels) and its CUDA-graph replay against the
 #      model's eager forward_rows (same logits to bf16 rounding, same argmax), then ms per step
 #      of each at B = 1 and 8, and generate() tok/s with KernelConfig.cuda_graph off and on;
+#      the same step on a paged cache (engine/infer/paged.py, the K/V in permuted 64-position
+#      blocks): eager, and a graph captured before its blocks are moved and its table rewritten
+#      in place (the replay must read the new table);
 #   8. writes $OUT/gpu_decode.{md,json} (log: gpu_decode.log).
 # Exit status is non-zero if any correctness check fails.
 set -euo pipefail
@@ -343,6 +349,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.getcwd())
 from engine import ops  # noqa: E402
+from engine.ops import cuda_graph  # noqa: E402
 
 OUT = Path(sys.argv[1])
 DRY = os.environ.get("DRYRUN") == "1"
@@ -404,6 +411,30 @@ def attn_ref(q, k, v, slots, lens):
     return out
 
 
+def paged_from_slots(ks, vs, slots, lens, bs, poison):
+    """A slot-layout cache [S, KV, cap, D] as a paged one: blocks [S*nb + 3, KV, bs, D] in a random
+    order and an int32 table [S, nb]. Poisoned (NaN on the GPU): positions >= lens[b] of the batch's
+    slots (in ks/vs too: the reference slices them off), the 3 unmapped blocks, and the table
+    entries past a sequence's last block (pointed at an unmapped block)."""
+    S, KV, cap, D = ks.shape
+    for b in range(slots.numel()):
+        ks[int(slots[b]), :, int(lens[b]):] = poison
+        vs[int(slots[b]), :, int(lens[b]):] = poison
+    nb = -(-cap // bs)
+    n = S * nb + 3
+    perm = torch.randperm(n, device=dev, generator=g)
+    table = perm[:S * nb].view(S, nb).to(torch.int32).contiguous()
+    out = []
+    for x in (ks, vs):
+        x = F.pad(x, (0, 0, 0, nb * bs - cap), value=poison)
+        blocks = torch.full((n, KV, bs, D), poison, dtype=x.dtype, device=dev)
+        blocks[table.view(-1).long()] = x.view(S, KV, nb, bs, D).transpose(1, 2).reshape(S * nb, KV, bs, D)
+        out.append(blocks)
+    for b in range(slots.numel()):
+        table[int(slots[b]), -(-int(lens[b]) // bs):] = int(perm[-1])
+    return out[0], out[1], table
+
+
 def attn_masked(q, k, v, slots, lens):
     ks, vs = k[slots], v[slots]
     keep = torch.arange(k.shape[2], device=q.device)[None] < lens[:, None]
@@ -463,6 +494,44 @@ if ext is not None:
             res["rmsnorm"].append(rec)
             if not ok:
                 failures.append(rec); print("FAIL rmsnorm", rec)
+# the paged layout: the kernel (on the GPU) or, in a dry run, the torch form in engine/ops/cuda_graph.py
+POISON = 7.0 if DRY else float("nan")   # the torch form's masked SDPA multiplies masked values by 0
+paged_attn = ((lambda q, kb, vb, slots, lens, table, out: ext.decode_attention(
+                  q, kb, vb, slots, lens, q.shape[-1] ** -0.5, stream(), out, table))
+              if ext is not None else
+              (lambda q, kb, vb, slots, lens, table, out: out.copy_(cuda_graph._attention(
+                  None, q, kb, vb, slots, lens, q.shape[-1] ** -0.5, table))))
+BSIZES = (64, 128, 192)
+for si, (H, KV, D) in enumerate(SHAPES):
+    for dtn, dt in DT.items():
+        for ci, (B, cap) in enumerate(CASES):
+            bs = BSIZES[(si + ci) % len(BSIZES)]
+            S = B + 2
+            k = torch.randn(S, KV, cap, D, device=dev, generator=g).to(dt)
+            v = torch.randn(S, KV, cap, D, device=dev, generator=g).to(dt)
+            q = (torch.randn(B, H, D, device=dev, generator=g) * 2).to(dt)
+            slots = torch.randperm(S, device=dev, generator=g)[:B].contiguous()
+            lens = torch.randint(1, cap + 1, (B,), device=dev, generator=g)
+            lens[0] = cap
+            lens[-1] = 1 if B > 1 else lens[-1]
+            if B > 2:
+                lens[1] = min(cap, bs)   # exactly one full block
+            kb, vb, table = paged_from_slots(k, v, slots, lens, bs, POISON)
+            out = torch.full_like(q, float("nan"))
+            paged_attn(q, kb, vb, slots, lens, table, out)
+            sync()
+            ref = attn_ref(q, k, v, slots, lens)
+            e = relerr(out, ref)
+            ok = bool(torch.isfinite(out).all()) and e < (1e-4 if dtn == "fp32" else 2e-2)
+            rec = dict(layout="paged", block=bs, H=H, KV=KV, D=D, dtype=dtn, B=B, cap=cap, rel_err=e, ok=ok)
+            res["attention"].append(rec)
+            if not ok:
+                failures.append(rec); print("FAIL attention", rec)
+paged_recs = [r for r in res["attention"] if r.get("layout") == "paged"]
+print(f"- decode_attention, paged cache ({'kernel' if ext is not None else 'torch form, dry run'}): "
+      f"{sum(r['ok'] for r in paged_recs)}/{len(paged_recs)} ok, worst rel err "
+      f"{max(r['rel_err'] for r in paged_recs):.2e}")
+if ext is not None:
     na = len(res["attention"]); nr = len(res["rmsnorm"])
     print(f"- decode_attention: {sum(r['ok'] for r in res['attention'])}/{na} ok, worst rel err "
           f"{max(r['rel_err'] for r in res['attention']):.2e}; rmsnorm_residual: "
@@ -486,6 +555,13 @@ if ext is not None:
         res["timing"].append(dict(kernel="decode_attention", B=B, positions=cap, ours_us=ours * 1e3,
                                   torch_loop_us=loop * 1e3, torch_masked_us=masked * 1e3,
                                   ours_gbps=kv_bytes / (ours / 1e3) / 1e9))
+        if B == 8:   # the same K/V in 64-position blocks permuted across a paged cache
+            kb, vb, table = paged_from_slots(k, v, slots, lens, 64, 0.0)
+            paged = bench(lambda: ext.decode_attention(q, kb, vb, slots, lens, D ** -0.5, stream(), None, table))
+            res["timing"].append(dict(kernel="decode_attention_paged", B=B, positions=cap, block=64,
+                                      ours_us=paged * 1e3, slot_us=ours * 1e3,
+                                      ours_gbps=kv_bytes / (paged / 1e3) / 1e9))
+            del kb, vb
     for rows, n in ((1, 1536), (8, 1536), (32, 4096)):
         from engine.infer.model import RMSNorm
         norm = RMSNorm(n, 1e-6).to(dev).bfloat16()
@@ -499,7 +575,20 @@ if ext is not None:
 from engine.infer.generate import generate  # noqa: E402
 from engine.infer.loader import load, make_spec  # noqa: E402
 from engine.infer.model import Rows  # noqa: E402
-from engine.ops import cuda_graph  # noqa: E402
+from engine.infer.paged import PagedKVCache  # noqa: E402
+
+
+def fill_paged(pc, base, gen):
+    """pc (a PagedKVCache) holds the slot cache base's K/V, in blocks of a random order (in place)."""
+    L, S, KV, cap, D = base.k.shape
+    nb, bs = pc.max_blocks, pc.block_size
+    assert nb * bs == cap and S <= pc.slots
+    perm = torch.randperm(pc.num_blocks, generator=gen)[:S * nb].view(S, nb)
+    pc.k.zero_(); pc.v.zero_()
+    pc.table[:S] = perm.to(device=pc.table.device, dtype=torch.int32)
+    idx = perm.reshape(-1).to(pc.k.device)
+    for src, dst in ((base.k, pc.k), (base.v, pc.v)):
+        dst[:, idx] = src.view(L, S, KV, nb, bs, D).transpose(2, 3).reshape(L, S * nb, KV, bs, D)
 
 shape = "qwen2.5-coder-1.5b"
 if DRY:
@@ -548,7 +637,23 @@ try:
                     step["ms_decode_step"] = bench(lambda: cuda_graph.decode_step(m, toks, slots, pos, caches[1]), 20)
                     step["ms_graph"] = bench(lambda: gd(toks, slots, pos), 50)
                     step["graph_speedup"] = step["ms_forward_rows"] / step["ms_graph"]
+                # the paged cache: the same K/V in permuted blocks, read through the block table
+                pcs = [PagedKVCache(m.cfg, B, cap, B * cap // 64 + 4, 64, base.k.dtype, dev) for _ in range(2)]
+                fill_paged(pcs[0], base, gen)
+                eager_p = cuda_graph.decode_step(m, toks, slots, pos, pcs[0], use_kernels=not DRY)
+                step.update(paged_eager_err=relerr(eager_p, ref),
+                            paged_same_argmax=float((eager_p.argmax(-1) == ref.argmax(-1)).float().mean()))
+                if not DRY:
+                    fill_paged(pcs[1], base, gen)
+                    gdp = cuda_graph.GraphedDecode(m, pcs[1], B)
+                    fill_paged(pcs[1], base, gen)   # new blocks, table rewritten in place after the capture
+                    graphed_p = gdp(toks, slots, pos)
+                    step.update(paged_graph_err=relerr(graphed_p, ref),
+                                paged_graph_same_argmax=float((graphed_p.argmax(-1) == ref.argmax(-1)).float().mean()))
+                    step["ms_graph_paged"] = bench(lambda: gdp(toks, slots, pos), 50)
             ok = step["eager_err"] < 3e-2 and step.get("graph_err", 0.0) < 3e-2 and step["eager_same_argmax"] >= 0.99
+            ok = (ok and step["paged_eager_err"] < 3e-2 and step.get("paged_graph_err", 0.0) < 3e-2
+                  and step["paged_same_argmax"] >= 0.99)
             step["ok"] = ok
             res["step"].append(step)
             print(f"- decode step {prec} B={B}: " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
@@ -573,28 +678,39 @@ except Exception:
     failures.append({"step": "exception", "trace": traceback.format_exc()[-2000:]})
 
 lines = [f"# Decode-step kernels on {name}", ""]
-if res["attention"]:
-    lines.append(f"- decode_attention: {sum(r['ok'] for r in res['attention'])}/{len(res['attention'])} checks ok "
-                 f"(worst rel err {max(r['rel_err'] for r in res['attention']):.2e} vs a per-sequence fp32 SDPA)")
+for lay in ("slot", "paged"):
+    recs = [r for r in res["attention"] if r.get("layout", "slot") == lay]
+    if recs:
+        lines.append(f"- decode_attention, {lay} cache: {sum(r['ok'] for r in recs)}/{len(recs)} checks ok "
+                     f"(worst rel err {max(r['rel_err'] for r in recs):.2e} vs a per-sequence fp32 SDPA)")
+if res["rmsnorm"]:
     lines.append(f"- rmsnorm_residual: {sum(r['ok'] for r in res['rmsnorm'])}/{len(res['rmsnorm'])} checks ok")
 lines += ["", "| kernel | shape | ours us | torch us | note |", "|---|---|---|---|---|"]
 for t in res["timing"]:
-    if t["kernel"] == "decode_attention":
+    if t["kernel"] == "decode_attention_paged":
+        lines.append(f"| decode_attention, paged | B={t['B']}, {t['positions']} positions in permuted blocks of "
+                     f"{t['block']}, 12/2 heads, d128, bf16 | {t['ours_us']:.1f} | slot cache (ours) "
+                     f"{t['slot_us']:.1f} | {t['ours_gbps']:.0f} GB/s of K/V, {t['ours_us'] / t['slot_us']:.2f}x "
+                     f"the slot layout |")
+    elif t["kernel"] == "decode_attention":
         lines.append(f"| decode_attention | B={t['B']}, {t['positions']} positions, 12/2 heads, d128, bf16 | "
                      f"{t['ours_us']:.1f} | loop {t['torch_loop_us']:.1f}, masked {t['torch_masked_us']:.1f} | "
                      f"{t['ours_gbps']:.0f} GB/s of K/V |")
     else:
         lines.append(f"| rmsnorm_residual | {t['rows']} x {t['n']}, bf16 | {t['ours_us']:.1f} | {t['torch_us']:.1f} | |")
-lines += ["", "| step | B | eager err | graph err | forward_rows ms | decode_step ms | graph ms | speedup |",
-          "|---|---|---|---|---|---|---|---|"]
+lines += ["", "| step | B | eager err | graph err | forward_rows ms | decode_step ms | graph ms | speedup | "
+          "paged eager err | paged graph err | paged graph ms |",
+          "|---|---|---|---|---|---|---|---|---|---|---|"]
 for s in res["step"]:
     if "B" in s:
         lines.append(f"| {s['precision']} | {s['B']} | {s['eager_err']:.2e} | {s.get('graph_err', float('nan')):.2e} | "
                      f"{s.get('ms_forward_rows', float('nan')):.2f} | {s.get('ms_decode_step', float('nan')):.2f} | "
-                     f"{s.get('ms_graph', float('nan')):.2f} | {s.get('graph_speedup', float('nan')):.2f}x |")
+                     f"{s.get('ms_graph', float('nan')):.2f} | {s.get('graph_speedup', float('nan')):.2f}x | "
+                     f"{s.get('paged_eager_err', float('nan')):.2e} | {s.get('paged_graph_err', float('nan')):.2e} | "
+                     f"{s.get('ms_graph_paged', float('nan')):.2f} |")
     else:
         lines.append(f"| generate() {s['precision']} | 1 | | | {1000 / s['generate_tok_s_eager']:.2f} | | "
-                     f"{1000 / s['generate_tok_s_graph']:.2f} | {s['speedup']:.2f}x |")
+                     f"{1000 / s['generate_tok_s_graph']:.2f} | {s['speedup']:.2f}x | | | |")
 text = "\n".join(lines)
 print(text)
 (OUT / "gpu_decode.md").write_text(text + "\n")

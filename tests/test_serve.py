@@ -204,6 +204,30 @@ def test_metrics_use_vllm_names_and_count_speculation(server):
     assert drafts > 0
 
 
+def _counter(m: str, name: str) -> float:
+    return sum(float(line.split()[-1]) for line in m.splitlines() if line.startswith(name + "{"))
+
+
+def test_prefix_cache_on_by_default_reuses_a_prompt_and_counts_it(server):
+    """serve's paged cache with prefix caching (the default): the second send of a 200-token prompt reuses its
+    3 whole blocks (192 tokens, vLLM's prefix-cache counters), with the same text as the first."""
+    prompt = "def add(a, b):\n    return a + b\n\n" * 20
+    before = httpx.get(server.url + "/metrics").text
+    first = _complete(server.url, prompt)
+    mid = httpx.get(server.url + "/metrics").text
+    second = _complete(server.url, prompt)
+    after = httpx.get(server.url + "/metrics").text
+    assert second == first
+    q = "vllm:prefix_cache_queries_total"
+    h = "vllm:prefix_cache_hits_total"
+    n = _counter(mid, q) - _counter(before, q)
+    assert n > 128 and _counter(after, q) - _counter(mid, q) == n  # the prompt's tokens, looked up each time
+    assert _counter(after, h) - _counter(mid, h) == n // 64 * 64 - (64 if n % 64 == 0 else 0)
+    assert "vllm:num_preemptions_total" in after and "vllm:kv_cache_usage_perc" in after
+    lab = httpx.get(server.url + "/v1/models").json()["data"][0]["lab"]
+    assert lab["kv"]["kv_cache"] == "paged" and lab["kv"]["prefix_caching"] is True
+
+
 def test_binds_loopback_and_logs_no_text_by_default(server):
     listening = {c.laddr.ip for c in psutil.Process(server.proc.pid).net_connections(kind="inet")
                  if c.status == psutil.CONN_LISTEN}

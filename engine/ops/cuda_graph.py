@@ -12,9 +12,17 @@ CUDA kernels, or torch). Without the CUDA extension (or on CPU) it runs the same
 ``fused_forward_rows`` uses it on CUDA when ``KernelConfig.cuda_graph`` is on (``SCL_CUDA_GRAPH=1``;
 off by default until bench/gpu_kernels.sh has checked it on a GPU) and every sequence of the step
 has one row (plain decode). Prefill and verification steps run the model's eager path.
+
+Both KV caches work: the slot cache (engine/infer/model.py KVCache, k/v [layers, slots, KV, cap, D])
+and the paged cache (engine/infer/paged.py, k/v [layers, blocks, KV, block_size, D] and the int32
+block table [slots, blocks per slot] on the device). The paged step finds each row's block through
+the table on the device (the K/V write by index tensors, the kernel reads the table itself), so a
+captured graph sees the scheduler's in-place table updates. int8 / fp8 caches (quantized K/V) are
+not covered: ``cache_supported`` says why.
 """
 from __future__ import annotations
 
+import contextlib
 import weakref
 
 import torch
@@ -22,7 +30,7 @@ import torch.nn.functional as F
 
 from engine.ops import build as _build
 
-__all__ = ["decode_step", "GraphedDecode", "graphed_forward", "graph_supported"]
+__all__ = ["decode_step", "GraphedDecode", "graphed_forward", "graph_supported", "cache_supported"]
 
 _graphs: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # cache -> {(id(model), B): GraphedDecode}
 
@@ -34,13 +42,25 @@ def _rope(x, cos, sin):
     return (x * cos.to(x.dtype)) + (rot * sin.to(x.dtype))
 
 
-def _attention(ext, q, k, v, slots, lens, scale):
-    """q [B, H, D]; k/v [slots, KV, cap, D]: row b over positions < lens[b] of slot slots[b]."""
+def _paged(cache) -> bool:
+    return bool(getattr(cache, "paged", False))
+
+
+def _attention(ext, q, k, v, slots, lens, scale, table=None):
+    """q [B, H, D]; k/v [slots, KV, cap, D]: row b over positions < lens[b] of slot slots[b].
+    With table (int32 [slots, blocks per slot]): k/v [blocks, KV, block_size, D], a paged cache."""
     if ext is not None and q.is_cuda:
         return ext.decode_attention(q.contiguous(), k, v, slots, lens, scale,
-                                    torch.cuda.current_stream(q.device).cuda_stream)
-    ks, vs = k[slots], v[slots]                                    # [B, KV, cap, D]
-    keep = torch.arange(k.shape[2], device=q.device)[None] < lens[:, None]   # [B, cap]
+                                    torch.cuda.current_stream(q.device).cuda_stream, None, table)
+    if table is None:
+        ks, vs = k[slots], v[slots]                                # [B, KV, cap, D]
+    else:                                                          # gather each row's blocks in order
+        idx = table[slots].long()                                  # [B, nb]
+        B, nb = idx.shape
+        KV, bs, D = k.shape[1], k.shape[2], k.shape[3]
+        ks = k[idx].transpose(1, 2).reshape(B, KV, nb * bs, D)     # [B, nb, KV, bs, D] -> [B, KV, cap, D]
+        vs = v[idx].transpose(1, 2).reshape(B, KV, nb * bs, D)
+    keep = torch.arange(ks.shape[2], device=q.device)[None] < lens[:, None]   # [B, cap]
     o = F.scaled_dot_product_attention(q[:, :, None], ks.to(q.dtype), vs.to(q.dtype),
                                        attn_mask=keep[:, None, None], scale=scale, enable_gqa=True)
     return o[:, :, 0]
@@ -59,7 +79,10 @@ def _norm_residual(ext, x, res, norm):
 
 def decode_step(model, tokens: torch.Tensor, slots: torch.Tensor, pos: torch.Tensor, cache,
                 use_kernels: bool = True) -> torch.Tensor:
-    """fp32 logits [B, V] for one decode row per sequence; writes each row's K/V at (slot, pos)."""
+    """fp32 logits [B, V] for one decode row per sequence; writes each row's K/V at (slot, pos)
+    (a paged cache: at block table[slot, pos // block_size], offset pos % block_size)."""
+    if getattr(cache, "quantized", False):
+        raise ValueError("decode_step: " + cache_supported(model, cache))
     cfg = model.cfg
     H, KV, D = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     ext = _build.cuda_extension() if (use_kernels and tokens.is_cuda) else None
@@ -71,6 +94,12 @@ def decode_step(model, tokens: torch.Tensor, slots: torch.Tensor, pos: torch.Ten
     emb = torch.cat([freqs, freqs], dim=-1)
     cos, sin = emb.cos()[:, None], emb.sin()[:, None]
     lens = pos + 1
+    if _paged(cache):   # where each row's K/V goes: (block, offset), found on the device
+        table = cache.table
+        bs = cache.block_size
+        where = (table[slots, pos // bs].long(), pos % bs)
+    else:
+        table, where = None, (slots, pos)
     layers = model.model.layers
     res, h = _norm_residual(ext, None, res, layers[0].input_layernorm)
     for i, blk in enumerate(layers):
@@ -82,9 +111,9 @@ def decode_step(model, tokens: torch.Tensor, slots: torch.Tensor, pos: torch.Ten
         q = _rope(q.reshape(B, H, D), cos, sin)
         k = _rope(k.reshape(B, KV, D), cos, sin)
         ck, cv = cache.k[i], cache.v[i]
-        ck[slots, :, pos] = k.to(ck.dtype)
-        cv[slots, :, pos] = v.reshape(B, KV, D).to(cv.dtype)
-        o = _attention(ext, q, ck, cv, slots, lens, D ** -0.5)
+        ck[where[0], :, where[1]] = k.to(ck.dtype)
+        cv[where[0], :, where[1]] = v.reshape(B, KV, D).to(cv.dtype)
+        o = _attention(ext, q, ck, cv, slots, lens, D ** -0.5, table)
         res, h = _norm_residual(ext, a.o_proj(o.reshape(B, H * D)), res, blk.post_attention_layernorm)
         if mlp.gate_up_proj is not None:
             g, u = mlp.gate_up_proj(h).chunk(2, dim=-1)
@@ -108,27 +137,72 @@ def graph_supported(model) -> str | None:
     return None
 
 
+def cache_supported(model, cache) -> str | None:
+    """None if decode_step (and its graph) can use this KV cache, else why not: int8 / fp8 K/V
+    (engine/infer/paged.py kv_dtype) are not read by the decode-attention kernel."""
+    if getattr(cache, "quantized", False):
+        return "int8 KV cache (the graphed step reads K/V in the compute dtype)"
+    want = model.model.norm.weight.dtype
+    if cache.k.dtype != want:
+        return (f"KV cache dtype {str(cache.k.dtype).replace('torch.', '')} is not the compute dtype "
+                f"{str(want).replace('torch.', '')} (fp8 / other KV dtypes are not graphed)")
+    if _paged(cache) and (cache.table.dtype != torch.int32 or cache.table.device != cache.k.device):
+        return "paged KV cache whose block table is not int32 on the cache's device"
+    return None
+
+
+@contextlib.contextmanager
+def scratch_write(cache):
+    """(slot 0, last position) for a warm-up / capture to write into, restored on exit: yields
+    (slot, pos). A slot cache: its K/V there are kept and put back. A paged cache: the block
+    table[0, last] points to (made a valid block id if it is not one) has its last row kept and put
+    back, and the table entry too. Nothing else may run on the cache meanwhile."""
+    pos = cache.capacity - 1
+    if _paged(cache):
+        nblocks = cache.k.shape[1]
+        keep_entry = cache.table[0, -1].clone()
+        blk = int(keep_entry)
+        if not 0 <= blk < nblocks:
+            blk = 0
+            cache.table[0, -1] = 0
+        at = (slice(None), blk, slice(None), cache.block_size - 1)
+    else:
+        keep_entry, at = None, (slice(None), 0, slice(None), pos)
+    keep_k, keep_v = cache.k[at].clone(), cache.v[at].clone()
+    try:
+        yield 0, pos
+    finally:
+        cache.k[at] = keep_k
+        cache.v[at] = keep_v
+        if keep_entry is not None:
+            cache.table[0, -1] = keep_entry
+
+
 class GraphedDecode:
-    """decode_step for B rows captured once; each call copies the inputs in and replays."""
+    """decode_step for B rows captured once; each call copies the inputs in and replays.
+
+    The graph holds the cache's K/V and (paged) block-table tensors by address: the table is
+    updated in place by the scheduler (never reallocated), and the kernel reads it on every replay."""
 
     def __init__(self, model, cache, batch: int):
+        why = cache_supported(model, cache)
+        if why is not None:
+            raise ValueError(f"GraphedDecode: {why}")
         dev = cache.k.device
         self.tokens = torch.zeros(batch, dtype=torch.long, device=dev)
-        self.slots = torch.zeros(batch, dtype=torch.long, device=dev)
         # warm-up and capture write K/V at (slot 0, last position): keep and restore what is there
-        self.pos = torch.full((batch,), cache.capacity - 1, dtype=torch.long, device=dev)
-        keep_k, keep_v = cache.k[:, 0, :, -1].clone(), cache.v[:, 0, :, -1].clone()
-        side = torch.cuda.Stream(device=dev)
-        side.wait_stream(torch.cuda.current_stream(dev))
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                decode_step(model, self.tokens, self.slots, self.pos, cache)
-        torch.cuda.current_stream(dev).wait_stream(side)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self.logits = decode_step(model, self.tokens, self.slots, self.pos, cache)
-        cache.k[:, 0, :, -1] = keep_k
-        cache.v[:, 0, :, -1] = keep_v
+        with scratch_write(cache) as (slot, last):
+            self.slots = torch.full((batch,), slot, dtype=torch.long, device=dev)
+            self.pos = torch.full((batch,), last, dtype=torch.long, device=dev)
+            side = torch.cuda.Stream(device=dev)
+            side.wait_stream(torch.cuda.current_stream(dev))
+            with torch.cuda.stream(side):
+                for _ in range(2):
+                    decode_step(model, self.tokens, self.slots, self.pos, cache)
+            torch.cuda.current_stream(dev).wait_stream(side)
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):
+                self.logits = decode_step(model, self.tokens, self.slots, self.pos, cache)
         self.batch = batch
 
     def __call__(self, tokens, slots, pos) -> torch.Tensor:

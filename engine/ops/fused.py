@@ -3,7 +3,8 @@
 ``fused_forward_rows(model, tokens, rows, cache, logits_at)`` is what ``Transformer.forward_rows``
 tries first. It returns the fp32 logits, or ``None`` when the fused path does not apply; the model
 then runs its PyTorch path, which stays the reference. It applies on CPU, with the extension built,
-``KernelConfig.fused`` (``SCL_FUSED=0`` turns it off), an fp32 KV cache, and a model whose
+``KernelConfig.fused`` (``SCL_FUSED=0`` turns it off), an fp32 KV cache (slots or paged, read through its
+block table) or a paged int8 one (quantized and dequantized in the step), and a model whose
 projections are our int4/int8 linears in the tiled CPU layout (q/k/v and gate/up fused, as the
 default conversion makes them, or separate), head_dim 64, 96, 128 or 256. The head may be our quantized linear
 (computed in the same call) or a float nn.Linear (run here on the normed rows).
@@ -62,6 +63,7 @@ FUSED_HEAD_DIMS = (64, 96, 128, 256)  # the attention kernel's instantiations (f
 _ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}  # make_fused_plan's act codes
 
 _NO_TABLE = torch.empty(0, dtype=torch.int32)
+_NO_SCALE = torch.empty(0, dtype=torch.float16)
 _lock = threading.Lock()
 _plans: "weakref.WeakKeyDictionary[torch.nn.Module, tuple]" = weakref.WeakKeyDictionary()
 
@@ -271,7 +273,8 @@ def fused_forward_rows(model, tokens: torch.Tensor, rows, cache, logits_at: Opti
         return _decline(f"device {tokens.device.type}")
     if n < 1:
         return _decline("no rows")
-    if cache.k.dtype != torch.float32 or cache.k.device.type != "cpu":
+    q8 = getattr(cache, "quantized", False)  # a paged int8 cache: the step quantizes and dequantizes itself
+    if (cache.k.dtype != torch.float32 and not q8) or cache.k.device.type != "cpu":
         return _decline(f"KV cache dtype {str(cache.k.dtype).replace('torch.', '')}")
     ext = _build._cpu_state["ext"] or _build.load_cpu_extension()
     if ext is None:
@@ -296,7 +299,8 @@ def fused_forward_rows(model, tokens: torch.Tensor, rows, cache, logits_at: Opti
         x = x * torch.tensor(mc.embed_scale, dtype=x.dtype)
     isa = _build.cpu_isa(ext, cfg)
     # a paged cache (engine/infer/paged.py) hands its block table; a slot cache an empty one
-    args = (cache.k, cache.v, cache.table if getattr(cache, "paged", False) else _NO_TABLE)
+    args = (cache.k, cache.v, cache.table if getattr(cache, "paged", False) else _NO_TABLE,
+            cache.k_scale if q8 else _NO_SCALE, cache.v_scale if q8 else _NO_SCALE)
     opts = (isa, bool(ext.has_vnni()), cfg.act_int8, torch.get_num_threads())
     if n <= FUSED_MAX_ROWS:
         out = ext.fused_step(plan, x.contiguous(), [v for s in segs for v in s], *args, out_rows, *opts)
@@ -332,6 +336,9 @@ def _cuda_step(model, tokens, rows, cache, logits_at, cfg):
         _graph_ok[model] = cuda_graph.graph_supported(model)
     if _graph_ok[model] is not None:
         return _decline("CUDA: " + _graph_ok[model])
+    why = cuda_graph.cache_supported(model, cache)
+    if why is not None:
+        return _decline("CUDA: " + why)
     out = cuda_graph.graphed_forward(model, tokens, rows, cache, logits_at)
     _count("cuda graph")
     return out

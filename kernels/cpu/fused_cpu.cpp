@@ -114,6 +114,11 @@ struct KVLayout {
   int64_t L, KV, D, n1, n3;        // n1: slots or blocks, n3: capacity or block size
   const int32_t* table;
   int64_t tw;                      // table row width (blocks per slot)
+  // an int8 cache (paged.py): int8 values, fp16 scales per KV_K_GROUP values of K and per V vector
+  int8_t* k8 = nullptr;
+  int8_t* v8 = nullptr;
+  c10::Half* ksc = nullptr;
+  c10::Half* vsc = nullptr;
   int64_t off(int64_t l, int64_t slot, int64_t kh, int64_t pos) const {
     if (!table) return (((l * n1 + slot) * KV + kh) * n3 + pos) * D;
     const int64_t b = table[slot * tw + pos / n3];
@@ -121,14 +126,76 @@ struct KVLayout {
   }
 };
 
+constexpr int64_t KV_K_GROUP = 32;   // engine.common.formulas.INT8_K_GROUP
+
+// x -> int8 values and fp16 scales of `groups` groups, as paged.quantize_int8: the scale amax / 127 rounded
+// to fp16 first, the values rounded half to even with that scale and clamped to +-127.
+inline void quantize_int8(const float* x, int64_t D, int64_t groups, int8_t* q, c10::Half* s) {
+  const int64_t g = D / groups;
+  for (int64_t j = 0; j < groups; ++j) {
+    float amax = 0.f;
+    for (int64_t i = j * g; i < (j + 1) * g; ++i) amax = std::max(amax, std::fabs(x[i]));
+    const c10::Half sh = c10::Half(amax / 127.f);
+    const float sf = (float)sh;
+    s[j] = sh;
+    for (int64_t i = j * g; i < (j + 1) * g; ++i) {
+      const float v = sf > 0.f ? std::nearbyint(x[i] / sf) : 0.f;
+      q[i] = (int8_t)std::max(-127.f, std::min(127.f, v));
+    }
+  }
+}
+
+// One position's K and V of (layer l, slot, kv head kh) into the cache (quantized in an int8 one).
+inline void store_kv(const KVLayout& lay, float* kc, float* vc, int64_t l, int64_t slot, int64_t kh, int64_t pos,
+                     const float* k, const float* v) {
+  const int64_t off = lay.off(l, slot, kh, pos);
+  if (!lay.k8) {
+    if (kc + off != k) std::memcpy(kc + off, k, sizeof(float) * (size_t)lay.D);
+    std::memcpy(vc + off, v, sizeof(float) * (size_t)lay.D);
+    return;
+  }
+  const int64_t kg = lay.D / KV_K_GROUP;
+  quantize_int8(k, lay.D, kg, lay.k8 + off, lay.ksc + off / lay.D * kg);
+  quantize_int8(v, lay.D, 1, lay.v8 + off, lay.vsc + off / lay.D);
+}
+
 // Row r's K (normed, RoPE applied) and V of layer l into the cache at its slot and position, all kv heads.
 void write_kv(const FusedPlan& P, const QKV& x, const IsaFns& F, int64_t l, int64_t r, int64_t pos, int64_t slot,
-              float* kc, float* vc, const KVLayout& lay) {
+              float* kc, float* vc, const KVLayout& lay, float* krow) {
   const LayerW& lw = P.layers[(size_t)l];
   for (int64_t kh = 0; kh < P.KV; ++kh) {
-    const int64_t off = lay.off(l, slot, kh, pos);
-    head_in(P, lw, F, lw.k_norm, x.k + r * x.ldk + kh * P.D, r, kc + off);
-    std::memcpy(vc + off, x.v + r * x.ldv + kh * P.D, sizeof(float) * (size_t)P.D);
+    float* kdst = lay.k8 ? krow : kc + lay.off(l, slot, kh, pos);
+    head_in(P, lw, F, lw.k_norm, x.k + r * x.ldk + kh * P.D, r, kdst);
+    store_kv(lay, kc, vc, l, slot, kh, pos, kdst, x.v + r * x.ldv + kh * P.D);
+  }
+}
+
+// Key/value tiles [0, p_end) of (layer l, slot, kv head kh) for the attention kernel: pointers into a float
+// cache, or, for an int8 one, the tiles from `first` on dequantized into the thread's buffers.
+inline void gather_tiles(const KVLayout& lay, float* kc, float* vc, int64_t l, int64_t slot, int64_t kh,
+                         int64_t first, int64_t p_end, Thread& me) {
+  const int64_t D = lay.D, t0 = first / KEY_TILE;
+  for (int64_t t = 0; t * KEY_TILE < p_end; ++t) {
+    if (!lay.k8) {
+      const int64_t off = lay.off(l, slot, kh, t * KEY_TILE);
+      me.ktiles[(size_t)t] = kc + off;
+      me.vtiles[(size_t)t] = vc + off;
+      continue;
+    }
+    float* kd = me.kdq.data() + t * KEY_TILE * D;
+    float* vd = me.vdq.data() + t * KEY_TILE * D;
+    me.ktiles[(size_t)t] = kd;
+    me.vtiles[(size_t)t] = vd;
+    if (t < t0) continue;   // never read (before the window)
+    const int64_t kg = D / KV_K_GROUP;
+    for (int64_t p = t * KEY_TILE; p < std::min(p_end, (t + 1) * KEY_TILE); ++p) {
+      const int64_t off = lay.off(l, slot, kh, p), row = off / D;
+      float* kr = kd + (p - t * KEY_TILE) * D;
+      float* vr = vd + (p - t * KEY_TILE) * D;
+      for (int64_t i = 0; i < D; ++i) kr[i] = (float)lay.k8[off + i] * (float)lay.ksc[row * kg + i / KV_K_GROUP];
+      const float s = (float)lay.vsc[row];
+      for (int64_t i = 0; i < D; ++i) vr[i] = (float)lay.v8[off + i] * s;
+    }
   }
 }
 
@@ -146,7 +213,8 @@ inline int64_t chunk_of(int64_t units, int64_t nt) {
 // logits are wanted.
 // Returns logits [R, V] (or the final-normed hidden rows [R, hidden] when the head is not ours).
 torch::Tensor fused_step(FusedPlan& P, torch::Tensor x_in, std::vector<int64_t> segs, torch::Tensor kc,
-                         torch::Tensor vc, torch::Tensor table, std::vector<int64_t> out_rows, int64_t isa, bool vnni, bool act_int8,
+                         torch::Tensor vc, torch::Tensor table, torch::Tensor ks, torch::Tensor vs,
+                         std::vector<int64_t> out_rows, int64_t isa, bool vnni, bool act_int8,
                          int64_t nthreads) {
   std::lock_guard<std::mutex> lock(P.mu);
   const double t_setup = P.profiling ? now_s() : 0.0;
@@ -159,18 +227,29 @@ torch::Tensor fused_step(FusedPlan& P, torch::Tensor x_in, std::vector<int64_t> 
   // attention work items: (segment, block of ATT_ROWS rows); x KV heads
   std::vector<int64_t> items;   // (segment, first row offset, rows)
   bool long_seg = false;
+  const bool q8 = kc.scalar_type() == torch::kInt8;
   for (auto* c : {&kc, &vc})
-    TORCH_CHECK(c->scalar_type() == torch::kFloat32 && c->is_contiguous() && c->dim() == 5 &&
-                    c->size(0) == P.L && c->size(2) == P.KV && c->size(4) == P.D,
-                "cache must be contiguous fp32 [layers, slots or blocks, kv_heads, positions, head_dim]");
-  TORCH_CHECK(kc.sizes() == vc.sizes(), "k and v caches differ in shape");
+    TORCH_CHECK((c->scalar_type() == torch::kFloat32 || c->scalar_type() == torch::kInt8) && c->is_contiguous() &&
+                    c->dim() == 5 && c->size(0) == P.L && c->size(2) == P.KV && c->size(4) == P.D,
+                "cache must be contiguous fp32 or int8 [layers, slots or blocks, kv_heads, positions, head_dim]");
+  TORCH_CHECK(kc.sizes() == vc.sizes() && kc.scalar_type() == vc.scalar_type(), "k and v caches differ");
   const bool paged = table.numel() > 0;
+  TORCH_CHECK(!q8 || (paged && P.D % KV_K_GROUP == 0 && ks.scalar_type() == torch::kHalf &&
+                      vs.scalar_type() == torch::kHalf && ks.is_contiguous() && vs.is_contiguous() &&
+                      ks.numel() == kc.numel() / KV_K_GROUP && vs.numel() == vc.numel() / P.D),
+              "an int8 cache is paged, with fp16 scales per ", KV_K_GROUP, " key values and per value vector");
   TORCH_CHECK(!paged || (table.scalar_type() == torch::kInt32 && table.is_contiguous() && table.dim() == 2 &&
                          kc.size(3) % KEY_TILE == 0),
               "a paged cache needs a contiguous int32 block table [slots, blocks] and a block size that is a "
               "multiple of ", KEY_TILE);
-  const KVLayout lay{P.L, P.KV, P.D, kc.size(1), kc.size(3), paged ? table.data_ptr<int32_t>() : nullptr,
-                     paged ? table.size(1) : 0};
+  KVLayout lay{P.L, P.KV, P.D, kc.size(1), kc.size(3), paged ? table.data_ptr<int32_t>() : nullptr,
+               paged ? table.size(1) : 0};
+  if (q8) {
+    lay.k8 = kc.data_ptr<int8_t>();
+    lay.v8 = vc.data_ptr<int8_t>();
+    lay.ksc = ks.data_ptr<c10::Half>();
+    lay.vsc = vs.data_ptr<c10::Half>();
+  }
   const int64_t slots = paged ? table.size(0) : kc.size(1);
   const int64_t cap = paged ? table.size(1) * kc.size(3) : kc.size(3);
   int64_t rows_seen = 0, maxlen = 0;
@@ -208,8 +287,14 @@ torch::Tensor fused_step(FusedPlan& P, torch::Tensor x_in, std::vector<int64_t> 
       P.th[(size_t)t].scores.assign((size_t)(nq_max * maxlen), 0.f);   // grows with the context only
   const int64_t ntiles = (maxlen + KEY_TILE - 1) / KEY_TILE;
   for (int64_t t = 0; t < nt; ++t) {
-    P.th[(size_t)t].ktiles.resize((size_t)ntiles);
-    P.th[(size_t)t].vtiles.resize((size_t)ntiles);
+    Thread& th = P.th[(size_t)t];
+    th.ktiles.resize((size_t)ntiles);
+    th.vtiles.resize((size_t)ntiles);
+    if (q8 && (int64_t)th.kdq.size() < ntiles * KEY_TILE * P.D) {
+      th.kdq.resize((size_t)(ntiles * KEY_TILE * P.D));
+      th.vdq.resize((size_t)(ntiles * KEY_TILE * P.D));
+    }
+    th.kvrow.resize((size_t)P.D);
   }
   for (int64_t i = 0; i < P.nctr; ++i) P.ctr[i].store(0, std::memory_order_relaxed);
   std::memcpy(P.x.data(), x_in.data_ptr<float>(), sizeof(float) * (size_t)(M * P.hidden));
@@ -240,8 +325,8 @@ torch::Tensor fused_step(FusedPlan& P, torch::Tensor x_in, std::vector<int64_t> 
     ++P.prof_steps;
   }
   const int64_t HD = P.H * P.D;
-  float* kcw = kc.data_ptr<float>();
-  float* vcw = vc.data_ptr<float>();
+  float* kcw = q8 ? nullptr : kc.data_ptr<float>();
+  float* vcw = q8 ? nullptr : vc.data_ptr<float>();
 
 #pragma omp parallel num_threads((int)nt)
   {
@@ -322,7 +407,7 @@ torch::Tensor fused_step(FusedPlan& P, torch::Tensor x_in, std::vector<int64_t> 
         for (;;) {
           const int64_t r = ctr.fetch_add(1, std::memory_order_relaxed);
           if (r >= M) break;
-          write_kv(P, qx, F, l, r, row_pos[(size_t)r], row_slot[(size_t)r], kcw, vcw, lay);
+          write_kv(P, qx, F, l, r, row_pos[(size_t)r], row_slot[(size_t)r], kcw, vcw, lay, me.kvrow.data());
         }
         mark(P_KVW);
 #pragma omp barrier
@@ -341,9 +426,9 @@ torch::Tensor fused_step(FusedPlan& P, torch::Tensor x_in, std::vector<int64_t> 
           for (int64_t i = 0; i < n; ++i) {
             const int64_t r = r0 + i, pos = p0 + i;
             if (!long_seg) {
-              const int64_t off = lay.off(l, slot, kh, pos);
-              head_in(P, lw, F, lw.k_norm, qx.k + r * qx.ldk + kh * P.D, r, kcw + off);
-              std::memcpy(vcw + off, qx.v + r * qx.ldv + kh * P.D, sizeof(float) * (size_t)P.D);
+              float* kdst = q8 ? me.kvrow.data() : kcw + lay.off(l, slot, kh, pos);
+              head_in(P, lw, F, lw.k_norm, qx.k + r * qx.ldk + kh * P.D, r, kdst);
+              store_kv(lay, kcw, vcw, l, slot, kh, pos, kdst, qx.v + r * qx.ldv + kh * P.D);
             }
             for (int64_t g = 0; g < P.G; ++g)
               head_in(P, lw, F, lw.q_norm, qx.q + r * qx.ldq + (kh * P.G + g) * P.D, r,
@@ -351,11 +436,9 @@ torch::Tensor fused_step(FusedPlan& P, torch::Tensor x_in, std::vector<int64_t> 
             lens[i] = pos + 1;
             starts[i] = lw.window ? std::max<int64_t>(0, pos - lw.window + 1) : 0;
           }
-          for (int64_t t = 0; t * KEY_TILE < p0 + n; ++t) {
-            const int64_t off = lay.off(l, slot, kh, t * KEY_TILE);
-            me.ktiles[(size_t)t] = kcw + off;
-            me.vtiles[(size_t)t] = vcw + off;
-          }
+          int64_t first = p0 + n;
+          for (int64_t i = 0; i < n; ++i) first = std::min(first, starts[i]);
+          gather_tiles(lay, kcw, vcw, l, slot, kh, first, p0 + n, me);
           AttnItem a{me.q.data(), n * P.G, P.G, starts, lens, me.ktiles.data(), me.vtiles.data(), me.scores.data(),
                      me.out.data(), P.D, p0 + n, P.scale, P.softcap};
           F.attention(a);

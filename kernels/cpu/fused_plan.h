@@ -91,6 +91,7 @@ struct Thread {
   std::vector<float> xsum;     // per-group sums for the current consumer
   std::vector<float> q, out, scores;
   std::vector<const float*> ktiles, vtiles;   // an attention item's key/value tiles (AttnItem::kt, vt)
+  std::vector<float> kdq, vdq, kvrow;         // an int8 cache: the item's keys/values dequantized; one row's K, V
 };
 
 
@@ -132,7 +133,8 @@ std::shared_ptr<FusedPlan> make_fused_plan(std::vector<int64_t> dims, double eps
                                            std::vector<int64_t> windows, std::vector<torch::Tensor> norms,
                                            std::vector<LinSpec> lins);
 torch::Tensor fused_step(FusedPlan& P, torch::Tensor x_in, std::vector<int64_t> segs, torch::Tensor kc,
-                         torch::Tensor vc, torch::Tensor table, std::vector<int64_t> out_rows, int64_t isa, bool vnni, bool act_int8,
+                         torch::Tensor vc, torch::Tensor table, torch::Tensor ks, torch::Tensor vs,
+                         std::vector<int64_t> out_rows, int64_t isa, bool vnni, bool act_int8,
                          int64_t nthreads);
 
 }  // namespace fused

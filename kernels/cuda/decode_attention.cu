@@ -11,6 +11,12 @@
 //   combine: one block of D threads per (b, query head) merges the nsplit partials.
 // Lengths and slots are device tensors, so one launch configuration (from the cache capacity)
 // serves every step: the kernel can be captured in a CUDA graph.
+// Two cache layouts (a template flag, so the slot path is unchanged):
+//   slot cache:  k/v [slots, KV, cap, D], position j of slot s at row (s*KV + h)*cap + j;
+//   paged cache: k/v [blocks, KV, bs, D] and an int32 block table [slots, tw] on the device (cap =
+//   tw*bs): position j of slot s lives in block table[s*tw + j/bs] at offset j%bs
+//   (engine/infer/paged.py).  The table is read in the kernel, so a graph replay sees the
+//   scheduler's in-place updates.
 #include "qgemm_cuda.h"
 
 #include <cuda_bf16.h>
@@ -32,10 +38,13 @@ template <> __device__ __forceinline__ __nv_bfloat16 st_f<__nv_bfloat16>(float v
 
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
 
-template <typename T, int D>
-__global__ void __launch_bounds__(kAttWarps * 32)
+// PAGED: minBlocks 1 lifts ptxas's own register target (72 at D = 64), which the table walk
+// would exceed by a spill; the slot kernels (minBlocks 0: no hint) compile as before.
+template <typename T, int D, bool PAGED>
+__global__ void __launch_bounds__(kAttWarps * 32, PAGED ? 1 : 0)
 decode_attn_split(const T* __restrict__ q, const T* __restrict__ kc, const T* __restrict__ vc,
                   const int64_t* __restrict__ slots, const int64_t* __restrict__ lens,
+                  const int32_t* __restrict__ table, int tw, int bs,
                   float* __restrict__ pm, float* __restrict__ pl, float* __restrict__ pacc,
                   int H, int KV, int cap, int nsplit, int kps, float qscale) {
   constexpr int E = D / 32;
@@ -57,13 +66,29 @@ decode_attn_split(const T* __restrict__ q, const T* __restrict__ kc, const T* __
       qf[g][e] = g < G ? ld_f(q + ((size_t)b * H + kh * G + g) * D + lane * E + e) * qscale : 0.f;
     }
   }
-  const size_t base = (((size_t)slot * KV + kh) * cap) * D + lane * E;
+  // slot layout: the slot's rows are contiguous; paged: this slot's row of the block table
+  const size_t base = PAGED ? (size_t)lane * E : (((size_t)slot * KV + kh) * cap) * D + lane * E;
+  const int32_t* trow = PAGED ? table + (size_t)slot * tw : nullptr;
+  // paged: key j is at offset jo of the table's block jb, stepped along with j (bs >= kAttWarps)
+  int jb = PAGED ? (int)((j0 + warp) / bs) : 0;
+  int jo = PAGED ? (int)(j0 + warp - (int64_t)jb * bs) : 0;
   for (int64_t j = j0 + warp; j < j1; j += kAttWarps) {
+    size_t row;   // the key's row of D values in k/v
+    if (PAGED) {
+      row = ((size_t)__ldg(trow + jb) * KV + kh) * bs + jo;
+      jo += kAttWarps;
+      if (jo >= bs) {
+        jo -= bs;
+        ++jb;
+      }
+    } else {
+      row = (size_t)j;
+    }
     float kf[E], vf[E];
 #pragma unroll
     for (int e = 0; e < E; ++e) {
-      kf[e] = ld_f(kc + base + (size_t)j * D + e);
-      vf[e] = ld_f(vc + base + (size_t)j * D + e);
+      kf[e] = ld_f(kc + base + row * D + e);
+      vf[e] = ld_f(vc + base + row * D + e);
     }
     float sc[kMaxG];
 #pragma unroll
@@ -146,15 +171,20 @@ decode_attn_combine(const float* __restrict__ pm, const float* __restrict__ pl, 
 
 template <typename T, int D>
 cudaError_t launch(const void* q, const void* k, const void* v, const int64_t* slots, const int64_t* lens,
-                   float* ws, void* out, int B, int H, int KV, int cap, float scale, cudaStream_t stream) {
+                   const int32_t* table, int tw, int bs, float* ws, void* out, int B, int H, int KV, int cap,
+                   float scale, cudaStream_t stream) {
   const int nsplit = attention_splits(cap), kps = (cap + nsplit - 1) / nsplit;
   float* pm = ws;
   float* pl = pm + (size_t)B * H * nsplit;
   float* pacc = pl + (size_t)B * H * nsplit;
   const dim3 grid(B, KV, nsplit);
-  decode_attn_split<T, D><<<grid, kAttWarps * 32, 0, stream>>>(
-      (const T*)q, (const T*)k, (const T*)v, slots, lens, pm, pl, pacc, H, KV, cap, nsplit, kps,
-      scale * 1.44269504088896341f);
+  const float qs = scale * 1.44269504088896341f;
+  if (table)
+    decode_attn_split<T, D, true><<<grid, kAttWarps * 32, 0, stream>>>(
+        (const T*)q, (const T*)k, (const T*)v, slots, lens, table, tw, bs, pm, pl, pacc, H, KV, cap, nsplit, kps, qs);
+  else
+    decode_attn_split<T, D, false><<<grid, kAttWarps * 32, 0, stream>>>(
+        (const T*)q, (const T*)k, (const T*)v, slots, lens, nullptr, 0, 0, pm, pl, pacc, H, KV, cap, nsplit, kps, qs);
   decode_attn_combine<T, D><<<B * H, D, 0, stream>>>(pm, pl, pacc, (T*)out, nsplit);
   return cudaGetLastError();
 }
@@ -173,18 +203,24 @@ size_t attention_workspace_floats(int B, int H, int D, int cap) {
 }
 
 cudaError_t decode_attention(const void* q, const void* k, const void* v, const int64_t* slots,
-                             const int64_t* lens, float* workspace, void* out, int B, int H, int KV, int D,
-                             int cap, float scale, DType dt, cudaStream_t stream) {
+                             const int64_t* lens, const int32_t* table, int table_w, int block_size,
+                             float* workspace, void* out, int B, int H, int KV, int D, int cap, float scale,
+                             DType dt, cudaStream_t stream) {
   if (H % KV != 0 || H / KV > kMaxG || (D != 64 && D != 128) || B < 1 || cap < 1)
     return cudaErrorInvalidValue;
+  if (table && (table_w < 1 || block_size < kAttWarps || (int64_t)table_w * block_size != cap))
+    return cudaErrorInvalidValue;
+#define SCL_ATT_LAUNCH(T, DD) \
+  launch<T, DD>(q, k, v, slots, lens, table, table_w, block_size, workspace, out, B, H, KV, cap, scale, stream)
   if (D == 64) {
-    if (dt == kF32) return launch<float, 64>(q, k, v, slots, lens, workspace, out, B, H, KV, cap, scale, stream);
-    if (dt == kF16) return launch<__half, 64>(q, k, v, slots, lens, workspace, out, B, H, KV, cap, scale, stream);
-    return launch<__nv_bfloat16, 64>(q, k, v, slots, lens, workspace, out, B, H, KV, cap, scale, stream);
+    if (dt == kF32) return SCL_ATT_LAUNCH(float, 64);
+    if (dt == kF16) return SCL_ATT_LAUNCH(__half, 64);
+    return SCL_ATT_LAUNCH(__nv_bfloat16, 64);
   }
-  if (dt == kF32) return launch<float, 128>(q, k, v, slots, lens, workspace, out, B, H, KV, cap, scale, stream);
-  if (dt == kF16) return launch<__half, 128>(q, k, v, slots, lens, workspace, out, B, H, KV, cap, scale, stream);
-  return launch<__nv_bfloat16, 128>(q, k, v, slots, lens, workspace, out, B, H, KV, cap, scale, stream);
+  if (dt == kF32) return SCL_ATT_LAUNCH(float, 128);
+  if (dt == kF16) return SCL_ATT_LAUNCH(__half, 128);
+  return SCL_ATT_LAUNCH(__nv_bfloat16, 128);
+#undef SCL_ATT_LAUNCH
 }
 
 }  // namespace scl_cuda

@@ -149,11 +149,25 @@ std::vector<torch::Tensor> fused_verify(torch::Tensor tp, c10::optional<torch::T
 }
 
 // q [B, H, D]; k/v one layer's cache [slots, KV, cap, D]; slots/lens int64 [B] (device).
+// With table (int32 [slots, blocks per slot], device): a paged cache, k/v [blocks, KV, block size, D].
 torch::Tensor decode_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor slots,
-                               torch::Tensor lens, double scale, int64_t stream, c10::optional<torch::Tensor> out) {
+                               torch::Tensor lens, double scale, int64_t stream, c10::optional<torch::Tensor> out,
+                               c10::optional<torch::Tensor> table) {
   for (auto* t : {&q, &k, &v, &slots, &lens}) check_cuda(*t, "decode_attention input");
-  TORCH_CHECK(q.dim() == 3 && k.dim() == 4 && k.sizes() == v.sizes(), "q [B, H, D], k/v [slots, KV, cap, D]");
-  const int64_t B = q.size(0), H = q.size(1), D = q.size(2), KV = k.size(1), cap = k.size(2);
+  TORCH_CHECK(q.dim() == 3 && k.dim() == 4 && k.sizes() == v.sizes(),
+              "q [B, H, D], k/v [slots, KV, cap, D] (or [blocks, KV, block size, D] with a table)");
+  const bool paged = table.has_value() && table->defined();
+  const int64_t B = q.size(0), H = q.size(1), D = q.size(2), KV = k.size(1);
+  int64_t cap = k.size(2), tw = 0, bs = 0;
+  if (paged) {
+    check_cuda(*table, "table");
+    TORCH_CHECK(table->scalar_type() == torch::kInt32 && table->dim() == 2 && table->size(1) >= 1,
+                "table: int32 [slots, blocks per slot]");
+    bs = k.size(2);
+    tw = table->size(1);
+    cap = tw * bs;
+    TORCH_CHECK(cap <= INT32_MAX, "table width * block size too large");
+  }
   TORCH_CHECK(k.size(3) == D && H % KV == 0 && H / KV <= 8 && (D == 64 || D == 128),
               "head_dim 64/128 and at most 8 query heads per kv head");
   TORCH_CHECK(k.scalar_type() == q.scalar_type() && v.scalar_type() == q.scalar_type(), "q, k, v: one dtype");
@@ -171,7 +185,8 @@ torch::Tensor decode_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v
     o = torch::empty_like(q);
   }
   check_err(scl_cuda::decode_attention(q.data_ptr(), k.data_ptr(), v.data_ptr(), slots.data_ptr<int64_t>(),
-                                       lens.data_ptr<int64_t>(), ws.data_ptr<float>(), o.data_ptr(), (int)B, (int)H,
+                                       lens.data_ptr<int64_t>(), paged ? table->data_ptr<int32_t>() : nullptr,
+                                       (int)tw, (int)bs, ws.data_ptr<float>(), o.data_ptr(), (int)B, (int)H,
                                        (int)KV, (int)D, (int)cap, (float)scale, dtype_of(q), as_stream(stream)),
             "scl decode_attention");
   return o;
@@ -216,7 +231,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("max_mt", []() { return (int64_t)scl_cuda::kMaxMT; });
   m.def("decode_attention", &decode_attention, "ragged decode attention (one query row per sequence, GQA)",
         py::arg("q"), py::arg("k"), py::arg("v"), py::arg("slots"), py::arg("lens"), py::arg("scale"),
-        py::arg("stream"), py::arg("out") = py::none());
+        py::arg("stream"), py::arg("out") = py::none(), py::arg("table") = py::none());
   m.def("rmsnorm_residual", &rmsnorm_residual, "residual += x; rmsnorm(residual) * weight", py::arg("x"),
         py::arg("residual"), py::arg("weight"), py::arg("eps"), py::arg("stream"), py::arg("out") = py::none());
 }

@@ -41,11 +41,15 @@ cudaError_t fused_verify(const void* target_probs, const void* draft_probs,
 // k/v: one layer's cache [slots, KV, cap, D]; slots/lens int64 [B] on the device (row b attends
 // to positions < lens[b] of its slot); workspace: attention_workspace_floats(B, H, D, cap)
 // floats; out [B, H, D].  H/KV <= 8, D in {64, 128}.  q, k, v, out share the dtype dt.
+// table null: the slot layout above.  table non-null: a paged cache, k/v [blocks, KV, block_size, D]
+// and table int32 [slots, table_w] on the device (position p of slot s: block table[s][p / block_size],
+// offset p % block_size); cap must be table_w * block_size.
 int attention_splits(int cap);
 size_t attention_workspace_floats(int B, int H, int D, int cap);
 cudaError_t decode_attention(const void* q, const void* k, const void* v, const int64_t* slots,
-                             const int64_t* lens, float* workspace, void* out, int B, int H, int KV, int D,
-                             int cap, float scale, DType dt, cudaStream_t stream);
+                             const int64_t* lens, const int32_t* table, int table_w, int block_size,
+                             float* workspace, void* out, int B, int H, int KV, int D, int cap, float scale,
+                             DType dt, cudaStream_t stream);
 
 // residual += x (x may be null), out = rmsnorm(residual) * weight; [rows, n] (rmsnorm_residual.cu).
 cudaError_t rmsnorm_residual(const void* x, void* residual, const void* weight, void* out, int rows, int n,
