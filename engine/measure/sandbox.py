@@ -108,6 +108,12 @@ def check_available() -> str:
     return py
 
 
+def isolation() -> str:
+    """How programs are isolated on this machine, in words (records keep it)."""
+    who = "as nobody (setpriv)" if os.geteuid() == 0 else "in a user namespace"
+    return f"fresh network namespace (unshare --net), {who}, prlimit as/cpu/nproc/fsize, own session, temporary cwd"
+
+
 def _kill_group(pid: int) -> None:
     try:
         os.killpg(pid, signal.SIGKILL)
