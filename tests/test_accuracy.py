@@ -124,3 +124,10 @@ def test_precision_page_shows_pass_at_1_beside_kld(runs, pool):
     assert ref["pass@1"].endswith("%") and ref["pass@1"] == spec["pass@1"]
     assert float(ref["KLD mean"]) == pytest.approx(0.0, abs=1e-6)  # found its quality run
     assert spec["KLD mean"] == "–"  # no quality run of the speculative configuration
+
+
+def test_a_report_shows_the_accuracy_table(runs):
+    from engine.present.reports import Report, export_html
+
+    html = export_html(Report("accuracy", "", [runs["none"], runs["ngram"]]))
+    assert 'id="accuracy-runs"' in html and "identical outcomes" in html and "McNemar" in html
