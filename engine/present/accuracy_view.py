@@ -64,9 +64,8 @@ def accuracy_rows(acc_records, quality_records=(), reference: int = 0) -> list[d
         a = r.metrics["accuracy"]
         p = compare(ref, outcomes(r))
         q = kld.get(_key(r)) or {}
-        model = (r.config or {}).get("model") or "?"
         rows.append({
-            "config": r.label if (r.config or {}).get("system") in (None, "engine") else f"{r.label} ({model})",
+            "config": r.label,
             "problems": f"{a[A.solved]}/{a[A.problems]} ({a[A.subset]})", "pass@1": _pct(a.get(A.pass_at_1)),
             "95% interval": f"[{_pct(a.get(A.pass_at_1_lo))}, {_pct(a.get(A.pass_at_1_hi))}]",
             "lost": "reference" if i == reference else p.lost, "gained": "" if i == reference else p.gained,
