@@ -278,7 +278,7 @@ def cmd_accuracy(a) -> int:
             print(f"llama-server Q4_K_M: unavailable: {why}", file=sys.stderr)
         else:
             with servers.start(spec, progress=say) as rs:
-                recs.append(accuracy.evaluate_endpoint(rs.url, spec.label, canonical_name(a.model), "Q4_K_M",
+                recs.append(accuracy.evaluate_endpoint(rs.url, "llama-server Q4_K_M", canonical_name(a.model), "Q4_K_M",
                                                        spec.served_name, server=rs.facts(), **kw))
     if a.json:
         print("[" + ",\n".join(r.to_json(indent=1) for r in recs) + "]")
