@@ -257,12 +257,17 @@ def cmd_accuracy(a) -> int:
     from engine.present import format_rows
     from engine.present.accuracy_view import NOTE, accuracy_rows
 
+    store = Store()
+    if a.stored:  # the table of what is stored, oldest first (the first is the reference); nothing runs
+        recs = store.list_runs(1000)
+        print(format_rows(accuracy_rows([r for r in recs if r.kind == "accuracy"][::-1], recs), "md"))
+        return 0
     setups = _accuracy_setups(a)
     accuracy.select(a.subset, a.ids)  # an unknown subset or id is refused before anything loads
     sandbox.check_available()
     limits = sandbox.Limits(timeout_s=a.timeout)
     say = lambda s: print(f"  [{s}]", file=sys.stderr)  # noqa: E731
-    store, pool, recs = Store(), ModelPool(keep=1), []
+    pool, recs = ModelPool(keep=1), []
     kw = dict(subset=a.subset, ids=a.ids, max_new_tokens=a.max_new_tokens, usd_per_hour=a.price, limits=limits,
               store=store, progress=say)
     for setup in setups:
@@ -400,6 +405,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--peers", action=argparse.BooleanOptionalAction, default=True,
                    help="also llama.cpp's Q4_K_M through llama-server on the same prompts (--no-peers skips it)")
     p.add_argument("--json", action="store_true", help="print the accuracy records as JSON")
+    p.add_argument("--stored", action="store_true", help="only print the table of the stored accuracy runs")
     p.set_defaults(fn=cmd_accuracy)
 
     p = sub.add_parser("runs", help="list stored runs, or --show ID")

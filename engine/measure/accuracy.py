@@ -133,7 +133,8 @@ def complete_endpoint(url: str, model: str | None, problems: list[dict], max_new
                 raise UserError(f"{url} answered {r.status_code} to a completion: {r.text[:200]}",
                                 "check that it serves /v1/completions (llama-server, vLLM, python -m engine serve)")
             d = r.json()
-            out.append(Completion(cut(d["choices"][0]["text"]), int((d.get("usage") or {}).get("completion_tokens", 0))))
+            used = int((d.get("usage") or {}).get("completion_tokens", 0))
+            out.append(Completion(cut(d["choices"][0]["text"]), used))
             say(f"generated {len(out)}/{len(problems)}")
     return Generated(out, time.perf_counter() - t0)
 
@@ -184,7 +185,8 @@ def record(config: dict, m: Metrics, device: str = "cpu"):
 
 
 def evaluate_setup(setup, pool, subset: str | None = "quick20", ids: list[str] | None = None,
-                   max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, batch: int = 4, usd_per_hour: float = DEFAULT_USD_PER_HOUR,
+                   max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, batch: int = 4,
+                   usd_per_hour: float = DEFAULT_USD_PER_HOUR,
                    limits: sandbox.Limits | None = None, store=None, progress=None):
     """HumanEval pass@1 of one engine setup (target, precision, draft): its accuracy record, stored if `store`."""
     from engine.infer.loader import load_setup
