@@ -234,6 +234,65 @@ def cmd_quality(a) -> int:
     return 0
 
 
+def _accuracy_setups(a) -> list:
+    """One EngineSetup per --precisions entry: 'int4-g32' is int4 at group size 32; all validated up front."""
+    from engine.common.setup import EngineSetup
+
+    out = []
+    for tok in a.precisions:
+        prec, _, g = tok.partition("-g")
+        if g and not g.isdigit():
+            raise UserError(f"precision {tok!r} has no group size after -g", "write int4-g32, int4-g64 or int4-g128")
+        out.append(EngineSetup(model=a.model, precision=prec, group_size=int(g) if g else a.group_size,
+                               device=a.device, draft=a.draft, draft_model=a.draft_model,
+                               draft_precision=a.draft_precision, gamma=a.gamma).validate())
+    return out
+
+
+def cmd_accuracy(a) -> int:
+    """HumanEval pass@1 per precision (and llama-server's Q4_K_M), paired against the first configuration."""
+    from engine.measure import accuracy, sandbox
+    from engine.measure.pool import ModelPool
+    from engine.measure.store import Store
+    from engine.present import format_rows
+    from engine.present.accuracy_view import NOTE, accuracy_rows
+
+    store = Store()
+    if a.stored:  # the table of what is stored, oldest first (the first is the reference); nothing runs
+        recs = store.list_runs(1000)
+        print(format_rows(accuracy_rows([r for r in recs if r.kind == "accuracy"][::-1], recs), "md"))
+        return 0
+    setups = _accuracy_setups(a)
+    accuracy.select(a.subset, a.ids)  # an unknown subset or id is refused before anything loads
+    sandbox.check_available()
+    limits = sandbox.Limits(timeout_s=a.timeout)
+    say = lambda s: print(f"  [{s}]", file=sys.stderr)  # noqa: E731
+    pool, recs = ModelPool(keep=1), []
+    kw = dict(subset=a.subset, ids=a.ids, max_new_tokens=a.max_new_tokens, usd_per_hour=a.price, limits=limits,
+              store=store, progress=say)
+    for setup in setups:
+        recs.append(accuracy.evaluate_setup(setup, pool, batch=a.batch, **kw))
+        pool.clear()
+    if a.peers:
+        from engine.infer.catalog import canonical_name
+        from engine.peers import servers
+
+        spec = servers.ServerSpec.of("llama-server", model=a.model, precision="Q4_K_M", slots=1, max_model_len=2048)
+        why = servers.unavailable_reason(spec)
+        if why:
+            print(f"llama-server Q4_K_M: unavailable: {why}", file=sys.stderr)
+        else:
+            with servers.start(spec, progress=say) as rs:
+                recs.append(accuracy.evaluate_endpoint(rs.url, "llama-server Q4_K_M", canonical_name(a.model), "Q4_K_M",
+                                                       spec.served_name, server=rs.facts(), **kw))
+    if a.json:
+        print("[" + ",\n".join(r.to_json(indent=1) for r in recs) + "]")
+        return 0
+    print(format_rows(accuracy_rows(recs, store.list_runs(1000)), "md"))
+    print("\n" + NOTE)
+    return 0
+
+
 def cmd_runs(a) -> int:
     from engine.measure.store import Store
 
@@ -325,6 +384,29 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also score llama.cpp's Q4_K_M GGUF on the same tokens (--no-peers skips it)")
     p.add_argument("--json", action="store_true", help="print the statistics as JSON")
     p.set_defaults(fn=cmd_quality)
+
+    p = sub.add_parser("accuracy", help="HumanEval pass@1 (greedy) per precision, and llama-server's Q4_K_M, with "
+                       "flips and McNemar's exact test against the first; generated code runs in a sandbox")
+    p.add_argument("--model", default="default")
+    p.add_argument("--precisions", type=_csv, default=["bf16", "int8", "int4-g32", "int4-g64"],
+                   help="comma-separated; int4-g32 is int4 at group size 32. The first is the reference")
+    p.add_argument("--group-size", type=int, default=64, help="int4 group size where a precision names none")
+    p.add_argument("--subset", default="quick20", help="full (all 164) or quick20 (every 8th task id, 0..152)")
+    p.add_argument("--ids", type=_csv, default=None, help="task ids instead of a subset: HumanEval/0,HumanEval/8")
+    p.add_argument("--max-new-tokens", type=int, default=384)
+    p.add_argument("--batch", type=int, default=4, help="problems generated together (greedy: the same answers)")
+    p.add_argument("--draft", default="none", help="none, model, self or ngram: speculative, lossless")
+    p.add_argument("--draft-model", default="default-draft")
+    p.add_argument("--draft-precision", default="int4")
+    p.add_argument("--gamma", type=int, default=4)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--timeout", type=float, default=10.0, help="seconds one problem's tests may run in the sandbox")
+    p.add_argument("--price", type=float, default=0.10, help="$/hour of this machine, for $/1,000 solved")
+    p.add_argument("--peers", action=argparse.BooleanOptionalAction, default=True,
+                   help="also llama.cpp's Q4_K_M through llama-server on the same prompts (--no-peers skips it)")
+    p.add_argument("--json", action="store_true", help="print the accuracy records as JSON")
+    p.add_argument("--stored", action="store_true", help="only print the table of the stored accuracy runs")
+    p.set_defaults(fn=cmd_accuracy)
 
     p = sub.add_parser("runs", help="list stored runs, or --show ID")
     p.add_argument("--show", default=None)

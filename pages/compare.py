@@ -1,9 +1,11 @@
 """Compare: sweep target precision × draft × draft precision × gamma × batch (plus peer systems), or pick stored runs."""
+import pandas as pd
 import streamlit as st
 
 from pages import _backend, _ui
 from engine import peers
 from engine import present
+from engine.present.accuracy_view import NOTE as ACCURACY_NOTE, accuracy_rows
 from engine.common.record_setup import SETUP_FIELDS, setup_from_record
 from engine.common.vocab import DRAFT_KINDS, MAX_GAMMA, PRECISIONS
 from engine.measure import RunConfig, sweep_configs
@@ -143,6 +145,15 @@ st.subheader(f"Current comparison ({len(ids)} runs)")
 if ids:
     recs = _ui.load_records(ids)
     _ui.comparison_view(recs, key="cmp", price_where="cmp")
+    acc = [r for r in recs if r.kind == "accuracy"]
+    if acc:  # HumanEval pass@1 paired against the first accuracy run, KLD beside (docs/ACCURACY.md)
+        st.markdown("#### Task accuracy beside KLD")
+        try:
+            st.dataframe(pd.DataFrame(accuracy_rows(acc, _ui.get_store().list_runs(1000))), hide_index=True,
+                         key="cmp-acc-table")
+            st.caption(ACCURACY_NOTE)
+        except Exception as e:
+            _ui.show_error(e)
     noisy = [r for r in present.noisy_configs(recs) if rerun_config(r) is not None]
     if noisy:
         st.markdown("**Noisy runs**: " + _ui.md_escape("; ".join(f"{r.label} ({present.noise_label(r)})"

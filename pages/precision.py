@@ -6,6 +6,7 @@ from pages import _backend, _ui
 from engine import present
 from engine.common.setup import EngineSetup
 from engine.common.vocab import DESCRIPTIONS, GROUP_SIZES, PRECISIONS
+from engine.present.accuracy_view import NOTE as ACCURACY_NOTE, accuracy_rows
 from engine.present.quality_view import heading, table_rows
 
 JOB = "prec-job"
@@ -79,10 +80,31 @@ if st.button("Load", type="primary", key="prec-load", disabled=_backend.job_runn
     except Exception as e:
         _backend.show_problem(e)
 
+
+
+def _accuracy_section() -> None:
+    """HumanEval pass@1 of the stored accuracy runs, paired against the first, with KLD mean and p99 beside."""
+    st.markdown("#### Task accuracy beside KLD")
+    try:
+        recs = _ui.get_store().list_runs(1000)
+        acc = [r for r in recs if r.kind == "accuracy"][::-1]  # oldest first: the first run measured is the reference
+        if not acc:
+            st.caption("No accuracy runs stored yet. Measure them with `python -m engine accuracy --model default "
+                       "--precisions bf16,int8,int4-g32,int4-g64` (HumanEval pass@1, llama-server's Q4_K_M beside).")
+            return
+        labels = [f"{r.label} ({r.metrics['accuracy']['subset']}, {r.created_at})" for r in acc]
+        ref = st.selectbox("Reference", range(len(acc)), format_func=lambda i: labels[i], key="prec-acc-ref")
+        st.dataframe(pd.DataFrame(accuracy_rows(acc, recs, int(ref))), hide_index=True, key="prec-acc-table")
+        st.caption(ACCURACY_NOTE)
+    except Exception as e:
+        _ui.show_error(e)
+
+
 f = st.session_state.get("prec-loaded")
 if not f:
     st.info("Choose a model and a precision, then press **Load**. Loading converts the weights for real; "
             "nothing is simulated.")
+    _accuracy_section()
     st.stop()
 
 st.subheader(f"{f['label']} on {f['device']}")
@@ -193,3 +215,5 @@ if len(hist) > 1:
     st.markdown("#### Precisions loaded in this session")
     st.dataframe(pd.DataFrame([{k: v for k, v in h.items() if k != "weights"} for h in hist]), hide_index=True,
                  key="prec-history-table")
+
+_accuracy_section()

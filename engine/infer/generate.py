@@ -42,8 +42,10 @@ class GenerationResult:
 
 
 def run_static(lm, ids: list[list[int]], max_new_tokens: int, sp: SamplingParams, on_token=None,
-               stop_at_eos: bool = True, proposer_spec=None, gamma: int = 0, adaptive: bool = False) -> GenerationResult:
-    """Run a static batch of already-encoded prompts to completion and time it."""
+               stop_at_eos: bool = True, proposer_spec=None, gamma: int = 0, adaptive: bool = False,
+               stop: tuple[str, ...] = ()) -> GenerationResult:
+    """Run a static batch of already-encoded prompts to completion and time it; `stop` ends a sequence at
+    the first of these strings (its tokens up to there are kept in new_tokens)."""
     b, longest = len(ids), max(len(x) for x in ids)
     headroom = speculation_headroom(proposer_spec, gamma)
     settings = BatchSettings(max_seqs=b, max_model_len=longest + max_new_tokens + headroom + 1,
@@ -57,7 +59,8 @@ def run_static(lm, ids: list[list[int]], max_new_tokens: int, sp: SamplingParams
 
     reqs = []
     for i, x in enumerate(ids):
-        r = Request(list(x), max_new_tokens, sp, stop_at_eos, on_token=cb if on_token else None, request_id=str(i))
+        r = Request(list(x), max_new_tokens, sp, stop_at_eos, stop=tuple(stop), on_token=cb if on_token else None,
+                    request_id=str(i))
         index[id(r)] = i
         reqs.append(sched.submit(r))
     seqs = [None] * b

@@ -39,7 +39,7 @@ from engine.common import fields as F
 
 SCHEMA_VERSION = 3
 READABLE_VERSIONS = (1, 2, 3)
-KINDS = ("generate", "bench", "quality", "peer", "load", "playground")
+KINDS = ("generate", "bench", "quality", "peer", "load", "playground", "accuracy")
 FIX = "import a file exported by the lab"
 
 
@@ -79,7 +79,7 @@ class RunRecord:
     @property
     def label(self) -> str:
         c = self.config
-        if self.kind in ("peer", "load") and c.get("label"):
+        if self.kind in ("peer", "load", "accuracy") and c.get("label"):
             return c["label"] + ("" if c.get("model") in (None, "default") else f" ({c['model']})")
         try:  # one builder, EngineSetup.label, for records of every schema (config.setup, run_config or flat)
             setup = setup_from_record(c)
@@ -184,12 +184,15 @@ _NumList = Optional[list[Num]]
 SpecModel = _model("SpecMetrics", F.SPEC, {"position_rate": (_NumList, None)})
 QualityModel = _model("QualityMetrics", F.QUALITY)
 LoadModel = _model("LoadMetrics", F.LOAD)
+ProblemModel = _model("ProblemOutcome", F.PROBLEM)
+AccuracyModel = _model("AccuracyMetrics", F.ACCURACY, {"outcomes": (Optional[list[ProblemModel]], None),
+                                                       "stops": (Optional[list[StrictStr]], None)})
 SampleModel = _model("Sample", F.SAMPLE)
 IntervalModel = _model("Interval", F.INTERVAL)
 NoiseModel = _model("Noise", F.NOISE, {"reasons": (Optional[list[StrictStr]], None)})
 MetricsModel = _model("Metrics", F.METRICS, {
     "spec": (Optional[SpecModel], None), "quality": (Optional[QualityModel], None),
-    "load": (Optional[LoadModel], None),
+    "load": (Optional[LoadModel], None), "accuracy": (Optional[AccuracyModel], None),
     "weight_breakdown": (Optional[dict[str, Num]], None),
     "samples": (Optional[list[SampleModel]], None), "baseline_samples": (Optional[list[SampleModel]], None),
     "intervals": (Optional[dict[str, Optional[IntervalModel]]], None), "noise": (Optional[NoiseModel], None)})

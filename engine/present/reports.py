@@ -338,14 +338,14 @@ def export_html(report: Report) -> str:
     machine = ", ".join(str(x) for x in (mach.get("cpu_model"), mach.get("simd"), mach.get("gpu_name")) if x)
     names = present.view_columns(table, "report")
     pf = present.pareto_figure(table)
-    return _with_plan_section(_with_load_section(_env().get_template("report.html.j2").render(
+    return _with_plan_section(_with_accuracy_section(_with_load_section(_env().get_template("report.html.j2").render(
         report=report, csp=Markup(_CSP), style=Markup(_STYLE), plotly_js=Markup(get_plotlyjs()), machine=machine,
         highlights=present.highlights(table), rows=present.display_rows(table, names),  # median ± h
         columns=[present.COLUMNS_BY_NAME[n] for n in names],
         charts=[_figure_div(present.bar_figure(table, col, title, unit, better))
                 for col, title, unit, better in present.available_charts(table)],
         pareto=_figure_div(pf) if pf is not None else None, missing=present.missing_charts(table),
-        definitions=present.definitions(names) + _DEFINITIONS_EXTRA), report), report)
+        definitions=present.definitions(names) + _DEFINITIONS_EXTRA), report), report), report)
 
 
 _LOAD_SECTION = """<h3 id="under-load">Under load</h3>
@@ -382,6 +382,27 @@ def _with_load_section(html: str, report: Report) -> str:
         columns=[load_view.BY_NAME[n] for n in load_view.load_columns(rows)], rows=rows,
         costs=load_cost.cost_rows(costs), verdicts=[x.verdict for x in pairs],
         charts=[_figure_div(f) for f in figs])
+    at = html.rfind("<h3>Definitions</h3>")
+    return html[:at] + section + html[at:] if at >= 0 else html.replace("</body>", section + "</body>")
+
+
+_ACCURACY_SECTION = """<h3 id="task-accuracy">Task accuracy beside KLD</h3>
+<table id="accuracy-runs"><thead><tr>{% for c in columns %}<th class="l">{{ c }}</th>{% endfor %}</tr></thead><tbody>
+{% for r in rows %}<tr>{% for c in columns %}<td class="l">{{ r[c] | cell }}</td>{% endfor %}</tr>
+{% endfor %}</tbody></table>
+<p class="meta">{{ note }}</p>
+"""
+
+
+def _with_accuracy_section(html: str, report: Report) -> str:
+    """The report's accuracy records, paired against the first, with KLD beside (before the definitions)."""
+    from engine.present.accuracy_view import COLUMNS, NOTE, accuracy_rows
+
+    recs = [r for r in report.records if r.kind == "accuracy"]
+    if not recs:
+        return html
+    section = _env().from_string(_ACCURACY_SECTION).render(columns=COLUMNS, rows=accuracy_rows(recs, report.records),
+                                                           note=NOTE)
     at = html.rfind("<h3>Definitions</h3>")
     return html[:at] + section + html[at:] if at >= 0 else html.replace("</body>", section + "</body>")
 
