@@ -97,7 +97,7 @@ def prefix(a) -> list[str]:
 def regression(a) -> list[str]:
     rows = {}
     for name, extra in (("slots", ["--kv-cache", "slots"]), ("paged", []), ("slots again", ["--kv-cache", "slots"])):
-        rows[name] = _load(_spec(a, 8, extra), "concurrent:8", "sharegpt", a)
+        rows[name] = _load(_spec(a, 8, extra), "concurrent:8", f"chat:{a.requests}", a)
     slots = (rows["slots"]["tok_s"] + rows["slots again"]["tok_s"]) / 2
     out = [f"\n### 3. No regression: {a.small} int4, ShareGPT chat (single turn), concurrency 8, prefix caching off\n",
            "| KV cache | requests ok | output tok/s | TTFT p50 s |", "| --- | --- | --- | --- |"]

@@ -4,8 +4,6 @@ own server on 127.0.0.1."""
 from __future__ import annotations
 
 import json
-import threading
-from http.server import ThreadingHTTPServer
 
 import pytest
 
@@ -14,7 +12,7 @@ from engine.load import client
 from engine.load.requests import cycle, fresh, from_conversations, load_tokenizer
 from engine.load.run import LoadConfig, prepare, run, run_point
 from engine.measure import conversations, workloads
-from tests.test_load import Stub, StubHandler, _serve
+from tests.test_load import Stub, _serve, stub  # noqa: F401  (stub: the stub server fixture)
 
 
 @pytest.fixture(scope="module")
@@ -118,14 +116,6 @@ def _check_samples(rec, reqs_sent):
     return by_conv
 
 
-@pytest.fixture(scope="module")
-def stub():
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), StubHandler)
-    th = threading.Thread(target=srv.serve_forever, daemon=True)
-    th.start()
-    yield f"http://127.0.0.1:{srv.server_address[1]}"
-    srv.shutdown()
-    srv.server_close()
 
 
 def test_concurrent_conversations_against_a_stub(stub):

@@ -110,24 +110,36 @@ def test_slot_cache_refuses_paged_options():
         BatchSettings(kv_cache="paged", block_size=16).validate()
 
 
-def test_int8_kv_stays_within_its_kl_bound(small_fp32):
-    """The same 300 tokens through an fp32 and an int8 paged cache: per-position KL(fp32 || int8) of the
-    next-token distributions, mean below 0.006 and max below 0.1 (measured 0.0029 and 0.057; one scale per K vector gave 0.0079 and 0.60)."""
-    lm = small_fp32
+def _kv_kl(lm, order=None):
+    """KL(fp32 cache || int8 cache) per position of the same ~250 tokens, prefilled 64 at a time through a
+    paged cache (its blocks in `order`), and the passes each path took."""
+    from engine.ops.fused import count_steps, fused_info
+
     text = PREAMBLE * 2 + "def merge(a, b):\n    out = []\n    while a and b:\n"
     toks = torch.tensor(lm.tokenizer(text)["input_ids"][:300])
     n = len(toks)
-    logp = {}
+    logp, steps, caches = {}, {}, {}
     for kv in ("auto", "int8"):
-        cache = PagedKVCache(lm.model.cfg, 1, 320, 5, 64, torch.float32, "cpu", kv)
+        cache = caches[kv] = PagedKVCache(lm.model.cfg, 1, 320, 5, 64, torch.float32, "cpu", kv)
         cache.blocks.admit(0, toks.tolist(), n, 0)
         cache.sync(0)
-        lg = torch.cat([lm.model.forward_rows(toks[p:p + 64], Rows.of([(0, p, min(64, n - p))], "cpu"), cache)
-                        for p in range(0, n, 64)])
+        if order is not None:
+            cache.table[0] = torch.tensor(order, dtype=torch.int32)
+        with count_steps():
+            lg = torch.cat([lm.model.forward_rows(toks[p:p + 64], Rows.of([(0, p, min(64, n - p))], "cpu"), cache)
+                            for p in range(0, n, 64)])
+            steps[kv] = fused_info()
         logp[kv] = torch.log_softmax(lg.float(), -1)
     kl = (logp["auto"].exp() * (logp["auto"] - logp["int8"])).sum(-1)
-    assert float(kl.mean()) < 0.006 and float(kl.max()) < 0.1, (float(kl.mean()), float(kl.max()))  # 0.0029, 0.057
-    assert cache.nbytes() < 0.3 * PagedKVCache(lm.model.cfg, 1, 320, 5, 64, torch.float32, "cpu").nbytes()
+    return kl, steps, caches, n
+
+
+def test_int8_kv_stays_within_its_kl_bound(small_fp32):
+    """fp32 weights (the PyTorch path): per-position KL(fp32 || int8) of the next-token distributions, mean
+    below 0.006 and max below 0.1 (measured 0.0029 and 0.057; one scale per K vector gave 0.0079 and 0.60)."""
+    kl, _, caches, _ = _kv_kl(small_fp32)
+    assert float(kl.mean()) < 0.006 and float(kl.max()) < 0.1, (float(kl.mean()), float(kl.max()))
+    assert caches["int8"].nbytes() < 0.3 * caches["auto"].nbytes()
 
 
 def test_paged_pytorch_path_matches_the_slot_cache(small_fp32, ids):
@@ -157,22 +169,7 @@ def test_int8_kv_runs_in_the_fused_step_within_the_same_bound(small_int4):
     PyTorch), the table's blocks out of order. Against the same model with an fp32 cache the int4 weights
     double the KL of the fp32 model's (measured: 0.0073 mean, 0.167 max fused; 0.0070 and 0.129 through the
     PyTorch path with SCL_FUSED=0, the same model): bound 0.012 and 0.25."""
-    from engine.ops.fused import count_steps, fused_info
-
-    lm = small_int4
-    text = PREAMBLE * 2 + "def merge(a, b):\n    out = []\n    while a and b:\n"
-    toks = torch.tensor(lm.tokenizer(text)["input_ids"][:300])
-    n = len(toks)
-    logp = {}
-    for kv in ("auto", "int8"):
-        cache = PagedKVCache(lm.model.cfg, 1, 320, 5, 64, torch.float32, "cpu", kv)
-        cache.blocks.admit(0, toks.tolist(), n, 0)
-        cache.table[0] = torch.tensor([4, 2, 0, 3, 1], dtype=torch.int32)  # blocks out of order
-        with count_steps():
-            lg = torch.cat([lm.model.forward_rows(toks[p:p + 64], Rows.of([(0, p, min(64, n - p))], "cpu"), cache)
-                            for p in range(0, n, 64)])
-            info = fused_info()
+    kl, steps, _, n = _kv_kl(small_int4, order=[4, 2, 0, 3, 1])
+    for info in steps.values():
         assert info["fused_steps"] == -(-n // 64) and info["reference_steps"] == 0, info
-        logp[kv] = torch.log_softmax(lg.float(), -1)
-    kl = (logp["auto"].exp() * (logp["auto"] - logp["int8"])).sum(-1)
     assert float(kl.mean()) < 0.012 and float(kl.max()) < 0.25, (float(kl.mean()), float(kl.max()))

@@ -292,12 +292,13 @@ class Scheduler:
             if s not in self.running or not s.decoding:
                 continue
             need = len(s.tokens) + max(0, min(s.gamma, s.room - 1))
+            held = len(self.blocks.tables[s.slot])
             while not self.blocks.grow(s.slot, need):
                 victim = max(self.running, key=_arrival)
                 self._preempt(victim)
                 if victim is s:
                     break
-            if s in self.running:
+            if s in self.running and len(self.blocks.tables[s.slot]) != held:  # the kernels read the new blocks
                 self.batch.cache.sync(s.slot)
 
     def plan(self) -> tuple[list[Sequence], list[tuple[Sequence, int]]]:
