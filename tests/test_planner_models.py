@@ -160,8 +160,9 @@ def test_kv_bytes_windowed_layers_are_bounded():
     assert shapes.kv_bytes_per_token(g) == per_layer * 62                       # no context: the upper bound
     o = MODELS["gpt-oss-120b"]      # 36 layers alternating: 18 full, 18 keep 128 tokens; 8 KV heads x 64
     assert shapes.kv_cache_bytes(o, ctx, "fp8") == 2 * 8 * 64 * 1 * (18 * ctx + 18 * 128)
-    # int8 adds one fp16 scale per cached vector (K and V per KV head)
-    assert shapes.kv_cache_bytes(o, ctx, "int8") == (2 * 8 * 64 + 2 * 8 * 2) * (18 * ctx + 18 * 128)
+    # int8 adds fp16 scales as the engine's paged cache keeps them: per 32 values of a K vector (2 for
+    # head_dim 64) and one per V vector, per KV head (engine.common.formulas.kv_pair_bytes)
+    assert shapes.kv_cache_bytes(o, ctx, "int8") == (2 * 8 * 64 + 8 * (2 * 2 + 2)) * (18 * ctx + 18 * 128)
 
 
 def test_kv_bytes_mla_latent():

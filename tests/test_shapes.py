@@ -217,7 +217,8 @@ def test_kv_bytes_per_token():
     assert kv_bytes_per_token(MODELS["qwen2.5-0.5b"], "bf16") == 12288
     m = MODELS["qwen3-8b"]
     assert kv_bytes_per_token(m, "fp8") == kv_bytes_per_token(m, "bf16") / 2
-    assert kv_bytes_per_token(m, "int8") == kv_bytes_per_token(m, "fp8") + 2 * m.layers * m.kv_heads * 2
+    # int8: fp16 scales per 32 key values (4 at head_dim 128) and per value vector (1), per layer and KV head
+    assert kv_bytes_per_token(m, "int8") == kv_bytes_per_token(m, "fp8") + m.layers * m.kv_heads * (4 + 1) * 2
     with pytest.raises(shapes.ShapeError):
         kv_bytes_per_token(m, "int2")
 
