@@ -170,11 +170,13 @@ class Batch:
     def kv_bytes(self) -> int:
         return self.cache.nbytes() + (self.proposer.kv_bytes() if self.proposer else 0)
 
-    def share_prefix(self, src: Sequence, dst: Sequence, n: int) -> None:
+    def share_prefix(self, src: Sequence, dst: Sequence, n: int) -> int:
         """dst starts with src's first n prompt positions, K/V (the draft's too) and prompt logprobs.
         A paged cache shares src's whole blocks (held twice, computed once) and dst prefills the rest."""
         if self.cache.paged:
             n = n // self.cache.block_size * self.cache.block_size
+            if n == 0:  # less than a block to share: dst prefills its prompt alone
+                return 0
             self.cache.blocks.share(src.slot, dst.slot, n // self.cache.block_size)
             self.cache.sync(dst.slot)
         else:
@@ -184,6 +186,7 @@ class Batch:
         if dst.req.prompt_logprobs is not None:  # entry j is prompt token j's (None for the first)
             dst.prompt_logprobs = list(src.prompt_logprobs[:n + 1])
         dst.prefilled = n
+        return n
 
     # ------------------------------------------------------------ one step
 

@@ -341,7 +341,7 @@ class Scheduler:
             return True
         if lead.prefilled < n:
             return False
-        self.batch.share_prefix(lead, s, n)
+        n = self.batch.share_prefix(lead, s, n)
         s.req.prefix_from = None
         with self.lock:
             self.shared_prompt_tokens += n
