@@ -24,6 +24,7 @@ from engine.common.errors import UserError
 from engine.common.formulas import INT8_K_GROUP, kv_pair_bytes
 from engine.infer.blocks import BlockManager
 
+BLOCK_SIZE = 64  # positions per block by default: one key tile of the fused attention
 KV_DTYPES = ("auto", "fp32", "bf16", "fp16", "int8", "fp8")
 _TORCH = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "int8": torch.int8,
           "fp8": torch.float8_e4m3fn}
@@ -146,7 +147,7 @@ class PagedKVCache(nn.Module):
 def one_sequence_cache(model, positions: int, kv_dtype: str) -> PagedKVCache:
     """A paged cache holding exactly one sequence (slot 0) of `positions` positions at kv_dtype: what a
     quality measurement of a KV precision runs on."""
-    bs = 64
+    bs = BLOCK_SIZE
     n = -(-positions // bs)
     cache = PagedKVCache(model.cfg, 1, positions, n, bs, model.compute_dtype, model.device, kv_dtype)
     cache.blocks.admit(0, [], positions, 0)

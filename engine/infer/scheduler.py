@@ -37,6 +37,7 @@ from dataclasses import asdict, dataclass
 from engine.common.errors import UserError
 from engine.common.setup import EngineSetup
 from engine.infer.batch import Batch, Request, Sequence, StepStats, fail, stream
+from engine.infer.paged import BLOCK_SIZE
 
 POLICIES = ("decode-first", "prefill-first")
 KV_CACHES = ("slots", "paged")
@@ -65,7 +66,7 @@ class BatchSettings:
     policy: str = "decode-first"
     kv_cache: str = "slots"  # slots | paged
     kv_cache_gib: float = 0.0  # paged: the KV budget (0: what max_seqs slots of max_model_len would take)
-    block_size: int = 64  # paged: positions per block (a multiple of the fused attention's key tile, 64)
+    block_size: int = BLOCK_SIZE  # paged: positions per block (a multiple of the fused attention's key tile, 64)
     prefix_caching: bool = False  # paged: reuse cached blocks of a prompt's prefix
     kv_dtype: str = "auto"  # auto (the compute dtype) | fp32 | bf16 | fp16 | int8 | fp8
 
