@@ -277,14 +277,16 @@ def cmd_accuracy(a) -> int:
         from engine.infer.catalog import canonical_name
         from engine.peers import servers
 
-        spec = servers.ServerSpec.of("llama-server", model=a.model, precision="Q4_K_M", slots=1, max_model_len=2048)
+        spec = servers.ServerSpec.of("llama-server", model=a.model, precision="Q4_K_M", slots=a.batch,
+                                     max_model_len=2048)
         why = servers.unavailable_reason(spec)
         if why:
             print(f"llama-server Q4_K_M: unavailable: {why}", file=sys.stderr)
         else:
             with servers.start(spec, progress=say) as rs:
                 recs.append(accuracy.evaluate_endpoint(rs.url, "llama-server Q4_K_M", canonical_name(a.model), "Q4_K_M",
-                                                       spec.served_name, server=rs.facts(), **kw))
+                                                       spec.served_name, server=rs.facts(), concurrency=a.batch,
+                                                       **kw))
     if a.json:
         print("[" + ",\n".join(r.to_json(indent=1) for r in recs) + "]")
         return 0
@@ -394,7 +396,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--subset", default="quick20", help="full (all 164) or quick20 (every 8th task id, 0..152)")
     p.add_argument("--ids", type=_csv, default=None, help="task ids instead of a subset: HumanEval/0,HumanEval/8")
     p.add_argument("--max-new-tokens", type=int, default=384)
-    p.add_argument("--batch", type=int, default=4, help="problems generated together (greedy: the same answers)")
+    p.add_argument("--batch", type=int, default=4, help="problems in flight at once, batched continuously (ours; llama-server's slots)")
     p.add_argument("--draft", default="none", help="none, model, self or ngram: speculative, lossless")
     p.add_argument("--draft-model", default="default-draft")
     p.add_argument("--draft-precision", default="int4")

@@ -65,6 +65,12 @@ if load_recs:
                                                                             help="goodput at the highest load "
                                                                                  "whose point met the SLO"),
                      "usd_per_1m_out_single_stream": st.column_config.NumberColumn(_ui.USD_LABEL, format="$%.4f")})
+    kv_rows = load_cost.kv_cost_rows(load_recs, usd)
+    if kv_rows:
+        st.markdown("**Under load: the KV cache quantized or not, $ per 1M output tokens at the SLO** (same weights, "
+                    "workload, SLO and KV budget)")
+        st.dataframe(pd.DataFrame(kv_rows).rename(columns=load_cost.KV_COST_LABELS), hide_index=True,
+                     key="cost-kv-at-slo")
 
 # ---------------------------------------------------------------- planner
 st.divider()

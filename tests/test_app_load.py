@@ -165,3 +165,35 @@ def test_engine_configurations_leave_out_a_draft_that_is_its_target():
     assert len(notes) == 2 and "the draft is the target itself" in notes[0]
     specs, notes = engine_specs("default", ["int4"], ["model"])
     assert specs[0].setup.draft_model == "default-draft" and not notes
+
+
+def test_kv_cache_quantized_or_not_priced_on_the_load_and_cost_pages():
+    from tests.test_load_view import with_kv
+
+    q = with_kv(curve("ours int4", {1: 10, 4: 30, 8: 50}), "int8", "int8", 160)
+    b = with_kv(curve("ours int4", {1: 10, 4: 28}) + [point("ours int4", 8, met=(100,), missed=(300,))],
+                "auto", "fp32", 40)
+    ids = _stored(q + b)
+    at = AppTest.from_file(PAGE, default_timeout=TIMEOUT)
+    at.session_state["load-runs"] = ids
+    at.run()
+    assert not problems(at)
+    kv = frame(at, "KV quantized", "KV not", "sequences (quantized)", "not / quantized")
+    assert list(kv["KV quantized"]) == ["int8"] and list(kv["KV not"]) == ["fp32"]
+    assert list(kv["sequences (quantized)"]) == [10] and kv["not / quantized"].iloc[0] == pytest.approx(50 / 28, rel=1e-3)
+    verdict = next(m.value.replace("\\", "") for m in at.markdown if "does not lead" in m.value)  # markdown-escaped
+    assert "KV int8 paged 0.25 does not lead ours int4 · qwen2.5-coder-0.5b · KV auto paged 0.25 on output tok/s" \
+        in verdict and "it leads at 4, 8" in verdict
+    cost = AppTest.from_file(str(ROOT / "pages/cost.py"), default_timeout=TIMEOUT)
+    cost.session_state["comparison"] = ids
+    cost.run()
+    assert not problems(cost)
+    assert list(frame(cost, "KV quantized", "$/1M out at the SLO (quantized)")["KV quantized"]) == ["int8"]
+
+
+def test_engine_configurations_at_each_kv_precision_share_one_budget():
+    from engine.peers.load_sweep import engine_specs
+
+    specs, _ = engine_specs("default-draft", ["int4"], ["none"], kv_dtypes=["auto", "int8"], kv_cache_gib=0.25)
+    assert [(s.kv_dtype, s.kv_cache_gib) for s in specs] == [("auto", 0.25), ("int8", 0.25)]
+    assert specs[1].label.endswith("(8 seqs, KV int8 in 0.25 GiB)")

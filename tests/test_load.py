@@ -369,7 +369,7 @@ def test_cli_against_our_server(tmp_path):
     from engine.peers.servers import ServerSpec
 
     with _serve(ServerSpec.of("serving-cost-lab", model="default-draft", precision="int4", slots=2,
-                           max_model_len=1024)) as rs:
+                           max_model_len=1024, kv_dtype="int8", kv_cache_gib=0.05)) as rs:
         rec = _check_cli_record(rs.url, tmp_path, "ours test")
     assert "vllm" in rec.metrics["load"]["server_metrics"]["families"]  # our server uses vLLM's names
     # issue 24.7: started elsewhere and measured by URL, our server is known by its own account of its setup,
@@ -378,6 +378,13 @@ def test_cli_against_our_server(tmp_path):
     assert cfg["system"] == "serving-cost-lab" and cfg["precision"].startswith("int4") and cfg["label"] == "ours test"
     assert cfg["server"]["slots"] == 2 and cfg["server"]["identified_by"] == "/v1/models lab"
     assert cfg["model"] == "qwen2.5-coder-0.5b" and cfg["draft"] is None
+    # its KV cache as it said it: int8 blocks in a 0.05 GiB budget (the 0.5B: 24 layers x 2 KV heads x
+    # (2 x 64 int8 values + 3 fp16 scales) = 6,432 bytes a position, 411,648 a block of 64: 130 blocks)
+    from engine.present import load_cost, load_view
+
+    kv = load_cost.kv_of(rec)
+    assert (kv["dtype"], kv["asked"], kv["cache"], kv["budget_gib"], kv["blocks"]) == ("int8", "int8", "paged", 0.05, 130)
+    assert kv["sequences"] == 130 // 16 and load_view.load_row(rec)["kv"] == "int8 paged, 0.05 GiB (130 blocks)"
     from engine import planner
 
     cal = planner.calibrate([rec.to_dict()])

@@ -149,3 +149,50 @@ def test_a_report_shows_its_load_records_in_their_own_section_escaped():
     assert 'id="load-runs"' in section and 'id="load-costs"' in section and "stops paying at 8" in section
     assert section.count('class="plotly-graph-div"') == 4  # latency, goodput, $/1M at the SLO, crossover
     assert evil not in html and "&lt;script&gt;" in section
+
+
+def with_kv(recs, asked, stored, blocks, gib=0.25, ctx=1024):
+    """Our server's KV cache on each record, as the load client keeps its /v1/models account."""
+    for r in recs:
+        r.config["server"] = {"kv_dtype": asked, "kv_cache_gib": gib, "lab": {
+            "kv": {"kv_cache": "paged", "kv_dtype": stored, "num_blocks": blocks, "block_size": 64},
+            "settings": {"kv_cache": "paged", "kv_dtype": asked, "kv_cache_gib": gib, "max_model_len": ctx,
+                         "max_seqs": 8}}}
+    return recs
+
+
+def test_kv_quantized_and_not_are_two_configurations_priced_side_by_side():
+    """int8 KV holds 4x the sequences in the budget and keeps meeting the SLO at concurrency 8, where the
+    fp32 cache preempts and misses it: $/1M at the SLO is read at 8 for int8 and at 4 for fp32."""
+    q = with_kv(curve("ours int4", {1: 10, 4: 30, 8: 50}), "int8", "int8", 160)
+    b = with_kv(curve("ours int4", {1: 10, 4: 28}) + [point("ours int4", 8, met=(100,), missed=(300,))],
+                "auto", "fp32", 40)
+    bf16 = with_kv(curve("ours bf16", {1: 5, 4: 20, 8: 30}, precision="bf16"), "auto", "bf16", 80)
+    names = list(L.configurations(q + b + bf16))
+    assert len(names) == 3 and {n.split(" · KV ")[-1] for n in names[:2]} == {"int8 paged 0.25", "auto paged 0.25"}
+    assert L.kv_of(q[0])["sequences"] == 10 and L.kv_of(b[0])["sequences"] == 2  # 160 and 40 blocks of 16
+    pairs = {(x.kind, x.candidate.split(" · ")[-1], x.baseline.split(" · ")[-1]) for x in L.crossover_pairs(q + b + bf16)}
+    # int4 at auto vs bf16 at auto is like-for-like (each at its compute dtype); int4 at int8 KV vs bf16 is not
+    assert pairs == {("kv-cache", "KV int8 paged 0.25", "KV auto paged 0.25"),
+                     ("precision", "KV auto paged 0.25", "qwen2.5-coder-0.5b")}
+    (row,) = L.kv_cost_rows(q + b + bf16, 0.5)
+    assert (row["kv_quantized"], row["kv_unquantized"], row["sequences_quantized"], row["sequences_unquantized"]) \
+        == ("int8", "fp32", 10, 2)
+    assert row["usd_per_1m_out_at_slo_quantized"] == pytest.approx(usd_per_million_tokens(50, 0.5), rel=1e-3)
+    assert row["usd_per_1m_out_at_slo_unquantized"] == pytest.approx(usd_per_million_tokens(28, 0.5), rel=1e-3)
+    assert row["unquantized_over_quantized"] == pytest.approx(50 / 28, rel=1e-3)
+    assert row["at_quantized"] == "concurrency 8" and row["at_unquantized"] == "concurrency 4"
+    table = V.load_rows(q + b)
+    assert table[0]["kv"] == "int8 paged, 0.25 GiB (160 blocks)" and table[-1]["kv"] == "fp32 paged, 0.25 GiB (40 blocks)"
+
+    from engine.present import reports
+    html = reports.export_html(reports.Report("kv", "", q + b, 0.5))
+    kv = html[html.index('id="load-kv-costs"'):]
+    assert "int8" in kv and "fp32" in kv and f"{50 / 28:.3f}"[:4] in kv
+
+
+def test_records_without_kv_facts_group_as_before():
+    recs = curve("int4", {1: 10, 8: 50}) + curve("int4 ngram", {1: 14, 8: 40}, draft="ngram")
+    assert L.kv_of(recs[0]) is None and list(L.configurations(recs)) == ["int4 · qwen2.5-coder-0.5b",
+                                                                         "int4 ngram · qwen2.5-coder-0.5b"]
+    assert L.kv_cost_rows(recs, 0.5) == []

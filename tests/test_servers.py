@@ -34,6 +34,26 @@ def test_specs_are_validated_with_the_fix():
             spec.validate()
 
 
+def test_our_kv_cache_is_typed_labelled_and_passed_refused_for_peers():
+    spec = ServerSpec.of("serving-cost-lab", precision="int4", kv_dtype="int8", kv_cache_gib=0.25).validate()
+    cmd = spec.command(8000)
+    assert cmd[cmd.index("--kv-dtype") + 1] == "int8" and cmd[cmd.index("--kv-cache-gib") + 1] == "0.25"
+    assert spec.label == "serving-cost-lab int4 (8 seqs, KV int8 in 0.25 GiB)"
+    slots = ServerSpec.of("serving-cost-lab", precision="int4", kv_cache="slots").validate()
+    assert slots.command(8000)[-2:] == ["--kv-cache", "slots"] and slots.label.endswith("(8 seqs, slot KV cache)")
+    plain = ServerSpec.of("serving-cost-lab", precision="int4").validate()
+    assert "--kv-dtype" not in plain.command(8000) and plain.label == "serving-cost-lab int4 (8 seqs)"
+    assert ServerSpec.from_dict(spec.to_dict()).label == spec.label
+    for bad, word in [(dict(kv_dtype="int3"), "unknown KV-cache dtype 'int3'"), (dict(kv_cache_gib=-1), "out of range"),
+                      (dict(kv_cache="ring"), "unknown KV cache 'ring'"),
+                      (dict(kv_cache="slots", kv_dtype="int8"), "need the paged KV cache"),
+                      (dict(extra_args=["--kv-dtype", "int8"]), "label does not say")]:
+        with pytest.raises(UserError, match=word):
+            ServerSpec.of("serving-cost-lab", precision="int4", **bad).validate()
+    with pytest.raises(UserError, match="its own server only, not llama-server's"):
+        ServerSpec.of("llama-server", kv_dtype="int8").validate()
+
+
 def test_vllm_runs_the_precision_its_label_says():
     """vLLM used to get --dtype bfloat16 whatever the spec said: each precision now has its own arguments."""
     for prec, want in [("bf16", ["--dtype", "bfloat16"]), ("fp32", ["--dtype", "float32"]),

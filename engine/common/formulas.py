@@ -68,6 +68,12 @@ KV_SCALE_BYTES = {"int8": 2, "int4": 4}  # per scaled vector (an MLA latent, a V
 INT8_K_GROUP = 32
 
 
+def sequences_in_blocks(blocks: int, block_size: int, positions: int) -> int:
+    """Whole sequences of `positions` positions that `blocks` KV blocks of `block_size` positions hold
+    (a sequence takes whole blocks)."""
+    return int(blocks) // -(-int(positions) // int(block_size))
+
+
 def kv_pair_bytes(head_dim: int, kv_dtype: str) -> float:
     """Bytes one token's K and V of one KV head occupy at kv_dtype, scales included."""
     base = 2 * head_dim * KV_VALUE_BYTES[kv_dtype]

@@ -33,6 +33,19 @@ MODEL_ALIASES = {"default": "qwen2.5-coder-1.5b", "default-draft": "qwen2.5-code
 
 DRAFT_KINDS = ("none", "model", "self", "ngram")
 MAX_GAMMA = 16  # draft tokens per round, at most
+# The engine's KV-cache precisions (auto: the compute dtype); fp8 needs a GPU of compute capability 8.9+.
+KV_DTYPES = ("auto", "fp32", "bf16", "fp16", "int8", "fp8")
+QUANTIZED_KV = ("int8", "fp8")  # the KV dtypes that quantize: priced against an unquantized cache
+
+
+def kv_words(kv_cache: str | None = "paged", kv_dtype: str | None = "auto", kv_cache_gib: float | None = 0.0) -> str:
+    """How a label says our server's KV cache where it is not the default (paged, the compute dtype, a budget
+    of slots x context): ', KV int8 in 0.25 GiB', ', slot KV cache', or ''."""
+    if kv_cache == "slots":
+        return ", slot KV cache"
+    if (kv_dtype or "auto") == "auto" and not kv_cache_gib:
+        return ""
+    return f", KV {kv_dtype or 'auto'}" + (f" in {kv_cache_gib:g} GiB" if kv_cache_gib else "")
 
 
 def parse_precision(p: str) -> str:

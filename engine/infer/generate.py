@@ -43,13 +43,17 @@ class GenerationResult:
 
 def run_static(lm, ids: list[list[int]], max_new_tokens: int, sp: SamplingParams, on_token=None,
                stop_at_eos: bool = True, proposer_spec=None, gamma: int = 0, adaptive: bool = False,
-               stop: tuple[str, ...] = ()) -> GenerationResult:
+               stop: tuple[str, ...] = (), max_seqs: int | None = None) -> GenerationResult:
     """Run a static batch of already-encoded prompts to completion and time it; `stop` ends a sequence at
-    the first of these strings (its tokens up to there are kept in new_tokens)."""
+    the first of these strings (its tokens up to there are kept in new_tokens). `max_seqs` below the
+    number of prompts batches continuously: at most that many in flight, the next admitted as one ends
+    (the step times then mix prefills into decode steps)."""
     b, longest = len(ids), max(len(x) for x in ids)
+    m = min(b, max_seqs or b)
     headroom = speculation_headroom(proposer_spec, gamma)
-    settings = BatchSettings(max_seqs=b, max_model_len=longest + max_new_tokens + headroom + 1,
-                             max_batched_tokens=max(sum(len(x) for x in ids), b * (gamma + 1)) + PREFILL_CHUNK,
+    widest = sum(sorted(len(x) for x in ids)[-m:])  # the m longest prompts read in one step
+    settings = BatchSettings(max_seqs=m, max_model_len=longest + max_new_tokens + headroom + 1,
+                             max_batched_tokens=max(widest, m * (gamma + 1)) + PREFILL_CHUNK,
                              prefill_chunk=PREFILL_CHUNK, max_waiting=b, policy="prefill-first")
     sched = Scheduler(lm, settings, proposer_spec, gamma, adaptive, eos=eos_ids(lm) if stop_at_eos else set())
     index = {}

@@ -22,10 +22,10 @@ from torch import nn
 
 from engine.common.errors import UserError
 from engine.common.formulas import INT8_K_GROUP, kv_pair_bytes
+from engine.common.vocab import KV_DTYPES
 from engine.infer.blocks import BlockManager
 
 BLOCK_SIZE = 64  # positions per block by default: one key tile of the fused attention
-KV_DTYPES = ("auto", "fp32", "bf16", "fp16", "int8", "fp8")
 _TORCH = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "int8": torch.int8,
           "fp8": torch.float8_e4m3fn}
 _NAME = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}

@@ -37,7 +37,7 @@ from dataclasses import asdict, dataclass
 from engine.common.errors import UserError
 from engine.common.setup import EngineSetup
 from engine.infer.batch import Batch, Request, Sequence, StepStats, fail, stream
-from engine.infer.paged import BLOCK_SIZE
+from engine.infer.paged import BLOCK_SIZE, kv_dtype_name
 
 POLICIES = ("decode-first", "prefill-first")
 KV_CACHES = ("slots", "paged")
@@ -147,10 +147,10 @@ class Scheduler:
         """What the KV cache is and holds: recorded beside the settings (and /metrics' gauges)."""
         c = self.batch.cache
         out = {"kv_cache": "paged" if c.paged else "slots", "kv_bytes": self.batch.kv_bytes(),
-               "preemptions": self.preemptions}
+               "preemptions": self.preemptions, "kv_dtype": c.kv_name if c.paged else kv_dtype_name("auto", c.k.dtype)}
         if c.paged:
             b = self.blocks
-            out.update(kv_dtype=c.kv_name, block_size=c.block_size, num_blocks=c.num_blocks, blocks_used=b.used(),
+            out.update(block_size=c.block_size, num_blocks=c.num_blocks, blocks_used=b.used(),
                        prefix_caching=b.prefix_caching, prefix_cache_queries=b.stats.queries,
                        prefix_cache_hits=b.stats.hits, prefix_cache_evictions=b.evictions)
         return out

@@ -13,6 +13,7 @@ import uuid
 from dataclasses import asdict, dataclass, field
 
 from engine.common.errors import UserError
+from engine.common.vocab import kv_words
 from engine.load import client, server_metrics
 from engine.load import metrics as M
 from engine.load.profiles import SLO, Limits, Profile, parse_profile, parse_slo
@@ -105,6 +106,7 @@ def server_from_facts(facts: dict, url: str) -> dict:
     draft = lab.get("draft") if isinstance(lab.get("draft"), dict) else None
     settings = lab.get("settings") if isinstance(lab.get("settings"), dict) else {}
     words = f" + {draft.get('kind')} draft" if draft else ""
+    words += kv_words(settings.get("kv_cache"), settings.get("kv_dtype"), settings.get("kv_cache_gib"))
     return {"system": "serving-cost-lab", "label": f"serving-cost-lab {lab['precision']}{words} at {url} (its own "
             "account)", "model": lab.get("model"), "precision": lab.get("precision"), "draft": draft,
             "slots": settings.get("max_seqs"), "setup": lab.get("setup"), "identified_by": "/v1/models lab"}

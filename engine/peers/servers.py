@@ -27,7 +27,7 @@ from pathlib import Path
 from engine.common.errors import UserError, read_object
 from engine.common.paths import REPO_ROOT, cache_dir
 from engine.common.setup import EngineSetup
-from engine.common.vocab import MAX_GAMMA
+from engine.common.vocab import KV_DTYPES, MAX_GAMMA, kv_words
 from engine.peers.gguf_tools import LLAMA_CPP_VERSION  # the sdist `make peers` builds
 
 OURS = "serving-cost-lab"
@@ -103,7 +103,9 @@ class ServerSpec:
     """Which server to start, and how. `setup` is the engine setup: all of it for ours; for a peer only
     its model and precision count, in the peer's own vocabulary (llama-server: Q4_K_M). `slots` is what
     each calls its concurrency: llama-server's -np, vLLM's --max-num-seqs, our --max-seqs.
-    `max_model_len` is the context of one request."""
+    `max_model_len` is the context of one request. `kv_cache` (paged | slots), `kv_dtype` and `kv_cache_gib`
+    are our server's KV cache (its --kv-cache, --kv-dtype and --kv-cache-gib; 0 GiB: what `slots` sequences
+    of max_model_len take); typed here, not in extra_args, so the label and the record say them."""
 
     system: str
     setup: EngineSetup | None = None  # None: the 0.5B at the system's usual precision
@@ -113,6 +115,9 @@ class ServerSpec:
     url: str | None = None  # system "url" only
     extra_args: list[str] = field(default_factory=list)
     startup_timeout_s: float | None = None
+    kv_cache: str = "paged"
+    kv_dtype: str = "auto"
+    kv_cache_gib: float = 0.0
 
     def __post_init__(self):
         if self.setup is None:
@@ -158,7 +163,33 @@ class ServerSpec:
             raise UserError(f"{self.slots} slots is out of range", "use 1 to 256")
         if not isinstance(self.max_model_len, int) or not 16 <= self.max_model_len <= 131072:
             raise UserError(f"max_model_len {self.max_model_len} is out of range", "use 16 to 131072 tokens")
+        self._validate_kv()
         return self
+
+    def _validate_kv(self) -> None:
+        if self.kv_dtype not in KV_DTYPES:
+            raise UserError(f"unknown KV-cache dtype '{self.kv_dtype}'", f"use one of: {', '.join(KV_DTYPES)}")
+        if isinstance(self.kv_cache_gib, bool) or not isinstance(self.kv_cache_gib, (int, float)) \
+                or not 0 <= self.kv_cache_gib <= 4096:
+            raise UserError(f"kv_cache_gib {self.kv_cache_gib!r} is out of range",
+                            "use 0 (what the slots take at max_model_len) to 4096 GiB")
+        if self.kv_cache not in ("paged", "slots"):
+            raise UserError(f"unknown KV cache '{self.kv_cache}'", "use paged (blocks, the default) or slots")
+        if self.kv_cache == "slots" and (self.kv_dtype != "auto" or self.kv_cache_gib):
+            raise UserError("a KV dtype and a KV budget need the paged KV cache", "set kv_cache to paged")
+        if self.system != OURS and (self.kv_dtype != "auto" or self.kv_cache_gib or self.kv_cache != "paged"):
+            raise UserError(f"the lab sets the KV cache of its own server only, not {self.system}'s",
+                            "leave kv_cache paged, kv_dtype auto and kv_cache_gib 0 for a peer (llama-server's --cache-type-k, "
+                            "vLLM's --kv-cache-dtype are theirs to set)")
+        typed = [a for a in self.extra_args if a.split("=")[0] in ("--kv-dtype", "--kv-cache-gib", "--kv-cache")]
+        if typed:
+            raise UserError(f"{typed[0]} in extra_args would run a KV cache the label does not say",
+                            "set ServerSpec.kv_dtype and kv_cache_gib instead (the paged cache is the default)")
+
+    @property
+    def kv_label(self) -> str:
+        """', KV int8 in 0.25 GiB' where our KV cache is not the default (common.vocab.kv_words)."""
+        return kv_words(self.kv_cache, self.kv_dtype, self.kv_cache_gib) if self.system == OURS else ""
 
     @property
     def served_name(self) -> str:
@@ -190,7 +221,7 @@ class ServerSpec:
         if self.system == "url":
             return self.url or "url"
         if self.system == OURS:
-            return f"{OURS} {self.setup.precision_label}{self.setup.draft_label} ({self.slots} seqs)"
+            return f"{OURS} {self.setup.precision_label}{self.setup.draft_label} ({self.slots} seqs{self.kv_label})"
         if self.system == "llama-server":
             threads = f", -t {self.threads}" if self.threads else ""
             st = self.setup
@@ -230,6 +261,12 @@ class ServerSpec:
                     "--served-model-name", self.served_name]
             if "--prefix-caching" not in self.extra_args:  # off unless asked: like-for-like with the peers
                 cmd += PROMPT_CACHE_OFF[OURS]
+            if self.kv_cache != "paged":
+                cmd += ["--kv-cache", self.kv_cache]
+            if self.kv_dtype != "auto":
+                cmd += ["--kv-dtype", self.kv_dtype]
+            if self.kv_cache_gib:
+                cmd += ["--kv-cache-gib", f"{self.kv_cache_gib:g}"]
         elif self.system == "llama-server":
             # llama-server splits -c across its slots: each request gets c / np.
             cmd = [str(llama_server_binary()), "-m", str(self.llama_gguf()), "--host", HOST,
@@ -336,6 +373,9 @@ class RunningServer:
                 "max_model_len": sp.max_model_len,
                 "prompt_cache": "on (--prefix-caching)" if "--prefix-caching" in sp.extra_args else PROMPT_CACHE[sp.system],
                 "weights": LLAMA_PRECISIONS.get(sp.setup.precision) if sp.system == "llama-server" else None,
+                "kv_cache": sp.kv_cache if sp.system == OURS else None,
+                "kv_dtype": sp.kv_dtype if sp.system == OURS else None,
+                "kv_cache_gib": sp.kv_cache_gib if sp.system == OURS else None,
                 "launch": {"command": self.command, "pid": self.pid, "port": self.port, "log": self.log_path,
                            "started_at": self.started_at, "ready_s": self.ready_s}}
 

@@ -21,8 +21,9 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
-from engine.common.formulas import usd_per_million_tokens
 from engine.common.fields import L, M
+from engine.common.formulas import sequences_in_blocks, usd_per_million_tokens
+from engine.common.vocab import QUANTIZED_KV
 
 INFEASIBLE = "infeasible at this SLO on this machine"
 CLOSED = ("synchronous", "concurrent", "throughput")
@@ -52,11 +53,54 @@ def is_load(rec) -> bool:
 
 # ---------------------------------------------------------------- configurations
 
+def kv_of(rec) -> dict | None:
+    """Our server's KV cache as a load record says it: the server's own account (/v1/models lab.kv and
+    lab.settings, kept by the load client), else what the launcher asked for; None for a peer or a record
+    from before the paged cache. `sequences`: whole sequences of max_model_len positions the blocks hold
+    (the slot cache: its slots)."""
+    srv = _cfg(rec).get("server") or {}
+    lab = srv.get("lab") if isinstance(srv.get("lab"), dict) else {}
+    kv = lab.get("kv") if isinstance(lab.get("kv"), dict) else {}
+    st = lab.get("settings") if isinstance(lab.get("settings"), dict) else {}
+    if not kv and not srv.get("kv_dtype"):
+        return None
+    out = {"cache": kv.get("kv_cache") or srv.get("kv_cache") or "paged",
+           "dtype": kv.get("kv_dtype") or srv.get("kv_dtype"),  # what it stored ('auto' resolved)
+           "asked": st.get("kv_dtype") or srv.get("kv_dtype") or "auto",
+           "budget_gib": _num(st.get("kv_cache_gib", srv.get("kv_cache_gib"))) or None,
+           "blocks": kv.get("num_blocks"), "block_size": kv.get("block_size"), "bytes": kv.get("kv_bytes"),
+           "max_model_len": st.get("max_model_len") or srv.get("max_model_len"),
+           "prefix_caching": kv.get("prefix_caching", st.get("prefix_caching"))}
+    if out["cache"] == "slots":
+        out["sequences"] = st.get("max_seqs") or srv.get("slots")
+    elif out["blocks"] and out["block_size"] and out["max_model_len"]:
+        out["sequences"] = sequences_in_blocks(out["blocks"], out["block_size"], out["max_model_len"])
+    else:
+        out["sequences"] = None
+    return out
+
+
+def kv_text(kv: dict | None) -> str | None:
+    """'int8 paged, 0.25 GiB (1126 blocks)'; 'fp32 slots'; None for no KV facts."""
+    if not kv:
+        return None
+    where = f", {kv['budget_gib']:g} GiB" if kv.get("budget_gib") else ""
+    blocks = f" ({kv['blocks']} blocks)" if kv.get("blocks") else ""
+    return f"{kv.get('dtype') or '?'} {kv.get('cache')}{where}{blocks}"
+
+
+def _kv_key(rec) -> str:
+    kv = kv_of(rec)
+    return "" if not kv else f"{kv.get('asked')} {kv.get('cache')} {kv.get('budget_gib') or ''}".strip()
+
+
 def config_key(rec) -> tuple:
-    """What makes two load records the same configuration: server, model, workload, SLO."""
+    """What makes two load records the same configuration: server, model, workload, SLO, and our server's
+    KV cache (its dtype, kind and budget)."""
     c = _cfg(rec)
     return (c.get("label") or c.get("system") or "?", c.get("model") or "?",
-            (c.get("workload") or {}).get("spec") or _fixed(c), (c.get("slo") or {}).get("label") or "none")
+            (c.get("workload") or {}).get("spec") or _fixed(c), (c.get("slo") or {}).get("label") or "none",
+            _kv_key(rec))
 
 
 def _fixed(c: dict) -> str:
@@ -75,8 +119,10 @@ def configurations(records) -> dict[str, list]:
     for key, recs in groups.items():
         base = f"{key[0]} · {key[1]}"
         twins = [k for k in groups if (k[0], k[1]) == (key[0], key[1])]
-        name = base if len(twins) == 1 else f"{base} · {key[2]} · SLO {key[3]}"
-        out[name] = recs
+        # what tells twins apart, and only that: the workload, the SLO, our server's KV cache
+        parts = [fmt.format(key[i] or "unrecorded") for i, fmt in ((2, "{}"), (3, "SLO {}"), (4, "KV {}"))
+                 if len({k[i] for k in twins}) > 1]
+        out[" · ".join([base] + parts)] = recs
     return out
 
 
@@ -327,7 +373,14 @@ def _facts(recs) -> dict:
     draft = c.get("draft")
     return {"system": c.get("system"), "model": c.get("model"), "precision": str(c.get("precision") or ""),
             "draft": (draft or {}).get("kind") if isinstance(draft, dict) else (draft or None),
-            "workload": config_key(recs[0])[2], "slo": config_key(recs[0])[3]}
+            "workload": config_key(recs[0])[2], "slo": config_key(recs[0])[3],
+            "kv": kv_of(recs[0]) or {}}
+
+
+def _same_kv(f: dict, g: dict) -> bool:
+    """The same KV cache asked for (kind, dtype setting, budget): int4 and bf16 weights both at 'auto' are
+    like-for-like, though auto stores each at its compute dtype."""
+    return all(f["kv"].get(k) == g["kv"].get(k) for k in ("asked", "cache", "budget_gib"))
 
 
 CHEAPER = ("int4", "int8")  # candidate precisions, each against the wider ones after it
@@ -348,13 +401,64 @@ def crossover_pairs(records, metric: str = L.output_tok_s) -> list[Crossover]:
         if f["draft"] in (None, "none"):
             continue
         for m, g in facts.items():
-            if g["draft"] in (None, "none") and same(f, g, "system", "model", "precision", "workload", "slo"):
+            if g["draft"] in (None, "none") and same(f, g, "system", "model", "precision", "workload", "slo") \
+                    and _same_kv(f, g):
                 out.append(crossover(groups[n], groups[m], n, m, metric, "speculation"))
     for n, f in facts.items():
         if f["draft"] not in (None, "none") or f["precision"].split("-")[0] not in CHEAPER:
             continue
         for m, g in facts.items():
             if g["draft"] in (None, "none") and g["precision"].split("-")[0] in WIDER[f["precision"].split("-")[0]] \
-                    and same(f, g, "system", "model", "workload", "slo"):
+                    and same(f, g, "system", "model", "workload", "slo") and _same_kv(f, g):
                 out.append(crossover(groups[n], groups[m], n, m, metric, "precision"))
+    for n, m in kv_pairs(facts):
+        out.append(crossover(groups[n], groups[m], n, m, metric, "kv-cache"))
     return out
+
+
+def kv_pairs(facts: dict) -> list[tuple[str, str]]:
+    """(quantized KV, unquantized KV) configurations of our server that differ only there: the same model,
+    weights, draft, workload, SLO and KV budget."""
+    out = []
+    for n, f in facts.items():
+        if f["kv"].get("dtype") not in QUANTIZED_KV:
+            continue
+        for m, g in facts.items():
+            if g["kv"] and g["kv"].get("dtype") not in QUANTIZED_KV and g["kv"].get("cache") == "paged" \
+                    and f["kv"].get("budget_gib") == g["kv"].get("budget_gib") \
+                    and all(f[k] == g[k] for k in ("system", "model", "precision", "draft", "workload", "slo")):
+                out.append((n, m))
+    return out
+
+
+KV_COST_LABELS = {"weights": "weights", "kv_budget_gib": "KV budget GiB", "kv_quantized": "KV quantized",
+                  "kv_unquantized": "KV not", "sequences_quantized": "sequences (quantized)",
+                  "sequences_unquantized": "sequences (not)", "usd_per_1m_out_at_slo_quantized":
+                  "$/1M out at the SLO (quantized)", "usd_per_1m_out_at_slo_unquantized": "$/1M out at the SLO (not)",
+                  "at_quantized": "at (quantized)", "at_unquantized": "at (not)",
+                  "unquantized_over_quantized": "not / quantized", "workload": "workload", "slo": "SLO",
+                  "why": "why not"}
+
+
+def kv_cost_rows(records, usd_per_hour: float) -> list[dict]:
+    """$/1M output tokens at the SLO with the KV cache quantized and not, pair by pair (kv_pairs): the
+    sequences of max_model_len each cache's blocks hold at the same budget, the cost at the SLO of each,
+    and the unquantized cost over the quantized one (above 1: quantizing the KV cache saves)."""
+    groups = configurations(records)
+    facts = {n: _facts(rs) for n, rs in groups.items()}
+    rows = []
+    for n, m in kv_pairs(facts):
+        q, b = cost_at_slo(groups[n], usd_per_hour, n), cost_at_slo(groups[m], usd_per_hour, m)
+        kq, kb = facts[n]["kv"], facts[m]["kv"]
+        saving = b.usd_per_1m_out / q.usd_per_1m_out if q.feasible and b.feasible else None
+        rows.append({"weights": facts[n]["precision"], "kv_budget_gib": kq.get("budget_gib"),
+                     "kv_quantized": kq.get("dtype"), "kv_unquantized": kb.get("dtype"),
+                     "sequences_quantized": kq.get("sequences"), "sequences_unquantized": kb.get("sequences"),
+                     "usd_per_1m_out_at_slo_quantized": _sig(q.usd_per_1m_out),
+                     "usd_per_1m_out_at_slo_unquantized": _sig(b.usd_per_1m_out),
+                     "at_quantized": f"{q.axis} {_fmt(q.point.load)}" if q.point else INFEASIBLE,
+                     "at_unquantized": f"{b.axis} {_fmt(b.point.load)}" if b.point else INFEASIBLE,
+                     "unquantized_over_quantized": None if saving is None else round(saving, 3),
+                     "workload": facts[n]["workload"], "slo": facts[n]["slo"],
+                     "why": "; ".join(x for x in (q.reason, b.reason) if x)})
+    return rows

@@ -8,6 +8,7 @@ from __future__ import annotations
 from engine.common import fields as F
 from engine.common.fields import LOAD_AT, SPEC_AT, L, M
 from engine.present.columns import Column, metric_column, num
+from engine.present.load_cost import kv_of, kv_text
 
 MS = 1000.0
 
@@ -61,6 +62,12 @@ LOAD_COLUMNS: tuple[Column, ...] = (
     Column("prefix_hit", "prefix-cache hits", "share", "prompt tokens found in the server's prefix cache over "
            "those looked up during the point (vllm:prefix_cache_hits / vllm:prefix_cache_queries)",
            lambda r, _usd: (((r.metrics or {}).get(M.load) or {}).get("prefix_cache") or {}).get("hit_rate"), digits=2),
+    Column("preempted", "preemptions", "", "sequences the server preempted during the point when its KV blocks ran "
+           "out, to be recomputed later (vllm:num_preemptions_total)",
+           lambda r, _usd: (((r.metrics or {}).get(M.load) or {}).get("prefix_cache") or {}).get("preemptions"),
+           digits=None),
+    Column("kv", "KV cache", "", "our server's KV cache as it said it: the dtype it stores, paged or slots, the "
+           "budget and its blocks (--kv-dtype, --kv-cache, --kv-cache-gib)", _text(lambda r: kv_text(kv_of(r))), text=True),
     metric_column("accept_rate", SPEC_AT.acceptance_rate, "acceptance", "share", digits=3),
     metric_column("accept_len", SPEC_AT.mean_acceptance_length, "acceptance length", digits=2),
     Column("forced", "lengths forced", "", "whether every answer ran to the length it asked for (ignore_eos)",

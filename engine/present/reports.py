@@ -360,6 +360,10 @@ _LOAD_SECTION = """<h3 id="under-load">Under load</h3>
 <td>{{ c.usd_per_1m_out_at_slo | cell }}</td><td class="l">{{ c.at }}</td><td>{{ c.goodput_tok_s | cell }}</td>\
 <td>{{ c.usd_per_1m_out_single_stream | cell }}</td><td class="l">{{ c.why }}</td></tr>
 {% endfor %}</tbody></table>
+{% if kv_rows %}<h3>KV cache quantized or not: $ per 1M output tokens at the SLO, at one KV budget</h3>
+<table id="load-kv-costs"><thead><tr>{% for k, label in kv_labels.items() %}<th class="l">{{ label }}</th>{% endfor %}</tr></thead><tbody>
+{% for r in kv_rows %}<tr>{% for k in kv_labels %}<td class="l">{{ r[k] | cell }}</td>{% endfor %}</tr>
+{% endfor %}</tbody></table>{% endif %}
 {% for v in verdicts %}<p class="meta">{{ v }}</p>{% endfor %}
 <div class="grid">{% for fig in charts %}<div class="chart">{{ fig | safe }}</div>{% endfor %}</div>
 """
@@ -381,6 +385,7 @@ def _with_load_section(html: str, report: Report) -> str:
     section = _env().from_string(_LOAD_SECTION).render(
         columns=[load_view.BY_NAME[n] for n in load_view.load_columns(rows)], rows=rows,
         costs=load_cost.cost_rows(costs), verdicts=[x.verdict for x in pairs],
+        kv_rows=load_cost.kv_cost_rows(recs, report.usd_per_hour), kv_labels=load_cost.KV_COST_LABELS,
         charts=[_figure_div(f) for f in figs])
     at = html.rfind("<h3>Definitions</h3>")
     return html[:at] + section + html[at:] if at >= 0 else html.replace("</body>", section + "</body>")

@@ -1,0 +1,24 @@
+"""HumanEval pass@1 through a server: llama-server's Q4_K_M answering several problems at once (apart from
+test_accuracy.py, whose pages' environment points the cache, and so llama-server's build, at a scratch dir)."""
+import pytest
+
+from engine.measure import accuracy
+from tests.test_accuracy import IDS, TOKENS
+
+
+def test_a_server_answers_concurrently_in_problem_order():
+    """llama-server's Q4_K_M with 2 slots, 2 requests in flight: every answer lands on its own problem."""
+    from engine.peers import servers
+
+    spec = servers.ServerSpec.of("llama-server", model="default-draft", precision="Q4_K_M", slots=2, max_model_len=1024)
+    why = servers.unavailable_reason(spec)
+    if why:
+        pytest.skip(why)
+    with servers.start(spec) as rs:
+        rec = accuracy.evaluate_endpoint(rs.url, "llama-server Q4_K_M", "qwen2.5-coder-0.5b", "Q4_K_M",
+                                         spec.served_name, ids=IDS, max_new_tokens=TOKENS, concurrency=2,
+                                         server=rs.facts())
+    a = rec.metrics["accuracy"]
+    assert [o["task_id"] for o in a["outcomes"]] == IDS and rec.config["batch_size"] == 2
+    assert all(o["completion"].strip() for o in a["outcomes"]), a["outcomes"]
+    assert a["solved"] >= 1 and "2 slots" in rec.config["label"] + rec.config["server"]["label"]
