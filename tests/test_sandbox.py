@@ -64,3 +64,39 @@ def test_bad_limits_are_refused():
 
     with pytest.raises(UserError, match="timeout_s > 0"):
         run("pass\n", Limits(timeout_s=0))
+
+
+def test_the_unprivileged_path_contains_the_same_four():
+    """Run by a user who is not root (here: root dropping to nobody to run this module's checks), the
+    sandbox isolates with a user namespace instead of setpriv: the loop, the fork bomb stand-in, the large
+    allocation and the network attempt are each contained there too."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    if os.geteuid() != 0 or not shutil.which("setpriv"):
+        pytest.skip("this machine runs the tests unprivileged: the tests above already took that path")
+    root = Path(__file__).resolve().parent.parent
+    code = ("import sys; sys.path.insert(0, sys.argv[1])\n"
+            "from engine.measure import sandbox\n"
+            "from engine.measure.sandbox import Limits, run\n"
+            "print(sandbox.isolation())\n"
+            "fork = 'import os, time\\nwhile True:\\n    if os.fork() == 0:\\n        time.sleep(60)\\n        os._exit(0)\\n'\n"
+            "for prog, lim in (('while True:\\n    pass\\n', Limits(timeout_s=1.5)),\n"
+            "                  (fork, Limits(timeout_s=3.0, processes=8)),\n"
+            "                  ('x = bytearray(2 << 30)\\n', Limits(timeout_s=5.0, memory_bytes=256 << 20)),\n"
+            "                  ('import socket\\nsocket.create_connection((\"127.0.0.1\", 9), timeout=2)\\n', Limits(timeout_s=3.0))):\n"
+            "    out = run(prog, lim)\n"
+            "    print(out.status, '|', out.reason)\n")
+    p = subprocess.run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", sys.executable, "-c", code,
+                        str(root)], capture_output=True, text=True, timeout=120, cwd="/tmp")
+    if p.returncode != 0 and ("Permission denied" in p.stderr or "user namespaces" in p.stderr):
+        pytest.skip(f"nobody cannot run this checkout's python or make a user namespace here: {p.stderr[-300:]}")
+    assert p.returncode == 0, p.stderr[-2000:]
+    lines = p.stdout.split("\n")
+    status = [x.split(" | ")[0] for x in lines[1:5]]
+    assert "in a user namespace" in lines[0] and "fresh network namespace" in lines[0]
+    assert status[0] in ("timeout", "killed") and status[1:] == ["processes", "memory", "failed"], p.stdout
+    assert "Network is unreachable" in lines[4], p.stdout  # no loopback in the namespace: not even "refused"

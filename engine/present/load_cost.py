@@ -13,8 +13,12 @@ which sets $/1M at that load). The candidate leads where ratio > 1 + margin (for
 metric, < 1 - margin). It stops paying at the first load, in ascending order, where it does not lead;
 if it leads at every load, it pays up to the largest measured one.
 
+KV cache quantized or not (kv_cost_rows): our server with the same weights, draft, workload, SLO and
+KV budget, its KV cache stored quantized (int8, fp8) in one configuration and at the compute dtype in
+the other; each priced at the SLO as above, and the ratio unquantized / quantized $/1M.
+
 Configurations are told apart by what the record says about the server (label, model), the
-workload and the SLO; records of other kinds are ignored. Reads records only.
+workload, the SLO and our server's KV cache; records of other kinds are ignored. Reads records only.
 """
 from __future__ import annotations
 
