@@ -180,7 +180,8 @@ def test_kv_cache_quantized_or_not_priced_on_the_load_and_cost_pages():
     assert not problems(at)
     kv = frame(at, "KV quantized", "KV not", "sequences (quantized)", "not / quantized")
     assert list(kv["KV quantized"]) == ["int8"] and list(kv["KV not"]) == ["fp32"]
-    assert list(kv["sequences (quantized)"]) == [10] and kv["not / quantized"].iloc[0] == pytest.approx(50 / 28, rel=1e-3)
+    assert list(kv["sequences (quantized)"]) == [10]
+    assert kv["not / quantized"].iloc[0] == pytest.approx(50 / 28, rel=1e-3)
     verdict = next(m.value.replace("\\", "") for m in at.markdown if "does not lead" in m.value)  # markdown-escaped
     assert "KV int8 paged 0.25 does not lead ours int4 · qwen2.5-coder-0.5b · KV auto paged 0.25 on output tok/s" \
         in verdict and "it leads at 4, 8" in verdict

@@ -171,7 +171,8 @@ def test_kv_quantized_and_not_are_two_configurations_priced_side_by_side():
     names = list(L.configurations(q + b + bf16))
     assert len(names) == 3 and {n.split(" · KV ")[-1] for n in names[:2]} == {"int8 paged 0.25", "auto paged 0.25"}
     assert L.kv_of(q[0])["sequences"] == 10 and L.kv_of(b[0])["sequences"] == 2  # 160 and 40 blocks of 16
-    pairs = {(x.kind, x.candidate.split(" · ")[-1], x.baseline.split(" · ")[-1]) for x in L.crossover_pairs(q + b + bf16)}
+    pairs = {(x.kind, x.candidate.split(" · ")[-1], x.baseline.split(" · ")[-1])
+             for x in L.crossover_pairs(q + b + bf16)}
     # int4 at auto vs bf16 at auto is like-for-like (each at its compute dtype); int4 at int8 KV vs bf16 is not
     assert pairs == {("kv-cache", "KV int8 paged 0.25", "KV auto paged 0.25"),
                      ("precision", "KV auto paged 0.25", "qwen2.5-coder-0.5b")}
@@ -183,7 +184,8 @@ def test_kv_quantized_and_not_are_two_configurations_priced_side_by_side():
     assert row["unquantized_over_quantized"] == pytest.approx(50 / 28, rel=1e-3)
     assert row["at_quantized"] == "concurrency 8" and row["at_unquantized"] == "concurrency 4"
     table = V.load_rows(q + b)
-    assert table[0]["kv"] == "int8 paged, 0.25 GiB (160 blocks)" and table[-1]["kv"] == "fp32 paged, 0.25 GiB (40 blocks)"
+    assert table[0]["kv"] == "int8 paged, 0.25 GiB (160 blocks)"
+    assert table[-1]["kv"] == "fp32 paged, 0.25 GiB (40 blocks)"
 
     from engine.present import reports
     html = reports.export_html(reports.Report("kv", "", q + b, 0.5))

@@ -83,11 +83,13 @@ def test_the_unprivileged_path_contains_the_same_four():
             "from engine.measure import sandbox\n"
             "from engine.measure.sandbox import Limits, run\n"
             "print(sandbox.isolation())\n"
-            "fork = 'import os, time\\nwhile True:\\n    if os.fork() == 0:\\n        time.sleep(60)\\n        os._exit(0)\\n'\n"
+            "fork = ('import os, time\\nwhile True:\\n    if os.fork() == 0:\\n'\n"
+            "        '        time.sleep(60)\\n        os._exit(0)\\n')\n"
             "for prog, lim in (('while True:\\n    pass\\n', Limits(timeout_s=1.5)),\n"
             "                  (fork, Limits(timeout_s=3.0, processes=8)),\n"
             "                  ('x = bytearray(2 << 30)\\n', Limits(timeout_s=5.0, memory_bytes=256 << 20)),\n"
-            "                  ('import socket\\nsocket.create_connection((\"127.0.0.1\", 9), timeout=2)\\n', Limits(timeout_s=3.0))):\n"
+            "                  ('import socket\\nsocket.create_connection((\"127.0.0.1\", 9), timeout=2)\\n',\n"
+            "                   Limits(timeout_s=3.0))):\n"
             "    out = run(prog, lim)\n"
             "    print(out.status, '|', out.reason)\n")
     p = subprocess.run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", sys.executable, "-c", code,

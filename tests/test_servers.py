@@ -45,7 +45,7 @@ def test_our_kv_cache_is_typed_labelled_and_passed_refused_for_peers():
     assert "--kv-dtype" not in plain.command(8000) and plain.label == "serving-cost-lab int4 (8 seqs)"
     assert ServerSpec.from_dict(spec.to_dict()).label == spec.label
     for bad, word in [(dict(kv_dtype="int3"), "unknown KV-cache dtype 'int3'"), (dict(kv_cache_gib=-1), "out of range"),
-                      (dict(kv_cache="ring"), "unknown KV cache 'ring'"),
+                      (dict(kv_cache="ring"), "unknown KV cache .ring."),
                       (dict(kv_cache="slots", kv_dtype="int8"), "need the paged KV cache"),
                       (dict(extra_args=["--kv-dtype", "int8"]), "label does not say")]:
         with pytest.raises(UserError, match=word):

@@ -33,6 +33,7 @@ MODEL_ALIASES = {"default": "qwen2.5-coder-1.5b", "default-draft": "qwen2.5-code
 
 DRAFT_KINDS = ("none", "model", "self", "ngram")
 MAX_GAMMA = 16  # draft tokens per round, at most
+KV_CACHES = ("slots", "paged")  # max_model_len reserved per sequence up front | blocks admitted as needed
 # The engine's KV-cache precisions (auto: the compute dtype); fp8 needs a GPU of compute capability 8.9+.
 KV_DTYPES = ("auto", "fp32", "bf16", "fp16", "int8", "fp8")
 QUANTIZED_KV = ("int8", "fp8")  # the KV dtypes that quantize: priced against an unquantized cache

@@ -36,11 +36,11 @@ from dataclasses import asdict, dataclass
 
 from engine.common.errors import UserError
 from engine.common.setup import EngineSetup
+from engine.common.vocab import KV_CACHES
 from engine.infer.batch import Batch, Request, Sequence, StepStats, fail, stream
 from engine.infer.paged import BLOCK_SIZE, kv_dtype_name
 
 POLICIES = ("decode-first", "prefill-first")
-KV_CACHES = ("slots", "paged")
 
 
 def _arrival(s: Sequence) -> int:

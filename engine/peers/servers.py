@@ -27,7 +27,7 @@ from pathlib import Path
 from engine.common.errors import UserError, read_object
 from engine.common.paths import REPO_ROOT, cache_dir
 from engine.common.setup import EngineSetup
-from engine.common.vocab import KV_DTYPES, MAX_GAMMA, kv_words
+from engine.common.vocab import KV_CACHES, KV_DTYPES, MAX_GAMMA, kv_words
 from engine.peers.gguf_tools import LLAMA_CPP_VERSION  # the sdist `make peers` builds
 
 OURS = "serving-cost-lab"
@@ -173,14 +173,14 @@ class ServerSpec:
                 or not 0 <= self.kv_cache_gib <= 4096:
             raise UserError(f"kv_cache_gib {self.kv_cache_gib!r} is out of range",
                             "use 0 (what the slots take at max_model_len) to 4096 GiB")
-        if self.kv_cache not in ("paged", "slots"):
-            raise UserError(f"unknown KV cache '{self.kv_cache}'", "use paged (blocks, the default) or slots")
+        if self.kv_cache not in KV_CACHES:
+            raise UserError(f"unknown KV cache '{self.kv_cache}'", f"use one of: {', '.join(KV_CACHES)}")
         if self.kv_cache == "slots" and (self.kv_dtype != "auto" or self.kv_cache_gib):
             raise UserError("a KV dtype and a KV budget need the paged KV cache", "set kv_cache to paged")
         if self.system != OURS and (self.kv_dtype != "auto" or self.kv_cache_gib or self.kv_cache != "paged"):
             raise UserError(f"the lab sets the KV cache of its own server only, not {self.system}'s",
-                            "leave kv_cache paged, kv_dtype auto and kv_cache_gib 0 for a peer (llama-server's --cache-type-k, "
-                            "vLLM's --kv-cache-dtype are theirs to set)")
+                            "leave kv_cache paged, kv_dtype auto and kv_cache_gib 0 for a peer "
+                            "(llama-server's --cache-type-k, vLLM's --kv-cache-dtype are theirs to set)")
         typed = [a for a in self.extra_args if a.split("=")[0] in ("--kv-dtype", "--kv-cache-gib", "--kv-cache")]
         if typed:
             raise UserError(f"{typed[0]} in extra_args would run a KV cache the label does not say",

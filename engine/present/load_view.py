@@ -67,7 +67,8 @@ LOAD_COLUMNS: tuple[Column, ...] = (
            lambda r, _usd: (((r.metrics or {}).get(M.load) or {}).get("prefix_cache") or {}).get("preemptions"),
            digits=None),
     Column("kv", "KV cache", "", "our server's KV cache as it said it: the dtype it stores, paged or slots, the "
-           "budget and its blocks (--kv-dtype, --kv-cache, --kv-cache-gib)", _text(lambda r: kv_text(kv_of(r))), text=True),
+           "budget and its blocks (--kv-dtype, --kv-cache, --kv-cache-gib)", _text(lambda r: kv_text(kv_of(r))),
+           text=True),
     metric_column("accept_rate", SPEC_AT.acceptance_rate, "acceptance", "share", digits=3),
     metric_column("accept_len", SPEC_AT.mean_acceptance_length, "acceptance length", digits=2),
     Column("forced", "lengths forced", "", "whether every answer ran to the length it asked for (ignore_eos)",
