@@ -173,3 +173,24 @@ def test_int8_kv_runs_in_the_fused_step_within_the_same_bound(small_int4):
     for info in steps.values():
         assert info["fused_steps"] == -(-n // 64) and info["reference_steps"] == 0, info
     assert float(kl.mean()) < 0.012 and float(kl.max()) < 0.25, (float(kl.mean()), float(kl.max()))
+
+
+def test_int8_kv_quantizer_is_the_same_in_cpp_and_python(small_int4):
+    """The fused C++ step quantizes K/V as it writes them (kernels/cpu), the PyTorch path with
+    paged.quantize_int8: one format written twice. Layer 0's K/V come from the embeddings alone, so the
+    fused step writes the same fp32 values into an fp32 cache: quantized by Python, they must be the C++
+    step's int8 values and fp16 scales, bit for bit."""
+    from engine.infer.paged import quantize_int8
+
+    _, steps, caches, n = _kv_kl(small_int4, order=[4, 2, 0, 3, 1])
+    assert all(s["reference_steps"] == 0 for s in steps.values()), steps  # both written by the C++ step
+    full, q8 = caches["auto"], caches["int8"]
+    blocks = [4, 2, 0, 3, 1][:-(-n // 64)]
+    for name in ("k", "v"):
+        ref = getattr(full, name)[0, blocks].transpose(1, 2).flatten(0, 1)[:n]  # [n, KV, D], position order
+        got = getattr(q8, name)[0, blocks].transpose(1, 2).flatten(0, 1)[:n]
+        got_s = getattr(q8, f"{name}_scale")[0, blocks].transpose(1, 2).flatten(0, 1)[:n]
+        want, want_s = quantize_int8(ref, q8.groups[name])
+        assert (got_s > 0).all() and (got != 0).float().mean() > 0.5  # every position written, not zeros
+        assert torch.equal(got_s, want_s), f"{name} scales differ at {(got_s != want_s).nonzero()[:5].tolist()}"
+        assert torch.equal(got, want), f"{name} values differ at {(got != want).nonzero()[:5].tolist()}"
