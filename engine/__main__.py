@@ -396,7 +396,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--subset", default="quick20", help="full (all 164) or quick20 (every 8th task id, 0..152)")
     p.add_argument("--ids", type=_csv, default=None, help="task ids instead of a subset: HumanEval/0,HumanEval/8")
     p.add_argument("--max-new-tokens", type=int, default=384)
-    p.add_argument("--batch", type=int, default=4, help="problems in flight at once, batched continuously (ours; llama-server's slots)")
+    p.add_argument("--batch", type=int, default=4,
+                   help="problems in flight at once, batched continuously (ours; llama-server's slots)")
     p.add_argument("--draft", default="none", help="none, model, self or ngram: speculative, lossless")
     p.add_argument("--draft-model", default="default-draft")
     p.add_argument("--draft-precision", default="int4")
