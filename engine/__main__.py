@@ -258,10 +258,17 @@ def cmd_accuracy(a) -> int:
     from engine.present.accuracy_view import NOTE, accuracy_rows
 
     store = Store()
-    if a.stored:  # the table of what is stored, oldest first (the first is the reference); nothing runs
+    if a.stored:  # the table of what is stored, oldest first, paired against the --reference-th; nothing runs
         recs = store.list_runs(1000)
-        print(format_rows(accuracy_rows([r for r in recs if r.kind == "accuracy"][::-1], recs), "md"))
+        acc = [r for r in recs if r.kind == "accuracy"][::-1]
+        if acc and not 1 <= a.reference <= len(acc):
+            raise UserError(f"--reference {a.reference} is not one of the {len(acc)} stored accuracy runs",
+                            f"pass a position from 1 (the oldest) to {len(acc)}")
+        print(format_rows(accuracy_rows(acc, recs, a.reference - 1), "md"))
         return 0
+    if a.reference != 1:
+        raise UserError("--reference only picks the reference of the stored table (--stored)",
+                        "a run pairs against its first --precisions entry: put the reference first")
     setups = _accuracy_setups(a)
     accuracy.select(a.subset, a.ids)  # an unknown subset or id is refused before anything loads
     sandbox.check_available()
@@ -409,6 +416,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also llama.cpp's Q4_K_M through llama-server on the same prompts (--no-peers skips it)")
     p.add_argument("--json", action="store_true", help="print the accuracy records as JSON")
     p.add_argument("--stored", action="store_true", help="only print the table of the stored accuracy runs")
+    p.add_argument("--reference", type=int, default=1,
+                   help="with --stored: pair every run against the K-th stored one (1, the oldest, by default)")
     p.set_defaults(fn=cmd_accuracy)
 
     p = sub.add_parser("runs", help="list stored runs, or --show ID")

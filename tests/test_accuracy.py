@@ -104,6 +104,31 @@ def test_the_record_is_stored_and_reads_back(runs, store):
         assert a["usd_per_1k_solved"] == pytest.approx(hours * a["usd_per_hour"] / a["solved"] * 1000, rel=1e-6)
 
 
+def test_the_stored_table_pairs_against_the_reference_asked_for(runs, tmp_path):
+    from engine.measure.store import Store
+
+    st_ = Store(tmp_path / "lab.sqlite")
+    st_.save_run(runs["none"])
+    st_.save_run(runs["ngram"])
+    env = {**os.environ, "SCL_DATA_DIR": str(tmp_path)}
+
+    def stored(*args):
+        return subprocess.run([sys.executable, "-m", "engine", "accuracy", "--stored", *args], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=120)
+
+    def verdicts(out):  # the "vs reference" cell of each table row, in order
+        lines = [ln for ln in out.stdout.splitlines() if ln.startswith("| default-draft")]
+        return [ln.split("|")[8].strip() for ln in lines]
+
+    first, second = stored(), stored("--reference", "2")
+    assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr
+    assert verdicts(first) == ["reference", "identical outcomes"]
+    assert verdicts(second) == ["identical outcomes", "reference"]
+    bad = stored("--reference", "3")
+    assert bad.returncode != 0 and "--reference 3 is not one of the 2 stored accuracy runs" in bad.stderr
+    assert "from 1 (the oldest) to 2" in bad.stderr
+
+
 def test_precision_page_shows_pass_at_1_beside_kld(runs, pool):
     from streamlit.testing.v1 import AppTest
 
