@@ -146,11 +146,14 @@ if ids:
     recs = _ui.load_records(ids)
     _ui.comparison_view(recs, key="cmp", price_where="cmp")
     acc = [r for r in recs if r.kind == "accuracy"]
-    if acc:  # HumanEval pass@1 paired against the first accuracy run, KLD beside (docs/ACCURACY.md)
+    if acc:  # HumanEval pass@1 paired against the reference picked (the first by default), KLD beside
         st.markdown("#### Task accuracy beside KLD")
         try:
-            st.dataframe(pd.DataFrame(accuracy_rows(acc, _ui.get_store().list_runs(1000))), hide_index=True,
-                         key="cmp-acc-table")
+            ref = st.selectbox("Reference", range(len(acc)), format_func=lambda i: acc[i].label, key="cmp-acc-ref",
+                               help="Every other accuracy run is paired against this one, problem by problem "
+                               "(docs/ACCURACY.md).") if len(acc) > 1 else 0
+            st.dataframe(pd.DataFrame(accuracy_rows(acc, _ui.get_store().list_runs(1000), int(ref))),
+                         hide_index=True, key="cmp-acc-table")
             st.caption(ACCURACY_NOTE)
         except Exception as e:
             _ui.show_error(e)

@@ -152,6 +152,28 @@ def test_precision_page_shows_pass_at_1_beside_kld(runs, pool):
     assert spec["KLD mean"] == "–"  # no quality run of the speculative configuration
 
 
+def test_compare_page_pairs_the_accuracy_runs_against_the_reference_picked(runs):
+    from streamlit.testing.v1 import AppTest
+
+    from engine.measure.store import Store
+
+    st_ = Store(Path(os.environ["SCL_DATA_DIR"]) / "lab.sqlite")
+    stored = {r.run_id for r in st_.list_runs(1000, kind="accuracy")}
+    for r in (runs["none"], runs["ngram"]):
+        if r.run_id not in stored:  # the Precision page's test may have stored them already
+            st_.save_run(r)
+    at = AppTest.from_file(str(ROOT / "pages/compare.py"), default_timeout=TIMEOUT)
+    at.session_state["comparison"] = [runs["ngram"].run_id, runs["none"].run_id]
+    at.run()
+    assert not problems(at)
+    t = frame(at, "config", "pass@1", "vs reference", "KLD mean")
+    assert list(t["vs reference"]) == ["reference", "identical outcomes"]
+    assert list(t["config"]) == [runs["ngram"].label, runs["none"].label]
+    at.selectbox(key="cmp-acc-ref").set_value(1).run()
+    t = frame(at, "config", "pass@1", "vs reference", "KLD mean")
+    assert list(t["vs reference"]) == ["identical outcomes", "reference"]
+
+
 def test_a_report_shows_the_accuracy_table(runs):
     from engine.present.reports import Report, export_html
 
