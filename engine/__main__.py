@@ -183,7 +183,9 @@ def cmd_quality(a) -> int:
     from engine.infer.catalog import CATALOG, canonical_name, resolve
     from engine.infer.loader import load, load_tokenizer, make_spec, resolve_device
     from engine.measure import quality
+    from engine.common.setup import EngineSetup
     from engine.measure.eval_text import DEFAULT_TOKENS, eval_docs
+    from engine.measure.store import Store
     from engine.present import format_rows
     from engine.present.quality_view import llama_style, table_rows, unavailable_line
     from engine.quant import check_supported
@@ -206,20 +208,27 @@ def cmd_quality(a) -> int:
 
     with bar("fp32 reference") as b:
         quality.ensure_reference(name, folder, docs, None, say, on_tokens=b.update, device=device)
-    results = []
+    results, store = [], Store()
     for spec in specs:
         lm = load(a.model, spec, device, progress=say)
         with bar(spec.label) as b:
             q = quality.evaluate(lm, tokens, progress=say, on_tokens=b.update, docs=docs)
         results.append((f"{lm.name} {lm.spec.label}", {"model": lm.name, "precision": lm.spec.label,
                                                        "weight_bytes": lm.weight_bytes, **q}))
+        setup = EngineSetup(model=name, precision=spec.precision, group_size=spec.group_size,
+                            quantize_embeddings=spec.quantize_embeddings, quantize_head=spec.quantize_head,
+                            device=device)
+        store.save_run(quality.record({"setup": setup.to_dict(), **setup.to_record(), "device": device,
+                                       "system": "engine"}, results[-1][1], device))
         del lm
         gc.collect()
     if a.peers:
-        from engine.peers.quality_worker import llama_cpp_quality
+        from engine.peers.quality_worker import llama_cpp_quality, llama_cpp_record
 
         q = llama_cpp_quality(a.model, tokens, progress=say)
         results.append((f"{name} {q['label']}", {"model": name, **q}))
+        if not unavailable_line(q):  # stored so the accuracy table finds llama.cpp's KLD beside its pass@1
+            store.save_run(llama_cpp_record(a.model, q))
     if a.json:
         print(json.dumps([q for _, q in results], indent=1, default=str))
         return 0

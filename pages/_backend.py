@@ -210,7 +210,7 @@ class RemoteJob:
 
     @property
     def result(self) -> dict | None:
-        """What a job that stores no run answered (a llama-quality job's statistics), else None."""
+        """What a job answered beside its runs (a llama-quality job's statistics), else None."""
         return self.status.get("result")
 
     def poll(self, store) -> int:

@@ -256,6 +256,13 @@ def test_cli_json_on_a_short_slice(small_fp32, capsys):
     (q,) = json.loads(capsys.readouterr().out)
     assert q["precision"] == "int8" and q["tokens"] == SHORT and set(q["by_category"]) == {"chat", "code"}
     assert 0 < q["kld_mean"] < 0.01
+    # stored as a `quality` run of the setup that ran, which the accuracy table reads as its KLD
+    from engine.measure.store import Store
+    from engine.present.accuracy_view import _key
+
+    rec = Store().list_runs(1, kind="quality")[0]
+    assert rec.metrics["quality"]["kld_mean"] == q["kld_mean"] and rec.config["system"] == "engine"
+    assert _key(rec) == ("ours", "qwen2.5-coder-0.5b", "int8")
 
 
 def test_precision_page_shows_the_statistics_table(tmp_path, tmp_path_factory, monkeypatch, lab_backend):
@@ -285,8 +292,8 @@ def test_precision_page_shows_the_statistics_table(tmp_path, tmp_path_factory, m
 
 
 def test_backend_scores_llama_cpp_q4km_and_refuses_a_malformed_job(lab_backend):
-    """A llama-quality job on the backend: the real 0.5B's Q4_K_M statistics come back on the job (no run is
-    stored); a malformed one is refused with a 400 naming the field; a test model fails with the reason."""
+    """A llama-quality job on the backend: the real 0.5B's Q4_K_M statistics come back on the job and are stored
+    as a `quality` run; a malformed one is refused with a 400 naming the field; a test model fails with the reason."""
     from engine.backend.client import Backend, BackendRejected
 
     b = Backend(lab_backend.url)
@@ -304,8 +311,12 @@ def test_backend_scores_llama_cpp_q4km_and_refuses_a_malformed_job(lab_backend):
     assert info["llama_cpp"] is None
     runs_before = len(lab_backend.store.list_runs(limit=100_000))
     j = b.wait(b.submit("llama", {"kind": "llama-quality", "model": "default-draft", "tokens": 256}), timeout_s=900)
-    assert j["state"] == "finished" and j["error"] is None and j["run_ids"] == [], j
+    assert j["state"] == "finished" and j["error"] is None and len(j["run_ids"]) == 1, j
     q = j["result"]
     assert q["model"] == "default-draft" and q["precision"] == "Q4_K_M" and q["tokens"] == 256
     assert 0 < q["kld_mean"] < 0.01 and q["top1_agreement"] > 0.95 and set(q["by_category"]) == {"chat", "code"}
-    assert len(lab_backend.store.list_runs(limit=100_000)) == runs_before  # nothing stored as a run record
+    # stored as one `quality` run, so the accuracy tables find llama.cpp's KLD beside llama-server's pass@1
+    assert len(lab_backend.store.list_runs(limit=100_000)) == runs_before + 1
+    rec = lab_backend.store.get_run(j["run_ids"][0])
+    assert rec.kind == "quality" and rec.config["system"] == "llama.cpp" and rec.config["precision"] == "Q4_K_M"
+    assert rec.config["model"] == "qwen2.5-coder-0.5b" and rec.metrics["quality"]["kld_mean"] == q["kld_mean"]

@@ -58,7 +58,7 @@ class Job:
         self.run_ids: list[str] = []
         self.skipped: list[str] = []
         self.error: str | None = None
-        self.result: dict | None = None  # a llama-quality job's statistics (no run record is stored for it)
+        self.result: dict | None = None  # a llama-quality job's statistics (also stored as a `quality` run)
         self.created_at = time.time()
         self.started_at: float | None = None
         self.finished_at: float | None = None
@@ -330,12 +330,12 @@ class JobQueue:
             job.add_run(rec.run_id)
 
     def _llama_quality(self, job: Job, work: LlamaQualityWork) -> None:
-        """llama.cpp's Q4_K_M scored against the fp32 reference, kept on the job as `result` (not stored as a run).
-        The reference is made sure of through the pool (its fp32 copy stays loaded for later scores); llama.cpp
-        itself runs in a fresh process."""
+        """llama.cpp's Q4_K_M scored against the fp32 reference, kept on the job as `result` and stored as a
+        `quality` run. The reference is made sure of through the pool (its fp32 copy stays loaded for later
+        scores); llama.cpp itself runs in a fresh process."""
         from engine.infer.loader import make_spec, resolve_device
         from engine.measure.loaded import reference_in_pool
-        from engine.peers.quality_worker import llama_cpp_quality, llama_cpp_unavailable
+        from engine.peers.quality_worker import llama_cpp_quality, llama_cpp_record, llama_cpp_unavailable
 
         reason = llama_cpp_unavailable(work.model)
         if reason is not None:
@@ -351,9 +351,10 @@ class JobQueue:
         why = res.get("unavailable") or res.get("failed")
         if why:
             raise UserError(f"llama.cpp Q4_K_M of {work.model}: {why}", "see the backend's log; score fewer tokens")
+        rec = llama_cpp_record(work.model, res)  # stored (and imported by the page), so the accuracy tables find
+        self.store.save_run(rec)                   # llama.cpp's KLD beside its pass@1
         job.result = {"model": work.model, "tokens_asked": work.tokens, **res}
-        job.done = 1
-        job.on_change(job)
+        job.add_run(rec.run_id)
 
     def _peers(self, job: Job, work: PeersWork) -> None:
         n = len(work.configs)

@@ -337,3 +337,21 @@ def quality_matched(candidates: dict[str, dict], target: dict, keys: dict[str, s
     order = {label: i for i, label in enumerate(candidates)}
     pick = min(matched, key=lambda x: (candidates[x].get("weight_bytes") or float("inf"), order[x]), default=None)
     return {"matched": matched, "misses": misses, "pick": pick, "keys": keys}
+
+
+def record(config: dict, q: dict, device: str = "cpu"):
+    """A `quality` RunRecord of one configuration's statistics (metrics.quality), as `engine quality` stores them.
+
+    `config` says what ran: an engine setup's to_record() with system "engine", or a peer's system, label,
+    model and precision. Only declared statistics are kept (fields.QUALITY); the weights' bytes beside them.
+    """
+    from engine.common.fields import QUALITY
+    from engine.measure.machine import library_versions, machine_facts
+    from engine.measure.records import RunRecord
+
+    keep = {f.name for f in QUALITY}
+    m: dict = {"quality": {k: v for k, v in q.items() if k in keep}}
+    if q.get("weight_bytes"):
+        m["weight_bytes"] = int(q["weight_bytes"])
+    return RunRecord(kind="quality", config=config, metrics=m, machine=machine_facts(device),
+                     versions=library_versions())

@@ -79,7 +79,7 @@ class RunRecord:
     @property
     def label(self) -> str:
         c = self.config
-        if self.kind in ("peer", "load", "accuracy") and c.get("label"):
+        if self.kind in ("peer", "load", "accuracy", "quality") and c.get("label"):
             return c["label"] + ("" if c.get("model") in (None, "default") else f" ({c['model']})")
         try:  # one builder, EngineSetup.label, for records of every schema (config.setup, run_config or flat)
             setup = setup_from_record(c)

@@ -97,6 +97,17 @@ def llama_cpp_quality(model: str = "default", max_tokens: int | None = None, ref
     return {**head, "failed": f"the worker exited with status {p.returncode}: {' | '.join(tail)[-400:]}"}
 
 
+def llama_cpp_record(model: str, q: dict):
+    """The `quality` RunRecord of a llama_cpp_quality result for the catalog's shipped GGUF, as the CLI and the
+    backend store it: the accuracy table pairs it with llama-server's rows of the same GGUF."""
+    from engine.infer.catalog import CATALOG, canonical_name
+    from engine.measure import quality
+
+    name = canonical_name(model) if canonical_name(model) in CATALOG else str(model)
+    return quality.record({"system": q["system"], "label": q["label"], "model": name, "precision": q["precision"],
+                           "weights": "the catalog GGUF as shipped"}, q)
+
+
 # ---------------------------------------------------------------- the worker process
 
 def _vocab_check(llm, job: dict) -> dict:

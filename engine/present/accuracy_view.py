@@ -16,13 +16,19 @@ COLUMNS = ("config", "problems", "pass@1", "95% interval", "lost", "gained", "Mc
            "KLD mean", "KLD p99", "gen tok/s", "$/1k solved")
 
 
-def _key(rec) -> tuple[str, str]:
-    """(model, precision label) of a record: how an accuracy row finds its KLD."""
+OURS = (None, "engine", "serving-cost-lab")  # the system of our engine's records, as each kind writes it
+# llama-server and llama-cpp-python (engine quality) run the same llama.cpp on the same shipped GGUF
+PEER_ENGINE = {"llama-server": "llama.cpp"}
+
+
+def _key(rec) -> tuple[str, str, str]:
+    """(engine, model, precision label) of a record: how an accuracy row finds its KLD."""
     c = rec.config or {}
-    if rec.kind == "accuracy" and c.get("system") not in (None, "engine"):
-        return canonical_model_name(c.get("model") or ""), str(c.get("precision"))
+    if c.get("system") not in OURS:
+        system = str(c.get("system"))
+        return PEER_ENGINE.get(system, system), canonical_model_name(c.get("model") or ""), str(c.get("precision"))
     s = setup_from_record(c)
-    return canonical_model_name(s.model), s.precision_label + s.draft_label
+    return "ours", canonical_model_name(s.model), s.precision_label + s.draft_label
 
 
 def outcomes(rec) -> dict[str, bool]:
@@ -79,5 +85,6 @@ def accuracy_rows(acc_records, quality_records=(), reference: int = 0) -> list[d
 NOTE = ("pass@1: one greedy completion per problem, its tests run in the lab's sandbox; interval: Wilson 95%. "
         "lost / gained: problems the reference solved and this one did not / the reverse. McNemar's exact test on "
         "those flips says whether the difference is more than noise; 'not significant' means the runs cannot be "
-        "ranked. KLD: the newest stored quality run of the same model and precision (– when none). $/1k solved: "
-        "generation time at the measured speed and the price, over the problems solved.")
+        "ranked. KLD: the newest stored quality run of the same model and precision (bench --quality, or engine "
+        "quality for ours and llama.cpp's; – when none). $/1k solved: generation time at the measured speed and "
+        "the price, over the problems solved.")
