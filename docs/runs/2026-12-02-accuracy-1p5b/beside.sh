@@ -7,8 +7,11 @@ $PY -m engine bench --model default --precisions fp32,int8,int4 --quality --qual
    --reps 1 --max-new-tokens 4 --prompt "def add(a, b):" > bench-quality-8192.md
 $PY -m engine bench --model default --precisions int4 --group-size 32 --quality --quality-tokens 8192 \
    --reps 1 --max-new-tokens 4 --prompt "def add(a, b):" > bench-quality-8192-int4-g32.md
+# llama.cpp's Q4_K_M of the shipped GGUF (2026-12-03 05:36-05:44 UTC, at 9c712b4, which stores it as a run)
+$PY -m engine quality --model default --precisions "" > quality-llama-cpp-q4km-8192.md
 # speculative decoding on the same problems (2026-12-03 04:33-04:39 UTC): int4 g64 drafted by n-gram lookup
 $PY -m engine accuracy --model default --precisions int4-g64 --draft ngram --gamma 4 --subset full --batch 8 --no-peers \
    > accuracy-int4-ngram-full.md
+# the tables, read from the store (--reference from 7d4fa89 on)
 $PY -m engine accuracy --stored > accuracy-stored.md
 $PY -m engine accuracy --stored --reference 4 > accuracy-stored-reference-int4-g64.md
