@@ -6,8 +6,9 @@ from engine.measure import accuracy
 from tests.test_accuracy import IDS, TOKENS
 
 
-def test_a_server_answers_concurrently_in_problem_order():
-    """llama-server's Q4_K_M with 2 slots, 2 requests in flight: every answer lands on its own problem."""
+@pytest.fixture(scope="module")
+def q4km_server():
+    """llama-server serving the 0.5B's shipped Q4_K_M GGUF in 2 slots on 127.0.0.1, for this module's tests."""
     from engine.peers import servers
 
     spec = servers.ServerSpec.of("llama-server", model="default-draft", precision="Q4_K_M", slots=2, max_model_len=1024)
@@ -15,35 +16,34 @@ def test_a_server_answers_concurrently_in_problem_order():
     if why:
         pytest.skip(why)
     with servers.start(spec) as rs:
-        rec = accuracy.evaluate_endpoint(rs.url, "llama-server Q4_K_M", "qwen2.5-coder-0.5b", "Q4_K_M",
-                                         spec.served_name, ids=IDS, max_new_tokens=TOKENS, concurrency=2,
-                                         server=rs.facts())
+        yield spec, rs
+
+
+def test_a_server_answers_concurrently_in_problem_order(q4km_server):
+    """2 slots, 2 requests in flight: every answer lands on its own problem."""
+    spec, rs = q4km_server
+    rec = accuracy.evaluate_endpoint(rs.url, "llama-server Q4_K_M", "qwen2.5-coder-0.5b", "Q4_K_M",
+                                     spec.served_name, ids=IDS, max_new_tokens=TOKENS, concurrency=2,
+                                     server=rs.facts())
     a = rec.metrics["accuracy"]
     assert [o["task_id"] for o in a["outcomes"]] == IDS and rec.config["batch_size"] == 2
     assert all(o["completion"].strip() for o in a["outcomes"]), a["outcomes"]
     assert a["solved"] >= 1 and "2 slots" in rec.config["label"] + rec.config["server"]["label"]
 
 
-def test_llama_server_rows_find_llama_cpp_kld_of_the_same_gguf():
+def test_llama_server_rows_find_llama_cpp_kld_of_the_same_gguf(q4km_server):
     """A stored llama.cpp quality run (the shipped Q4_K_M, scored by llama-cpp-python) is the KLD beside
     llama-server's accuracy row of the same GGUF; another model's is not."""
     pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (`make peers`)")
-    from engine.peers import servers
     from engine.peers.quality_worker import llama_cpp_quality, llama_cpp_record
     from engine.present.accuracy_view import accuracy_rows
 
-    spec = servers.ServerSpec.of("llama-server", model="default-draft", precision="Q4_K_M", slots=1, max_model_len=1024)
-    why = servers.unavailable_reason(spec)
-    if why:
-        pytest.skip(why)
-    with servers.start(spec) as rs:
-        acc = accuracy.evaluate_endpoint(rs.url, "llama-server Q4_K_M", "qwen2.5-coder-0.5b", "Q4_K_M",
-                                         spec.served_name, ids=IDS[:1], max_new_tokens=16, server=rs.facts())
+    spec, rs = q4km_server
+    acc = accuracy.evaluate_endpoint(rs.url, "llama-server Q4_K_M", "qwen2.5-coder-0.5b", "Q4_K_M",
+                                     spec.served_name, ids=IDS[:1], max_new_tokens=16, server=rs.facts())
     q = llama_cpp_quality("default-draft", 64)
     assert "failed" not in q and "unavailable" not in q, q
-    rec = llama_cpp_record("default-draft", q)
-    (row,) = accuracy_rows([acc], [rec])
+    (row,) = accuracy_rows([acc], [llama_cpp_record("default-draft", q)])
     assert row["KLD mean"] == f"{q['kld_mean']:.5f}" and row["KLD p99"] == f"{q['kld_p99']:.4f}"
-    other = llama_cpp_record("default", q)  # the 1.5B's: not this row's
-    (row,) = accuracy_rows([acc], [other])
+    (row,) = accuracy_rows([acc], [llama_cpp_record("default", q)])  # the 1.5B's: not this row's
     assert row["KLD mean"] == "–"
