@@ -16,7 +16,8 @@ def add_run_args(p: argparse.ArgumentParser, many: bool = False):
     p.add_argument("--model", default="default", help="catalog name (default, default-draft), folder or hub id")
     if many:
         p.add_argument("--precisions", type=_csv, default=["fp32", "bf16", "int8", "int4"],
-                       help="comma-separated: fp32,bf16,fp16,int8,int4,llm.int8,nf4,fp8")
+                       help="comma-separated: fp32,bf16,fp16,int8,int4,llm.int8,nf4,fp8; int4 may name its method "
+                            "and group: int4-gptq, int4-awq-g32, int4-gptq-mixed (int4 alone is round-to-nearest)")
         p.add_argument("--drafts", type=_csv, default=["none"], help="comma-separated draft kinds: none,model,self,ngram")
         p.add_argument("--draft-precisions", type=_csv, default=["int4"])
         p.add_argument("--gammas", type=_ints, default=[4])
@@ -217,7 +218,7 @@ def cmd_quality(a) -> int:
                                                        "weight_bytes": lm.weight_bytes, **q}))
         setup = EngineSetup(model=name, precision=spec.precision, group_size=spec.group_size,
                             quantize_embeddings=spec.quantize_embeddings, quantize_head=spec.quantize_head,
-                            device=device)
+                            device=device, method=spec.method)
         store.save_run(quality.record({"setup": setup.to_dict(), **setup.to_record(), "device": device,
                                        "system": "engine"}, results[-1][1], device))
         del lm
@@ -244,15 +245,13 @@ def cmd_quality(a) -> int:
 
 
 def _accuracy_setups(a) -> list:
-    """One EngineSetup per --precisions entry: 'int4-g32' is int4 at group size 32; all validated up front."""
+    """One EngineSetup per --precisions entry: 'int4-g32' is int4 at group size 32, 'int4-gptq-g32' GPTQ's;
+    all validated up front."""
     from engine.common.setup import EngineSetup
 
     out = []
     for tok in a.precisions:
-        prec, _, g = tok.partition("-g")
-        if g and not g.isdigit():
-            raise UserError(f"precision {tok!r} has no group size after -g", "write int4-g32, int4-g64 or int4-g128")
-        out.append(EngineSetup(model=a.model, precision=prec, group_size=int(g) if g else a.group_size,
+        out.append(EngineSetup(model=a.model, precision=tok, group_size=a.group_size,
                                device=a.device, draft=a.draft, draft_model=a.draft_model,
                                draft_precision=a.draft_precision, gamma=a.gamma).validate())
     return out
@@ -392,7 +391,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("quality", help="llama.cpp-style KL divergence, same top-1, Δp and perplexity against fp32, "
                        "per category (chat, code), with llama.cpp's Q4_K_M beside them")
     p.add_argument("--model", default="default")
-    p.add_argument("--precisions", type=_csv, default=["int8", "int4"], help="comma-separated, e.g. int8,int4,nf4")
+    p.add_argument("--precisions", type=_csv, default=["int8", "int4"],
+                   help="comma-separated, e.g. int8,int4,nf4,int4-gptq-g32 (int4 alone is round-to-nearest)")
     p.add_argument("--group-size", type=int, default=64, help="int4 group size: 32, 64 or 128")
     p.add_argument("--quantize-embeddings", action="store_true")
     p.add_argument("--no-quantize-head", action="store_true")

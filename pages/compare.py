@@ -7,7 +7,7 @@ from engine import peers
 from engine import present
 from engine.present.accuracy_view import NOTE as ACCURACY_NOTE, accuracy_rows
 from engine.common.record_setup import SETUP_FIELDS, setup_from_record
-from engine.common.vocab import DRAFT_KINDS, MAX_GAMMA, PRECISIONS
+from engine.common.vocab import DRAFT_KINDS, MAX_GAMMA, PRECISIONS, QUANT_METHODS
 from engine.measure import RunConfig, sweep_configs
 
 JOB = "sweep-job"
@@ -41,8 +41,12 @@ with tab_sweep:
                               key="cmp-model")
         typed = _backend.your_model_input("cmp-your-model") if choice == _backend.YOUR_MODEL else ""
         model = choice if choice != _backend.YOUR_MODEL else typed.strip()
-        precisions = st.multiselect("Target precisions", PRECISIONS, default=["fp32", "int8", "int4"],
-                                    key="cmp-precisions")
+        methods = [f"int4-{m}" for m in QUANT_METHODS if m != "rtn"]  # int4-checkpoint: your quantized folder
+        precisions = st.multiselect("Target precisions", [*PRECISIONS, *methods],
+                                    default=["fp32", "int8", "int4"], key="cmp-precisions",
+                                    help="int4 is round-to-nearest; int4-gptq, -awq and -gptq-mixed calibrate once on "
+                                         "workload text the lab never scores; int4-checkpoint runs your quantized "
+                                         "checkpoint's own codes (docs/MODELS.md)")
         batches = st.multiselect("Batch sizes", [1, 2, 4, 8, 16, 32, 64], default=[1], key="cmp-batches")
     with b:
         drafts = st.multiselect("Drafts", list(DRAFT_KINDS), default=["none", "model"], key="cmp-drafts")

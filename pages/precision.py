@@ -5,7 +5,7 @@ import streamlit as st
 from pages import _backend, _ui
 from engine import present
 from engine.common.setup import EngineSetup
-from engine.common.vocab import DESCRIPTIONS, GROUP_SIZES, PRECISIONS
+from engine.common.vocab import DESCRIPTIONS, GROUP_SIZES, METHOD_DESCRIPTIONS, PRECISIONS, QUANT_METHODS
 from engine.present.accuracy_view import NOTE as ACCURACY_NOTE, accuracy_rows
 from engine.present.quality_view import heading, table_rows
 
@@ -24,6 +24,10 @@ with c2:
 with c3:
     group = st.selectbox("int4 group size", GROUP_SIZES, index=GROUP_SIZES.index(64), key="prec-group",
                          disabled=precision != "int4")
+method = st.selectbox("int4 method", QUANT_METHODS, key="prec-method", disabled=precision != "int4",
+                      format_func=lambda m: f"{m} – {METHOD_DESCRIPTIONS[m]}",
+                      help="How the int4 grid is chosen. The first load of GPTQ or AWQ calibrates on ShareGPT text "
+                           "the lab never scores (the status line shows each layer); later loads read the cache.")
 with st.expander("Advanced"):
     q_emb = st.checkbox("Quantize the embedding table too", value=False, key="prec-qemb")
     q_head = st.checkbox("Quantize the output head", value=True, key="prec-qhead")
@@ -65,7 +69,8 @@ def _loaded_facts(rec) -> dict:
 if st.button("Load", type="primary", key="prec-load", disabled=_backend.job_running(JOB)):
     try:
         setup = EngineSetup(model=_backend.chosen_model(model, your_model), precision=precision,
-                            group_size=int(group), quantize_embeddings=q_emb, quantize_head=q_head)
+                            group_size=int(group), quantize_embeddings=q_emb, quantize_head=q_head,
+                            method=method if precision == "int4" else "rtn")
         with st.status(f"Loading {setup.label} on the backend…", expanded=False) as status:
             job = _backend.run_here(JOB, f"load {setup.label}", _short_run(setup),
                                     say=lambda s: status.update(label=s))
@@ -162,8 +167,8 @@ with q1:
     run_llama = st.button("Measure llama.cpp Q4_K_M", key="prec-quality-llama",
                           disabled=llama_reason is not None or _backend.job_running(JOB),
                           help="llama.cpp's own Q4_K_M GGUF scored on the same tokens against the same reference, in "
-                               "a fresh process on the backend. It takes a while: about 2 minutes per 1,024 tokens "
-                               "of the 1.5B on 2 CPU cores (longer while the machine is busy).")
+                               "a fresh process on the backend. On a CPU it takes minutes per thousand tokens of the 1.5B "
+                               "(longer while the machine is busy).")
     if llama_reason:
         st.caption(f"llama.cpp: {_ui.md_escape(llama_reason)}")
 if run_q:
@@ -207,7 +212,7 @@ with q2:
         st.dataframe(pd.DataFrame(table_rows(results)), hide_index=True, key="prec-quality-table")
         st.caption(f"{_ui.md_escape(heading(results[0][0], results[0][1]))}: ShareGPT answers and HumanEval "
                    "solutions, each document scored from its start. KL counts the reference's tokens with p ≥ 1e-6 "
-                   "plus one bucket for the rest (about 0.6% under the full sum). The catalog's fp32 is the shipped "
+                   "plus one bucket for the rest (slightly under the full sum: docs/BENCHMARKS.md says by how much). The catalog's fp32 is the shipped "
                    "Q4_K_M GGUF dequantized, so llama.cpp's row measures its arithmetic on the same weights.")
 
 hist = st.session_state.get("prec-history", [])

@@ -8,23 +8,31 @@ Pure (no torch), so the planner reads records' setups the way the lab writes the
 """
 from __future__ import annotations
 
+import re
 from dataclasses import fields
 from typing import Mapping
 
 from engine.common.setup import NO_DRAFT, EngineSetup
+from engine.common.vocab import QUANT_METHODS
 
 SETUP_FIELDS = tuple(f.name for f in fields(EngineSetup))
 
 
 def base_precision(label) -> str:
-    """'int4-g64' -> 'int4': a precision label without its group suffix."""
-    return str(label or "").lower().split("-g")[0]
+    """'int4-g64' -> 'int4', 'int4-gptq-g64' -> 'int4': a precision label without its method and group."""
+    return str(label or "").lower().split("-")[0]
 
 
 def _group_of(label) -> int | None:
-    """'int4-g32' -> 32; None when the label has no group suffix."""
-    _, _, g = str(label or "").lower().partition("-g")
-    return int(g) if g.isdigit() else None
+    """'int4-g32' -> 32, 'int4-gptq-g32' -> 32; None when the label has no group suffix."""
+    m = re.search(r"-g(\d+)$", str(label or "").lower())
+    return int(m.group(1)) if m else None
+
+
+def _method_of(label) -> str | None:
+    """'int4-gptq-g32' -> 'gptq'; None for a label without a method (round-to-nearest)."""
+    parts = re.sub(r"-g\d+$", "", str(label or "").lower()).split("-", 1)
+    return parts[1] if len(parts) == 2 and parts[1] in QUANT_METHODS else None
 
 
 def setup_from_record(config: Mapping) -> EngineSetup:
@@ -53,6 +61,9 @@ def setup_from_record(config: Mapping) -> EngineSetup:
     group = quant.get("group_size") or config.get("group_size") or _group_of(config.get("precision"))
     if group:
         d["group_size"] = int(group)
+    method = quant.get("method") or _method_of(config.get("precision"))
+    if method:
+        d["method"] = method
     for k in ("quantize_embeddings", "quantize_head"):
         v = quant.get(k, config.get(k))
         if isinstance(v, bool):

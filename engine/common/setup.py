@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields, replace
 
 from engine.common.errors import UserError, read_object
-from engine.common.vocab import DRAFT_KINDS, GROUP_SIZES, MAX_GAMMA, WEIGHT_BITS, parse_precision
+from engine.common.vocab import (DRAFT_KINDS, GROUP_SIZES, MAX_GAMMA, QUANT_METHODS, WEIGHT_BITS, method_words,
+                                 parse_precision, parse_precision_spec, precision_token)
 
 NO_DRAFT = "none"
 LOADED_DRAFTS = ("model", "self")  # draft kinds that load a second model
@@ -20,8 +21,9 @@ LOADED_DRAFTS = ("model", "self")  # draft kinds that load a second model
 @dataclass(frozen=True)
 class EngineSetup:
     model: str = "default"
-    precision: str = "fp32"
+    precision: str = "fp32"  # may carry the method and group on input: 'int4-gptq-g32' (validate splits it)
     group_size: int = 64  # int4 groups (both target and draft)
+    method: str = "rtn"  # how the target's int4 grid is chosen: rtn | gptq | awq (vocab.QUANT_METHODS)
     quantize_embeddings: bool = False
     quantize_head: bool = True
     device: str = "auto"  # cpu, cuda, cuda:N or auto
@@ -35,10 +37,17 @@ class EngineSetup:
         """This setup with canonical precision names; a UserError names the first bad field and the fix."""
         if not isinstance(self.model, str) or not self.model.strip():
             raise UserError("the setup names no model", "give a catalog name (default, default-draft), a folder or a hub id")
-        precision = parse_precision(self.precision)
         if isinstance(self.group_size, bool) or self.group_size not in GROUP_SIZES:
             raise UserError(f"int4 group size {self.group_size!r} is not supported",
                             f"use one of: {', '.join(map(str, GROUP_SIZES))}")
+        precision, method, group_size = parse_precision_spec(self.precision, self.group_size)
+        if self.method not in QUANT_METHODS:
+            raise UserError(f"unknown quantization method {self.method!r}", f"use one of: {', '.join(QUANT_METHODS)}")
+        if method == "rtn" and self.method != "rtn":  # the method came as its own field
+            if precision != "int4":
+                raise UserError(f"quantization method {self.method!r} is for int4 only, not {precision}",
+                                f"use precision int4 with method {self.method}, or method rtn")
+            method = self.method
         if self.draft not in DRAFT_KINDS:
             raise UserError(f"unknown draft kind '{self.draft}'", f"use one of: {', '.join(DRAFT_KINDS)}")
         draft_precision = parse_precision(self.draft_precision) if self.draft in LOADED_DRAFTS else self.draft_precision
@@ -52,7 +61,8 @@ class EngineSetup:
                             "draft at a cheaper precision than the target (int4 drafting int8 or bf16, say)")
         if self.draft == "model" and not (isinstance(self.draft_model, str) and self.draft_model.strip()):
             raise UserError("a model draft names no draft model", "give --draft-model (default-draft is the 0.5B)")
-        return replace(self, precision=precision, draft_precision=draft_precision)
+        return replace(self, precision=precision, method=method, group_size=group_size,
+                       draft_precision=draft_precision)
 
     @property
     def speculative(self) -> bool:
@@ -70,7 +80,13 @@ class EngineSetup:
 
     @property
     def precision_label(self) -> str:
-        return self.precision + (f" g{self.group_size}" if self.precision == "int4" and self.group_size != 64 else "")
+        return self.precision + method_words(self.precision, self.method) \
+            + (f" g{self.group_size}" if self.precision == "int4" and self.group_size != 64 else "")
+
+    @property
+    def precision_token(self) -> str:
+        """The target's precision as input takes it, method and group included: 'int4-gptq-g32', 'int8'."""
+        return precision_token(self.precision, self.method, self.group_size)
 
     @property
     def draft_label(self) -> str:
@@ -100,6 +116,6 @@ class EngineSetup:
             draft = {"kind": self.draft, "model": self.draft_model_name if self.draft == "model" else None,
                      "precision": self.draft_precision if self.draft in LOADED_DRAFTS else None,
                      "gamma": self.gamma, "adaptive": self.adaptive_gamma}
-        return {"model": self.model, "precision": self.precision, "group_size": self.group_size,
+        return {"model": self.model, "precision": self.precision, "method": self.method, "group_size": self.group_size,
                 "quantize_embeddings": self.quantize_embeddings, "quantize_head": self.quantize_head,
                 "draft": draft}

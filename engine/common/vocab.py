@@ -5,6 +5,8 @@ One vocabulary for the live engine, the planner, the peers and the pages. Input 
 """
 from __future__ import annotations
 
+import re
+
 from engine.common.errors import UserError
 
 PRECISIONS = ("fp32", "bf16", "fp16", "int8", "int4", "llm.int8", "nf4", "fp8")
@@ -18,7 +20,8 @@ DESCRIPTIONS = {
     "bf16": "bfloat16 weights and activations",
     "fp16": "float16 weights and activations",
     "int8": "int8 weight-only, per-output-channel symmetric scales (our kernels)",
-    "int4": "int4 weight-only, group-wise asymmetric, two per byte (our kernels)",
+    "int4": "int4 weight-only, group-wise asymmetric, two per byte (our kernels); the method says how the grid "
+            "was chosen (QUANT_METHODS)",
     "llm.int8": "bitsandbytes LLM.int8 (int8 with fp16 outliers)",
     "nf4": "bitsandbytes NF4 4-bit",
     "fp8": "fp8 e4m3 weight-only with per-channel scales (Hopper/Ada GPUs)",
@@ -28,6 +31,23 @@ PRECISION_ALIASES = {
     "bnb-int8": "llm.int8", "bnb.int8": "llm.int8", "llmint8": "llm.int8", "bnb-nf4": "nf4", "bnb.nf4": "nf4",
     "w8": "int8", "w4": "int4",
 }
+
+# How int4 weights are chosen (all land on the same kernel format: q in 0..15, an fp16 scale and min per group).
+# A setup's precision may name one: `int4-gptq`, `int4-gptq-g32`, `int4-awq-g128`; `int4` alone (or `int4-rtn`) is rtn.
+QUANT_METHODS = ("rtn", "gptq", "awq", "gptq-mixed", "checkpoint")
+METHOD_DESCRIPTIONS = {
+    "rtn": "round-to-nearest: min/max per group, no calibration (as llama.cpp's Q4_1 rounds)",
+    "gptq": "GPTQ: each column rounded in turn, its error spread over the columns not yet rounded through the inverse "
+            "Hessian of calibration activations (act-order, per-group scale and min searched for least error)",
+    "awq": "AWQ: per-input-channel scales from calibration activations, searched per layer for least output error "
+           "and folded into the preceding norm or linear, then round-to-nearest with searched clipping",
+    "gptq-mixed": "GPTQ, with the linears whose int4 output error (measured on the calibration text) is largest "
+                  "kept at int8, within a byte budget (llama.cpp's Q4_K_M keeps attn_v, half of ffn_down and the "
+                  "head at 6 bits by a fixed rule)",
+    "checkpoint": "the int4 codes of your already-quantized checkpoint (compressed-tensors pack-quantized W4A16, as "
+                  "llm-compressor saves GPTQ and AWQ), read into our kernels' format, not requantized",
+}
+CALIBRATED_METHODS = ("gptq", "awq", "gptq-mixed")  # methods that read calibration text (engine/infer/calibrate.py)
 
 MODEL_ALIASES = {"default": "qwen2.5-coder-1.5b", "default-draft": "qwen2.5-coder-0.5b"}
 
@@ -56,6 +76,48 @@ def parse_precision(p: str) -> str:
     if q not in PRECISIONS:
         raise UserError(f"unknown precision '{p}'", f"choose one of: {', '.join(PRECISIONS)}")
     return q
+
+
+def parse_precision_spec(token: str, group_size: int | None = None) -> tuple[str, str, int | None]:
+    """'int4-gptq-g32' -> ('int4', 'gptq', 32); 'int4' -> ('int4', 'rtn', group_size); 'bf16' -> ('bf16', 'rtn', ...).
+
+    The grammar is PRECISION[-METHOD][-gGROUP]; a method or a group size is for int4 only. A UserError names
+    the part it cannot read and the choices."""
+    raw = (token or "").strip()
+    parts = raw.lower().split("-")
+    group = group_size
+    if len(parts) > 1 and re.fullmatch(r"g\d+", parts[-1]):
+        group = int(parts.pop()[1:])
+        if group not in GROUP_SIZES:
+            raise UserError(f"precision {raw!r}: int4 group size {group} is not supported",
+                            f"use -g{', -g'.join(map(str, GROUP_SIZES))}")
+    elif len(parts) > 1 and re.fullmatch(r"g(\d.*)?", parts[-1]):
+        raise UserError(f"precision {raw!r} has no group size after -g", "write int4-g32, int4-g64 or int4-g128")
+    method = "rtn"
+    if len(parts) > 1 and "-".join(parts[1:]) in QUANT_METHODS:
+        method, parts = "-".join(parts[1:]), parts[:1]
+    elif len(parts) > 1 and parts[0] == "int4":
+        raise UserError(f"precision {raw!r}: unknown quantization method '{'-'.join(parts[1:])}'",
+                        f"write int4-METHOD[-gGROUP] with METHOD one of: {', '.join(QUANT_METHODS)} "
+                        "(e.g. int4-gptq-g128)")
+    precision = parse_precision("-".join(parts)) if parts != [""] else parse_precision(raw)
+    if precision != "int4" and (method != "rtn" or group != group_size):
+        raise UserError(f"precision {raw!r}: a quantization method or group size is for int4 only",
+                        f"write {precision}, or int4-gptq, int4-awq, int4-g32")
+    return precision, method, group
+
+
+def precision_token(precision: str, method: str = "rtn", group_size: int = 64) -> str:
+    """parse_precision_spec's inverse: 'int4-gptq-g32', 'int4-g64' (round-to-nearest, as records have always
+    said), 'int8'."""
+    if precision != "int4":
+        return precision
+    return "int4" + (f"-{method}" if method and method != "rtn" else "") + f"-g{group_size}"
+
+
+def method_words(precision: str, method: str | None) -> str:
+    """How a label says the method: '' for round-to-nearest (the labels records have always had), else ' gptq'."""
+    return f" {method}" if precision == "int4" and method and method != "rtn" else ""
 
 
 def canonical_model_name(name: str) -> str:

@@ -193,9 +193,14 @@ def read_config(cfg: dict, source: str = "config.json") -> dict:
     if missing:
         raise UserError(f"{source} lacks required field(s): {', '.join(missing)}", "use the model's complete config.json")
     ignored = check_fields(cfg, source)
-    if cfg.get("quantization_config"):
-        _refuse(source, "quantization_config", (cfg["quantization_config"] or {}).get("quant_method", "?"),
-                "load the unquantized (bf16/fp32) checkpoint; the lab quantizes it itself (--precision int8/int4)")
+    if cfg.get("quantization_config"):  # read exactly (engine/quant/checkpoints.py) or refused there by field
+        from engine.quant.checkpoints import read_scheme
+
+        read_scheme(cfg["quantization_config"], source)
+        if fam.moe or cfg.get("model_type") == "phi3":
+            _refuse(source, "quantization_config", cfg["quantization_config"].get("quant_method"),
+                    "quantized checkpoints are read for families whose tensors map one to one onto ours (not "
+                    "mixture-of-experts or Phi-3's fused projections): give the unquantized checkpoint")
     if cfg.get("use_bidirectional_attention"):
         _refuse(source, "use_bidirectional_attention", True, "use a causal (generative) checkpoint")
     act_name = cfg.get(fam.act_field) or cfg.get("hidden_act") or "silu"

@@ -94,10 +94,22 @@ def load(name: str = "default", spec: QuantSpec | str = "fp32", device: str | No
     say(f"building {Path(folder).name} and converting to {spec.label}")
     base_dtype = compute_dtype_for(spec, device) if spec.precision in ("fp32", "bf16", "fp16") else torch.float32
     model = build_model(folder, dtype=base_dtype, device="cpu")
-    model = quantize_model(model, spec, device)
+    tok = load_tokenizer(folder)
+    codes, keep_int8 = None, set()
+    spec = _checkpoint_spec(spec, model, folder)
+    if spec.method == "checkpoint":
+        codes = model.checkpoint_codes
+    elif spec.calibrated:  # GPTQ/AWQ: computed once from calibration text, then read from the cache
+        from engine.infer.calibrate import calibrated
+
+        cal = calibrated(name, Path(folder), model, spec, tok, progress)
+        with torch.no_grad():
+            for pname, t in cal.floats.items():  # AWQ's folded norms
+                model.get_parameter(pname).data = t.to(model.get_parameter(pname).dtype)
+        codes, keep_int8 = cal.codes, cal.keep_int8
+    model = quantize_model(model, spec, device, codes, keep_int8)
     if spec.precision != "fp32":
         _release_source(model)
-    tok = load_tokenizer(folder)
     if device.startswith("cuda"):
         torch.cuda.synchronize()
     return LoadedModel(
@@ -105,6 +117,29 @@ def load(name: str = "default", spec: QuantSpec | str = "fp32", device: str | No
         folder=Path(folder), spec=spec, device=device, model=model, tokenizer=tok,
         load_s=time.perf_counter() - t0, weights=weight_breakdown(model), quantized=quantized_fraction(model),
     )
+
+
+def _checkpoint_spec(spec: QuantSpec, model, folder) -> QuantSpec:
+    """The spec a quantized checkpoint loads as: int4-checkpoint at its own group size (its head quantized only
+    if the checkpoint's is), or a float/int8 precision of its dequantized weights; anything else refused."""
+    from dataclasses import replace
+
+    scheme = getattr(model, "checkpoint_scheme", None)
+    if scheme is None:
+        if spec.method == "checkpoint":
+            raise UserError(f"{folder} is not a quantized checkpoint (its config.json has no quantization_config)",
+                            "load it at int4 (round-to-nearest), int4-gptq or int4-awq")
+        return spec
+    if spec.precision == "int4" and spec.method != "checkpoint":
+        raise UserError(f"{folder} is already quantized ({scheme.words}): int4-{spec.method} would requantize its int4 "
+                        "weights", f"load it as int4-checkpoint-g{scheme.group_size} (its own codes), or give the "
+                        "unquantized checkpoint")
+    if spec.precision == "int4" and spec.group_size != scheme.group_size:
+        raise UserError(f"{folder} holds groups of {scheme.group_size}; int4-checkpoint-g{spec.group_size} was asked",
+                        f"load it as int4-checkpoint-g{scheme.group_size}")
+    if spec.precision == "int4":
+        return replace(spec, quantize_head="lm_head" in model.checkpoint_codes)
+    return spec
 
 
 @dataclass
@@ -118,7 +153,8 @@ class LoadedSetup:
 
 
 def target_spec(setup) -> QuantSpec:
-    return make_spec(setup.precision, setup.group_size, setup.quantize_embeddings, setup.quantize_head)
+    return make_spec(setup.precision, setup.group_size, setup.quantize_embeddings, setup.quantize_head,
+                     setup.method)
 
 
 def draft_spec(setup) -> QuantSpec:

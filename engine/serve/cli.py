@@ -15,7 +15,8 @@ KV_FACTS = ("kv_cache", "kv_dtype", "block_size", "num_blocks", "kv_bytes", "pre
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API (continuous batching)")
     p.add_argument("--model", default="default", help="catalog name (default, default-draft), folder or hub id")
-    p.add_argument("--precision", default="int4", help="fp32, bf16, fp16, int8, int4, llm.int8, nf4, fp8")
+    p.add_argument("--precision", default="int4", help="fp32, bf16, fp16, int8, int4, llm.int8, nf4, fp8; int4 may name its method "
+                   "and group: int4-gptq, int4-awq-g32, int4-gptq-mixed (int4 alone is round-to-nearest)")
     p.add_argument("--group-size", type=int, default=64, help="int4 group size: 32, 64 or 128")
     p.add_argument("--quantize-embeddings", action="store_true", help="also quantize the embedding table")
     p.add_argument("--no-quantize-head", action="store_true", help="keep the output head in float")

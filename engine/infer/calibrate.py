@@ -1,0 +1,397 @@
+"""Calibrated int4 (GPTQ, AWQ): the calibration text, the layer-by-layer pass, and its cache.
+
+A calibrated method reads activations: the model runs the calibration documents one decoder block
+at a time; each block's linears are quantized from what their inputs looked like, and the block's
+outputs *with the quantized weights* feed the next block (errors of earlier layers are seen by
+later ones, as GPTQ's reference implementation and llm-compressor's sequential pipeline do).
+
+The calibration text is workload text the lab never scores: ShareGPT exchanges (first user turn and
+its answer) from the chat selection past position EVAL_HOLDOUT. The KLD eval text takes its chat
+documents from the front of the same list (engine/measure/eval_text.py; tests assert the two never
+meet), and pass@1 scores HumanEval, which calibration never reads.
+
+The result is cached once per model weights, method, group size, head choice, calibration set and
+algorithm version, as the canonical int4 tensors (engine.ops.formats) in one safetensors file. It is
+written to a temporary folder and renamed into place, so an interrupted calibration leaves nothing.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from engine.common import datasets
+from engine.common.errors import UserError
+from engine.common.paths import cache_dir
+from engine.infer.model import Rows, rope_tables
+from engine.quant.convert import QuantSpec
+from engine.quant.awq import search_scale
+from engine.quant.gptq import dequantize_codes, gptq_quantize, group_grid, pack_codes, rtn_codes
+
+__all__ = ["calibration_texts", "calibration_docs", "calibrated", "Calibrated", "calibrate", "CALIBRATION_SET",
+           "EVAL_HOLDOUT", "DEFAULT_TOKENS"]
+
+EVAL_HOLDOUT = 256  # chat selection ids [0, 256) are the eval text's and workloads'; calibration reads from 256 on
+DEFAULT_TOKENS = 8192  # calibration positions: sized so the 1.5B calibrates within its 20-minute target on 2 cores
+MAX_DOC_TOKENS = 512
+MIN_DOC_TOKENS = 32
+CALIBRATION_SET = "sharegpt-chat-exchanges"
+# Bump a method's version when its result changes: cached entries of older versions are not reused.
+VERSIONS = {"gptq": 1, "awq": 2}
+
+
+class Cancelled(Exception):
+    """The caller asked the calibration to stop; nothing was written."""
+
+
+def calibration_texts() -> list[tuple[str, str]]:
+    """(id, text) of the calibration documents, in the selection's seeded order."""
+    out = []
+    conv = datasets.sharegpt()
+    for pid in datasets.selection()["categories"]["chat"]["ids"][EVAL_HOLDOUT:]:
+        turn = datasets.first_turn(conv[pid.partition(":")[2]])
+        if turn:
+            out.append((pid, turn[0] + "\n\n" + turn[1]))
+    return out
+
+
+def calibration_docs(tokenizer, tokens: int = DEFAULT_TOKENS) -> list[list[int]]:
+    """Token ids of calibration documents (each cut at MAX_DOC_TOKENS) until `tokens` positions are met."""
+    docs, n = [], 0
+    for _, text in calibration_texts():
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"][:min(MAX_DOC_TOKENS, tokens - n)]
+        if len(ids) < MIN_DOC_TOKENS:
+            continue
+        docs.append(ids)
+        n += len(ids)
+        if n >= tokens:
+            return docs
+    raise UserError(f"the calibration set holds only {n} of the {tokens} tokens asked for",
+                    "ask for fewer calibration tokens")
+
+
+# ---------------------------------------------------------------- the cache
+
+def weights_key(folder: Path) -> str:
+    """A fingerprint of a model folder's weights: config.json, and each safetensors file's size and its
+    first and last MiB (cheap, and it changes when the weights do)."""
+    h = hashlib.sha256()
+    folder = Path(folder)
+    cfg = folder / "config.json"
+    if cfg.exists():
+        h.update(cfg.read_bytes())
+    for f in sorted(folder.glob("*.safetensors")):
+        size = f.stat().st_size
+        h.update(f"{f.name}:{size}".encode())
+        with open(f, "rb") as fh:
+            h.update(fh.read(1 << 20))
+            fh.seek(max(0, size - (1 << 20)))
+            h.update(fh.read(1 << 20))
+    return h.hexdigest()[:16]
+
+
+def entry_dir(name: str, folder: Path, spec: QuantSpec, tokens: int) -> Path:
+    what = {"weights": weights_key(folder), "method": base_method(spec), "group_size": spec.group_size,
+            "quantize_head": spec.quantize_head, "calibration": CALIBRATION_SET, "tokens": tokens,
+            "version": VERSIONS[base_method(spec)]}
+    key = hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:12]
+    safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in str(name))[-60:]
+    return cache_dir() / "quantized" / f"{safe}-{base_method(spec)}-g{spec.group_size}-{key}"
+
+
+def base_method(spec: QuantSpec) -> str:
+    """The method whose codes a spec reads: gptq-mixed reads gptq's (and keeps some linears at int8)."""
+    return spec.method.removesuffix("-mixed")
+
+
+@dataclass
+class Calibrated:
+    """What a calibrated spec loads: int4 codes per linear (by checkpoint names), the float parameters the method
+    changed (AWQ's folded norms), the linears kept at int8 (mixed), and the cache entry's manifest."""
+
+    codes: dict
+    floats: dict
+    keep_int8: set
+    manifest: dict
+
+
+def _read(path: Path) -> Calibrated | None:
+    from safetensors.torch import load_file
+
+    if not all((path / f).exists() for f in ("codes.safetensors", "floats.safetensors", "manifest.json")):
+        return None
+    t = load_file(str(path / "codes.safetensors"))
+    names = {k.rsplit(".", 1)[0] for k in t}
+    return Calibrated({n: (t[f"{n}.packed"], t[f"{n}.scales"], t[f"{n}.mins"]) for n in names},
+                      load_file(str(path / "floats.safetensors")), set(),
+                      json.loads((path / "manifest.json").read_text()))
+
+
+def _write(path: Path, cal: Calibrated) -> None:
+    """Into a temporary folder, then renamed into place: an interrupted write leaves no entry."""
+    from safetensors.torch import save_file
+
+    tmp = path.parent / f".tmp-{path.name}-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    flat = {f"{n}.{part}": t.contiguous() for n, c in cal.codes.items()
+            for part, t in zip(("packed", "scales", "mins"), c)}
+    save_file(flat, str(tmp / "codes.safetensors"))
+    save_file({n: t.contiguous() for n, t in cal.floats.items()}, str(tmp / "floats.safetensors"))
+    (tmp / "manifest.json").write_text(json.dumps(cal.manifest, indent=1))
+    shutil.rmtree(path, ignore_errors=True)
+    os.replace(tmp, path)
+
+
+def calibrated(name: str, folder: Path, model, spec: QuantSpec, tokenizer, progress=None,
+               tokens: int | None = None, should_stop=None) -> Calibrated:
+    """What `spec` loads for `model` (fp32, unfused, as built): from the cache, or calibrated once and cached.
+    The int8 set is empty unless the method is mixed (mixed_selection)."""
+    tokens = tokens or DEFAULT_TOKENS
+    path = entry_dir(name, folder, spec, tokens)
+    cal = _read(path)
+    say = progress or (lambda s: None)
+    if cal is None:
+        docs = calibration_docs(tokenizer, tokens)
+        t0 = time.perf_counter()
+        codes, errors, floats = calibrate(model, spec, docs, say, should_stop)
+        cal = Calibrated(codes, floats, set(), {
+            "model": str(name), "method": base_method(spec), "group_size": spec.group_size,
+            "quantize_head": spec.quantize_head, "calibration_set": CALIBRATION_SET,
+            "calibration_tokens": sum(map(len, docs)), "calibration_docs": len(docs),
+            "version": VERSIONS[base_method(spec)],
+            "seconds": round(time.perf_counter() - t0, 1), "relative_output_error": errors})
+        _write(path, cal)
+        say(f"calibrated {spec.label} in {time.perf_counter() - t0:.0f} s; cached in {path}")
+    if spec.method.endswith("-mixed"):
+        cal.keep_int8 = mixed_selection(cal.manifest["relative_output_error"],
+                                        {n: c[0].numel() * 2 for n, c in cal.codes.items()})
+        cal.codes = {n: c for n, c in cal.codes.items() if n not in cal.keep_int8}
+    return cal
+
+
+MIXED_BUDGET = 0.25  # int8's extra bytes at most this share of the all-int4 linears' bytes
+
+
+def mixed_selection(errors: dict[str, float], params: dict[str, int], budget: float = MIXED_BUDGET) -> set[str]:
+    """The linears to keep at int8: the largest relative int4 output error per extra byte first, while the
+    extra bytes (int8's 8 bits against int4's 4.5 per weight, scales counted) fit `budget` of the int4 bytes."""
+    int4 = sum(params.values()) * 4.5 / 8
+    extra = {n: params[n] * (8 - 4.5) / 8 for n in params}
+    keep, spent = set(), 0.0
+    for n in sorted(errors, key=lambda n: errors[n] / extra[n], reverse=True):
+        if spent + extra[n] <= budget * int4:
+            keep.add(n)
+            spent += extra[n]
+    return keep
+
+
+# ---------------------------------------------------------------- the layer-by-layer pass
+
+def _check_calibratable(model, spec: QuantSpec) -> None:
+    cfg = model.cfg
+    if cfg.num_experts:
+        raise UserError(f"{spec.label} is not built for mixture-of-experts models ({cfg.family})",
+                        "use int4 (round-to-nearest) for this model")
+    for name, mod in model.named_modules():
+        if isinstance(mod, nn.Linear) and (name.startswith("model.layers") or name == "lm_head") \
+                and mod.in_features % spec.group_size:
+            raise UserError(f"{spec.label}: layer {name} has {mod.in_features} inputs, not a whole number of "
+                            f"groups of {spec.group_size}", "pick a group size that divides it, or int4 (rtn)")
+
+
+SAMPLE_ROWS = 2048  # AWQ's scale search scores each candidate on this many input rows per layer group
+
+
+class _Inputs:
+    """What hooks see of each input kind over the calibration rows: the mean of x xᵀ (GPTQ), or the
+    per-channel mean of |x| and of x² and a strided sample of rows (AWQ)."""
+
+    def __init__(self, full: bool, stride: int = 1):
+        self.full, self.stride = full, stride
+        self.sums: dict[str, torch.Tensor] = {}
+        self.abs: dict[str, torch.Tensor] = {}
+        self.rows: dict[str, int] = {}
+        self.sample: dict[str, list[torch.Tensor]] = {}
+
+    def hook(self, key: str):
+        def add(_mod, args):
+            x = args[0].detach().reshape(-1, args[0].shape[-1]).float()
+            if key not in self.rows:
+                K = x.shape[1]
+                self.sums[key] = torch.zeros(K, K) if self.full else torch.zeros(K)
+                self.abs[key], self.rows[key], self.sample[key] = torch.zeros(K), 0, []
+            if self.full:
+                self.sums[key].addmm_(x.T, x)
+            else:
+                self.sums[key] += (x * x).sum(0)
+                self.abs[key] += x.abs().sum(0)
+                self.sample[key].append(x[::self.stride][:SAMPLE_ROWS])
+            self.rows[key] += x.shape[0]
+        return add
+
+    def hessian(self, key: str) -> torch.Tensor:
+        return self.sums[key] / max(1, self.rows[key])
+
+    def energy(self, key: str) -> torch.Tensor:
+        """Per-channel mean of x² (the Hessian's diagonal)."""
+        return self.hessian(key).diagonal() if self.full else self.hessian(key)
+
+    def abs_mean(self, key: str) -> torch.Tensor:
+        return self.abs[key] / max(1, self.rows[key])
+
+    def rows_sample(self, key: str) -> torch.Tensor:
+        return torch.cat(self.sample[key])[:SAMPLE_ROWS]
+
+
+def _block_linears(blk) -> dict[str, tuple[str, nn.Linear]]:
+    """Linear name in the block -> (the input it reads, the layer); q/k/v share one input, gate/up another."""
+    a, m = blk.self_attn, blk.mlp
+    return {"self_attn.q_proj": ("attn_in", a.q_proj), "self_attn.k_proj": ("attn_in", a.k_proj),
+            "self_attn.v_proj": ("attn_in", a.v_proj), "self_attn.o_proj": ("o_in", a.o_proj),
+            "mlp.gate_proj": ("mlp_in", m.gate_proj), "mlp.up_proj": ("mlp_in", m.up_proj),
+            "mlp.down_proj": ("down_in", m.down_proj)}
+
+
+def _relative_error(w: torch.Tensor, dq: torch.Tensor, H: torch.Tensor) -> float:
+    """tr(ΔW H ΔWᵀ) / tr(W H Wᵀ): the layer's output error-to-signal on the calibration inputs (H full, or its
+    diagonal alone); what mixed precision ranks linears by."""
+    d, w = w.float() - dq, w.float()
+    if H.dim() == 1:
+        return float((d * d * H).sum() / (w * w * H).sum().clamp(min=1e-30))
+    return float(((d @ H) * d).sum() / ((w @ H) * w).sum().clamp(min=1e-30))
+
+
+def _fold(prev: nn.Module, s: torch.Tensor, rows: bool) -> list[tuple[str, nn.Parameter]]:
+    """Divide what `prev` outputs by s: a norm's weight (Gemma's 1 + w as a whole), or a linear's rows and bias.
+    Returns the float parameters it changed, by attribute."""
+    if rows:
+        prev.weight.data /= s[:, None]
+        if prev.bias is not None:
+            prev.bias.data /= s
+            return [("bias", prev.bias)]
+        return []
+    w = prev.weight.data
+    prev.weight.data = (1 + w) / s - 1 if getattr(prev, "gemma", False) else w / s
+    return [("weight", prev.weight)]
+
+
+@torch.no_grad()
+def calibrate(model, spec: QuantSpec, docs: list[list[int]], say=None, should_stop=None):
+    """(codes, errors, floats): {linear name: (packed, scales, mins)} for every block linear (and the head when
+    quantized), {linear name: relative output error}, and {parameter name: tensor} of the float parameters the
+    method changed (AWQ's folded norms); from one block-by-block pass over `docs`. The block weights are left
+    dequantized."""
+    say = say or (lambda s: None)
+    method = base_method(spec)
+    if method not in ("gptq", "awq"):
+        raise UserError(f"calibration method {spec.method!r} is not built", "use int4-gptq, int4-awq or int4 (rtn)")
+    _check_calibratable(model, spec)
+    cfg = model.cfg
+    cache = model.new_cache(1, max(map(len, docs)), torch.float32)
+    seqs = []
+    for ids in docs:
+        t = torch.tensor(ids, dtype=torch.long)
+        rows = Rows.of([(0, 0, len(ids))], "cpu")
+        x = model.model.embed_tokens(t).float()
+        if cfg.embed_scale != 1.0:
+            x = x * torch.tensor(cfg.embed_scale, dtype=x.dtype)
+        seqs.append([x, rows, rope_tables(cfg, rows)])
+    stride = max(1, sum(map(len, docs)) // SAMPLE_ROWS)
+    codes: dict = {}
+    errors: dict[str, float] = {}
+    floats: dict[str, torch.Tensor] = {}
+    n_layers = len(model.model.layers)
+    for i, blk in enumerate(model.model.layers):
+        if should_stop and should_stop():
+            raise Cancelled()
+        say(f"calibrating {spec.label}: layer {i + 1}/{n_layers}")
+        seen = _Inputs(full=method == "gptq", stride=stride)
+        linears = _block_linears(blk)
+        handles = [lin.register_forward_pre_hook(seen.hook(key)) for key, lin in
+                   {k: lin for k, lin in linears.values()}.items()]
+        for x, rows, tables in seqs:
+            blk(x, *tables[cfg.ropes[i]], cache, rows)
+        for h in handles:
+            h.remove()
+        scale = _awq_block(blk, i, seen, spec, floats) if method == "awq" else {}
+        by_input: dict[str, list[tuple[str, nn.Linear]]] = {}
+        for lname, (key, lin) in linears.items():
+            by_input.setdefault(key, []).append((f"model.layers.{i}.{lname}", lin))
+        for key, group in by_input.items():  # linears reading one input are quantized as one stack of rows (exact:
+            w = torch.cat([lin.weight.data for _, lin in group])  # rows are independent), one Hessian inverse
+            H = _energy_or_hessian(seen, key, scale.get(key))
+            (packed, scales, mins), dq = _quantize(w, H, seen.full, spec)
+            r0 = 0
+            for name, lin in group:
+                r1 = r0 + lin.weight.shape[0]
+                codes[name] = (packed[r0:r1].contiguous(), scales[r0:r1].contiguous(), mins[r0:r1].contiguous())
+                errors[name] = _relative_error(lin.weight.data, dq[r0:r1], H)
+                lin.weight.data, r0 = dq[r0:r1].clone(), r1
+        for s in seqs:
+            s[0] = blk(s[0], *s[2][cfg.ropes[i]], cache, s[1])
+    if spec.quantize_head:
+        say(f"calibrating {spec.label}: the output head")
+        seen = _Inputs(full=method == "gptq", stride=stride)
+        hook = seen.hook("head_in")
+        for x, _, _ in seqs:
+            hook(None, (model.model.norm(x).float(),))
+        head = model.lm_head.weight.data
+        s = None
+        if method == "awq":  # the final norm feeds only the head: fold there (a tied embedding is not touched)
+            s, _ = search_scale([head], seen.rows_sample("head_in"), seen.abs_mean("head_in"), seen.energy("head_in"),
+                                spec.group_size)
+            for attr, p in _fold(model.model.norm, s, rows=False):
+                floats[f"model.norm.{attr}"] = p.data.clone()
+            head = head * s[None, :]
+        H = _energy_or_hessian(seen, "head_in", s)
+        codes["lm_head"], dq = _quantize(head, H, seen.full, spec)
+        errors["lm_head"] = _relative_error(head, dq, H)
+    return codes, errors, floats
+
+
+def _awq_block(blk, i: int, seen: _Inputs, spec: QuantSpec, floats: dict) -> dict[str, torch.Tensor]:
+    """AWQ's scales for a block's input kinds, folded into what produces each input (the norms before attention
+    and MLP, up_proj's rows before down_proj); the scaled linears' weights are multiplied by them in place.
+    o_proj's input comes out of attention (no fold that stays exact with grouped KV heads): not scaled."""
+    a, m = blk.self_attn, blk.mlp
+    mlp_norm = blk.pre_feedforward_layernorm if getattr(blk, "sandwich", False) else blk.post_attention_layernorm
+    mlp_norm_name = "pre_feedforward_layernorm" if getattr(blk, "sandwich", False) else "post_attention_layernorm"
+    groups = [("attn_in", [a.q_proj, a.k_proj, a.v_proj], blk.input_layernorm, "input_layernorm", False),
+              ("mlp_in", [m.gate_proj, m.up_proj], mlp_norm, mlp_norm_name, False),
+              ("down_in", [m.down_proj], m.up_proj, "mlp.up_proj", True)]
+    out = {}
+    for key, lins, prev, prev_name, rows in groups:
+        s, _ = search_scale([lin.weight.data for lin in lins], seen.rows_sample(key), seen.abs_mean(key),
+                            seen.energy(key), spec.group_size)
+        for attr, p in _fold(prev, s, rows):
+            floats[f"model.layers.{i}.{prev_name}.{attr}"] = p.data.clone()
+        for lin in lins:
+            lin.weight.data = lin.weight.data * s[None, :]
+        out[key] = s
+    return out
+
+
+def _energy_or_hessian(seen: _Inputs, key: str, s: torch.Tensor | None) -> torch.Tensor:
+    """GPTQ's full Hessian, or (AWQ) the per-channel energy of the inputs as scaled by s."""
+    if seen.full:
+        return seen.hessian(key)
+    return seen.energy(key) if s is None else seen.energy(key) / (s * s)
+
+
+def _quantize(w: torch.Tensor, H: torch.Tensor, full: bool, spec: QuantSpec):
+    """(codes, dequantized weight) of w: GPTQ with the full Hessian H, or (AWQ) the searched grid on weights already
+    scaled, weighted by the scaled inputs' energy H."""
+    if full:
+        q, scales, mins = gptq_quantize(w, H, spec.group_size)
+    else:
+        scales, mins = group_grid(w.float(), spec.group_size, importance=H)
+        q = rtn_codes(w, scales, mins)
+    return (pack_codes(q), scales, mins), dequantize_codes(q, scales, mins)

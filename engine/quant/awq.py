@@ -1,0 +1,48 @@
+"""AWQ's scale search onto our int4 format (pure torch).
+
+Lin et al. (2023): a few input channels carry most of a layer's activation magnitude, and rounding
+the weights that multiply them costs the most. Scaling those weight columns up by s (and the inputs
+down by s, folded into the operation that produces them: a norm's weight, or the rows of the linear
+before) leaves the float layer unchanged while giving the salient weights more of the grid. s is
+mean|x|^α per channel, α searched per layer group for the least output error on calibration inputs.
+
+The rounding after scaling is gptq.group_grid's searched clip (weighted by the scaled inputs' energy)
+and round-to-nearest: AWQ's own clip search does the same job.
+"""
+from __future__ import annotations
+
+import torch
+
+from engine.quant.gptq import GRID, dequantize_codes, group_grid, rtn_codes
+
+__all__ = ["ALPHAS", "search_scale", "quantize_scaled"]
+
+ALPHAS = [i / 20 for i in range(20)]  # 0 (no scaling) .. 0.95
+
+
+def quantize_scaled(w: torch.Tensor, s: torch.Tensor, H_diag: torch.Tensor, group_size: int, ratios=GRID):
+    """(q, scales, mins) of w * s (columns scaled), the clip searched among `ratios` with the scaled inputs' energy
+    H_kk / s_k²."""
+    ws = w.float() * s[None, :]
+    sc, mn = group_grid(ws, group_size, importance=H_diag / (s * s), ratios=ratios)
+    return rtn_codes(ws, sc, mn), sc, mn
+
+
+@torch.no_grad()
+def search_scale(weights: list[torch.Tensor], x: torch.Tensor, x_abs_mean: torch.Tensor, H_diag: torch.Tensor,
+                 group_size: int) -> tuple[torch.Tensor, float]:
+    """(s [K], α) for linears that share the input rows `x` [T, K]: the α of ALPHAS whose scaled int4 weights
+    give the least squared output error on x, summed over the linears (α = 0 is s = 1: plain rounding). Each
+    candidate is rounded by min/max (as AWQ searches); the clip search runs once, on the chosen scales."""
+    w = torch.cat([t.float() for t in weights], 0)
+    ref = x @ w.T
+    base = x_abs_mean.float().clamp(min=1e-8)
+    best = (float("inf"), torch.ones_like(base), 0.0)
+    for a in ALPHAS:
+        s = base.pow(a)
+        s = (s / (s.max() * s.min()).sqrt()).clamp(min=1e-4)
+        q, sc, mn = quantize_scaled(w, s, H_diag, group_size, ratios=(1.0,))  # min/max while searching α: the
+        err = float(((x @ (dequantize_codes(q, sc, mn) / s[None, :]).T - ref) ** 2).mean())
+        if err < best[0]:
+            best = (err, s, a)
+    return best[1], best[2]

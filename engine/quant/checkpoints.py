@@ -1,0 +1,140 @@
+"""A user's already-quantized checkpoint, read into our int4 format exactly, or refused by name.
+
+Read: compressed-tensors "pack-quantized" W4A16 (what llm-compressor's GPTQ/AWQ recipes save, and
+what vLLM serves): per linear `weight_packed` int32 [N, K/8] (column j in word j // 8 at bits
+4 * (j % 8), stored as value + 8), `weight_scale` [N, K/gs], `weight_shape` [N, K], and for
+asymmetric schemes `weight_zero_point` int32 [ceil(N/8), K/gs] packed the same way along the rows;
+w = (value - zero) * scale.
+
+Into ours (engine.ops.formats: w = q * scale + min with q in 0..15): q = value + 8 is the stored
+nibble, scale is the checkpoint's (bf16 and fp32 scales are checked to be exact in fp16), and
+min = -(8 + zero) * scale. Symmetric: min = -8 * scale, exact. Asymmetric: the product is rounded
+to fp16, at most 2^-11 of |min|, so at most 1/128 of one quantization step: the one place the
+stored grid is not reproduced bit for bit (docs/MODELS.md says so).
+
+Refused by name with the field: other formats (GPTQ's qweight/qzeros, AutoAWQ's GEMM), other bit
+widths, activation quantization, act-order with a g_idx, group sizes our kernels lack.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.common.errors import UserError
+from engine.common.vocab import GROUP_SIZES
+
+__all__ = ["CheckpointScheme", "read_scheme", "unpack_checkpoint"]
+
+READ_FORMATS = ("pack-quantized",)
+
+
+@dataclass(frozen=True)
+class CheckpointScheme:
+    """What a quantized checkpoint holds: its format, group size and symmetry, and the modules left dense."""
+
+    quant_method: str
+    format: str
+    group_size: int
+    symmetric: bool
+    ignore: tuple[str, ...]
+
+    @property
+    def words(self) -> str:
+        return f"{self.quant_method} {self.format} W4A16 g{self.group_size} " + ("sym" if self.symmetric else "asym")
+
+
+def _refuse(source: str, field: str, value, fix: str):
+    raise UserError(f"{source}: config field 'quantization_config.{field}' = {value!r} is not a quantized format "
+                    "the lab reads exactly", fix)
+
+
+def read_scheme(qc: dict, source: str = "config.json") -> CheckpointScheme:
+    """The scheme of a config.json's quantization_config; a UserError names the first field we do not read."""
+    fix = ("give the compressed-tensors pack-quantized W4A16 checkpoint (llm-compressor's GPTQ/AWQ output), "
+           "or the unquantized checkpoint for the lab to quantize (--precision int4-gptq)")
+    method = qc.get("quant_method")
+    if method != "compressed-tensors":
+        _refuse(source, "quant_method", method, fix)
+    fmt = qc.get("format")
+    if fmt not in READ_FORMATS:
+        _refuse(source, "format", fmt, fix)
+    groups = qc.get("config_groups") or {}
+    if len(groups) != 1:
+        _refuse(source, "config_groups", sorted(groups),
+                "give a checkpoint with one quantization scheme for every linear")
+    (gname, g), = groups.items()
+    if (g.get("format") or fmt) != fmt:
+        _refuse(source, f"config_groups.{gname}.format", g.get("format"), fix)
+    if g.get("input_activations") or g.get("output_activations"):
+        _refuse(source, f"config_groups.{gname}.input_activations", g.get("input_activations"),
+                "the lab's int4 is weight-only (W4A16): give a checkpoint without activation quantization")
+    w = g.get("weights") or {}
+    where = f"config_groups.{gname}.weights"
+    if w.get("num_bits") != 4 or w.get("type", "int") != "int":
+        _refuse(source, f"{where}.num_bits", w.get("num_bits"), "give a 4-bit integer (W4A16) checkpoint")
+    if w.get("strategy") != "group":
+        _refuse(source, f"{where}.strategy", w.get("strategy"), "give a group-wise checkpoint (strategy group)")
+    if w.get("group_size") not in GROUP_SIZES:
+        _refuse(source, f"{where}.group_size", w.get("group_size"),
+                f"our int4 kernels have group sizes {', '.join(map(str, GROUP_SIZES))}")
+    if w.get("actorder") not in (None, "static", "weight"):
+        _refuse(source, f"{where}.actorder", w.get("actorder"),
+                "act-order with a g_idx is not read: quantize with actorder 'weight' (static groups)")
+    if w.get("dynamic"):
+        _refuse(source, f"{where}.dynamic", True, "give a checkpoint with static weight scales")
+    if g.get("targets") != ["Linear"]:
+        _refuse(source, f"config_groups.{gname}.targets", g.get("targets"), "give a checkpoint that targets Linear")
+    return CheckpointScheme(method, fmt, int(w["group_size"]), bool(w.get("symmetric", True)),
+                            tuple(qc.get("ignore") or ()))
+
+
+def _unpack(words: torch.Tensor, n: int) -> torch.Tensor:
+    """int32 [R, ceil(n/8)] -> the stored nibbles uint8 [R, n] (column j: word j // 8, bits 4 * (j % 8))."""
+    shifts = torch.arange(0, 32, 4, dtype=torch.int32)
+    nib = (words.to(torch.int32).unsqueeze(-1) >> shifts) & 0xF
+    return nib.reshape(words.shape[0], -1)[:, :n].to(torch.uint8)
+
+
+def _fp16_exact(t: torch.Tensor, what: str) -> torch.Tensor:
+    h = t.to(torch.float16)
+    if not torch.equal(h.to(t.dtype), t):
+        raise UserError(f"{what}: scales do not fit fp16 exactly (our int4 kernels keep fp16 scales)",
+                        "give a checkpoint with bf16/fp16 scales in fp16's range")
+    return h
+
+
+def unpack_checkpoint(sd: dict, scheme: CheckpointScheme) -> tuple[dict, dict]:
+    """(state dict with each quantized linear's dense fp32 weight, {linear: (packed, scales, mins)} in our format).
+
+    The dense weight is w = q * scale + min computed from our codes, so a model built from it and then
+    converted with the codes holds exactly what it computes with."""
+    from engine.quant.gptq import dequantize_codes, pack_codes
+
+    out, codes = {}, {}
+    prefixes = sorted({k[: -len(".weight_packed")] for k in sd if k.endswith(".weight_packed")})
+    for p in prefixes:
+        for part in ("weight_scale", "weight_shape") + (() if scheme.symmetric else ("weight_zero_point",)):
+            if f"{p}.{part}" not in sd:
+                raise UserError(f"the checkpoint's linear {p} has weight_packed but no {part}",
+                                "use the complete checkpoint as llm-compressor saved it")
+        N, K = (int(x) for x in sd[f"{p}.weight_shape"].tolist())
+        gs = scheme.group_size
+        scale = sd[f"{p}.weight_scale"]
+        if K % gs or tuple(scale.shape) != (N, K // gs) or tuple(sd[f"{p}.weight_packed"].shape) != (N, (K + 7) // 8):
+            raise UserError(f"the checkpoint's linear {p}: weight_packed {tuple(sd[f'{p}.weight_packed'].shape)} and "
+                            f"weight_scale {tuple(scale.shape)} do not match weight_shape [{N}, {K}] at group {gs}",
+                            "use the checkpoint as llm-compressor saved it (tensors and config.json together)")
+        q = _unpack(sd[f"{p}.weight_packed"], K)
+        s16 = _fp16_exact(scale, p)
+        if scheme.symmetric:
+            mins = (-8 * s16.float()).to(torch.float16)
+        else:
+            zero = _unpack(sd[f"{p}.weight_zero_point"].T.contiguous(), N).T.float() - 8  # [N, G], signed
+            mins = (-(8 + zero) * s16.float()).to(torch.float16)
+        codes[p] = (pack_codes(q), s16.contiguous(), mins.contiguous())
+        out[f"{p}.weight"] = dequantize_codes(q, s16, mins)
+    packed_parts = {f"{p}.{part}" for p in prefixes
+                    for part in ("weight_packed", "weight_scale", "weight_shape", "weight_zero_point")}
+    out.update({k: t for k, t in sd.items() if k not in packed_parts})  # biases, norms, embeddings, dense linears
+    return out, codes

@@ -1,0 +1,134 @@
+"""GPTQ onto our int4 format, and the group grid it rounds to (pure torch).
+
+Frantar et al. (2022): a layer's columns are rounded one at a time, and each column's rounding error
+is spread over the columns not yet rounded, weighted by the inverse Hessian H = E[x xᵀ] of the
+layer's calibration inputs, so the layer's *output* error stays small rather than each weight's.
+
+What we fix, and why:
+- The result must be our kernels' format exactly (engine.ops.formats: q in 0..15, an fp16 scale and
+  an fp16 min per group of consecutive input columns). So each group's scale and min are chosen
+  *before* the sweep, from the original weights ("static groups"), rounded to fp16, and every column
+  is rounded against those stored values: dequantizing what we store is what GPTQ optimised.
+- Act-order (columns with the largest Hessian diagonal first) then reorders only the sweep, not the
+  groups, so no g_idx and no activation gather at run time.
+- A group's scale and min are searched, not min/max: the clip ratio with the least squared error
+  weighted by the Hessian diagonal (what llama.cpp's importance matrix weighs by) among GRID ratios.
+"""
+from __future__ import annotations
+
+import torch
+
+__all__ = ["group_grid", "gptq_quantize", "rtn_codes", "pack_codes", "dequantize_codes", "GRID"]
+
+GRID = torch.linspace(1.0, 0.70, 16).tolist()  # clip ratios tried per group (1.0 = min/max)
+
+
+def group_grid(w: torch.Tensor, group_size: int, importance: torch.Tensor | None = None,
+               symmetric: bool = False, ratios=GRID) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp16 (scales, mins) [N, G] for w [N, K] (K a multiple of group_size): per group, the clip ratio of
+    `ratios` (GRID) whose round-to-nearest has the least squared error, weighted per input column by `importance`
+    (the Hessian diagonal; None weighs every column alike). Symmetric: min = -8 * scale (exact in fp16)."""
+    N, K = w.shape
+    G = K // group_size
+    wg = w.float().view(N, G, group_size)
+    imp = (importance.float().view(1, G, group_size) if importance is not None
+           else torch.ones(1, G, group_size, device=w.device))
+    best_err = torch.full((N, G), float("inf"), device=w.device)
+    best_s = torch.ones(N, G, dtype=torch.float16, device=w.device)
+    best_m = torch.zeros(N, G, dtype=torch.float16, device=w.device)
+    lo, hi = wg.amin(dim=2), wg.amax(dim=2)
+    for r in ratios:
+        if symmetric:
+            s = (torch.maximum(-lo, hi) * r / 7.5).to(torch.float16)
+            s = torch.where(s > 0, s, torch.ones_like(s))
+            m = (-8 * s.float()).to(torch.float16)
+        else:
+            s = ((hi - lo) * r / 15.0).to(torch.float16)
+            s = torch.where(s > 0, s, torch.ones_like(s))
+            # the clipped range keeps its centre: min moves in as far as max does
+            m = (lo + (hi - lo) * (1 - r) / 2).to(torch.float16)
+        s32, m32 = s.float()[..., None], m.float()[..., None]
+        dq = torch.round((wg - m32) / s32).clamp_(0, 15) * s32 + m32
+        err = ((wg - dq) ** 2 * imp).sum(dim=2)
+        better = err < best_err
+        best_err = torch.where(better, err, best_err)
+        best_s = torch.where(better, s, best_s)
+        best_m = torch.where(better, m, best_m)
+    return best_s.contiguous(), best_m.contiguous()
+
+
+def rtn_codes(w: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor) -> torch.Tensor:
+    """q uint8 [N, K] of w rounded to nearest on the given grid."""
+    N, K = w.shape
+    gs = K // scales.shape[1]
+    s = scales.float().repeat_interleave(gs, dim=1)
+    m = mins.float().repeat_interleave(gs, dim=1)
+    return torch.round((w.float() - m) / s).clamp_(0, 15).to(torch.uint8)
+
+
+def dequantize_codes(q: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor) -> torch.Tensor:
+    gs = q.shape[1] // scales.shape[1]
+    return q.float() * scales.float().repeat_interleave(gs, dim=1) + mins.float().repeat_interleave(gs, dim=1)
+
+
+def pack_codes(q: torch.Tensor) -> torch.Tensor:
+    """q uint8 [N, K] -> the canonical packed uint8 [N, K/2] (low nibble: the even column)."""
+    return (q[:, 0::2] | (q[:, 1::2] << 4)).contiguous()
+
+
+@torch.no_grad()
+def gptq_quantize(w: torch.Tensor, H: torch.Tensor, group_size: int, act_order: bool = True,
+                  damp: float = 0.01, block: int = 128, symmetric: bool = False
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(q uint8 [N, K], scales fp16 [N, G], mins fp16 [N, G]) for w [N, K] and H [K, K] = mean of x xᵀ.
+
+    K must be a multiple of group_size. Input columns that calibration never saw (H's diagonal 0) are
+    rounded to nearest: nothing is known of what they multiply."""
+    N, K = w.shape
+    if K % group_size:
+        raise ValueError(f"{K} input columns are not a whole number of groups of {group_size}")
+    W = w.detach().float().clone()
+    H = H.detach().float().clone()
+    diag = H.diagonal()
+    dead = diag == 0
+    H[dead, dead] = 1.0
+    scales, mins = group_grid(W, group_size, importance=torch.where(dead, torch.ones_like(diag), diag),
+                              symmetric=symmetric)
+    perm = torch.argsort(H.diagonal(), descending=True) if act_order else torch.arange(K, device=W.device)
+    H = H[perm][:, perm]
+    # The sweep works on Wᵀ [K, N]: each column of W is a contiguous row here, so every per-column step reads and
+    # writes contiguous memory (on CPU this is most of the sweep's time).
+    Wt = W[:, perm].T.contiguous()
+    group_of = perm // group_size
+    st = scales.float().T[group_of].contiguous()  # [K, N] in sweep order
+    mt = mins.float().T[group_of].contiguous()
+    H.diagonal().add_(damp * H.diagonal().mean())
+    U = _inverse_cholesky_upper(H)
+    Qt = torch.empty(K, N, dtype=torch.uint8, device=W.device)
+    for i1 in range(0, K, block):
+        i2 = min(i1 + block, K)
+        W1, U1 = Wt[i1:i2].clone(), U[i1:i2, i1:i2]
+        E1 = torch.empty_like(W1)
+        for i in range(i2 - i1):
+            row, s, m = W1[i], st[i1 + i], mt[i1 + i]
+            q = torch.round((row - m) / s).clamp_(0, 15)
+            Qt[i1 + i] = q.to(torch.uint8)
+            err = (row - (q * s + m)) / U1[i, i]
+            W1[i:].sub_(U1[i, i:, None] * err[None, :])
+            E1[i] = err
+        Wt[i2:].sub_(U[i1:i2, i2:].T @ E1)
+    inv = torch.argsort(perm)
+    return Qt.T[:, inv].contiguous(), scales, mins
+
+
+def _inverse_cholesky_upper(H: torch.Tensor) -> torch.Tensor:
+    """The upper Cholesky factor of H⁻¹, adding damping until H factors (a rank-poor Hessian from a short
+    calibration set can fail the first time)."""
+    extra = 0.0
+    for _ in range(6):
+        try:
+            L = torch.linalg.cholesky(H + extra * torch.eye(H.shape[0], device=H.device))
+            return torch.linalg.cholesky(torch.cholesky_inverse(L), upper=True)
+        except RuntimeError:
+            extra = (extra * 10) or 0.01 * float(H.diagonal().mean())
+    raise RuntimeError("the calibration Hessian is not positive definite even with damping")

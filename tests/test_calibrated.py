@@ -1,0 +1,253 @@
+"""Calibrated int4 (issue 36): the method in the vocabulary, setups, specs and labels; GPTQ's algorithm
+against round-to-nearest on a known layer; a real tiny Qwen2 calibrated through the loader, cached,
+reused and interrupted; and the calibration text kept apart from the text KLD and pass@1 score."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.common.errors import UserError
+from engine.common.setup import EngineSetup
+from engine.common.vocab import parse_precision_spec
+from engine.infer import calibrate
+from engine.quant import make_spec
+from engine.quant.gptq import dequantize_codes, gptq_quantize, group_grid, rtn_codes
+from tests import families
+
+
+# ---------------------------------------------------------------- names
+
+@pytest.mark.parametrize("token,want", [
+    ("int4", ("int4", "rtn", 64)), ("int4-rtn", ("int4", "rtn", 64)), ("int4-gptq", ("int4", "gptq", 64)),
+    ("int4-gptq-g32", ("int4", "gptq", 32)), ("INT4-AWQ-g128", ("int4", "awq", 128)), ("int4-g32", ("int4", "rtn", 32)),
+    ("bf16", ("bf16", "rtn", 64)), ("bnb-nf4", ("nf4", "rtn", 64)),
+])
+def test_a_precision_token_names_its_method_and_group(token, want):
+    assert parse_precision_spec(token, 64) == want
+
+
+@pytest.mark.parametrize("token,says", [
+    ("int4-gptqq", "unknown quantization method 'gptqq'"), ("int8-gptq", "for int4 only"),
+    ("int4-gptq-g48", "group size 48 is not supported"), ("int4-g", "no group size after -g"),
+    ("int4-g3x", "no group size after -g"),
+    ("fp33", "unknown precision"),
+])
+def test_a_bad_precision_token_is_refused_by_name(token, says):
+    with pytest.raises(UserError) as e:
+        parse_precision_spec(token, 64)
+    assert says in str(e.value)
+
+
+def test_the_method_is_in_the_setup_its_label_and_its_record():
+    s = EngineSetup(model="m", precision="int4-gptq-g32").validate()
+    assert (s.precision, s.method, s.group_size) == ("int4", "gptq", 32)
+    assert s.label == "m@int4 gptq g32"
+    assert s.to_record()["method"] == "gptq"
+    assert EngineSetup(model="m", precision="int4").validate().label == "m@int4"  # rtn keeps the labels records have
+    assert EngineSetup(model="m", precision="int4", method="awq").validate().label == "m@int4 awq"
+    with pytest.raises(UserError, match="int4 only"):
+        EngineSetup(model="m", precision="int8", method="gptq").validate()
+    assert make_spec("int4-gptq-g128").label == "int4-gptq-g128"
+    assert make_spec("int4").label == "int4-g64" and not make_spec("int4").calibrated
+
+
+# ---------------------------------------------------------------- the algorithm
+
+def _layer(seed=0, N=96, K=256, T=2048):
+    """A layer whose inputs are correlated and uneven across channels, as activations are."""
+    g = torch.Generator().manual_seed(seed)
+    X = (torch.randn(T, K, generator=g) @ (torch.randn(K, K, generator=g) / K ** 0.5)) \
+        * torch.exp(torch.randn(K, generator=g))
+    return torch.randn(N, K, generator=g) * 0.05, X
+
+
+def test_gptq_cuts_the_layers_output_error_against_round_to_nearest():
+    from engine.ops.formats import dequantize_int4, quantize_int4
+
+    W, X = _layer()
+    H = X.T @ X / X.shape[0]
+
+    def out_err(Wq):
+        return float(((X @ (W - Wq).T) ** 2).mean())
+
+    rtn = out_err(dequantize_int4(*quantize_int4(W, 32), W.shape[1]))
+    s, m = group_grid(W, 32, H.diagonal())
+    searched = out_err(dequantize_codes(rtn_codes(W, s, m), s, m))
+    q, s, m = gptq_quantize(W, H, 32)
+    gptq = out_err(dequantize_codes(q, s, m))
+    # Measured (this seed): rtn 0.0250, searched grid 0.0125 (1.99x better), GPTQ 0.0050 (2.52x better than the
+    # grid). Bounds: 1.6x and 2.0x, a 1.25x margin each.
+    assert searched < rtn / 1.6
+    assert gptq < searched / 2.0
+    assert q.dtype == torch.uint8 and int(q.max()) <= 15 and s.dtype == m.dtype == torch.float16
+
+
+# GPTQ's codes, scales and mins for _layer(seed=1, N=8, K=64, T=256) at group 32, measured on the AVX2 host.
+PINNED_PACKED = (
+    "84c9500aca4205a75360232756f1490aead6415b9ae10737b679a619c5580b099886597d648485467265c87033fce298e0701db8fd56b3"
+    "8d306389544f50b6a579688409069f5bff22854476477541b7e8d38a75871c29492943035957a78738a21753353f48375a752594754686"
+    "508756b49ab7d02f8e663cb6828da589c6da8828649f726a25b78404b794658769bda94397e77feadbb09b99d33e8bd2b4ad6bc0f7a5a3"
+    "7ee6acbb9c5c9d47bdf4bc7a9ffd49ae6a7d90a7dcbf597a894fc7413e2849bca8cffae1831597c54c89e9a17c83523d98659887da956f"
+    "2a1892808d74702443565977a88c59f36576b886ffb6a9d8b4890d999270fbc262447653")
+PINNED_SCALES = [[0.01029205322265625, 0.011810302734375], [0.01528167724609375, 0.0110931396484375],
+                 [0.01340484619140625, 0.0132904052734375], [0.0162506103515625, 0.01163482666015625],
+                 [0.0153045654296875, 0.013641357421875], [0.01480865478515625, 0.0122528076171875],
+                 [0.0115509033203125, 0.0145721435546875], [0.014404296875, 0.01531219482421875]]
+PINNED_MINS = [[-0.042144775390625, -0.09234619140625], [-0.09783935546875, -0.09222412109375],
+               [-0.098388671875, -0.088623046875], [-0.0946044921875, -0.09332275390625],
+               [-0.108154296875, -0.12408447265625], [-0.13037109375, -0.12213134765625],
+               [-0.06219482421875, -0.10693359375], [-0.0885009765625, -0.1221923828125]]
+
+
+def test_gptq_output_is_pinned():
+    """The codes for a seeded layer: a change to the algorithm's result shows here (and must bump
+    calibrate.VERSIONS["gptq"], so no stale cache entry is read as the new method). The grid (scales, mins) is exact;
+    of the 512 codes, a matmul that sums in another order on another ISA may flip one that sat on a
+    rounding tie, so up to 2 may differ (an algorithm change moves dozens)."""
+    from engine.ops.formats import unpack_int4
+
+    W, X = _layer(seed=1, N=8, K=64, T=256)
+    q, s, m = gptq_quantize(W, X.T @ X / X.shape[0], 32)
+    assert s.float().tolist() == PINNED_SCALES and m.float().tolist() == PINNED_MINS
+    want = unpack_int4(torch.frombuffer(bytearray.fromhex(PINNED_PACKED), dtype=torch.uint8).view(8, 32))
+    assert int((q != want).sum()) <= 2
+
+
+def test_awq_protects_salient_channels():
+    from engine.quant.awq import quantize_scaled, search_scale
+
+    W, X = _layer(seed=2)  # channel magnitudes spread by exp(N(0, 1)): a few carry most of the energy
+    ref, energy = X @ W.T, (X * X).mean(0)
+
+    def out_err(Wq):
+        return float(((X @ Wq.T - ref) ** 2).mean())
+
+    s0, m0 = group_grid(W, 32, energy)
+    grid = out_err(dequantize_codes(rtn_codes(W, s0, m0), s0, m0))
+    s, alpha = search_scale([W], X[:1024], X.abs().mean(0), energy, 32)
+    q, sc, mn = quantize_scaled(W, s, energy, 32)
+    awq = out_err(dequantize_codes(q, sc, mn) / s[None, :])
+    # Measured: searched grid 0.01557, AWQ 0.01119 (alpha 0.3). Bound: 1.2x better.
+    assert alpha > 0 and awq < grid / 1.2
+
+
+def test_gptq_refuses_a_partial_group():
+    with pytest.raises(ValueError, match="whole number of groups"):
+        gptq_quantize(torch.randn(4, 48), torch.eye(48), 32)
+
+
+# ---------------------------------------------------------------- a real tiny model through the loader
+
+@pytest.fixture(scope="module")
+def quant_cache(tmp_path_factory):
+    """One cache for the module: the mixed test reuses the GPTQ test's calibration, as users do."""
+    root = tmp_path_factory.mktemp("quant-cache")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(calibrate, "cache_dir", lambda: root)
+        mp.setattr(calibrate, "DEFAULT_TOKENS", 2048)
+        yield root / "quantized"
+
+
+@pytest.fixture(scope="module")
+def tiny_qwen(tmp_path_factory):
+    return families.build("qwen2", tmp_path_factory.mktemp("tiny-qwen2"))
+
+
+def _kld(ref, lp):
+    return float((ref.exp() * (ref - lp)).sum(-1).mean())
+
+
+@pytest.mark.parametrize("method", ["gptq", "awq"])
+def test_a_tiny_qwen2_calibrates_caches_and_beats_round_to_nearest(tiny_qwen, quant_cache, method):
+    from engine.infer.loader import load
+    from engine.measure.eval_text import eval_docs
+    from engine.quant.layers import Int4Linear
+
+    fp32 = load(str(tiny_qwen), "fp32", "cpu")
+    ids = list(eval_docs(fp32.tokenizer, 512)[0].ids)  # the eval text, as KLD scores it
+    rtn = load(str(tiny_qwen), "int4-g32", "cpu")
+    cal = load(str(tiny_qwen), f"int4-{method}-g32", "cpu")
+    assert cal.spec.label == f"int4-{method}-g32" and cal.label.endswith(f"@int4-{method}-g32")
+    assert sum(isinstance(m, Int4Linear) for m in cal.model.modules()) >= 3 * 2 + 1
+    entry = calibrate.entry_dir(str(tiny_qwen), tiny_qwen, cal.spec, 2048)
+    assert (entry / "manifest.json").exists() and not any(p.name.startswith(".tmp") for p in quant_cache.iterdir())
+
+    def lp(lm):
+        t = torch.tensor([ids])
+        return torch.log_softmax(lm.model(t, 0, lm.model.new_cache(1, len(ids)))[0], -1)
+
+    ref = lp(fp32)
+    k_rtn, k_cal = _kld(ref, lp(rtn)), _kld(ref, lp(cal))
+    # Measured: rtn g32 0.000274, gptq g32 0.000145 (0.53x), awq g32 0.000203 (0.74x: a random-init model has few
+    # salient channels for AWQ to protect; test_awq_protects_salient_channels has them). Bounds: 0.8x, 0.9x.
+    assert k_cal < {"gptq": 0.8, "awq": 0.9}[method] * k_rtn
+    again = load(str(tiny_qwen), f"int4-{method}-g32", "cpu")  # from the cache (AWQ: its folded norms too)
+    assert torch.equal(lp(again), lp(cal))
+
+
+def test_an_interrupted_calibration_leaves_no_entry(tiny_qwen, quant_cache):
+    from engine.infer.loader import load_tokenizer
+    from engine.infer.model import build_model
+
+    model = build_model(tiny_qwen)
+    calls = []
+
+    def stop():
+        calls.append(1)
+        return len(calls) > 1  # after the first layer
+
+    spec = make_spec("int4-gptq-g32")
+    with pytest.raises(calibrate.Cancelled):
+        calibrate.calibrated("tiny", tiny_qwen, model, spec, load_tokenizer(tiny_qwen), should_stop=stop)
+    assert not calibrate.entry_dir("tiny", tiny_qwen, spec, 2048).exists()
+    assert not quant_cache.exists() or not any(p.name.startswith(".tmp") for p in quant_cache.iterdir())
+
+
+def test_a_mixture_of_experts_model_is_refused_by_name(tmp_path, quant_cache):
+    from engine.infer.loader import load
+
+    folder = families.build("mixtral", tmp_path / "moe")
+    with pytest.raises(UserError, match="mixture-of-experts"):
+        load(str(folder), "int4-gptq-g32", "cpu")
+
+
+# ---------------------------------------------------------------- the calibration text
+
+def test_calibration_never_reads_the_text_kld_or_pass_at_1_scores():
+    from engine.measure.eval_text import DEFAULT_TOKENS, eval_docs
+    from tests.families import tokenizer
+
+    tok = tokenizer()
+    scored = {d.id for d in eval_docs(tok, DEFAULT_TOKENS)}
+    calib = {pid for pid, _ in calibrate.calibration_texts()}
+    assert calib and not calib & scored
+    assert not any(pid.startswith("humaneval:") for pid in calib)
+
+
+# ---------------------------------------------------------------- mixed precision
+
+def test_mixed_selection_keeps_the_worst_error_per_byte_within_the_budget():
+    params = {"a": 1000, "b": 1000, "c": 4000, "d": 1000}
+    errors = {"a": 0.02, "b": 0.001, "c": 0.05, "d": 0.01}  # per extra byte: a 4.6e-5, c 2.9e-5, d 2.3e-5, b 2e-6
+    int4 = sum(params.values()) * 4.5 / 8  # 3937.5 B; extra bytes at int8: 437.5 each, c 1750
+    keep = calibrate.mixed_selection(errors, params, budget=0.25)  # 984 B: a, then c does not fit, d does
+    assert keep == {"a", "d"}
+    assert sum(params[n] * 3.5 / 8 for n in keep) <= 0.25 * int4
+    assert calibrate.mixed_selection(errors, params, budget=0.6) == {"a", "c"}  # 2362 B: a + c, then d does not
+    assert calibrate.mixed_selection(errors, params, budget=0.0) == set()
+
+
+def test_gptq_mixed_keeps_some_linears_at_int8_and_reuses_gptqs_calibration(tiny_qwen, quant_cache):
+    from engine.infer.loader import load
+    from engine.quant.layers import Int4Linear, Int8Linear
+
+    gptq = load(str(tiny_qwen), "int4-gptq-g32", "cpu")
+    entries = set(quant_cache.iterdir())
+    mixed = load(str(tiny_qwen), "int4-gptq-mixed-g32", "cpu")
+    assert set(quant_cache.iterdir()) == entries  # one calibration serves both
+    kinds = [type(m) for m in mixed.model.modules()]
+    assert Int8Linear in kinds and Int4Linear in kinds
+    assert gptq.weight_bytes < mixed.weight_bytes <= gptq.weight_bytes * 1.25 + 4096
+    t = torch.arange(40).remainder(300)[None] + 3
+    for lm in (gptq, mixed):  # the fused step and the PyTorch path agree on a mixed model too
+        assert lm.model(t, 0, lm.model.new_cache(1, 64)).isfinite().all()
