@@ -130,6 +130,8 @@ def main(argv=None) -> int:
     ap.add_argument("--only", default="", help="comma list: keep configs whose label contains any of these")
     ap.add_argument("--labels", default="", help="comma list: keep exactly the configs with these labels")
     ap.add_argument("--random-init", default="", help="comma list of data/models.json shapes (GPU runs)")
+    ap.add_argument("--ours", default="", help="comma list: our engine at these precisions too, e.g. "
+                                               "int4-gptq-g32,int4-gptq-mixed-g32 (calibrated once, cached)")
     ap.add_argument("--timeout", type=int, default=1800, help="seconds per system")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
     ap.add_argument("--store", action="store_true", help="also save the records in the lab's store")
@@ -142,6 +144,10 @@ def main(argv=None) -> int:
                                                                           a.device)]
     else:
         cfgs = peers.default_peer_configs(a.model, a.draft_model, a.max_new_tokens, a.reps, a.device)
+    for tok in (x.strip() for x in a.ours.split(",") if x.strip()):  # validated: labels say the method
+        c = peers.PeerConfig.of(system=peers.OURS, model=a.model, precision=tok, max_new_tokens=a.max_new_tokens,
+                                reps=a.reps, device=a.device)
+        cfgs.append(replace(c, setup=c.setup.validate()))
     cfgs = [replace(c, timeout_s=a.timeout) for c in cfgs]
     if a.only:
         keys = [k.strip().lower() for k in a.only.split(",") if k.strip()]

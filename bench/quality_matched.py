@@ -15,7 +15,8 @@ the same reference (engine.measure.quality), it scores:
 - llama.cpp Q4_K_M requantized from the reference: the peer row on equal terms;
 - llama.cpp Q4_K_M as shipped: its own weights (it cannot lose on weights; shown for what it is);
 - ours int4 at group sizes 32/64/128 and int8 (the engine's default kernels: int8 activations in
-  the int4 CPU kernels, engine.ops.config);
+  the int4 CPU kernels, engine.ops.config); `--methods rtn,gptq,awq,gptq-mixed` picks how the int4
+  grid is chosen (round-to-nearest by default; the calibrated ones are engine/infer/calibrate.py's);
 
 and the KL at positions 0..3 of each document against the rest, per row. The position-0 probe then
 runs the fp32 reference model with its linear layers' inputs rounded as llama.cpp's CPU dot products
@@ -310,6 +311,7 @@ def markdown(rep: dict) -> str:
 # ---------------------------------------------------------------- the run
 
 def run(model: str, tokens: int, out_dir: Path | None, command: str, *, group_sizes=GROUP_SIZES, int8: bool = True,
+        methods: tuple[str, ...] = ("rtn",),
         shipped: bool = True, probe: bool = True, probe_prefix: int = 16, probe_tokens: int | None = None,
         weight_check: bool = True, llama: bool = True, ours: bool = True, progress=None) -> dict:
     """The whole bench (see the module docstring); writes <out_dir>/quality_matched.{md,json} as rows arrive.
@@ -368,7 +370,7 @@ def run(model: str, tokens: int, out_dir: Path | None, command: str, *, group_si
     if llama:
         _llama_rows(rep, model, name, folder, ggufs, docs, shipped, weight_check, add, save, say, t0)
     if ours:
-        _our_rows(rep, model, docs, ref, group_sizes, int8, add, say)
+        _our_rows(rep, model, docs, ref, group_sizes, int8, add, say, methods)
     finish(rep)
     save()
     return rep
@@ -429,12 +431,13 @@ def _llama_rows(rep, model, name, folder, ggufs, docs, shipped, weight_check, ad
         add(SHIPPED, row, sc)
 
 
-def _our_rows(rep, model, docs, ref, group_sizes, int8, add, say) -> None:
+def _our_rows(rep, model, docs, ref, group_sizes, int8, add, say, methods=("rtn",)) -> None:
     from engine.quant.convert import make_spec
 
-    for g in group_sizes:
-        row, sc = ours_row(model, make_spec("int4", g), docs, ref, say)
-        add(f"ours {row['precision']}", row, sc)
+    for m in methods:  # each int4 method at each group size
+        for g in group_sizes:
+            row, sc = ours_row(model, make_spec(f"int4-{m}", g), docs, ref, say)
+            add(f"ours {row['precision']}", row, sc)
     if int8:
         row, sc = ours_row(model, make_spec("int8"), docs, ref, say)
         add(f"ours {row['precision']}", row, sc)
@@ -473,6 +476,7 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", type=int, default=None, help="scored tokens (default 8192, engine.measure.eval_text)")
     ap.add_argument("--group-sizes", default="32,64,128")
     ap.add_argument("--no-int8", action="store_true")
+    ap.add_argument("--methods", default="rtn", help="int4 methods at each group size: rtn,gptq,awq,gptq-mixed")
     ap.add_argument("--no-shipped", action="store_true", help="skip the shipped Q4_K_M row")
     ap.add_argument("--no-probe", action="store_true", help="skip the position-0 activation-rounding probe")
     ap.add_argument("--probe-prefix", type=int, default=16, help="tokens of each document the probe runs")
@@ -505,7 +509,8 @@ def main(argv=None) -> int:
         raise UserError(f"unknown --parts {sorted(parts - {'llama', 'ours'})}", "use llama, ours or both")
     rep = run(a.model, a.tokens or DEFAULT_TOKENS, Path(a.out), command.strip(),
               group_sizes=tuple(int(x) for x in a.group_sizes.split(",") if x.strip()), int8=not a.no_int8,
-              shipped=not a.no_shipped, probe=not a.no_probe, probe_prefix=a.probe_prefix,
+              methods=tuple(x.strip() for x in a.methods.split(",") if x.strip()), shipped=not a.no_shipped,
+              probe=not a.no_probe, probe_prefix=a.probe_prefix,
               probe_tokens=a.probe_tokens, weight_check=not a.no_weight_check, llama="llama" in parts,
               ours="ours" in parts, progress=say)
     print(markdown(rep))

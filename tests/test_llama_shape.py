@@ -10,15 +10,15 @@ from __future__ import annotations
 import importlib.util
 import json
 import random
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "bench"))
-import llama_shape  # noqa: E402
+from tests.bench_scripts import bench_script  # noqa: E402
+
+llama_shape = bench_script("llama_shape")
 
 # Narrow, with the rope scaling's original context cut from 8192 to 64 so that a 300-token input runs
 # past it (the llama3 rule then rescales most frequencies), and weights ~N(0, 0.2) rather than 0.02 so

@@ -139,11 +139,9 @@ def test_bench_cli_writes_table_chart_and_targets(tmp_path, monkeypatch):
     from engine.peers import random_models
     monkeypatch.setenv(random_models.ASSETS_ENV, str(_real_tokenizer_dir()))
     monkeypatch.setenv("SCL_CACHE_DIR", str(tmp_path / "cache"))
-    import importlib.util
+    from tests.bench_scripts import bench_script
 
-    spec = importlib.util.spec_from_file_location("bench_peers", ROOT / "bench" / "peers.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = bench_script("peers")
     out = tmp_path / "out"
     rc = bench.main(["--random-init", "vicuna-68m", "--device", "cpu", "--only", "serving-cost-lab bf16,fp8",
                      "--max-new-tokens", "4", "--reps", "1", "--out", str(out)])

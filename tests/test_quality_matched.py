@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import importlib.util
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "bench"))
-import quality_matched as qm  # noqa: E402
+from tests.bench_scripts import bench_script  # noqa: E402
+
+qm = bench_script("quality_matched")
 
 from engine.measure import quality  # noqa: E402
 from engine.measure.eval_text import EvalDoc  # noqa: E402
@@ -168,3 +168,4 @@ def test_pipeline_writes_every_row_the_pick_and_the_files(tiny_run):
     md = (root / "out" / "quality_matched.md").read_text()
     assert md.splitlines()[2] == "Command: `test`" and "Quality-matched pick" in md
     assert (root / "out" / "quality_matched.json").exists()
+

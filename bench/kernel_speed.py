@@ -1,8 +1,8 @@
 """Benchmark the weight-only quantized CPU kernels (and the dense bf16/fp32 one) on the 1.5B model's projection shapes.
 
-    .venv/bin/python bench/kernels.py            # full run (~2 min on 2 cores)
-    .venv/bin/python bench/kernels.py --quick    # fewer reps / shapes subset for smoke runs
-    .venv/bin/python bench/kernels.py --json out.json --isa avx2 --threads 1
+    .venv/bin/python bench/kernel_speed.py            # full run (~2 min on 2 cores)
+    .venv/bin/python bench/kernel_speed.py --quick    # fewer reps / shapes subset for smoke runs
+    .venv/bin/python bench/kernel_speed.py --json out.json --isa avx2 --threads 1
 
 For each shape (N, K) and M in {1, 5, 16}: our int8 and int4 kernels (engine.ops), our dense bf16 and fp32
 kernel against torch's bf16 F.linear (ops.dense_linear, --no-dense skips them),
@@ -429,7 +429,7 @@ def main(argv=None):
         r["frac_bw"] = r["gbps"] / args.bw
     elapsed = time.time() - t0
 
-    cmd = "python bench/kernels.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    cmd = "python bench/kernel_speed.py " + " ".join(sys.argv[1:] if argv is None else argv)
     print(f"# Kernel benchmark: `{cmd.strip()}`")
     print()
     print(f"- CPU: {cpu_model()}, {os.cpu_count()} logical CPUs, torch {torch.__version__}, "
