@@ -30,7 +30,9 @@ run: setup models workloads
 # The architecture contract first (pyproject.toml [tool.importlinter]): a broken layer fails in seconds.
 test: setup models workloads cluster browser eval
 	$(VENV)/bin/lint-imports
-	$(PY) -m pytest -q --durations=25 tests; rc=$$?; [ $$rc -ne 5 ] || { echo "pytest collected no tests"; exit 1; }; exit $$rc
+	@start=$$(date +%s); $(PY) -m pytest -q --durations=25 tests; rc=$$?; \
+	  echo "make test: pytest took $$(( $$(date +%s) - start )) s (budget: 1800 s on the slowest host)"; \
+	  [ $$rc -ne 5 ] || { echo "pytest collected no tests"; exit 1; }; exit $$rc
 
 test-fast: setup
 	$(PY) -m pytest -q tests -m "not slow"

@@ -2,7 +2,6 @@
 family and the forward path that ran; a bad folder is refused by the backend, by name, with the fix; a run
 recorded before records named either still renders."""
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -13,19 +12,6 @@ from tests.app_helpers import ROOT, TIMEOUT, app_env, frame, problems  # noqa: F
 
 PAGE = str(ROOT / "pages/playground.py")
 COMPARE = str(ROOT / "pages/compare.py")
-
-
-@pytest.fixture(autouse=True, scope="module")
-def built_kernels():
-    """The CPU kernels from the user's kernel cache, where `make` built them: app_env's scratch cache would
-    compile them again (minutes on 2 cores) before the first quantized step. The same sources, the same build."""
-    mp = pytest.MonkeyPatch()
-    if not os.environ.get("SCL_KERNEL_CACHE"):
-        base = Path(os.environ.get("SCL_CACHE_DIR") or Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache")
-                    / "serving-cost-lab").expanduser()
-        mp.setenv("SCL_KERNEL_CACHE", str(base / "kernels"))
-    yield
-    mp.undo()
 
 
 @pytest.fixture(scope="module")

@@ -3,6 +3,7 @@ import dataclasses
 import hashlib
 import os
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -47,9 +48,15 @@ def test_aliases_resolve_to_cached_folders():
     assert catalog.canonical_name("DEFAULT") == "qwen2.5-coder-1.5b"
 
 
-def _clone_cache(tmp_path, monkeypatch):
+@pytest.fixture(scope="module")
+def real_small() -> Path:
+    """The user's converted 0.5B, resolved before any test points SCL_CACHE_DIR elsewhere (resolved after, from a
+    clone whose config a test has just corrupted, it was converted again from the GGUF: 45 s for nothing)."""
+    return catalog.resolve("default-draft")
+
+
+def _clone_cache(tmp_path, monkeypatch, src: Path):
     """A copy of the real 0.5B cache in a temporary cache dir (big file hard-linked, small files copied)."""
-    src = catalog.resolve("default-draft")
     root = tmp_path / "cache"
     dst = root / "models" / SMALL.name
     dst.mkdir(parents=True)
@@ -62,20 +69,20 @@ def _clone_cache(tmp_path, monkeypatch):
     return dst
 
 
-def test_corrupted_cache_is_detected(tmp_path, monkeypatch):
-    dst = _clone_cache(tmp_path, monkeypatch)
+def test_corrupted_cache_is_detected(tmp_path, monkeypatch, real_small):
+    dst = _clone_cache(tmp_path, monkeypatch, real_small)
     assert catalog._cache_valid(SMALL)
     (dst / "config.json").write_text('{"model_type": "qwen2", "hidden_size": 1}')
     assert not catalog._cache_valid(SMALL)
-    dst2 = _clone_cache(tmp_path / "b", monkeypatch)
+    dst2 = _clone_cache(tmp_path / "b", monkeypatch, real_small)
     (dst2 / "model.safetensors").unlink()
     (dst2 / "model.safetensors").write_bytes(b"truncated")
     assert not catalog._cache_valid(SMALL)
 
 
 @pytest.mark.slow
-def test_corrupted_cache_is_rebuilt_not_crashed_on(tmp_path, monkeypatch):
-    dst = _clone_cache(tmp_path, monkeypatch)
+def test_corrupted_cache_is_rebuilt_not_crashed_on(tmp_path, monkeypatch, real_small):
+    dst = _clone_cache(tmp_path, monkeypatch, real_small)
     (dst / "tokenizer_config.json").write_text("{ torn")
     said = []
     path = catalog.resolve("default-draft", progress=said.append)
