@@ -74,7 +74,7 @@ def test_32_greedy_tokens_identical_to_transformers(folders, family):
 
 @pytest.mark.parametrize("family", FAMS)
 def test_int8_int4_within_the_qwen_kl_bounds(folders, family):
-    """tests/test_quant.py's bounds for the 0.5B: mean KL < 0.01 at int8, < 0.25 at int4; bitsandbytes'
+    """Random-init weights, so looser than the 0.5B's measured bounds (tests/test_quant.py): mean KL < 0.01 at int8, < 0.25 at int4; bitsandbytes'
     llm.int8 and nf4 (which run on this CPU) held to the same 8-bit and 4-bit bounds, bf16 to the 8-bit one."""
     from engine.infer.loader import load
 
@@ -169,7 +169,7 @@ def test_missing_tensor_is_named(tmp_path, folders):
 @pytest.mark.parametrize("field,value,named", [
     ("rope_parameters", {"rope_type": "su", "rope_theta": 1e4}, "rope_type"),
     ("hidden_act", "relu2", "hidden_act"),
-    ("quantization_config", {"quant_method": "gptq", "bits": 4}, "quantization_config"),
+    ("quantization_config", {"quant_method": "gptq", "bits": 4}, "quantization_config.quant_method"),
 ])
 def test_arithmetic_we_do_not_compute_is_refused_by_name(tmp_path, field, value, named):
     from engine.infer.model import load_config

@@ -17,7 +17,6 @@ from engine import ops
 from engine.infer.model import Rows
 from engine.ops.fused import FUSED_FEATURES
 from tests import families as F
-from tests.test_fused import INT8_NOISE_KL
 
 pytestmark = pytest.mark.usefixtures("_default_kernel_settings")
 
@@ -154,6 +153,11 @@ def test_lower_isas(models, isa):
     assert got_tokens == ref_tokens
 
 
+# The largest per-pass KL measured on the AMD EPYC AVX2-only host: 0.066 (pass 32 of 35; 0.0009 at most over the first
+# four, before the noise accumulates in the KV caches) x1.5. test_fused.py's INT8_NOISE_KL is the 0.5B's.
+GEMMA3_INT8_NOISE_KL = 0.1
+
+
 def test_int8_activations_stay_in_distribution(models):
     """The default int4 setting (int8 activations) cannot agree to rounding; it agrees in distribution.
     Each path decodes from a KV cache it wrote itself, so the int8 rounding noise accumulates pass by pass:
@@ -161,9 +165,12 @@ def test_int8_activations_stay_in_distribution(models):
     (a wrong position, slot or scale) reads > 1."""
     (ref, _), (got, _), counts = _both_paths(models("gemma3", "int4"), act_int8=True)
     assert counts.reference == 0
+    kls = []
     for a, b in zip(ref, got):
         la, lb = torch.log_softmax(a, -1), torch.log_softmax(b, -1)
-        assert float((la.exp() * (la - lb)).sum(-1).mean()) < INT8_NOISE_KL
+        kls.append(float((la.exp() * (la - lb)).sum(-1).mean()))
+    print("KL(reference || fused) per pass:", [f"{k:.4f}" for k in kls])
+    assert max(kls) < GEMMA3_INT8_NOISE_KL, kls
 
 
 @pytest.mark.parametrize("family,feature", [("llama-dynamic", "rope_length_dependent"), ("qwen3-moe", "moe")])

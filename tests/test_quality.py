@@ -107,7 +107,10 @@ def test_compressed_reference_against_the_full_kl_on_the_real_model(small_fp32, 
     assert cut.kl.numel() == SHORT
     assert (cut.kl <= full.kl + 1e-6).all()
     gap = 1 - float(cut.kl.mean() / full.kl.mean())
-    assert 0 <= gap < 0.03, gap  # measured 0.6% on 1,196 positions
+    print(f"compressed KL {gap:.3%} under the full sum")
+    # measured 0.6% on 1,196 positions (AVX-512 VNNI host), 1.02% on an AVX2-only EPYC (int8 activations round per
+    # ISA): 1.5x the larger
+    assert 0 <= gap < 0.015, gap
     assert float(cut.ref_kept_mass.mean()) > 0.99
     assert torch.equal(cut.same_top1, full.same_top1)
 

@@ -27,11 +27,15 @@ def test_int8_is_a_quarter_and_int4_a_seventh(small_int8, small_int4):
     assert small_int4.weight_bytes < small_int8.weight_bytes
 
 
-@pytest.mark.parametrize("fixture,min_top1,max_kl", [("small_int8", 0.95, 0.01), ("small_int4", 0.7, 0.25)])
+# Measured on 128 eval tokens of the 0.5B: int8 top-1 0.961, KL 0.0018 (AVX2-only EPYC); int4 top-1 0.843, KL 0.113 on
+# AVX2 (its int8 activations round differently per ISA: 0.078 on an AVX-512 VNNI host). Bounds: KL x1.5 of the
+# larger (int8 x2.8, its absolute noise is tiny), top-1 about 6 points under.
+@pytest.mark.parametrize("fixture,min_top1,max_kl", [("small_int8", 0.93, 0.005), ("small_int4", 0.78, 0.17)])
 def test_quantized_close_to_fp32(request, small_fp32, fixture, min_top1, max_kl):
     lm = request.getfixturevalue(fixture)
     ids = eval_ids(lm.tokenizer, 128)
     q = compare(logprobs(small_fp32, ids), logprobs(lm, ids), ids)
+    print(f"{fixture}: top-1 {q['top1_agreement']:.3f}, mean KL {q['kld_mean']:.4f}")
     assert q["top1_agreement"] >= min_top1
     assert 0 < q["kld_mean"] < max_kl
 
@@ -120,3 +124,22 @@ def test_fused_projections_give_the_same_logits(small_int4):
         cache = lm.model.new_cache(1, 16)
         outs.append(lm.model(ids, 0, cache))
     torch.testing.assert_close(outs[1], outs[0], rtol=1e-5, atol=1e-4)
+
+
+# sha256 of round-to-nearest's output (packed codes, scales, mins) for a seeded 64x256 matrix: any change to the
+# quantizer's result changes these (the int4 g64 KLD once drifted 0.0346 -> 0.0329 between two stored runs and
+# nothing noticed). Elementwise min/max arithmetic: the same bytes on every ISA.
+PINNED_RTN = {32: "3c4008aa003c01a667cf3a93c71338e798d9d7521ee7591a0632fc923564ec68",
+              64: "e560572cf8c3dc242f6253629ee3b0988978aa8b1b63b196e568f3e755faa7dd",
+              128: "e137d3727c25221b55cd99bd982edc375dca9b14dba74ecc45dee0ddfbcfb44a",
+              "int8": "54d8b9ee24b8ce91a1c6b994a6441b503433e78772c43af2d0ee8586b7e534c2"}
+
+
+def test_round_to_nearest_output_is_pinned():
+    import hashlib
+
+    from engine.ops.formats import quantize_int4, quantize_int8
+
+    w = torch.randn(64, 256, generator=torch.Generator().manual_seed(0)) * 0.05
+    digest = lambda *ts: hashlib.sha256(b"".join(t.contiguous().numpy().tobytes() for t in ts)).hexdigest()  # noqa: E731
+    assert {gs: digest(*quantize_int4(w, gs)) for gs in (32, 64, 128)} | {"int8": digest(*quantize_int8(w))} == PINNED_RTN

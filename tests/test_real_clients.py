@@ -19,8 +19,9 @@ VLLM_PY = os.path.join(ROOT, ".venv-vllm", "bin", "python")
 N, C, IN, OUT = 16, 4, 64, 32
 AGREE = 0.10  # the bound on output tok/s between two clients in the same run
 # GuideLLM reads 13-17% below the lab's client here because the server runs slower while GuideLLM's client
-# (2.8x the lab client's CPU) runs on the neighbouring core (see its test): the gap allowed.
-GUIDELLM_CLIENT_COST = 0.40
+# (2.8x the lab client's CPU) runs on the neighbouring core (see its test): the gap allowed is the largest
+# measured, 17%, times 1.5. The 10% is missed on 2 cores, and docs/LOAD.md says so.
+GUIDELLM_CLIENT_COST = 0.25
 
 
 @pytest.fixture(scope="module")
@@ -183,7 +184,8 @@ def test_guidellm_sends_the_same_load_and_measures_it_within_its_client_cost(ser
     for v in (g, b):  # each client's timings are the server's, and it kept C requests in flight
         assert abs(v["client_e2e_s"] - v["server_e2e_s"]) <= 0.02 * v["server_e2e_s"], v
         assert abs(v["server_in_flight"] - C) <= 0.1 * C, v
-    # so the gap is the server's own: print its e2e ratio beside the tok/s ratio (docs/LOAD.md's table)
+    # so the gap is the server's own: print its e2e ratio beside the tok/s ratio (docs/LOAD.md's table). With C in
+    # flight on both sides (asserted above) that ratio follows from Little's law, so it is printed, not asserted.
     print(f"GuideLLM/lab tok/s {theirs / ours:.3f}; the server's e2e, lab/GuideLLM: "
           f"{b['server_e2e_s'] / g['server_e2e_s']:.3f}")
     assert theirs <= ours * (1 + AGREE), (ours, theirs)

@@ -135,9 +135,11 @@ def test_a_dead_engine_fails_every_request_in_flight_and_answers_503(served):
             results = await asyncio.wait_for(asyncio.gather(*streams, plain), timeout=10)  # no request hangs
             return results, time.perf_counter() - t0
     (*streams, plain), waited = asyncio.run(main())
-    assert waited < 1.0, f"in-flight requests took {waited:.2f} s to hear that the engine died"
+    # Heard at once, not at the end of their work: each stream ends with the error long before its 200 tokens
+    # (the 10 s wait_for above is the hang guard; no wall-clock bound on 2 busy cores).
+    print(f"in-flight requests heard that the engine died after {waited:.2f} s")
     for pieces, err, done, _ in streams:
-        assert pieces and err is not None and done
+        assert pieces and err is not None and done and len(pieces) < 100, len(pieces)
         assert "the engine stopped" in err["message"] and "injected: the forward pass failed" in err["message"]
     assert plain.status_code == 503 and "the engine stopped" in plain.json()["error"]["message"]
     h = httpx.get(served.url + "/health")
@@ -168,8 +170,11 @@ def test_tokenizing_runs_off_the_event_loop(served):
     tok = served.loop.tokenizer
     real = tok.apply_chat_template
 
+    template_done = []
+
     def slow(*a, **kw):
         time.sleep(1.5)
+        template_done.append(time.perf_counter())
         return real(*a, **kw)
     tok.apply_chat_template = slow
     try:
@@ -178,13 +183,13 @@ def test_tokenizing_runs_off_the_event_loop(served):
                 chat = asyncio.create_task(c.post(served.url + "/v1/chat/completions", timeout=30, json={
                     "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "ignore_eos": True}))
                 await asyncio.sleep(0.3)
-                t0 = time.perf_counter()
                 h = await c.get(served.url + "/health", timeout=5)
-                return h, time.perf_counter() - t0, await chat
-        h, health_s, chat = asyncio.run(main())
+                return h, time.perf_counter(), await chat
+        h, health_at, chat = asyncio.run(main())
     finally:
         del tok.apply_chat_template
-    assert h.status_code == 200 and health_s < 0.5, f"/health took {health_s:.2f} s behind a chat template"
+    # Ordering, not a wall-clock bound: /health was answered while the template was still running.
+    assert h.status_code == 200 and template_done and health_at < template_done[0], "/health waited for the template"
     assert chat.status_code == 200
 
 

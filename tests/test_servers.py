@@ -191,3 +191,11 @@ def test_a_server_that_cannot_start_fails_with_its_log(tmp_path):
     with pytest.raises(servers.ServerFailed, match="exited with status"):
         servers.start(spec, log_dir=tmp_path)
     assert any("no-such-flag" in p.read_text() for p in tmp_path.iterdir())
+
+
+def test_our_server_is_started_with_the_int4_method_it_is_labelled_with():
+    spec = ServerSpec.of("serving-cost-lab", precision="int4-gptq-g32").validate()
+    cmd = spec.command(8000)
+    assert cmd[cmd.index("--precision") + 1] == "int4-gptq-g32" and spec.label.startswith("serving-cost-lab int4 gptq")
+    plain = ServerSpec.of("serving-cost-lab", precision="int4").validate().command(8000)
+    assert plain[plain.index("--precision") + 1] == "int4-g64"
