@@ -20,7 +20,7 @@ from typing import Iterable, Mapping
 
 from engine.common.errors import UserError
 from engine.common.fields import L, M, S
-from engine.common.record_setup import setup_from_record
+from engine.common.record_setup import base_precision, setup_from_record
 from engine.common.vocab import PRECISIONS, canonical_model_name
 from engine.planner import shapes
 from engine.planner.acceptance import acceptance_from_mean_length, relation
@@ -240,15 +240,10 @@ def _finite_pos(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
 
 
-def _base_precision(label) -> str:
-    """'int4-g64' -> 'int4': a precision label without its group suffix."""
-    return str(label).lower().split("-g")[0]
-
-
 def record_precision(cfg: Mapping) -> str:
     """The precision of a record's config: config.quant.precision, else config.precision without
     the label's group suffix ('int4-g64' -> 'int4')."""
-    return _base_precision(_get(cfg, "quant", "precision") or cfg.get("precision") or "")
+    return base_precision(_get(cfg, "quant", "precision") or cfg.get("precision") or "")
 
 
 def _model_name(name, models: Mapping[str, ModelShape]) -> str:
@@ -304,7 +299,7 @@ def _acceptance_obs(rec: Mapping, rid: str, models) -> AcceptanceObs | str:
                         _model_name(dm, models) if dm else None, float(a), float(g),
                         float(mal) if _finite_pos(mal) else None, rid,
                         int(drafted) if _finite_pos(drafted) else 1,
-                        _base_precision(dp) if dp else None, record_precision(cfg) or None)
+                        base_precision(dp) if dp else None, record_precision(cfg) or None)
     return IDENTICAL_DRAFT if obs.identical else obs
 
 
