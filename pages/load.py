@@ -161,8 +161,8 @@ try:
         st.caption("Each pair is our server with the same weights, draft, workload, SLO and KV budget, its KV cache "
                    "stored quantized (int8 with per-vector scales, fp8) or at the compute dtype. Sequences: whole "
                    "requests of the context the budget's blocks hold. More of them admitted at once buys goodput "
-                   "only where decode is bound by memory, not compute: on 2 CPU cores prefill was compute-bound and "
-                   "int8 cost 1.13x per token (docs/BENCHMARKS.md).")
+                   "only where decode is bound by memory, not compute; where prefill is compute-bound, quantizing "
+                   "and dequantizing the cache costs per token instead (the ratio column says which held here).")
 
     st.markdown("**Crossover: where speculation, a smaller precision or a quantized KV cache stops paying**")
     pairs = load_cost.crossover_pairs(recs)
