@@ -16,6 +16,16 @@ def cli(*args, timeout=600):
                           timeout=timeout, env={**os.environ, "PYTHONWARNINGS": "ignore"})
 
 
+def cli_here(capsys, *args) -> tuple[int, str]:
+    """(exit code, stderr) of `python -m engine ARGS` run in this process: engine.__main__.main, the same code
+    as the subprocess without a torch import per case (a refusal needs no fresh process)."""
+    from engine.__main__ import main
+
+    capsys.readouterr()
+    rc = main(list(args))
+    return rc, capsys.readouterr().err
+
+
 def test_generate_json_record():
     r = cli("generate", "--model", "default-draft", "--precision", "int4", "--max-new-tokens", "8",
             "--prompt", "Say hi.", "--draft", "ngram", "--json")
@@ -35,11 +45,11 @@ def test_generate_json_record():
     (["--draft", "self", "--gamma", "0"], "gamma 0 is out of range"),
     (["--temperature", "-1"], "temperature -1.0 is out of range"),
 ])
-def test_bad_input_gets_clear_errors(args, msg):
-    r = cli("generate", "--model", "default-draft", "--prompt", "hi", *args)
-    assert r.returncode == 2
-    assert msg in r.stderr and "Traceback" not in r.stderr
-    assert "Fix:" in r.stderr
+def test_bad_input_gets_clear_errors(args, msg, capsys):
+    rc, err = cli_here(capsys, "generate", "--model", "default-draft", "--prompt", "hi", *args)
+    assert rc == 2
+    assert msg in err and "Traceback" not in err
+    assert "Fix:" in err
 
 
 def test_models_lists_catalog():
@@ -80,10 +90,10 @@ def test_bench_over_a_workload_prints_intervals_and_acceptance_by_category():
     (["--workload", "code:2", "--prompt", "hi"], "both a prompt and a workload"),
     (["--workload", "code:2", "--reps", "0"], "repetitions 0 is out of range"),
 ])
-def test_bad_workloads_are_refused_and_nothing_is_stored(args, msg):
+def test_bad_workloads_are_refused_and_nothing_is_stored(args, msg, capsys):
     before = _stored_ids()
-    r = cli("bench", "--model", "default-draft", "--precisions", "int4", *args)
-    assert r.returncode == 2 and msg in r.stderr and "Fix:" in r.stderr and "Traceback" not in r.stderr
+    rc, err = cli_here(capsys, "bench", "--model", "default-draft", "--precisions", "int4", *args)
+    assert rc == 2 and msg in err and "Fix:" in err and "Traceback" not in err
     assert _stored_ids() == before
 
 
