@@ -11,7 +11,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine.planner import shapes  # noqa: E402
+from engine.planner import hf_config, shapes  # noqa: E402
 from engine.planner.cli import main  # noqa: E402
 from engine.planner.gpus import load_gpus  # noqa: E402
 from engine.planner.roofline import Deployment, decode_step, memory  # noqa: E402
@@ -132,7 +132,7 @@ def test_catalog_entry_matches_published_parameter_counts(name):
 def test_catalog_entry_is_its_config_json_and_transformers_agrees(name):
     model_type, fields = CONFIGS[name]
     cfg = _hf_config(model_type, fields)
-    got = shapes.shape_from_hf_config(cfg, name=name)
+    got = hf_config.shape_from_hf_config(cfg, name=name)
     want = MODELS[name]
     for f in ("layers", "hidden", "heads", "kv_heads", "head_dim", "intermediate", "vocab", "tied_embeddings",
               "max_context", "qkv_bias", "o_bias", "mlp_bias", "qk_norm", "experts", "active_experts",
@@ -146,7 +146,7 @@ def test_catalog_entry_is_its_config_json_and_transformers_agrees(name):
 @pytest.mark.parametrize("model_type", sorted(TINY_TYPES))
 def test_tiny_config_of_each_type_counts_as_transformers_builds_it(model_type):
     cfg = _hf_config(model_type, {**TINY, **TINY_TYPES[model_type]})
-    shape = shapes.shape_from_hf_config(cfg)
+    shape = hf_config.shape_from_hf_config(cfg)
     assert shapes.param_count(shape) == _hf_param_count(cfg)
 
 

@@ -80,7 +80,7 @@ def test_a_playground_run_is_stored_with_its_kind_and_typed_config(pool, tmp_pat
 
 
 def test_calibration_reads_group_size_and_embedding_quantization_from_a_stored_bench_record(pool, tmp_path):
-    from engine.planner import shapes
+    from engine.planner import hf_config, shapes
     from engine.planner.calibration import record_bytes_per_token
     from engine.quant import make_spec
 
@@ -89,7 +89,7 @@ def test_calibration_reads_group_size_and_embedding_quantization_from_a_stored_b
                          max_new_tokens=4, prompt="hi", device="cpu"), pool, store)
     [rec] = store.list_runs()
     c = pool.peek("tiny", make_spec("int4", 32, True, True), "cpu").cfg
-    tiny = shapes.shape_from_hf_config({"hidden_size": c.hidden_size, "num_attention_heads": c.num_heads,
+    tiny = hf_config.shape_from_hf_config({"hidden_size": c.hidden_size, "num_attention_heads": c.num_heads,
                                         "num_key_value_heads": c.num_kv_heads, "head_dim": c.head_dim,
                                         "intermediate_size": c.intermediate_size, "num_hidden_layers": c.num_layers,
                                         "vocab_size": c.vocab_size, "attention_bias": True}, name="tiny")

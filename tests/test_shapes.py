@@ -4,7 +4,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
-import os
 import sys
 from pathlib import Path
 
@@ -14,8 +13,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine.planner import shapes  # noqa: E402
 from engine.planner.shapes import (decode_read_bytes, get_model, kv_bytes_per_token, linear_bytes,  # noqa: E402
-                           load_models, param_count, shape_from_hf_config, state_dict_bytes,
-                           state_dict_param_count, weight_bytes, weight_bytes_breakdown)
+                           load_models, param_count, state_dict_bytes, state_dict_param_count, weight_bytes,
+                           weight_bytes_breakdown)
+from engine.peers.gguf_tools import gguf_tensor_shapes  # noqa: E402
+from engine.planner.hf_config import shape_from_hf_config  # noqa: E402
 
 MODELS = load_models()
 
@@ -269,7 +270,7 @@ def test_gguf_header_of_the_lab_default_models(pkg, name):
     part = _gguf_part(pkg)
     if part is None or not part.exists():
         pytest.skip(f"{pkg} is not installed (pip install -e '.[models]')")
-    shapes_ = shapes.gguf_tensor_shapes(part)
+    shapes_ = gguf_tensor_shapes(part)
     m = MODELS[name]
     assert shapes_["token_embd.weight"] == (m.hidden, m.vocab)
     assert shapes_["blk.0.ffn_up.weight"] == (m.hidden, m.intermediate)

@@ -27,7 +27,7 @@ from engine import planner
 from engine.common.errors import UserError
 from engine.planner import shapes
 from engine.planner.gpus import CatalogError, find_gpu, load_gpus, price_table
-from engine.planner import batchjob, fit, fleet, selfcheck, traffic
+from engine.planner import batchjob, fit, fleet, hf_config, selfcheck, traffic
 from engine.planner.savings import savings
 
 StoreReader = Callable[[], list]      # () -> list of plain dicts read from the lab's store
@@ -64,7 +64,7 @@ def add_parser(subparsers, stored_runs: StoreReader | None = None,
     p.add_argument("--model", default=None, help="catalog model (see --models-table); default: the lab's default")
     p.add_argument("--model-config", default=None, metavar="CONFIG_JSON",
                    help="plan any model from its Hugging Face config.json instead of a catalog model "
-                        f"(model types: {', '.join(shapes.HF_MODEL_TYPES)})")
+                        f"(model types: {', '.join(hf_config.HF_MODEL_TYPES)})")
     p.add_argument("--rate", type=float, default=1.0, help="requests per second (default 1)")
     p.add_argument("--input", type=int, default=512, help="prompt tokens per request (default 512)")
     p.add_argument("--output", type=int, default=256, help="output tokens per request (default 256)")
@@ -339,7 +339,7 @@ def _models(a) -> tuple[dict, list[str]]:
         raise planner.PlanError("model-config", f"give either --model ({a.model}) or --model-config, not both")
     notes: list[str] = []
     try:
-        shape = shapes.shape_from_hf_config_file(a.model_config, notes=notes)
+        shape = hf_config.shape_from_hf_config_file(a.model_config, notes=notes)
     except shapes.ShapeError as e:
         raise planner.PlanError("model-config", str(e)) from None
     a.model = shape.name
