@@ -132,9 +132,8 @@ def cmd_bench(a) -> int:
     from engine.infer.loader import resolve_device
     from engine.measure.bandwidth import bandwidth_gbs
     from engine.measure.pool import ModelPool
-    from engine.measure.runs import execute
     from engine.measure.store import Store
-    from engine.measure.sweep import sweep_configs
+    from engine.measure.sweep import run_many, sweep_configs
 
     base = config_from(a, warmup=True, baseline=True, quality=a.quality, quality_tokens=a.quality_tokens)
     left_out: list[str] = []
@@ -151,18 +150,16 @@ def cmd_bench(a) -> int:
         return _bench_output(out.records, a) or (1 if out.failures else 0)
     # Re-probe before measuring: the cached reading keeps the best seen, and a busy moment reads low.
     print(f"memory read bandwidth: {bandwidth_gbs(resolve_device(a.device), refresh=True):.1f} GB/s", file=sys.stderr)
-    pool, store, recs = ModelPool(keep=2), Store(), []
-    bar = tqdm(cfgs, desc="bench", unit="config", file=sys.stderr, dynamic_ncols=True)
+    bar = tqdm(total=len(cfgs), desc="bench", unit="config", file=sys.stderr, dynamic_ncols=True)
 
-    def say(s: str):
-        if s.startswith("repetition"):
-            bar.set_postfix_str(s)
+    def say(s: str):  # "run i/n (label)", then "run i/n (label): what it does now"
+        head, _, what = s.partition(": ")
+        if not what or what.startswith("repetition"):
+            bar.set_postfix_str(what or head)
         else:
-            bar.write(f"  [{s}]", file=sys.stderr)
+            bar.write(f"  [{what}]", file=sys.stderr)
 
-    for c in bar:
-        bar.set_postfix_str(c.label)
-        recs.append(execute(c, pool, store, progress=say))
+    recs = run_many(cfgs, ModelPool(keep=2), Store(), say=say, on_record=lambda rec: bar.update())
     bar.close()
     return _bench_output(recs, a)
 

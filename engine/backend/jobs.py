@@ -310,24 +310,14 @@ class JobQueue:
             job.say(f"{len(res.records)} load point(s) stored")
 
     def _runs(self, job: Job, work: RunsWork) -> None:
-        from engine.measure import execute
+        from engine.measure.sweep import run_many
 
-        n = len(work.configs)
-        for i, cfg in enumerate(work.configs):
-            if job.cancelled:
-                break
-            label = cfg.label  # RunConfig's: the setup's label, and the batch when it is not 1
-            prefix = f"run {i + 1}/{n} ({label})" if n > 1 else label
-            job.say(prefix)
-            on_token = job.token if work.stream and i == 0 else None
-            try:
-                rec = execute(cfg, self.pool, self.store, progress=lambda s: job.say(f"{prefix}: {s}"),
-                              on_token=on_token, kind=work.record_kind)
-            except UserError as e:
-                raise UserError(f"{label}: {e.problem}", e.fix) from e
-            if i == 0:
-                job.stream_done = True
+        def landed(rec) -> None:
+            job.stream_done = True  # the streamed first run is over once any run has landed
             job.add_run(rec.run_id)
+
+        run_many(work.configs, self.pool, self.store, say=job.say, should_cancel=lambda: job.cancelled,
+                 on_record=landed, on_token=job.token if work.stream else None, kind=work.record_kind)
 
     def _llama_quality(self, job: Job, work: LlamaQualityWork) -> None:
         """llama.cpp's Q4_K_M scored against the fp32 reference, kept on the job as `result` and stored as a
@@ -357,14 +347,8 @@ class JobQueue:
         job.add_run(rec.run_id)
 
     def _peers(self, job: Job, work: PeersWork) -> None:
-        n = len(work.configs)
-        for i, cfg in enumerate(work.configs):
-            if job.cancelled:
-                break
-            prefix = f"peer {i + 1}/{n} ({cfg.label})"
-            job.say(prefix)
-            rec = cfg.measure(self.pool, self.store, lambda s: job.say(f"{prefix}: {s}"))
-            if rec.kind == "peer" and not rec.metrics:  # could not run: said, not stored (run_many's rule)
-                job.skip(f"{rec.label}: {rec.notes}", runs=1)
-            else:
-                job.add_run(rec.run_id)
+        from engine.measure.sweep import run_many
+
+        run_many(work.configs, self.pool, self.store, say=job.say, should_cancel=lambda: job.cancelled,
+                 on_record=lambda rec: job.add_run(rec.run_id),
+                 on_skip=lambda rec: job.skip(f"{rec.label}: {rec.notes}", runs=1), noun="peer")

@@ -1,8 +1,7 @@
-"""Many runs: running a list of configurations in order (the grids themselves are grid.py's)."""
+"""Many runs: running a list of work items in order (the grids themselves are grid.py's)."""
 from __future__ import annotations
 
-import time
-
+from engine.common.errors import UserError
 from engine.measure.grid import DEFAULT_WORKLOAD, default_comparison, sweep_configs  # noqa: F401  (re-exported)
 from engine.measure.pool import ModelPool
 from engine.measure.records import RunRecord
@@ -10,32 +9,47 @@ from engine.measure.run_config import RunConfig
 from engine.measure.runs import execute
 
 
-def measure_one(config, pool: ModelPool, store=None, progress=None) -> RunRecord:
-    """One configuration measured: a RunConfig here (execute), anything else by its own `measure` (a peer in a
-    fresh process)."""
+def measure_one(config, pool: ModelPool, store=None, progress=None, on_token=None, kind: str = "bench") -> RunRecord:
+    """One work item measured: a RunConfig here (execute, stored as a record of `kind`, `on_token` streaming its
+    first generation), anything else by its own `measure` (a peer in a fresh process)."""
     if isinstance(config, RunConfig):
-        return execute(config, pool, store, progress)
+        return execute(config, pool, store, progress, on_token=on_token, kind=kind)
     return config.measure(pool, store, progress)
 
 
-def run_many(configs: list, pool: ModelPool, store=None, on_progress=None, should_cancel=None,
-             progress=None) -> list[RunRecord]:
-    """Run configs in order; each record is stored as it finishes, so a cancel keeps what is done.
+def could_not_run(rec: RunRecord) -> bool:
+    """A peer that could not run comes back as a record with notes and no metrics: said, never stored."""
+    return rec.kind == "peer" and not rec.metrics
 
-    Each config is measured by `measure_one`: a RunConfig in this process, a peers.PeerConfig in a fresh
-    one (a peer that is unavailable comes back as a record with notes and no metrics, and is not stored).
 
-    on_progress(done, total, eta_s, record) is called after each run; eta_s extrapolates the mean
-    time per run so far. should_cancel() is checked before each run.
+def run_many(items: list, pool: ModelPool, store=None, *, say=None, should_cancel=None, on_record=None,
+             on_skip=None, on_token=None, kind: str = "bench", noun: str = "run") -> list[RunRecord]:
+    """The loop that runs work items in order: the CLI's bench, the backend's runs and peers jobs.
+
+    Each item is measured by `measure_one` and stored as it finishes, so a cancel keeps what is done.
+    say(message) gets each item's "run i/n (label)" and its progress under that prefix; should_cancel() is
+    checked before each item; on_record(record) and on_skip(record) are called as each lands or could not
+    run; on_token streams the first item's first generation. A UserError is raised again naming the item.
+    Returns the records that landed.
     """
     out: list[RunRecord] = []
-    t0 = time.perf_counter()
-    for i, c in enumerate(configs):
+    n = len(items)
+    for i, item in enumerate(items):
         if should_cancel and should_cancel():
             break
-        rec = measure_one(c, pool, store, progress)
+        prefix = f"{noun} {i + 1}/{n} ({item.label})" if n > 1 else item.label
+        if say:
+            say(prefix)
+        try:
+            rec = measure_one(item, pool, store, (lambda s, p=prefix: say(f"{p}: {s}")) if say else None,
+                              on_token=on_token if i == 0 else None, kind=kind)
+        except UserError as e:
+            raise UserError(f"{item.label}: {e.problem}", e.fix) from e
+        if could_not_run(rec):
+            if on_skip:
+                on_skip(rec)
+            continue
         out.append(rec)
-        if on_progress:
-            per = (time.perf_counter() - t0) / len(out)
-            on_progress(len(out), len(configs), per * (len(configs) - len(out)), rec)
+        if on_record:
+            on_record(rec)
     return out
