@@ -27,9 +27,11 @@ run: setup kernels models workloads
 	$(PY) -m engine.dashboard_launch --host $(HOST) --port $(PORT)
 
 # pytest's exit 5 (no tests collected) is turned into a failure.
-# The architecture contract first (pyproject.toml [tool.importlinter]): a broken layer fails in seconds.
+# The architecture contract and ruff first (pyproject.toml [tool.importlinter], [tool.ruff]): a broken layer,
+# a name used before it is defined or a line past 120 characters fails in seconds.
 test: setup kernels models workloads cluster browser eval
 	$(VENV)/bin/lint-imports
+	$(VENV)/bin/ruff check .
 	@start=$$(date +%s); $(PY) -m pytest -q --durations=25 tests; rc=$$?; \
 	  echo "make test: pytest took $$(( $$(date +%s) - start )) s (budget: 1800 s on the slowest host)"; \
 	  [ $$rc -ne 5 ] || { echo "pytest collected no tests"; exit 1; }; exit $$rc

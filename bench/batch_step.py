@@ -62,7 +62,8 @@ def main(argv=None) -> int:
                     "aggregate tok/s": round(b * 1e3 / ms, 1), "per-sequence tok/s": round(1e3 / ms, 1)})
     info = ops.backend_info()
     print(f"# {lm.label}: forward pass of B one-row sequences at ragged positions; path: "
-          f"{info.get('last_step') or 'reference'}, kernels {info.get('cpu')}, activations {info.get('int4_activations')}")
+          f"{info.get('last_step') or 'reference'}, kernels {info.get('cpu')}, "
+          f"activations {info.get('int4_activations')}")
     print(format_rows(out, "md"))
     return 0
 

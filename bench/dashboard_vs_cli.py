@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 from engine import present  # noqa: E402
 from engine.measure.store import Store  # noqa: E402
-from engine.measure.sweep import DEFAULT_WORKLOAD, default_comparison  # noqa: E402
+from engine.measure.grid import DEFAULT_WORKLOAD, default_comparison  # noqa: E402
 from tests.test_browser_e2e import CHROMIUM, CHROMIUM_ARGS, browser_missing, running_dashboard, settle  # noqa: E402
 
 PAIRS = {"default": ("default", "default-draft", False, "Default pair"),

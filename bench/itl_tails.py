@@ -37,7 +37,8 @@ def point(chunk: int, a) -> dict:
     with rs:
         cfg = LoadConfig(url=rs.url, profile=f"concurrent:{a.concurrency}", workload=None, input_len=a.input_len,
                          output_len=a.output_len, prompt_kind="random", requests=a.requests, warmup=1,
-                         max_seconds=900, tokenizer=a.model if a.model in ("default", "default-draft") else "default-draft")
+                         max_seconds=900,
+                         tokenizer=a.model if a.model in ("default", "default-draft") else "default-draft")
         (rec,) = run(cfg)
     os.sched_setaffinity(0, cores)
     m = rec.metrics["load"]

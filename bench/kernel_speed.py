@@ -163,7 +163,8 @@ def bench_shape(name, N, K, Ms, args, g):
     # int8 activations: AVX-512 VNNI, AVX2 vpmaddubsw or the scalar reference, by ISA
     q8 = args.act_int8 and ext is not None
 
-    for method, p, fn, settings in (("int8", p8, ops.int8_linear, {}), ("int4", p4, ops.int4_linear, {"act_int8": False}),
+    for method, p, fn, settings in (("int8", p8, ops.int8_linear, {}),
+                                    ("int4", p4, ops.int4_linear, {"act_int8": False}),
                                     ("int4_q8", p4, ops.int4_linear, {"act_int8": True})):
         if method == "int4_q8" and not q8:
             continue
@@ -273,11 +274,11 @@ def fmt_table(rows, Ms, bw):
     out.append("| " + " | ".join(hdr) + " |")
     out.append("|" + "---|" * len(hdr))
     for sh in shapes:
-        def ratio(meth, a, b):
+        def ratio(meth, a, b, sh=sh):
             ra, rb = by.get((sh, a, meth)), by.get((sh, b, meth))
             return f"{ra['us'] / rb['us']:.2f}" if ra and rb else "-"
 
-        def speed(meth):
+        def speed(meth, sh=sh):
             rf, rq = by.get((sh, 1, "fp32_mkl")), by.get((sh, 1, meth))
             return f"{rf['us'] / rq['us']:.1f}x" if rf and rq else "-"
         out.append(f"| {sh} | {ratio('int8', 5, 1)} | {ratio('int8', 16, 1)} | {ratio('int4', 5, 1)} | "
@@ -439,7 +440,8 @@ def main(argv=None):
           f"{len(bws)} points through the run): **{args.bw:.1f} GB/s** "
           f"(points: {', '.join(f'{b:.1f}' for b in bws)})")
     print("- int8/int4: our kernels, fp32 activations.  int4_q8: act_int8 (SCL_KERNEL_ACT) "
-          f"(activations quantized to int8 per 32-k block, {info.get('int4_q8_kernel', '')}).  bf16_dense / fp32_dense: "
+          f"(activations quantized to int8 per 32-k block, {info.get('int4_q8_kernel', '')}).  "
+          "bf16_dense / fp32_dense: "
           f"our dense kernel (ops.dense_linear, {info.get('dense_kernel', '')}).  bf16_torch: torch bf16 F.linear.  "
           "fp32_mkl: torch F.linear.  "
           "aten_int8pack_mm: torch.ops.aten._weight_int8pack_mm.  dynamic_int8: quantize_dynamic (fbgemm; "

@@ -93,7 +93,8 @@ def prefix(a) -> list[str]:
         h = (r["prefix"] or {}).get("hit_rate")
         out.append(f"| {name} | {r['completed']}/{r['requests']} | {r['ttft_p50']:.2f} | {r['ttft_p90'] or 0:.2f} | "
                    f"{r['tok_s']:.1f} | {'-' if h is None else f'{h:.2f}'} |")
-    out.append(f"\nTTFT p50 off / on: **{off['ttft_p50'] / on['ttft_p50']:.2f}x** (target >= 2x); output tok/s on / off: "
+    out.append(f"\nTTFT p50 off / on: **{off['ttft_p50'] / on['ttft_p50']:.2f}x** (target >= 2x); "
+               "output tok/s on / off: "
                f"**{on['tok_s'] / off['tok_s']:.2f}x** (target > 1); hit rate {hr if hr is None else f'{hr:.2f}'}\n")
     return out
 
@@ -105,7 +106,8 @@ def regression(a) -> list[str]:
     slots = (rows["slots"]["tok_s"] + rows["slots again"]["tok_s"]) / 2
     out = [f"\n### 3. No regression: {a.small} int4, ShareGPT chat (single turn), concurrency 8, prefix caching off\n",
            "| KV cache | requests ok | output tok/s | TTFT p50 s |", "| --- | --- | --- | --- |"]
-    out += [f"| {n} | {r['completed']}/{r['requests']} | {r['tok_s']:.1f} | {r['ttft_p50']:.2f} |" for n, r in rows.items()]
+    out += [f"| {n} | {r['completed']}/{r['requests']} | {r['tok_s']:.1f} | {r['ttft_p50']:.2f} |"
+            for n, r in rows.items()]
     out.append(f"\npaged / slots (the mean of the two slot runs around it): **{rows['paged']['tok_s'] / slots:.2f}x** "
                "(target >= 0.95x)\n")
     return out

@@ -1,6 +1,7 @@
 """Llama 3.2 1B shape against llama.cpp on the same weights, in one run on this machine.
 
-    .venv/bin/python bench/llama_shape.py                   # build once (~3 GB + GGUFs), then measure (~15 min on 2 cores)
+    .venv/bin/python bench/llama_shape.py                   # build once (~3 GB + GGUFs), then measure
+                                                            # (~15 min on 2 cores)
     .venv/bin/python bench/llama_shape.py --max-new-tokens 32 --reps 2
 
 Random-init weights with the exact shape of meta-llama/Llama-3.2-1B-Instruct (its config.json:
@@ -232,10 +233,12 @@ def table_rows(ours: dict, llama: dict) -> list[dict]:
         o, ob = rates(ours.get(_label(prec, act)))
         for t in VERSUS[prec]:
             ll, lb = rates(llama.get(t))
-            rows.append({"ours": _label(prec, act), "ours_path": _path((ours.get(_label(prec, act)) or {}).get("kernels")),
+            rows.append({"ours": _label(prec, act),
+                         "ours_path": _path((ours.get(_label(prec, act)) or {}).get("kernels")),
                          "llama_cpp": t, "ours_tok_s": _r(o), "llama_cpp_tok_s": _r(ll),
                          "ratio": _r(o / ll) if o and ll else None,
-                         "ours_best": _r(ob), "llama_cpp_best": _r(lb), "ratio_best": _r(ob / lb) if ob and lb else None})
+                         "ours_best": _r(ob), "llama_cpp_best": _r(lb),
+                         "ratio_best": _r(ob / lb) if ob and lb else None})
     return rows
 
 
@@ -320,7 +323,8 @@ def main(argv=None) -> int:
             f"Load average (1, 5, 15 min): {_load(load_before)} before, {_load(os.getloadavg())} after", "", ""]
     (out / "llama_shape.md").write_text("\n".join(head) + md + "\n")
     (out / "llama_shape.json").write_text(json.dumps(
-        {"command": command, "folder": str(folder), "load_average": {"before": load_before, "after": os.getloadavg()}, "gguf": {t: str(p) for t, p in ggufs.items()},
+        {"command": command, "folder": str(folder), "load_average": {"before": load_before, "after": os.getloadavg()},
+         "gguf": {t: str(p) for t, p in ggufs.items()},
          "prompt_ids": ids, "rows": rows, "ours": ours, "llama_cpp": llama}, indent=1, default=str))
     print(md)
     print(f"wrote {out}/llama_shape.{{md,json}}")

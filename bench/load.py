@@ -4,7 +4,8 @@
     .venv/bin/python bench/load.py --model default --precisions int4   # the 1.5B (its draft: the 0.5B)
     .venv/bin/python bench/load.py --only llama,vllm                 # systems whose label contains any of these
     .venv/bin/python bench/load.py --concurrency 1,8 --llama-precisions Q4_K_M,Q8_0,BF16 --vllm-precisions bf16,int8
-                                                                     # the headline: each at its best, and at one precision
+                                                                     # the headline: each at its best,
+                                                                     # and at one precision
 
 Each server is started by the lab on 127.0.0.1 (engine/peers/servers.py), warmed with one request,
 then sent the same ShareGPT chat requests (the paired answers' lengths, capped, forced with

@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from engine.peers import report as peer_report
+from engine.peers import report as peer_report  # noqa: E402 (after the path above)
 
 from engine import peers  # noqa: E402
 from engine.common.errors import UserError  # noqa: E402

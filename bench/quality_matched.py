@@ -24,7 +24,8 @@ round them (Q8_K: 8 bits per block of 256 for K-quant weights; Q8_0: per block o
 to show whether activation rounding alone makes the first positions' outliers.
 
 The quality-matched pick (engine.measure.quality.quality_matched): our configurations (int4 at each group
-size, and int8) whose KLD median, p99 and same top-1 are no worse than the requantized Q4_K_M's; of those, the fewest weight bytes.
+size, and int8) whose KLD median, p99 and same top-1 are no worse than the requantized Q4_K_M's; of those, the
+fewest weight bytes.
 Writes <out>/quality_matched.{md,json} (command line at the top of the md).
 """
 from __future__ import annotations
@@ -50,8 +51,8 @@ from engine.peers.gguf_tools import reference_ggufs  # noqa: E402
 
 F32_MAX_KLD = 1e-3  # the F32 GGUF through llama.cpp against the reference: above this, something differs
 GROUP_SIZES = (32, 64, 128)
-REQUANT, SHIPPED, F32 = "llama.cpp Q4_K_M (requantized from the reference)", "llama.cpp Q4_K_M (shipped: its own weights)", \
-    "llama.cpp F32 (the reference, converted)"
+REQUANT, SHIPPED, F32 = "llama.cpp Q4_K_M (requantized from the reference)", \
+    "llama.cpp Q4_K_M (shipped: its own weights)", "llama.cpp F32 (the reference, converted)"
 
 
 # ---------------------------------------------------------------- the rows
@@ -74,7 +75,8 @@ def ours_row(model: str, spec, docs, ref, progress=None) -> tuple[dict, Scores]:
     return out, sc
 
 
-def llama_row(model: str, gguf: Path | None, precision: str, label: str, docs, progress=None) -> tuple[dict, Scores | None]:
+def llama_row(model: str, gguf: Path | None, precision: str, label: str, docs,
+              progress=None) -> tuple[dict, Scores | None]:
     """A GGUF through llama.cpp (engine.peers.quality_worker, a fresh process) against the same reference."""
     from engine.peers.quality_worker import llama_cpp_quality
 
@@ -256,11 +258,13 @@ def markdown(rep: dict) -> str:
         out += ["Merged from the runs (each measured some of the rows, on the same tokens and reference):"] + \
             [f"- `{c}`" for c in rep["merged_from"]] + [""]
     out += [
-           f"Scored tokens: {rep['tokens']:,} ({rep['documents']} documents, half chat half code; engine.measure.eval_text), "
+           f"Scored tokens: {rep['tokens']:,} ({rep['documents']} documents, half chat half code; "
+           "engine.measure.eval_text), "
            f"every row against the same fp32 reference (the shipped Q4_K_M dequantized: {rep['reference']}). "
            f"Wall time {rep['wall_s'] / 60:.1f} min on {os.cpu_count()} shared cores; load average "
            f"{rep['load_average']['before']} before, {rep['load_average']['after']} after.", "",
-           "| config | " + " | ".join(c[1] for c in COLS) + " | weight MB | KL pos 0 (mean / max) | KL pos 1-3 mean | KL pos 4+ mean |",
+           "| config | " + " | ".join(c[1] for c in COLS)
+           + " | weight MB | KL pos 0 (mean / max) | KL pos 1-3 mean | KL pos 4+ mean |",
            "| --- |" + " ---: |" * (len(COLS) + 4)]
     for label, r in rep["rows"].items():
         if "failed" in r or "unavailable" in r:
@@ -271,8 +275,10 @@ def markdown(rep: dict) -> str:
         p13 = [p.get(str(i), {}).get("kld_mean") for i in (1, 2, 3)]
         p13 = sum(x for x in p13 if x is not None) / max(1, sum(x is not None for x in p13))
         out.append(f"| {label} | " + " | ".join(_fmt(r.get(k), f) for k, _, f in COLS)
-                   + f" | {_fmt((r.get('weight_bytes') or 0) / 1e6, '{:.0f}')} | {_fmt(p0.get('kld_mean'), '{:.3f}')} / "
-                   f"{_fmt(p0.get('kld_max'), '{:.2f}')} | {_fmt(p13, '{:.4f}')} | {_fmt((p.get('rest') or {}).get('kld_mean'), '{:.4f}')} |")
+                   + f" | {_fmt((r.get('weight_bytes') or 0) / 1e6, '{:.0f}')} | "
+                   f"{_fmt(p0.get('kld_mean'), '{:.3f}')} / "
+                   f"{_fmt(p0.get('kld_max'), '{:.2f}')} | {_fmt(p13, '{:.4f}')} | "
+                   f"{_fmt((p.get('rest') or {}).get('kld_mean'), '{:.4f}')} |")
     m = rep.get("match") or {}
     out += ["", "## Quality-matched pick", "",
             f"Target: {REQUANT}. Criteria: KLD median and p99 no higher, same top-1 no lower "
@@ -287,8 +293,9 @@ def markdown(rep: dict) -> str:
     sw = rep.get("shipped_weights")
     if sw:
         out += ["## The shipped GGUF's weights", "",
-                ("The shipped Q4_K_M dequantized by gguf-py equals the reference's safetensors exactly, tensor by tensor "
-                 f"(max |diff| by type: {sw['max_abs_diff_by_type']}): llama.cpp's shipped row runs the reference's own "
+                ("The shipped Q4_K_M dequantized by gguf-py equals the reference's safetensors exactly, "
+                 f"tensor by tensor (max |diff| by type: {sw['max_abs_diff_by_type']}): "
+                 "llama.cpp's shipped row runs the reference's own "
                  "weights." if sw["equal"] else f"The shipped GGUF's weights differ from the reference's in "
                  f"{sw['tensors_differing']} tensors: {'; '.join(sw['differ'][:5])}"), ""]
     f = rep.get("f32_check") or {}
@@ -296,13 +303,16 @@ def markdown(rep: dict) -> str:
     pr = rep.get("probe") or {}
     if pr:
         out += ["## Position-0 probe: the fp32 reference with only its activations rounded", "",
-                f"{pr.get('documents', '?')} documents, the first {pr['prefix']} tokens of each; KL(fp32 || fp32 with every linear layer's input rounded "
+                f"{pr.get('documents', '?')} documents, the first {pr['prefix']} tokens of each; "
+                "KL(fp32 || fp32 with every linear layer's input rounded "
                 "to 8 bits per block, weights untouched), exact over the full vocabulary.", "",
                 "| rounding | layers | KL pos 0 mean / max (docs > 1) | pos 1 | pos 2 | pos 3 | pos 4+ mean |",
                 "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
         for mode, r in pr["modes"].items():
-            out.append(f"| {mode} | {r['rounded_layers']} | {r['0']['kld_mean']:.3f} / {r['0']['kld_max']:.2f} ({r['0']['over_1']}) | "
-                       + " | ".join(f"{r[str(i)]['kld_mean']:.4f}" for i in (1, 2, 3)) + f" | {r['rest']['kld_mean']:.5f} |")
+            out.append(f"| {mode} | {r['rounded_layers']} | {r['0']['kld_mean']:.3f} / {r['0']['kld_max']:.2f} "
+                       f"({r['0']['over_1']}) | "
+                       + " | ".join(f"{r[str(i)]['kld_mean']:.4f}" for i in (1, 2, 3))
+                       + f" | {r['rest']['kld_mean']:.5f} |")
         out.append("")
     out += ["## Notes", ""] + [f"- {n}" for n in rep.get("notes", [])]
     return "\n".join(out) + "\n"
@@ -333,14 +343,16 @@ def run(model: str, tokens: int, out_dir: Path | None, command: str, *, group_si
 
     def save():
         rep["wall_s"] = time.time() - t0
-        rep["load_average"] = {"before": [round(x, 1) for x in load_before], "after": [round(x, 1) for x in os.getloadavg()]}
+        rep["load_average"] = {"before": [round(x, 1) for x in load_before],
+                               "after": [round(x, 1) for x in os.getloadavg()]}
         if out_dir is not None:
             out_dir.mkdir(parents=True, exist_ok=True)
             (out_dir / "quality_matched.json").write_text(json.dumps(rep, indent=1, default=str))
             (out_dir / "quality_matched.md").write_text(markdown(rep))
 
     def add(label, row, sc):
-        rep["rows"][label] = {k: v for k, v in row.items() if k != "by_category"} | {"by_category": row.get("by_category")}
+        rep["rows"][label] = ({k: v for k, v in row.items() if k != "by_category"}
+                              | {"by_category": row.get("by_category")})
         if sc is not None:
             rep["positions"][label] = quality.position_profile(sc, docs)
         r = rep["rows"][label]
@@ -413,7 +425,8 @@ def _llama_rows(rep, model, name, folder, ggufs, docs, shipped, weight_check, ad
     rep["f32_check"] = {"ok": ok, "kld_mean": row.get("kld_mean"), "kld_max": row.get("kld_max"),
                         "top1_agreement": row.get("top1_agreement"), "vocab_check": row.get("vocab_check"),
                         "verdict": (f"llama.cpp running the reference's own weights (F32 GGUF) reads KLD mean "
-                                    f"{row.get('kld_mean', float('nan')):.2e}, max {row.get('kld_max', float('nan')):.2e}, "
+                                    f"{row.get('kld_mean', float('nan')):.2e}, "
+                                    f"max {row.get('kld_max', float('nan')):.2e}, "
                                     f"same top-1 {row.get('top1_agreement', float('nan')):.2%}: "
                                     + ("the conversion and tokenization are the same as ours." if ok else
                                        "NOT ~0: the conversion or the tokenization differs; the llama.cpp rows below "
@@ -452,7 +465,8 @@ def _count(types: dict[str, str]) -> dict[str, int]:
 
 def notes(rep: dict) -> list[str]:
     n = ["The reference is the shipped Q4_K_M dequantized to fp32 (the catalog's converted folder). The requantized "
-         "Q4_K_M is that folder converted by llama.cpp's own convert_hf_to_gguf.py (--outtype f32, the llama-cpp-python "
+         "Q4_K_M is that folder converted by llama.cpp's own convert_hf_to_gguf.py "
+         "(--outtype f32, the llama-cpp-python "
          "0.3.36 sdist's) and quantized by llama.cpp's own quantizer (llama_model_quantize, what llama-quantize runs): "
          "it re-quantizes already-quantized weights, as our int4 does, so the two start from the same point.",
          "The shipped Q4_K_M row runs the reference's own weights: its KL is llama.cpp's arithmetic alone (activation "
@@ -464,8 +478,10 @@ def notes(rep: dict) -> list[str]:
     if pr:
         modes = list(pr["modes"].values())
         n.append(f"Position-0 probe: rounding only the activations (weights fp32) as the Q4_K_M GGUF's dot products do "
-                 f"gives KL {modes[0]['0']['kld_mean']:.3f} mean at position 0 (max {modes[0]['0']['kld_max']:.2f}) against "
-                 f"{modes[0]['rest']['kld_mean']:.5f} at positions 4+; per block of 32 everywhere: {modes[1]['0']['kld_mean']:.3f} "
+                 f"gives KL {modes[0]['0']['kld_mean']:.3f} mean at position 0 "
+                 f"(max {modes[0]['0']['kld_max']:.2f}) against "
+                 f"{modes[0]['rest']['kld_mean']:.5f} at positions 4+; "
+                 f"per block of 32 everywhere: {modes[1]['0']['kld_mean']:.3f} "
                  f"at position 0; per block of 256 everywhere: {modes[2]['0']['kld_mean']:.3f}.")
     return n
 

@@ -60,5 +60,7 @@ best = {k: 1 / min(v) for k, v in res.items()}
 print(prec, "threads", threads, "load", [round(x, 1) for x in loads])
 print("  median tok/s", {k: round(v, 1) for k, v in med.items()})
 print("  best   tok/s", {k: round(v, 1) for k, v in best.items()})
-print("  median: fused+window / pytorch+window = %.2fx; fused+window / fused full = %.2fx; pytorch+window / pytorch full = %.2fx" %
-      (med["fused+window"] / med["pytorch+window"], med["fused+window"] / med["fused full"], med["pytorch+window"] / med["pytorch full"]))
+print(("  median: fused+window / pytorch+window = %.2fx; fused+window / fused full = %.2fx; "
+       "pytorch+window / pytorch full = %.2fx") %
+      (med["fused+window"] / med["pytorch+window"], med["fused+window"] / med["fused full"],
+       med["pytorch+window"] / med["pytorch full"]))

@@ -18,7 +18,8 @@ def add_run_args(p: argparse.ArgumentParser, many: bool = False):
         p.add_argument("--precisions", type=_csv, default=["fp32", "bf16", "int8", "int4"],
                        help="comma-separated: fp32,bf16,fp16,int8,int4,llm.int8,nf4,fp8; int4 may name its method "
                             "and group: int4-gptq, int4-awq-g32, int4-gptq-mixed (int4 alone is round-to-nearest)")
-        p.add_argument("--drafts", type=_csv, default=["none"], help="comma-separated draft kinds: none,model,self,ngram")
+        p.add_argument("--drafts", type=_csv, default=["none"],
+                       help="comma-separated draft kinds: none,model,self,ngram")
         p.add_argument("--draft-precisions", type=_csv, default=["int4"])
         p.add_argument("--gammas", type=_ints, default=[4])
         p.add_argument("--batch-sizes", type=_ints, default=[1])
@@ -133,7 +134,8 @@ def cmd_bench(a) -> int:
     from engine.measure.bandwidth import bandwidth_gbs
     from engine.measure.pool import ModelPool
     from engine.measure.store import Store
-    from engine.measure.sweep import run_many, sweep_configs
+    from engine.measure.grid import sweep_configs
+    from engine.measure.runner import run_many
 
     base = config_from(a, warmup=True, baseline=True, quality=a.quality, quality_tokens=a.quality_tokens)
     left_out: list[str] = []

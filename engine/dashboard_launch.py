@@ -38,7 +38,8 @@ def find(backend: Backend) -> str | None:
 
 
 def start_backend(backend: Backend, log_path: Path) -> subprocess.Popen:
-    """`python -m engine backend` on the URL's loopback host and port, in its own process group; waits until it answers."""
+    """`python -m engine backend` on the URL's loopback host and port, in its own process group; waits until it
+    answers."""
     parts = urlsplit(backend.url)
     cmd = [sys.executable, "-m", "engine", "backend", "--host", parts.hostname or "127.0.0.1",
            "--port", str(parts.port or 8502)]

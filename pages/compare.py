@@ -1,4 +1,5 @@
-"""Compare: sweep target precision × draft × draft precision × gamma × batch (plus peer systems), or pick stored runs."""
+"""Compare: sweep target precision × draft × draft precision × gamma × batch (plus peer systems), or pick
+stored runs."""
 import pandas as pd
 import streamlit as st
 
@@ -97,8 +98,9 @@ with tab_sweep:
             problem = "pick at least one gamma for the drafts"
         else:
             left_out: list[str] = []
-            cfgs = [x.validate().to_dict() for x in sweep_configs(base, precisions, drafts, draft_precisions or ["int4"],
-                                                                  gammas or [4], batches, left_out)]
+            cfgs = [x.validate().to_dict()
+                    for x in sweep_configs(base, precisions, drafts, draft_precisions or ["int4"], gammas or [4],
+                                           batches, left_out)]
             if left_out:
                 st.caption("Left out: " + _ui.md_escape(", ".join(left_out)) + " (a self-draft must read fewer bytes "
                            "than its target to save anything).")

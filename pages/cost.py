@@ -114,8 +114,8 @@ if PLANNER:
                                    key="plan-tpot")
             sel_gpus = st.multiselect("GPUs (empty = all data-center GPUs)", gpu_names, key="plan-gpus",
                                       help="A consumer card (RTX 4090) is planned only when picked here.")
-        precs = st.multiselect("Precisions (empty = all)", list(planning.PLAN_PRECISIONS), default=["bf16", "fp8", "int8",
-                                                                                          "int4"],
+        precs = st.multiselect("Precisions (empty = all)", list(planning.PLAN_PRECISIONS),
+                               default=["bf16", "fp8", "int8", "int4"],
                                key="plan-precisions")
         t1, t2, t3, t4, t5 = st.columns([2, 1, 1, 1, 1])
         shape = t1.selectbox("Traffic over the day", planning.TRAFFIC_CHOICES, key="plan-traffic",

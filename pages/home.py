@@ -1,4 +1,5 @@
-"""Home: what the lab answers, the backend it drives and that machine, the models, and the one-click default comparison."""
+"""Home: what the lab answers, the backend it drives and that machine, the models, and the one-click default
+comparison."""
 import pandas as pd
 import streamlit as st
 

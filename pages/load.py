@@ -68,7 +68,8 @@ st.subheader("Workload, SLOs and loads")
 a, b, c = st.columns(3)
 with a:
     workload = _ui.workload_input("load-workload", "chat:8")
-    requests = int(st.number_input("Requests per load point", min_value=1, max_value=1000, value=8, key="load-requests"))
+    requests = int(st.number_input("Requests per load point", min_value=1, max_value=1000, value=8,
+                                   key="load-requests"))
     max_out = int(st.number_input("Longest answer (tokens)", min_value=1, max_value=2048, value=64, key="load-max-out",
                                   help="Each request asks for its paired answer's length, capped here (ignore_eos "
                                        "forces it where the server accepts it)."))

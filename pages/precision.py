@@ -167,8 +167,8 @@ with q1:
     run_llama = st.button("Measure llama.cpp Q4_K_M", key="prec-quality-llama",
                           disabled=llama_reason is not None or _backend.job_running(JOB),
                           help="llama.cpp's own Q4_K_M GGUF scored on the same tokens against the same reference, in "
-                               "a fresh process on the backend. On a CPU it takes minutes per thousand tokens of the 1.5B "
-                               "(longer while the machine is busy).")
+                               "a fresh process on the backend. On a CPU it takes minutes per thousand tokens "
+                               "of the 1.5B (longer while the machine is busy).")
     if llama_reason:
         st.caption(f"llama.cpp: {_ui.md_escape(llama_reason)}")
 if run_q:
@@ -212,7 +212,8 @@ with q2:
         st.dataframe(pd.DataFrame(table_rows(results)), hide_index=True, key="prec-quality-table")
         st.caption(f"{_ui.md_escape(heading(results[0][0], results[0][1]))}: ShareGPT answers and HumanEval "
                    "solutions, each document scored from its start. KL counts the reference's tokens with p ≥ 1e-6 "
-                   "plus one bucket for the rest (slightly under the full sum: docs/BENCHMARKS.md says by how much). The catalog's fp32 is the shipped "
+                   "plus one bucket for the rest (slightly under the full sum: docs/BENCHMARKS.md says by how much). "
+                   "The catalog's fp32 is the shipped "
                    "Q4_K_M GGUF dequantized, so llama.cpp's row measures its arithmetic on the same weights.")
 
 hist = st.session_state.get("prec-history", [])

@@ -1,7 +1,5 @@
 """Compare page: a sweep with progress and cancel, picking stored runs, the table, charts and Pareto view."""
-from pathlib import Path
 
-import pytest
 from streamlit.testing.v1 import AppTest
 
 from tests.app_helpers import ROOT, TIMEOUT, app_env, frame, local_pool, problems, wait_job  # noqa: F401

@@ -1,5 +1,4 @@
 """Cost & capacity page: $/1M from measured tokens/s, capacity for a daily volume, the planner, GPU prices."""
-from pathlib import Path
 
 import pytest
 from streamlit.testing.v1 import AppTest

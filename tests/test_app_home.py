@@ -1,7 +1,5 @@
 """Home page and navigation (app.py), driven with Streamlit's AppTest on the tiny test models."""
-from pathlib import Path
 
-import pytest
 from streamlit.testing.v1 import AppTest
 
 from tests.app_helpers import ROOT, TIMEOUT, app_env, frame, problems, wait_job  # noqa: F401

@@ -160,8 +160,8 @@ def test_engine_configurations_leave_out_a_draft_that_is_its_target():
     from engine.peers.load_sweep import engine_specs
 
     specs, notes = engine_specs("default-draft", ["int4", "int8"], ["none", "ngram", "model"])
-    assert [(s.setup.precision, s.setup.draft) for s in specs] == [("int4", "none"), ("int4", "ngram"), ("int8", "none"),
-                                                        ("int8", "ngram")]
+    assert [(s.setup.precision, s.setup.draft) for s in specs] == [("int4", "none"), ("int4", "ngram"),
+                                                                   ("int8", "none"), ("int8", "ngram")]
     assert len(notes) == 2 and "the draft is the target itself" in notes[0]
     specs, notes = engine_specs("default", ["int4"], ["model"])
     assert specs[0].setup.draft_model == "default-draft" and not notes

@@ -1,7 +1,5 @@
 """Speculative playground: streamed, origin-coloured tokens, acceptance charts, baseline speed, errors."""
-from pathlib import Path
 
-import pytest
 from streamlit.testing.v1 import AppTest
 
 from tests.app_helpers import ROOT, TIMEOUT, app_env, frame, problems  # noqa: F401

@@ -1,7 +1,5 @@
 """Precision page: load a (tiny) model at a precision, memory breakdown, quality vs fp32, errors."""
-from pathlib import Path
 
-import pytest
 from streamlit.testing.v1 import AppTest
 
 from tests.app_helpers import ROOT, TIMEOUT, app_env, frame, problems  # noqa: F401

@@ -1,7 +1,5 @@
 """Reports page: save the current comparison, open, export, compare two with % differences, import, delete."""
-from pathlib import Path
 
-import pytest
 from streamlit.testing.v1 import AppTest
 
 from tests.app_helpers import ROOT, TIMEOUT, app_env, frame, local_pool, problems  # noqa: F401

@@ -393,6 +393,7 @@ def test_with_ray_a_runs_job_goes_to_the_cluster_and_lands_in_the_backends_store
         assert job["state"] == "finished" and job["done"] == 1, job
         (rec,) = c.records(job["run_ids"])
         # the record names the model the catalog resolved ("default-draft" is its alias)
-        assert rec["machine"]["ray_node_id"] and rec["config"]["setup"]["model"] == canonical_model_name("default-draft")
+        assert (rec["machine"]["ray_node_id"]
+                and rec["config"]["setup"]["model"] == canonical_model_name("default-draft"))
     finally:
         b.stop()

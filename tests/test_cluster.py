@@ -25,7 +25,7 @@ from engine.load.requests import Request
 from engine.measure.records import RunRecord
 from engine.measure.stats import percentile
 from engine.measure.store import Store
-from engine.measure.sweep import sweep_configs
+from engine.measure.grid import sweep_configs
 from engine.present.compare import highlights, machine_note
 
 # The 0.5B, greedy, the default prompt, 4 new tokens, one repetition (the fewest the runner allows): fp32 without

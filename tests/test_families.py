@@ -74,8 +74,9 @@ def test_32_greedy_tokens_identical_to_transformers(folders, family):
 
 @pytest.mark.parametrize("family", FAMS)
 def test_int8_int4_within_the_qwen_kl_bounds(folders, family):
-    """Random-init weights, so looser than the 0.5B's measured bounds (tests/test_quant.py): mean KL < 0.01 at int8, < 0.25 at int4; bitsandbytes'
-    llm.int8 and nf4 (which run on this CPU) held to the same 8-bit and 4-bit bounds, bf16 to the 8-bit one."""
+    """Random-init weights, so looser than the 0.5B's measured bounds (tests/test_quant.py): mean KL < 0.01 at int8,
+    < 0.25 at int4; bitsandbytes' llm.int8 and nf4 (which run on this CPU) held to the same 8-bit and 4-bit bounds,
+    bf16 to the 8-bit one."""
     from engine.infer.loader import load
 
     ids, kls = _ids(), {}
@@ -220,7 +221,8 @@ def test_old_and_new_rope_config_forms_read_the_same():
     g = base | {"model_type": "gemma3_text", "head_dim": 16, "sliding_window": 512, "sliding_window_pattern": 2,
                 "rope_theta": 1e6, "rope_local_base_freq": 1e4, "rope_scaling": {"rope_type": "linear", "factor": 8.0}}
     local, glob = read_config(g)["ropes"]
-    assert (local.type, local.theta) == ("default", 1e4) and (glob.type, glob.theta, glob.factor) == ("linear", 1e6, 8.0)
+    assert ((local.type, local.theta) == ("default", 1e4)
+            and (glob.type, glob.theta, glob.factor) == ("linear", 1e6, 8.0))
 
 
 SPEC_FAMS = [f for f in FAMS if f not in ("llama-dynamic", "phi3-longrope", "mixtral", "qwen3-moe")]  # MoE: test_moe.py

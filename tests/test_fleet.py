@@ -6,7 +6,8 @@ from engine.planner import fleet, shapes
 from engine.planner.errors import PlanError
 from engine.planner.roofline import GIB, activation_reserve
 
-FLEET = [fleet.FleetModel("llama-3.1-8b", 1.0), fleet.FleetModel("qwen2.5-7b", 0.5), fleet.FleetModel("mistral-7b", 0.5)]
+FLEET = [fleet.FleetModel("llama-3.1-8b", 1.0), fleet.FleetModel("qwen2.5-7b", 0.5),
+         fleet.FleetModel("mistral-7b", 0.5)]
 
 
 @pytest.fixture(scope="module")

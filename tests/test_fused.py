@@ -180,8 +180,9 @@ def test_fallbacks_are_recorded(small_int4):
     plan = ops.fused._plans[m][1]
     cache = m.new_cache(1, 80)
     with pytest.raises(RuntimeError, match="1..64 rows"):
-        ext.fused_step(plan, torch.zeros(65, m.cfg.hidden_size), [0, 0, 65, 0], cache.k, cache.v, torch.empty(0, dtype=torch.int32), torch.empty(0, dtype=torch.float16), torch.empty(0, dtype=torch.float16), [0], 2, True,
-                       False, 1)
+        ext.fused_step(plan, torch.zeros(65, m.cfg.hidden_size), [0, 0, 65, 0], cache.k, cache.v,
+                       torch.empty(0, dtype=torch.int32), torch.empty(0, dtype=torch.float16),
+                       torch.empty(0, dtype=torch.float16), [0], 2, True, False, 1)
     assert ops.fused.split_rows([(0, 0, 100, 5), (3, 100, 40, 0)], 64) == [
         (0, 64, [(0, 0, 64, 5)]), (64, 64, [(0, 0, 36, 69), (3, 36, 28, 0)]), (128, 12, [(3, 0, 12, 28)])]
 

@@ -35,8 +35,8 @@ ROOT = Path(__file__).resolve().parent.parent
 def _fake_lm(weight_bytes=1_000_000, layers=2, kv_heads=2, head_dim=4):
     cfg = SimpleNamespace(num_layers=layers, num_kv_heads=kv_heads, head_dim=head_dim)
     model = SimpleNamespace(compute_dtype=torch.float32)
-    return SimpleNamespace(weights={"embedding": 500_000, "attention": weight_bytes}, weight_bytes=weight_bytes + 500_000,
-                           quantized={}, cfg=cfg, model=model, load_s=0.0)
+    return SimpleNamespace(weights={"embedding": 500_000, "attention": weight_bytes},
+                           weight_bytes=weight_bytes + 500_000, quantized={}, cfg=cfg, model=model, load_s=0.0)
 
 
 def test_metrics_at_batch_4_match_a_hand_computation():

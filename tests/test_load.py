@@ -264,7 +264,8 @@ def test_every_point_and_warm_up_sends_prompts_no_server_has_seen(stub, kind):
     one, so a server with a prompt cache (llama-server's per slot, vLLM's prefixes) answered later points from
     memory. Every point of a sweep and every warm-up now sends its own prompts; token-id prompts keep their
     exact length, and a workload shorter than the point (repeated by cycle) repeats no prompt either."""
-    kw = dict(workload="chat:2", input_len=None, output_len=None, requests=3) if kind == "chat" else dict(prompt_kind=kind)
+    kw = (dict(workload="chat:2", input_len=None, output_len=None, requests=3) if kind == "chat"
+          else dict(prompt_kind=kind))
     Stub.prompts.clear()
     recs = run(_stub_cfg(stub, profile="sweep:1", warmup=1, **kw))
     assert len(recs) == 3 and all(r.metrics["load"]["completed"] == r.metrics["load"]["requests"] for r in recs)
@@ -386,7 +387,8 @@ def test_cli_against_our_server(tmp_path):
     from engine.present import load_cost, load_view
 
     kv = load_cost.kv_of(rec)
-    assert (kv["dtype"], kv["asked"], kv["cache"], kv["budget_gib"], kv["blocks"]) == ("int8", "int8", "paged", 0.05, 130)
+    assert ((kv["dtype"], kv["asked"], kv["cache"], kv["budget_gib"], kv["blocks"])
+            == ("int8", "int8", "paged", 0.05, 130))
     assert kv["sequences"] == 130 // 16 and load_view.load_row(rec)["kv"] == "int8 paged, 0.05 GiB (130 blocks)"
     from engine import planner
 

@@ -106,12 +106,14 @@ def test_rows_and_targets_are_ratios_of_measured_numbers():
     t = {x["target"]: x for x in peer_report.targets(recs)}
     assert t["best non-speculative vs llama.cpp Q4_K_M"]["ratio"] == 0.9
     assert t["best non-speculative vs llama.cpp Q4_K_M"]["met"] is False
-    assert t["best speculative vs llama.cpp Q4_K_M"]["ratio"] == 1.55 and t["best speculative vs llama.cpp Q4_K_M"]["met"]
+    assert (t["best speculative vs llama.cpp Q4_K_M"]["ratio"] == 1.55
+            and t["best speculative vs llama.cpp Q4_K_M"]["met"])
     assert t["best speculative vs transformers fp32"]["ratio"] == 15.5
     fig = peer_report.peer_figure(rows)
     names = {tr.name for tr in fig.data}
     assert names == {"transformers", "llama.cpp", "serving-cost-lab"}
-    assert "not measured: llama.cpp Q4_K_M + Python prompt lookup (llama-cpp-python)" in json.dumps(fig.to_dict()["layout"])
+    assert ("not measured: llama.cpp Q4_K_M + Python prompt lookup (llama-cpp-python)"
+            in json.dumps(fig.to_dict()["layout"]))
 
 
 def test_random_init_shape_loads_in_both_systems_and_agrees(tmp_path, monkeypatch):

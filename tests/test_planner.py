@@ -321,8 +321,8 @@ def test_model_too_big_says_what_would_fit():
     assert all("does not fit" in p.reasons[0] or "bf16" in p.reasons[0] for p in res.plans)
     note = " ".join(res.notes)
     assert "does not fit even at TP 8" in note
-    assert re.search(r"a GPU with >= \d+ GB \(H200, H100 SXM, A100 80GB, B200, MI300X, MI325X, RTX PRO 6000 Blackwell\)",
-                     note)
+    assert re.search(r"a GPU with >= \d+ GB \(H200, H100 SXM, A100 80GB, B200, MI300X, MI325X, "
+                     r"RTX PRO 6000 Blackwell\)", note)
     w2 = replace(w, gpus=["L40S"])
     assert "use int4" in " ".join(plan(w2, GPUS, MODELS).notes) or "use nf4" in " ".join(plan(w2, GPUS, MODELS).notes)
 
@@ -457,7 +457,8 @@ def _load_record(batch, step_s, system="serving-cost-lab", draft=None, run_id="L
     return {"run_id": run_id, "kind": "load", "machine": {"device": "cpu"},
             "config": {"system": system, "model": "qwen2.5-coder-0.5b", "precision": precision, "draft": draft,
                        "server": {"slots": 8},
-                       "workload": {"requests": 8, "prompt_tokens_total": 8 * 200, "requested_output_tokens_total": 8 * 64}},
+                       "workload": {"requests": 8, "prompt_tokens_total": 8 * 200,
+                                    "requested_output_tokens_total": 8 * 64}},
             "metrics": {"load": {"itl_s_p50": step_s, "concurrency_mean": batch}}}
 
 
@@ -490,7 +491,7 @@ def test_load_records_calibrate_the_batch_model_and_plans_say_so():
     # another model on this machine scales the line by its bytes (weights term) and FLOPs (per sequence)
     big = Deployment(MODELS["qwen2.5-coder-1.5b"], here, "int4", calibration=cal)
     weights_s, per_seq_s = bf.line
-    wb = lambda mm: shapes.weight_bytes_breakdown(mm, "int4")
+    wb = lambda mm: shapes.weight_bytes_breakdown(mm, "int4")  # noqa: E731
     s1, s2 = decode_step(d, 1, 232), decode_step(big, 1, 232)
     assert s1.additive and s2.t_weights / s1.t_weights == pytest.approx(
         (wb(big.model).blocks + wb(big.model).embedding + wb(big.model).small)
@@ -623,7 +624,8 @@ def test_fp4_is_nvfp4_on_blackwell_and_refused_elsewhere_with_the_fix():
     m = MODELS["llama-3.1-8b"]
     assert shapes.linear_bytes(4096, 4096, "fp4") == 4096 * 4096 // 2 + 4096 * 4096 // 16   # 4.5 bits a weight
     # 4.5 bits a weight, as the lab's int4 with 4 bytes of scale+min per 64
-    assert shapes.weight_bytes(m, "fp4") == shapes.weight_bytes(m, "int4", group_size=64) < shapes.weight_bytes(m, "fp8")
+    assert (shapes.weight_bytes(m, "fp4") == shapes.weight_bytes(m, "int4", group_size=64)
+            < shapes.weight_bytes(m, "fp8"))
     assert planner.compute_dtype(GPUS["B200"], "fp4")[0] == "fp4"
     dt, why = planner.compute_dtype(GPUS["H100 SXM"], "fp4")
     assert dt is None and "no FP4 tensor cores" in why and "use int4" in why

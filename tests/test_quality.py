@@ -75,7 +75,8 @@ def test_statistics_match_a_hand_computation():
         for k, v in hand.items():
             assert got[k] == pytest.approx(v, rel=1e-5, abs=1e-7), k
     assert hand["top1_agreement"] == pytest.approx(1 / 3)  # rows 0 and 2 change their most likely token
-    assert summarize(score(compress(ref_lp, targets, floor=0), ref_lp, targets))["kld_max"] == pytest.approx(0, abs=1e-7)
+    assert (summarize(score(compress(ref_lp, targets, floor=0), ref_lp, targets))["kld_max"]
+            == pytest.approx(0, abs=1e-7))
 
 
 def test_bucket_kl_is_a_lower_bound_and_exact_when_everything_is_kept():

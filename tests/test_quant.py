@@ -142,4 +142,5 @@ def test_round_to_nearest_output_is_pinned():
 
     w = torch.randn(64, 256, generator=torch.Generator().manual_seed(0)) * 0.05
     digest = lambda *ts: hashlib.sha256(b"".join(t.contiguous().numpy().tobytes() for t in ts)).hexdigest()  # noqa: E731
-    assert {gs: digest(*quantize_int4(w, gs)) for gs in (32, 64, 128)} | {"int8": digest(*quantize_int8(w))} == PINNED_RTN
+    assert ({gs: digest(*quantize_int4(w, gs)) for gs in (32, 64, 128)} | {"int8": digest(*quantize_int8(w))}
+            == PINNED_RTN)

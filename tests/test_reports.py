@@ -76,7 +76,8 @@ def test_html_escapes_user_text(tiny_records):
     doc = _outside_plotly(reports.export_html(rep))
     assert "<script>alert" not in doc
     assert "<img src=x" not in doc
-    assert "&lt;script&gt;alert(&#39;pwned&#39;)&lt;/script&gt;" in doc  # name, notes and the run label (Jinja2 autoescape)
+    assert "&lt;script&gt;alert(&#39;pwned&#39;)&lt;/script&gt;" in doc  # name, notes and the run label
+                                                                         # (Jinja2 autoescape)
     # chart labels are JSON-encoded and html-escaped: no raw closing tag can end the figure's script
     assert "</script><script>" not in doc
 

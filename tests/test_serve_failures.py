@@ -22,7 +22,8 @@ from tests import serving
 # Refuses two turns of one role in a row, as many real templates do.
 TEMPLATE = ("{% for m in messages %}{% if loop.index0 > 0 and m['role'] == messages[loop.index0 - 1]['role'] %}"
             "{{ raise_exception('conversation roles must alternate') }}{% endif %}"
-            "<s>{{ m['role'] }}: {{ m['content'] }}</s>{% endfor %}{% if add_generation_prompt %}<s>assistant: {% endif %}")
+            "<s>{{ m['role'] }}: {{ m['content'] }}</s>{% endfor %}"
+            "{% if add_generation_prompt %}<s>assistant: {% endif %}")
 
 
 @pytest.fixture(scope="module")
@@ -159,7 +160,8 @@ def test_a_chat_template_that_raises_is_a_400_naming_messages(served):
     assert r.status_code == 400, r.text
     err = r.json()["error"]
     assert err["param"] == "messages" and "roles must alternate" in err["message"]
-    ok = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}, {"role": "user", "content": "x"}]
+    ok = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"},
+          {"role": "user", "content": "x"}]
     r = httpx.post(served.url + "/v1/chat/completions", json={"messages": ok, "max_tokens": 4, "ignore_eos": True},
                    timeout=30)
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4

@@ -256,7 +256,7 @@ def test_a_step_that_commits_tokens_past_the_stop_drops_them(server):
     for min_tokens, want_text, want_ids in [(0, " 6, 7,", ids[:upto]), (len(ids), " 6, 7, 8, 9, 10", ids)]:
         pieces = []
         req = Request([1, 2], 32, stop=(" 8",), min_tokens=min_tokens,
-                      on_token=lambda s, t, piece, origin: pieces.append(piece))
+                      on_token=lambda s, t, piece, origin, pieces=pieces: pieces.append(piece))
         seq = Sequence(req=req, slot=0, vocab=len(tok), tokens=[1, 2, *ids], n_prompt=2, out=list(ids),
                        trace=["accepted"] * len(ids), token_times=[0.0] * len(ids),
                        pending=[(t, "accepted") for t in ids], stream=StopText(StreamDecoder(tok), req.stop))

@@ -13,7 +13,8 @@ import pytest
 from tests.serving import served
 
 PROMPT = "1, 2, 3, 4, 5,"
-CODE = ("def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n\n\ndef mul(a, b):\n    return a * b\n\n\n"
+CODE = ("def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n\n\n"
+        "def mul(a, b):\n    return a * b\n\n\n"
         "def div(a, b):\n    return")
 OPEN = "Here is a list of my favourite words:"
 COUNT = [{"role": "user", "content": "Count from 1 to 10, separated by commas."}]

@@ -82,8 +82,8 @@ def test_commands_name_the_model_slots_and_context():
     cmd = spec.command(8123)
     assert cmd[1:4] == ["-m", "engine", "serve"] and cmd[cmd.index("--max-seqs") + 1] == "4"
     assert cmd[cmd.index("--gamma") + 1] == "3" and cmd[cmd.index("--port") + 1] == "8123"
-    assert spec.setup.to_record()["draft"] == {"kind": "model", "model": "default-draft", "precision": "int4", "gamma": 3,
-                                               "adaptive": False}
+    assert spec.setup.to_record()["draft"] == {"kind": "model", "model": "default-draft", "precision": "int4",
+                                               "gamma": 3, "adaptive": False}
     assert spec.label == "serving-cost-lab int4 + default-draft@int4 g=3 (4 seqs)"
     if servers.llama_server_binary() is not None:
         cmd = ServerSpec.of("llama-server", slots=8, max_model_len=2048).command(8124)
@@ -143,7 +143,8 @@ def test_llama_server_runs_its_own_speculative_decoding(draft):
 
 def test_llama_server_runs_the_precision_its_label_says():
     """Issue 23.2: llama-server at our precision. Q8_0 is the catalog weights (those our int8 quantizes)
-    converted by llama.cpp's own converter (no F32 GGUF in between); the server reports that file as its model, and answers."""
+    converted by llama.cpp's own converter (no F32 GGUF in between); the server reports that file as its model,
+    and answers."""
     spec = ServerSpec.of("llama-server", model="default-draft", precision="Q8_0", slots=1, max_model_len=256)
     if servers.unavailable_reason(spec):
         pytest.skip(servers.unavailable_reason(spec))

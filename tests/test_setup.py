@@ -13,7 +13,7 @@ from engine.measure.record_config import RecordConfig
 from engine.measure.records import RunRecord
 from engine.measure.runs import RunConfig, execute
 from engine.measure.store import Store
-from engine.measure.sweep import default_comparison, sweep_configs
+from engine.measure.grid import default_comparison, sweep_configs
 
 # A bench record's config as schema 2 stored it (runs.py before the setup): setup fields flat in run_config.
 SCHEMA2_CONFIG = {

@@ -11,8 +11,8 @@ from tests.test_browser_e2e import running_dashboard
 if __name__ == "__main__":
     data = Path(tempfile.mkdtemp(prefix="scl-tiny-app-"))
     with running_dashboard(data, {"SCL_CACHE_DIR": str(data / "cache")}, tiny=True) as app:
-        print(f"dashboard {app['url']} driving the tiny backend {app['backend']['url']} (store {data}); Ctrl-C stops both",
-              flush=True)
+        print(f"dashboard {app['url']} driving the tiny backend {app['backend']['url']} (store {data}); "
+              "Ctrl-C stops both", flush=True)
         try:
             os.waitpid(app["pid"], 0)
         except KeyboardInterrupt:

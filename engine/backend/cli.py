@@ -14,7 +14,8 @@ from engine.backend.protocol import DEFAULT_HOST, DEFAULT_PORT, is_loopback
 from engine.common.errors import UserError
 
 TOKEN_FIX = ("create one and pass it: python -c 'import secrets; print(secrets.token_urlsafe(32))' > F && chmod 600 F; "
-             "then --token-file F here, and SCL_BACKEND_TOKEN_FILE=F (or the token in SCL_BACKEND_TOKEN) for the dashboard")
+             "then --token-file F here, and SCL_BACKEND_TOKEN_FILE=F (or the token in SCL_BACKEND_TOKEN) "
+             "for the dashboard")
 POOL_KEEP = 8  # models; the byte budget is what usually evicts
 MODELS_TTL_S = 10.0  # how stale GET /v1/info's catalog (installed, converted) may be
 

@@ -183,7 +183,8 @@ class Backend:
         if j.get("state") in ENDED:
             return j
         reason = f" ({why})" if why else ""
-        j.update(state="failed", position=None, eta_s=None, finished_at=time.time(), message="lost: the backend stopped",
+        j.update(state="failed", position=None, eta_s=None, finished_at=time.time(),
+                 message="lost: the backend stopped",
                  error=f"the backend at {self.url} stopped answering while this job was {j.get('state', 'queued')}"
                        f"{reason}: its {done} finished run(s) are stored in that backend's store; the run in "
                        "progress is lost and is not resumed when the backend restarts")

@@ -275,7 +275,8 @@ class JobQueue:
             finally:
                 with self.cond:
                     self.running = None
-                    if job.state == "running" and not job.error and not job.cancelled and not job.run_ids and job.skipped:
+                    nothing = not job.run_ids and job.skipped
+                    if job.state == "running" and not job.error and not job.cancelled and nothing:
                         job.error = f"nothing was measured: {len(job.skipped)} skipped, the first: {job.skipped[0]}"
                     if job.state == "running":  # stop() may have failed it already
                         job.state = "failed" if job.error else ("cancelled" if job.cancelled and job.done < job.total
@@ -310,7 +311,7 @@ class JobQueue:
             job.say(f"{len(res.records)} load point(s) stored")
 
     def _runs(self, job: Job, work: RunsWork) -> None:
-        from engine.measure.sweep import run_many
+        from engine.measure.runner import run_many
 
         def landed(rec) -> None:
             job.stream_done = True  # the streamed first run is over once any run has landed
@@ -347,7 +348,7 @@ class JobQueue:
         job.add_run(rec.run_id)
 
     def _peers(self, job: Job, work: PeersWork) -> None:
-        from engine.measure.sweep import run_many
+        from engine.measure.runner import run_many
 
         run_many(work.configs, self.pool, self.store, say=job.say, should_cancel=lambda: job.cancelled,
                  on_record=lambda rec: job.add_run(rec.run_id),

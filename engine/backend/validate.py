@@ -284,10 +284,12 @@ def submission(body) -> Submission:
         raise Rejected("title must be a non-empty string", "title", f"name the job in 1 to {MAX_TEXT} characters")
     client = body.get("client")
     if client is not None and (not isinstance(client, str) or len(client) > MAX_TEXT):
-        raise Rejected("client must be a string (a tab or session id)", "client", f"send 1 to {MAX_TEXT} characters or null")
+        raise Rejected("client must be a string (a tab or session id)", "client",
+                       f"send 1 to {MAX_TEXT} characters or null")
     w = body.get("work")
     if not isinstance(w, dict):
-        raise Rejected("work must be an object with a kind", "work", f"send {{\"kind\": one of {', '.join(WORK_KINDS)}, ...}}")
+        raise Rejected("work must be an object with a kind", "work",
+                       f"send {{\"kind\": one of {', '.join(WORK_KINDS)}, ...}}")
     kind = w.get("kind")
     if kind not in WORK_KINDS:
         raise Rejected(f"unknown work kind {kind!r}", "work.kind", f"use one of: {', '.join(WORK_KINDS)}")

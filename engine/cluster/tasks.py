@@ -9,7 +9,7 @@ from __future__ import annotations
 import socket
 
 from engine.measure.pool import ModelPool
-from engine.measure.sweep import measure_one
+from engine.measure.runner import measure_one
 
 _pool: ModelPool | None = None  # per worker process
 

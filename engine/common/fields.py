@@ -50,8 +50,8 @@ METRICS: tuple[Field, ...] = (
     _f("decode_s", "s", "per generation: wall time of the decode steps after the first token"),
     _f("decode_tok_s", "tokens/s", "per generation: tokens after the first (all sequences) over decode time: the "
        "batch's aggregate throughput"),
-    _f("tokens_per_step", "tokens", "per generation: tokens emitted per decode step, all sequences together (batch size "
-       "times speculative tokens per pass)"),
+    _f("tokens_per_step", "tokens", "per generation: tokens emitted per decode step, all sequences together "
+       "(batch size times speculative tokens per pass)"),
     _f("token_latency_ms_median", "ms", "per generation: median over decode steps of step time / tokens that step "
        "emitted per sequence: the per-token latency one user sees"),
     _f("token_latency_ms_p90", "ms", "per generation: 90th percentile of the same per-token latency"),

@@ -36,7 +36,8 @@ class EngineSetup:
     def validate(self) -> "EngineSetup":
         """This setup with canonical precision names; a UserError names the first bad field and the fix."""
         if not isinstance(self.model, str) or not self.model.strip():
-            raise UserError("the setup names no model", "give a catalog name (default, default-draft), a folder or a hub id")
+            raise UserError("the setup names no model",
+                            "give a catalog name (default, default-draft), a folder or a hub id")
         if isinstance(self.group_size, bool) or self.group_size not in GROUP_SIZES:
             raise UserError(f"int4 group size {self.group_size!r} is not supported",
                             f"use one of: {', '.join(map(str, GROUP_SIZES))}")

@@ -54,7 +54,8 @@ HARMLESS = {
     "architectures", "model_type", "transformers_version", "dtype", "torch_dtype", "initializer_range",
     "use_cache", "bos_token_id", "eos_token_id", "pad_token_id", "attention_dropout", "embd_pdrop",
     "resid_pdrop", "hidden_dropout", "router_aux_loss_coef", "output_router_logits", "router_jitter_noise",
-    "_name_or_path", "_model_name_or_path", "tokenizer_class", "pretraining_tp", "attn_implementation", "_attn_implementation",
+    "_name_or_path", "_model_name_or_path", "tokenizer_class", "pretraining_tp",
+    "attn_implementation", "_attn_implementation",
     "id2label", "label2id", "output_attentions", "output_hidden_states", "return_dict", "auto_map",
     "max_position_embeddings", "chunk_size_feed_forward", "is_encoder_decoder", "tie_encoder_decoder",
     "problem_type", "torchscript", "use_bfloat16", "tf_legacy_loss", "add_cross_attention",
@@ -79,7 +80,8 @@ REQUIRED = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_hea
 def family_of(cfg: dict, source: str = "config.json") -> Family:
     mt = cfg.get("model_type")
     if mt is None:
-        raise UserError(f"{source} has no 'model_type' field", "add it (e.g. \"llama\"), or use the model's own config.json")
+        raise UserError(f"{source} has no 'model_type' field",
+                        "add it (e.g. \"llama\"), or use the model's own config.json")
     if mt == "gemma3":
         raise UserError(f"{source}: model type 'gemma3' is the multimodal Gemma 3 (vision + text)",
                         "use its text-only checkpoint (model_type 'gemma3_text', e.g. google/gemma-3-1b-it)")
@@ -191,7 +193,8 @@ def read_config(cfg: dict, source: str = "config.json") -> dict:
     if fam.moe:
         missing += [k for k in ("num_experts_per_tok",) if cfg.get(k) is None]
     if missing:
-        raise UserError(f"{source} lacks required field(s): {', '.join(missing)}", "use the model's complete config.json")
+        raise UserError(f"{source} lacks required field(s): {', '.join(missing)}",
+                        "use the model's complete config.json")
     ignored = check_fields(cfg, source)
     if cfg.get("quantization_config"):  # read exactly (engine/quant/checkpoints.py) or refused there by field
         from engine.quant.checkpoints import read_scheme

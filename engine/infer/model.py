@@ -401,9 +401,11 @@ def _read_json(path: Path) -> dict:
     try:
         return json.loads(path.read_text())
     except FileNotFoundError:
-        raise UserError(f"{path} does not exist", "give a Hugging Face model folder (config.json + *.safetensors)") from None
+        raise UserError(f"{path} does not exist",
+                        "give a Hugging Face model folder (config.json + *.safetensors)") from None
     except json.JSONDecodeError as e:
-        raise UserError(f"{path} is not valid JSON ({e.msg} at line {e.lineno})", "repair or re-download the file") from None
+        raise UserError(f"{path} is not valid JSON ({e.msg} at line {e.lineno})",
+                        "repair or re-download the file") from None
 
 
 def load_config(folder: Path) -> ModelConfig:

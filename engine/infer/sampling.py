@@ -6,7 +6,6 @@ import time
 
 import torch
 
-from engine.common.errors import UserError
 from engine.common.sampling import SamplingParams  # noqa: F401  (re-exported: the parameters live in common)
 
 

@@ -119,8 +119,8 @@ class Scheduler:
         cache = self._paged_cache(target) if settings.kv_cache == "paged" else None
         self.blocks = cache.blocks if cache is not None else None
         proposer = proposer_spec.build(settings.max_seqs, settings.max_model_len) if proposer_spec else None
-        self.batch = Batch(target, settings.max_seqs, settings.max_model_len, eos if eos is not None else eos_ids(target),
-                           proposer, gamma, adaptive, cache)
+        self.batch = Batch(target, settings.max_seqs, settings.max_model_len,
+                           eos if eos is not None else eos_ids(target), proposer, gamma, adaptive, cache)
         self.waiting: deque[Request] = deque()
         self.preempted: deque[Sequence] = deque()  # oldest first: admitted again before any waiting request
         self.preemptions = 0
@@ -138,7 +138,8 @@ class Scheduler:
         st, cfg = self.settings, target.model.cfg
         check_kv_dtype(st.kv_dtype, target.device)
         name = kv_dtype_name(st.kv_dtype, target.model.compute_dtype)
-        gib = st.kv_cache_gib or st.max_seqs * -(-st.max_model_len // st.block_size) * block_bytes(cfg, st.block_size, name) / 2 ** 30
+        gib = st.kv_cache_gib or (st.max_seqs * -(-st.max_model_len // st.block_size)
+                                  * block_bytes(cfg, st.block_size, name) / 2 ** 30)
         n = blocks_in_budget(cfg, st.block_size, name, gib, st.max_model_len)
         return PagedKVCache(cfg, st.max_seqs, st.max_model_len, n, st.block_size, target.model.compute_dtype,
                             target.device, st.kv_dtype, st.prefix_caching)
@@ -226,7 +227,8 @@ class Scheduler:
                 slot = self.free_slots[-1]
                 # at least the prompt's last token is prefilled (its logits give the first token); prompt
                 # logprobs and an n-choice follower (which shares its leader's blocks) reuse nothing
-                reuse = 0 if (req.prompt_logprobs is not None or req.prefix_from is not None) else len(req.prompt_ids) - 1
+                reuse = (0 if (req.prompt_logprobs is not None or req.prefix_from is not None)
+                         else len(req.prompt_ids) - 1)
                 got = self.blocks.admit(slot, list(req.prompt_ids), len(req.prompt_ids), reuse)
                 if got is None:
                     return

@@ -1,7 +1,7 @@
 """Verification of draft tokens by the target: greedy, or lossless rejection sampling.
 
-The one verifier of the engine (the batch calls it per sequence). Greedy is the argmax-prefix rule. Sampling draws the uniforms
-here, from the run's generator, and hands them to engine.ops.verify_drafts: the rejection rule
+The one verifier of the engine (the batch calls it per sequence). Greedy is the argmax-prefix rule. Sampling draws
+the uniforms here, from the run's generator, and hands them to engine.ops.verify_drafts: the rejection rule
 written once (vectorised torch on CPU and as the GPU fallback, the fused CUDA kernel on CUDA).
 """
 from __future__ import annotations

@@ -14,11 +14,11 @@ _HOME = {
     "SCHEMA_VERSION": "records", "RunRecord": "records", "ModelPool": "pool", "register_model": "pool",
     "registered_models": "pool", "unregister_model": "pool", "RecordConfig": "record_config",
     "RunConfig": "run_config", "default_prompts": "run_config", "execute": "runs", "Store": "store",
-    "DEFAULT_WORKLOAD": "grid", "default_comparison": "grid", "sweep_configs": "grid", "run_many": "sweep",
+    "DEFAULT_WORKLOAD": "grid", "default_comparison": "grid", "sweep_configs": "grid", "run_many": "runner",
 }
 _RENAMED = {"canonical_workload": ("workloads", "canonical"), "workload_categories": ("workloads", "categories")}
 
-__all__ = sorted([*_HOME, *_RENAMED])
+__all__ = sorted([*_HOME, *_RENAMED])  # noqa: PLE0605 (the names of the two tables above)
 
 
 def __getattr__(name: str):

@@ -98,7 +98,8 @@ class RunConfig:
         run_names = [f.name for f in fields(cls) if f.name != "setup"]
         unknown = sorted(k for k in d if k not in run_names and k not in SETUP_FIELDS and k != "setup")
         if unknown:
-            raise UserError(f"unknown run config field '{unknown[0]}'", f"run fields are: setup, {', '.join(run_names)}; "
+            raise UserError(f"unknown run config field '{unknown[0]}'",
+                            f"run fields are: setup, {', '.join(run_names)}; "
                             f"setup fields are: {', '.join(SETUP_FIELDS)}")
         flat_setup = {k: d[k] for k in SETUP_FIELDS if k in d}
         if "setup" in d:

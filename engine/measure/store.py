@@ -104,7 +104,8 @@ class Store:
         return RunRecord.from_json(row[0])
 
     def list_runs(self, limit: int = 200, kind: str | None = None) -> list[RunRecord]:
-        q = "SELECT record FROM runs" + (" WHERE kind=?" if kind else "") + " ORDER BY created_at DESC, rowid DESC LIMIT ?"
+        q = ("SELECT record FROM runs" + (" WHERE kind=?" if kind else "")
+             + " ORDER BY created_at DESC, rowid DESC LIMIT ?")
         args = (kind, limit) if kind else (limit,)
         with self._conn() as c:
             rows = c.execute(q, args).fetchall()
@@ -127,8 +128,8 @@ class Store:
 
     def list_reports(self) -> list[dict]:
         with self._conn() as c:
-            rows = c.execute("SELECT report_id, created_at, name, notes FROM reports ORDER BY created_at DESC, rowid DESC"
-                             ).fetchall()
+            rows = c.execute("SELECT report_id, created_at, name, notes FROM reports "
+                             "ORDER BY created_at DESC, rowid DESC").fetchall()
         return [dict(zip(("report_id", "created_at", "name", "notes"), r)) for r in rows]
 
     def get_report(self, report_id: str) -> dict:

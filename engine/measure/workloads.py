@@ -144,7 +144,8 @@ def parse(spec: str) -> list[tuple[str, int]]:
         name = name.strip().lower()
         if name not in have:
             raise UserError(f"unknown workload '{name}'", f"use one of: {', '.join(have)}, with an optional count "
-                            "(code:8,edit:8); load tests also take multiturn:N[:TURNS] (engine/measure/conversations.py)")
+                            "(code:8,edit:8); load tests also take multiturn:N[:TURNS] "
+                            "(engine/measure/conversations.py)")
         try:
             count = int(n) if n.strip() else min(DEFAULT_COUNT, have[name])
         except ValueError:

@@ -3,7 +3,8 @@ with a PyTorch path), speculative-sampling verification, and the kernel settings
 
 Modules: ``formats`` (canonical int8/int4: quantize, dequantize, unpack), ``prepared`` (PreparedInt8 /
 PreparedInt4, prepare_*), ``linear`` (int8_linear / int4_linear), ``dense`` (dense_linear / DenseLinear:
-bf16 and fp32 linears at small M on CPU), ``verify`` (verify_drafts), ``build`` (building/loading kernels/cpu and kernels/cuda), ``config`` (KernelConfig, configure,
+bf16 and fp32 linears at small M on CPU), ``verify`` (verify_drafts), ``build`` (building/loading kernels/cpu
+and kernels/cuda), ``config`` (KernelConfig, configure,
 using), ``info`` (backend_info for the run record), ``fused`` (the fused forward pass: one C++ call
 per step of up to FUSED_MAX_ROWS = 64 rows, longer steps split into calls of 64; ``count_steps``
 counts a run's passes). Imports only engine.common and torch.

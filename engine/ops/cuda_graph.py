@@ -131,7 +131,8 @@ def graph_supported(model) -> str | None:
             return "bitsandbytes layers are not captured in CUDA graphs"
     beyond = getattr(model.cfg, "features", lambda: ())()
     if beyond:
-        return f"{getattr(model.cfg, 'family', 'model')} uses {', '.join(beyond)} (the graphed step is plain Llama/Qwen2)"
+        return (f"{getattr(model.cfg, 'family', 'model')} uses {', '.join(beyond)} "
+                "(the graphed step is plain Llama/Qwen2)")
     if model.cfg.head_dim not in (64, 128) or model.cfg.num_heads // model.cfg.num_kv_heads > 8:
         return "head_dim or GQA group not covered by the decode-attention kernel"
     return None

@@ -127,7 +127,8 @@ def fused_info() -> dict:
     elif not cfg.fused:
         state = "off: KernelConfig.fused=False (SCL_FUSED=0)"
     elif _build._cpu_state["ext"] is None:
-        state = "off: CPU extension not built" + (f" ({_build._cpu_state['reason']})" if _build._cpu_state["tried"] else "")
+        state = "off: CPU extension not built" + (f" ({_build._cpu_state['reason']})"
+                                                  if _build._cpu_state["tried"] else "")
     else:
         state = "on (CPU int4/int8 models)"
     runs = _open.get()

@@ -16,7 +16,8 @@ _DISABLED = "kernels disabled (SCL_KERNELS=torch or ops.configure(enabled=False)
 
 def backend_info(build: bool = True) -> dict:
     """{"cpu": "avx512"|"avx2"|"scalar"|"torch-fallback", "cpu_reason", "cpu_best", "cpu_vnni",
-    "int4_activations", "dense_kernel" (bf16/fp32 linears, engine.ops.dense), "cuda": "built"|"unavailable: <reason>", "threads", "small_m", "tile_rows",
+    "int4_activations", "dense_kernel" (bf16/fp32 linears, engine.ops.dense), "cuda": "built"|"unavailable: <reason>",
+    "threads", "small_m", "tile_rows",
     "config": the KernelConfig as a dict, "fused": on/off and why, "fused_steps" / "reference_steps":
     forward passes that took each path in the enclosing ``count_steps()`` run (else in this process;
     "steps_counted" says which), "last_step", "reference_reasons"}.

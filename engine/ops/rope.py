@@ -60,7 +60,8 @@ class RopeSpec:
             return rope_inv_freq(self.dim, self.theta) / self.factor
         if t == "dynamic":
             n = max(seq_len, self.max_position)
-            base = self.theta * ((self.factor * n / self.max_position) - (self.factor - 1)) ** (self.dim / (self.dim - 2))
+            base = self.theta * (((self.factor * n / self.max_position) - (self.factor - 1))
+                                 ** (self.dim / (self.dim - 2)))
             return 1.0 / (base ** self._base())
         if t == "llama3":
             return self._llama3()
@@ -79,7 +80,8 @@ class RopeSpec:
             def mscale(s, m=1.0):
                 return 1.0 if s <= 1 else 0.1 * m * math.log(s) + 1.0
             if self.mscale and self.mscale_all_dim:
-                return float(mscale(self._yarn_factor(), self.mscale) / mscale(self._yarn_factor(), self.mscale_all_dim))
+                return float(mscale(self._yarn_factor(), self.mscale)
+                             / mscale(self._yarn_factor(), self.mscale_all_dim))
             return mscale(self._yarn_factor())
         if self.type == "longrope":
             f = self._longrope_factor()

@@ -31,7 +31,8 @@ from pathlib import Path
 from engine.common.errors import UserError
 from engine.common.paths import cache_dir
 
-__all__ = ["CONVERTER_TYPES", "FTYPES", "LLAMA_CPP_VERSION", "convert", "convert_f32", "gguf_dir", "llama_cpp_source", "quantize", "reference_ggufs"]
+__all__ = ["CONVERTER_TYPES", "FTYPES", "LLAMA_CPP_VERSION", "convert", "convert_f32", "gguf_dir", "llama_cpp_source",
+           "quantize", "reference_ggufs"]
 
 LLAMA_CPP_VERSION = "0.3.36"  # the llama-cpp-python sdist whose vendored llama.cpp `make peers` builds
 
@@ -200,7 +201,8 @@ def gguf_tensor_shapes(path: str | Path) -> dict[str, tuple[int, ...]]:
                 rd(_GGUF_SCALARS[t])
 
         if f.read(4) != b"GGUF":
-            raise UserError(f"{path} is not a GGUF file", "pass a .gguf file (the first chunk of a split one is enough)")
+            raise UserError(f"{path} is not a GGUF file",
+                            "pass a .gguf file (the first chunk of a split one is enough)")
         (version,) = rd("I")
         if version < 2:
             raise UserError(f"{path}: GGUF version {version} is too old", "convert it again with a current llama.cpp")

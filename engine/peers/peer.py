@@ -75,7 +75,7 @@ class PeerConfig:
         return replace(self, setup=replace(self.setup, **setup), **flat)
 
     def measure(self, pool=None, store=None, progress=None):
-        """Measure in a fresh process (the interface sweep.run_many calls; the pool is not used)."""
+        """Measure in a fresh process (the interface runner.run_many calls; the pool is not used)."""
         return measure(self, store, progress)
 
     def __post_init__(self):

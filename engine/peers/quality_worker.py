@@ -1,4 +1,5 @@
-"""llama.cpp's own Q4_K_M (or another GGUF of the same weights) on the quality eval text, scored against our fp32 reference.
+"""llama.cpp's own Q4_K_M (or another GGUF of the same weights) on the quality eval text, scored against our
+fp32 reference.
 
 The parent (`llama_cpp_quality`) tokenizes the eval text with the lab's tokenizer, makes sure the
 fp32 reference is cached (engine.measure.quality), and hands the token ids and the reference's path

@@ -371,7 +371,8 @@ class RunningServer:
                 "precision": sp.setup.precision, "draft": sp.setup.to_record()["draft"],
                 "setup": sp.setup.to_dict() if sp.system == OURS else None, "slots": sp.slots,
                 "max_model_len": sp.max_model_len,
-                "prompt_cache": "on (--prefix-caching)" if "--prefix-caching" in sp.extra_args else PROMPT_CACHE[sp.system],
+                "prompt_cache": ("on (--prefix-caching)" if "--prefix-caching" in sp.extra_args
+                                 else PROMPT_CACHE[sp.system]),
                 "weights": LLAMA_PRECISIONS.get(sp.setup.precision) if sp.system == "llama-server" else None,
                 "kv_cache": sp.kv_cache if sp.system == OURS else None,
                 "kv_dtype": sp.kv_dtype if sp.system == OURS else None,

@@ -219,7 +219,8 @@ def _ours_worker(cfg: PeerConfig, folder, draft_folder) -> dict:
     runs, mem = _run_reps(cfg, one)
     wb = target.weight_bytes + (draft.weight_bytes if draft is not None else 0)
     return {"runs": runs, "mem": mem, "load_s": load_s, "weight_bytes": wb, "prompt_ids": ids,
-            "spec": last_spec or None, "kernels": {**kernels.backend_info(), "settings": kernels.kernel_config().to_dict()},
+            "spec": last_spec or None,
+            "kernels": {**kernels.backend_info(), "settings": kernels.kernel_config().to_dict()},
             "versions": _versions()}
 
 

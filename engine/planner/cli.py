@@ -71,10 +71,12 @@ def add_parser(subparsers, stored_runs: StoreReader | None = None,
     p.add_argument("--ttft", type=float, default=2.0, help="p90 time-to-first-token SLO, seconds (default 2)")
     p.add_argument("--tpot", type=float, default=0.05, help="p90 per-token latency SLO, seconds (default 0.05)")
     p.add_argument("--gpus", type=_csv, default=None, help="comma-separated GPU names (default: all shipped GPUs)")
-    p.add_argument("--precisions", type=_csv, default=None, help=f"comma-separated: {','.join(shapes.PLAN_PRECISIONS)} (fp4: Blackwell only, never by default)")
+    p.add_argument("--precisions", type=_csv, default=None,
+                   help=f"comma-separated: {','.join(shapes.PLAN_PRECISIONS)} (fp4: Blackwell only, never by default)")
     p.add_argument("--tp", type=_ints, default=None, help="tensor-parallel sizes to try (default 1,2,4,8)")
     p.add_argument("--spec", choices=["auto", "on", "off"], default="auto", help="speculative decoding plans")
-    p.add_argument("--acceptance", type=float, default=None, help="draft acceptance rate (default: measured by the lab)")
+    p.add_argument("--acceptance", type=float, default=None,
+                   help="draft acceptance rate (default: measured by the lab)")
     p.add_argument("--gamma", type=int, default=None, help="draft tokens per round (default 4 or measured)")
     p.add_argument("--draft-kind", choices=["model", "self", "ngram", "heads"], default=None)
     p.add_argument("--draft-model", default=None, help="catalog model used as draft (default: smallest of the family)")
@@ -83,7 +85,8 @@ def add_parser(subparsers, stored_runs: StoreReader | None = None,
     p.add_argument("--group-size", type=int, default=64, help="int4 group size")
     p.add_argument("--quantize-head", action="store_true", help="quantize the output head too")
     p.add_argument("--traffic", default=None, choices=list(traffic.SHAPES),
-                   help="a day of traffic whose busiest hour is --rate: size a fleet for the peak and an autoscaled one")
+                   help="a day of traffic whose busiest hour is --rate: size a fleet for the peak and "
+                        "an autoscaled one")
     p.add_argument("--peak-to-trough", type=float, default=4.0, help="diurnal traffic: peak / trough (default 4)")
     p.add_argument("--traffic-csv", default=None, metavar="CSV",
                    help="the day as a CSV of hour,rate (24 rows, requests/s); its busiest hour is the rate planned")
@@ -215,7 +218,8 @@ def _fleet(a, gpus, models) -> int:
         print(json.dumps(fp.to_dict(), indent=1, default=str))
         return 0
     b = fp.best
-    print(f"a fleet of {len(items)} models on {fp.gpu} ({', '.join(f'{i.model} at {i.request_rate:g} req/s' for i in items)})"
+    print(f"a fleet of {len(items)} models on {fp.gpu} "
+          f"({', '.join(f'{i.model} at {i.request_rate:g} req/s' for i in items)})"
           f"\n\nthe answer: at {b.precision}, {b.gpus_packed} GPU(s) shared against {b.gpus_separate} with one model "
           f"per GPU: ${b.usd_per_month_packed:,.0f}/month against ${b.usd_per_month_separate:,.0f}\n")
     rows = [{"precision": o.precision, "sep": o.gpus_separate, "packed": o.gpus_packed,
@@ -248,7 +252,8 @@ def _batch_job(a, gpus, models) -> int:
     b = bp.best
     print(f"the answer: {b.label}, {b.replicas} replica(s) for {a.deadline:g} h: ${b.usd_per_day:,.2f}/day, "
           f"${b.usd_per_1m_output:.4f} per 1M output tokens ({b.tok_per_usd:,.0f} tokens per $)\n")
-    rows = [{"plan": o.label, "replicas": o.replicas, "tok_s": _f(o.output_tok_s, 0), "tok_usd": f"{o.tok_per_usd:,.0f}",
+    rows = [{"plan": o.label, "replicas": o.replicas, "tok_s": _f(o.output_tok_s, 0),
+             "tok_usd": f"{o.tok_per_usd:,.0f}",
              "usd_day": _f(o.usd_per_day), "out_1m": _f(o.usd_per_1m_output, 4),
              "latency": _f(o.request_latency_s / 60, 1)} for o in bp.options[: a.top]]
     print(_table(rows, [("plan", "plan"), ("replicas", "replicas"), ("out tok/s per replica", "tok_s"),
@@ -519,7 +524,8 @@ def _sweep_or_packing(a, model, gpus, models, cal) -> int:
             ("bound", "bound"), ("vs " + precs[0], "speedup_vs_first_precision"), ("fits KV", "fits")]
     if sc is not None:
         cols += [("spec TPOT ms", "spec_tpot_ms"), ("spec speedup", "spec_speedup")]
-        print(f"speculation: {sc.draft_kind} {sc.draft_model or ''} g={sc.gamma} a={sc.acceptance_rate:.2f} ({sc.source})")
+        print(f"speculation: {sc.draft_kind} {sc.draft_model or ''} g={sc.gamma} a={sc.acceptance_rate:.2f} "
+              f"({sc.source})")
     print(f"{model.name} decode on {g.name}, context {ctx} tokens:")
     print(_table(rows, cols))
     for line in summary:

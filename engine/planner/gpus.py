@@ -22,7 +22,8 @@ THIS_MACHINE = "this machine"
 _NUM_FIELDS = ("memory_gb", "mem_bw_tbs", "fp32_tflops", "fp16_tflops", "bf16_tflops", "fp8_tflops",
                "fp4_tflops", "int8_tops", "interconnect_gbs", "max_gpus_per_node", "price_usd_per_hr",
                "price_low_usd_per_hr", "price_high_usd_per_hr")
-_OPTIONAL_NUM = ("bf16_tflops", "fp8_tflops", "fp4_tflops", "int8_tops", "price_low_usd_per_hr", "price_high_usd_per_hr")
+_OPTIONAL_NUM = ("bf16_tflops", "fp8_tflops", "fp4_tflops", "int8_tops", "price_low_usd_per_hr",
+                 "price_high_usd_per_hr")
 _REQUIRED_FOR_NEW = ("memory_gb", "mem_bw_tbs", "fp16_tflops", "price_usd_per_hr")
 
 

@@ -79,7 +79,8 @@ def predict_published(row: Mapping, gpus: Mapping[str, GPU] | None = None,
         draft_t = 0.0
         if c.get("draft_model"):
             dm = shapes.get_model(c["draft_model"], models)
-            draft_t = c.get("draft_steps", 1) * forward_cost(dep, dm, dep.precision, 1, ctx, c.get("draft_tokens", 1)).total
+            draft_t = c.get("draft_steps", 1) * forward_cost(dep, dm, dep.precision, 1, ctx,
+                                                             c.get("draft_tokens", 1)).total
         elif c.get("draft_cost_ratio") is not None:
             draft_t = c.get("draft_steps", 1) * c["draft_cost_ratio"] * plain
         return mal * plain / (verify + draft_t)

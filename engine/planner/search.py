@@ -240,7 +240,8 @@ def _why(dep, w, mem, at, step, rmax, replicas, price, eff, eff_src, cnote) -> l
     ys = [
         Why("weights per GPU", f"weight_bytes({m.name}, {dep.precision}) / TP {dep.tp}", mem.weights / 1e9, "GB"),
         Why("KV per token per GPU", (f"{m.layers} layers * ({m.kv_lora_rank} + {m.qk_rope_head_dim}) MLA latent"
-            if m.is_mla else f"2 * {m.layers} layers * {m.kv_heads} KV heads * {m.head_dim}") + f" * bytes({dep.kv_dtype})"
+            if m.is_mla else f"2 * {m.layers} layers * {m.kv_heads} KV heads * {m.head_dim}")
+            + f" * bytes({dep.kv_dtype})"
             + (f"; {m.local_layers} layers keep only {m.sliding_window} tokens" if m.local_layers else "")
             + " (x draft, / TP shard)", mem.kv_per_token, "B"),
         Why("KV budget", f"({g.memory_gb:g} GiB * mem_util {mem.usable / (g.memory_gb * GIB):.2f} - weights - "
@@ -256,11 +257,14 @@ def _why(dep, w, mem, at, step, rmax, replicas, price, eff, eff_src, cnote) -> l
             _ms(step.t_weights), "ms"),
         Why("decode step: KV read", f"{step.kv_bytes / 1e9:.2f} GB / ({dep.family_obj().kv_mem_bw:.2f} * bandwidth)",
             _ms(step.t_kv), "ms"),
-        Why("decode step: compute", f"{step.flops / 1e12:.2f} TFLOP / ({eff.compute:.2f} * {g.peak_tflops(cdt):g} TFLOPS)",
+        Why("decode step: compute",
+            f"{step.flops / 1e12:.2f} TFLOP / ({eff.compute:.2f} * {g.peak_tflops(cdt):g} TFLOPS)",
             _ms(step.t_compute), "ms"),
-        Why("decode step: all-reduce", f"2 * {m.layers} layers * ring all-reduce over {g.interconnect or 'n/a'} (TP {dep.tp})",
+        Why("decode step: all-reduce",
+            f"2 * {m.layers} layers * ring all-reduce over {g.interconnect or 'n/a'} (TP {dep.tp})",
             _ms(step.t_comm), "ms"),
-        Why("decode step: overhead", f"{dep.family_obj().name}: fixed per step + per layer", _ms(step.t_overhead), "ms"),
+        Why("decode step: overhead", f"{dep.family_obj().name}: fixed per step + per layer",
+            _ms(step.t_overhead), "ms"),
         Why("decode step", f"max(memory, compute) + all-reduce + overhead = {step.bound}-bound", _ms(step.total), "ms"),
     ]
     if dep.spec is not None:

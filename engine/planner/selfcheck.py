@@ -104,9 +104,11 @@ def check_load_markdown(rows: Sequence[Mapping]) -> str:
     for r in rows:
         lines.append(
             f"| {r['model']} | {r['precision']} | {r['concurrency']} | "
-            f"{r['output_tok_s_predicted']:.1f} / {r['output_tok_s_measured']:.1f} | {pct(r['output_tok_s_error_pct'])} | "
+            f"{r['output_tok_s_predicted']:.1f} / {r['output_tok_s_measured']:.1f} | "
+            f"{pct(r['output_tok_s_error_pct'])} | "
             f"{r['ttft_s_predicted']:.3f} / {r['ttft_s_measured'] or 0:.3f} | {pct(r['ttft_s_error_pct'])} | "
-            f"{r['itl_s_predicted'] * 1e3:.1f} / {(r['itl_s_measured'] or 0) * 1e3:.1f} | {pct(r['itl_s_error_pct'])} | "
+            f"{r['itl_s_predicted'] * 1e3:.1f} / {(r['itl_s_measured'] or 0) * 1e3:.1f} | "
+            f"{pct(r['itl_s_error_pct'])} | "
             f"{'yes' if r['within'] else 'no'} | {r['misses']} | "
             f"{'the other records' if r['sample'] == 'held out' else 'all records, this point included'} |")
     return "\n".join(lines)

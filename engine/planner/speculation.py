@@ -68,7 +68,8 @@ class SpecConfig:
 
 def default_draft(model: ModelShape, models: Mapping[str, ModelShape]) -> ModelShape | None:
     """A usable draft from the catalog: same family and tokenizer, at most half the target's
-    active parameters (an MoE target's per-token cost is its active part); a sibling of the same line (qwen2.5-coder-* for qwen2.5-coder-*) first, then the
+    active parameters (an MoE target's per-token cost is its active part); a sibling of the same line
+    (qwen2.5-coder-* for qwen2.5-coder-*) first, then the
     smallest. None when the catalog has none (plans then use n-gram drafting)."""
     prefix = model.name.rsplit("-", 1)[0]
     # Same tokenizer: vocab sizes may differ by padding (Qwen2.5: 151936 small, 152064 large).

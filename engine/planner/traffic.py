@@ -130,7 +130,8 @@ class Autoscale:
                                               or not isinstance(self.max_replicas, int) or self.max_replicas < 1
                                               or (isinstance(self.min_replicas, int)
                                                   and self.max_replicas < self.min_replicas)):
-            probs.append(("max_replicas", f"must be a whole number >= 1 and >= min_replicas, got {self.max_replicas!r}"))
+            probs.append(("max_replicas",
+                          f"must be a whole number >= 1 and >= min_replicas, got {self.max_replicas!r}"))
         s = self.scale_up_min
         if isinstance(s, bool) or not isinstance(s, (int, float)) or not math.isfinite(s) or not 0 <= s <= 60:
             probs.append(("scale_up_min", f"must be 0 to 60 minutes, got {s!r}"))

@@ -1,4 +1,5 @@
-"""Comparing runs: chart series, the cost-vs-quality Pareto frontier, % differences between reports, and the answer in words."""
+"""Comparing runs: chart series, the cost-vs-quality Pareto frontier, % differences between reports, and the
+answer in words."""
 from __future__ import annotations
 
 from typing import Mapping, Sequence

@@ -363,11 +363,13 @@ def crossover(candidate_records, baseline_records, candidate: str = "candidate",
         x.verdict = f"{candidate} leads {baseline} on {label} at every measured {axis}, up to {_fmt(x.loads[-1])}"
     elif lost == x.loads[0]:
         later = [_fmt(load) for load, lead in zip(x.loads, x.leads) if lead]
-        x.verdict = (f"{candidate} does not lead {baseline} on {label} even at {axis} {_fmt(lost)} (ratio {x.ratios[0]:.2f})"
+        x.verdict = (f"{candidate} does not lead {baseline} on {label} even at {axis} {_fmt(lost)} "
+                     f"(ratio {x.ratios[0]:.2f})"
                      + (f"; it leads at {', '.join(later)}" if later else ": it never pays here"))
     else:
         prev = x.loads[x.loads.index(lost) - 1]
-        x.verdict = (f"{candidate} leads {baseline} on {label} up to {axis} {_fmt(prev)} and stops paying at {_fmt(lost)} "
+        x.verdict = (f"{candidate} leads {baseline} on {label} up to {axis} {_fmt(prev)} "
+                     f"and stops paying at {_fmt(lost)} "
                      f"(ratio {x.ratios[x.loads.index(lost)]:.2f})")
     return x
 

@@ -187,7 +187,8 @@ def slo_cost_figure(costs):
     fig = go.Figure(go.Bar(x=[v if v is not None else 0 for v in vals], y=names, orientation="h", text=text,
                            textposition="auto", marker_color=["#4c6ef5" if v is not None else "#adb5bd" for v in vals],
                            hovertemplate="%{y}<br>%{text}<extra></extra>"))
-    fig.update_layout(title="$ per 1M output tokens at the SLO (goodput at the highest load meeting it; lower is better)",
+    fig.update_layout(title="$ per 1M output tokens at the SLO (goodput at the highest load meeting it; "
+                            "lower is better)",
                       height=max(260, 70 + 48 * len(costs)), margin=dict(l=10, r=10, t=60, b=40),
                       xaxis=dict(title="USD per 1M output tokens"), yaxis=dict(automargin=True))
     return fig
@@ -216,7 +217,8 @@ def crossover_figure(crossovers):
     fig.add_hline(y=1.0, line_dash="dash", line_color="#868e96", annotation_text="no lead",
                   annotation_position="bottom right")
     label = METRICS[metric][2]
-    fig.update_layout(title=f"Crossover: candidate / baseline {label} (above 1: the candidate leads; x: it stops paying)",
+    fig.update_layout(title=f"Crossover: candidate / baseline {label} (above 1: the candidate leads; "
+                            "x: it stops paying)",
                       height=440, margin=dict(l=50, r=10, t=60, b=50), yaxis=dict(title=f"ratio of {label}"),
                       legend=dict(orientation="h", y=-0.25))
     _log_x(fig, axis)

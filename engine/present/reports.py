@@ -148,7 +148,8 @@ def check_plan(d) -> dict | None:
     precs = sv.get("precisions") or []
     if not isinstance(precs, list) or len(precs) > 64 or not all(isinstance(x, dict) for x in precs):
         raise UserError("plan.savings.precisions should be a list of at most 64 objects", FIX)
-    out = {"gpu": _text(sv.get("gpu"), "plan.savings.gpu", False), "model": _text(sv.get("model"), "plan.savings.model"),
+    out = {"gpu": _text(sv.get("gpu"), "plan.savings.gpu", False),
+           "model": _text(sv.get("model"), "plan.savings.model"),
            "headline": _text(sv.get("headline"), "plan.savings.headline", False), "steps": out_steps,
            "precisions": [{k: (_text(x.get(k), f"plan.savings.precisions[{i}].{k}") if isinstance(x.get(k), str)
                                else _num_or_none(x.get(k), f"plan.savings.precisions[{i}].{k}")
@@ -195,7 +196,8 @@ def from_body(body, name: str | None = None, notes: str | None = None, report_id
     rsv = body.get("record_schema_version", SCHEMA_VERSION)
     if rsv not in READABLE_VERSIONS:
         raise UserError(f"the report's runs use record schema version {str(rsv)[:20]}, this lab reads versions "
-                        f"{', '.join(map(str, READABLE_VERSIONS))}", "export the report again with this version of the lab")
+                        f"{', '.join(map(str, READABLE_VERSIONS))}",
+                        "export the report again with this version of the lab")
     runs = body.get("runs")
     if not isinstance(runs, list):
         raise UserError("the report has no list of runs", FIX)
@@ -351,7 +353,8 @@ def export_html(report: Report) -> str:
 _LOAD_SECTION = """<h3 id="under-load">Under load</h3>
 <table id="load-runs"><thead><tr>{% for c in columns %}<th class="{{ 'l' if c.text }}" title="{{ c.definition }}">\
 {{ c.label }}</th>{% endfor %}</tr></thead><tbody>
-{% for r in rows %}<tr>{% for c in columns %}<td class="{{ 'l' if c.text }}">{{ r[c.name] | cell }}</td>{% endfor %}</tr>
+{% for r in rows %}<tr>{% for c in columns %}<td class="{{ 'l' if c.text }}">{{ r[c.name] | cell }}</td>\
+{% endfor %}</tr>
 {% endfor %}</tbody></table>
 <h3>$ per 1M output tokens at the SLO</h3>
 <table id="load-costs"><thead><tr><th class="l">configuration</th><th class="l">SLO</th><th>$/1M out at the SLO</th>
@@ -361,7 +364,8 @@ _LOAD_SECTION = """<h3 id="under-load">Under load</h3>
 <td>{{ c.usd_per_1m_out_single_stream | cell }}</td><td class="l">{{ c.why }}</td></tr>
 {% endfor %}</tbody></table>
 {% if kv_rows %}<h3>KV cache quantized or not: $ per 1M output tokens at the SLO, at one KV budget</h3>
-<table id="load-kv-costs"><thead><tr>{% for k, label in kv_labels.items() %}<th class="l">{{ label }}</th>{% endfor %}</tr></thead><tbody>
+<table id="load-kv-costs"><thead><tr>{% for k, label in kv_labels.items() %}<th class="l">{{ label }}</th>{% endfor %}\
+</tr></thead><tbody>
 {% for r in kv_rows %}<tr>{% for k in kv_labels %}<td class="l">{{ r[k] | cell }}</td>{% endfor %}</tr>
 {% endfor %}</tbody></table>{% endif %}
 {% for v in verdicts %}<p class="meta">{{ v }}</p>{% endfor %}
@@ -415,13 +419,16 @@ def _with_accuracy_section(html: str, report: Report) -> str:
 _PLAN_SECTION = """<h3 id="your-bill">Your bill: what quantization and speculation save</h3>
 <p id="plan-headline"><b>On {{ sv.gpu }}:</b> {{ sv.headline }}</p>
 <p class="meta">{{ wl.model }}: {{ wl.request_rate | cell }} req/s, {{ wl.input_tokens | cell }} in /
-{{ wl.output_tokens | cell }} out tokens, SLO p90 TTFT {{ wl.ttft_p90_s | cell }} s, TPOT {{ wl.tpot_p90_s | cell }} s</p>
+{{ wl.output_tokens | cell }} out tokens, SLO p90 TTFT {{ wl.ttft_p90_s | cell }} s, \
+TPOT {{ wl.tpot_p90_s | cell }} s</p>
 <div class="chart">{{ fig | safe }}</div>
 <table id="plan-steps"><thead><tr><th class="l">step</th><th class="l">plan</th><th>GPUs</th><th>$/month</th>
 <th>change</th><th>band low</th><th>band high</th><th>$/1M out</th><th class="l">cause</th></tr></thead><tbody>
-{% for s in sv.steps %}<tr><td class="l">{{ s.step }}</td><td class="l">{{ s.plan }}{{ "" if s.taken else " (not taken)" }}</td>\
+{% for s in sv.steps %}<tr><td class="l">{{ s.step }}</td>\
+<td class="l">{{ s.plan }}{{ "" if s.taken else " (not taken)" }}</td>\
 <td>{{ s.gpus | cell }}</td><td>{{ s.usd_per_month | cell }}</td><td>{{ s.delta_usd_per_month | cell }}</td>\
-<td>{{ s.low_usd_per_month | cell }}</td><td>{{ s.high_usd_per_month | cell }}</td><td>{{ s.usd_per_1m_output | cell }}</td>\
+<td>{{ s.low_usd_per_month | cell }}</td><td>{{ s.high_usd_per_month | cell }}</td>\
+<td>{{ s.usd_per_1m_output | cell }}</td>\
 <td class="l">{{ s.cause }}</td></tr>
 {% endfor %}</tbody></table>
 {% for n in sv.notes %}<p class="meta">{{ n }}</p>{% endfor %}

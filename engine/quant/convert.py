@@ -64,7 +64,8 @@ def check_supported(spec: QuantSpec, device: str) -> None:
     if spec.precision == "fp8":
         if dev.type != "cuda":
             raise UserError("fp8 needs an NVIDIA GPU with fp8 support (compute capability 8.9+, e.g. H100/H200/L40S); "
-                            f"this run is on {dev.type}", "pick int8 or int4 on this machine, or run on a Hopper/Ada GPU")
+                            f"this run is on {dev.type}",
+                            "pick int8 or int4 on this machine, or run on a Hopper/Ada GPU")
         cap = torch.cuda.get_device_capability(dev)
         if cap < (8, 9):
             raise UserError(f"fp8 needs compute capability 8.9+, this GPU has {cap[0]}.{cap[1]}", "use int8 or int4")

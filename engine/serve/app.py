@@ -24,7 +24,8 @@ from engine.serve.stats import prometheus_text
 log = logging.getLogger("scl.serve")
 
 
-def create_app(engine: EngineLoop, served_name: str, facts: dict | None = None, default_max_tokens: int = 256) -> FastAPI:
+def create_app(engine: EngineLoop, served_name: str, facts: dict | None = None,
+               default_max_tokens: int = 256) -> FastAPI:
     app = FastAPI(title="Serving Cost Lab", docs_url=None, redoc_url=None, openapi_url=None)
     tok = engine.tokenizer
     max_len = engine.settings.max_model_len - engine.scheduler.headroom
@@ -217,7 +218,8 @@ async def _stream(kind: str, rid: str, p, handles, choices: list[_Choice], engin
                 choices[i].take(ev, val)
                 if ev == "prompt_logprobs":  # the echoed prompt, with its logprobs
                     yield text_chunk(i, p.echo)
-                elif ev in ("token", "text") and val:  # an empty piece (held text) leaves its logprobs for the next chunk
+                elif ev in ("token", "text") and val:  # an empty piece (held text) leaves its logprobs
+                                                       # for the next chunk
                     yield text_chunk(i, val)
                 elif ev == "done":
                     yield text_chunk(i, None if kind == "chat" else "", val["finish_reason"])

@@ -8,15 +8,16 @@ import sys
 from engine.common.errors import UserError
 
 DEFAULT_PORT = 8000
-DEATH_GRACE_S = 2.0
-KV_FACTS = ("kv_cache", "kv_dtype", "block_size", "num_blocks", "kv_bytes", "prefix_caching")  # fixed at start  # after the engine dies: in-flight requests get their errors, /health says 503, then exit 1
+DEATH_GRACE_S = 2.0  # after the engine dies: in-flight requests get their errors, /health says 503, then exit 1
+KV_FACTS = ("kv_cache", "kv_dtype", "block_size", "num_blocks", "kv_bytes", "prefix_caching")  # fixed at start
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API (continuous batching)")
     p.add_argument("--model", default="default", help="catalog name (default, default-draft), folder or hub id")
-    p.add_argument("--precision", default="int4", help="fp32, bf16, fp16, int8, int4, llm.int8, nf4, fp8; int4 may name its method "
-                   "and group: int4-gptq, int4-awq-g32, int4-gptq-mixed (int4 alone is round-to-nearest)")
+    p.add_argument("--precision", default="int4",
+                   help="fp32, bf16, fp16, int8, int4, llm.int8, nf4, fp8; int4 may name its method "
+                        "and group: int4-gptq, int4-awq-g32, int4-gptq-mixed (int4 alone is round-to-nearest)")
     p.add_argument("--group-size", type=int, default=64, help="int4 group size: 32, 64 or 128")
     p.add_argument("--quantize-embeddings", action="store_true", help="also quantize the embedding table")
     p.add_argument("--no-quantize-head", action="store_true", help="keep the output head in float")
@@ -45,7 +46,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--prefix-caching", action=argparse.BooleanOptionalAction, default=True,
                    help="automatic prefix caching (paged cache; on by default): --no-prefix-caching for "
                         "like-for-like comparisons with servers that have none")
-    p.add_argument("--kv-dtype", default="auto", help="the KV cache's precision: auto (the compute dtype), int8, fp8 (GPU)")
+    p.add_argument("--kv-dtype", default="auto",
+                   help="the KV cache's precision: auto (the compute dtype), int8, fp8 (GPU)")
     p.add_argument("--max-tokens-default", type=int, default=256, help="max_tokens when a request gives none")
     p.add_argument("--log-requests-text", action="store_true", help="also log prompts' outputs (off: no text logged)")
     p.set_defaults(fn=run)

@@ -144,7 +144,8 @@ class EngineLoop:
             if self.scheduler.cancel(h.req):  # still waiting: gone now, no step will report it
                 self._handles.pop(h.req.uid, None)
                 self.stats.request_done(None, "abort", h.t_arrival, None, time.perf_counter())
-                h.put(("done", {"finish_reason": "abort", "completion_tokens": 0, "prompt_tokens": len(h.req.prompt_ids)}))
+                h.put(("done", {"finish_reason": "abort", "completion_tokens": 0,
+                                "prompt_tokens": len(h.req.prompt_ids)}))
             self._cv.notify()
 
     def gauges(self) -> dict:

@@ -43,8 +43,8 @@ def _num(v) -> bool:
 
 # Fields this server acts on; the rest of a body is sorted by the tables below.
 HONOURED = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stream", "stream_options", "stop",
-            "stop_token_ids", "ignore_eos", "min_tokens", "n", "logprobs", "echo", "presence_penalty", "frequency_penalty",
-            "repetition_penalty", "logit_bias"}
+            "stop_token_ids", "ignore_eos", "min_tokens", "n", "logprobs", "echo", "presence_penalty",
+            "frequency_penalty", "repetition_penalty", "logit_bias"}
 HONOURED_BY_KIND = {"completions": {"prompt"}, "chat": {"messages", "max_completion_tokens", "top_logprobs"}}
 # Accepted and ignored: bookkeeping for the caller's side that changes nothing about the answer.
 IGNORED = {"user", "metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key",
@@ -223,7 +223,8 @@ def parse(kind: str, raw: dict, served_name: str, tokenizer, max_model_len: int,
                             + (f"; ask for at most {room} tokens" if room >= 1 else "; shorten the prompt"), field)
     t = 1.0 if body.temperature is None else body.temperature
     if not math.isfinite(t) or t < 0 or t > 100:
-        raise APIError(400, f"temperature {t} is out of range; use 0 (greedy) or a positive value up to 100", "temperature")
+        raise APIError(400, f"temperature {t} is out of range; use 0 (greedy) or a positive value up to 100",
+                       "temperature")
     p = 1.0 if body.top_p is None else body.top_p
     if not math.isfinite(p) or not 0 < p <= 1:
         raise APIError(400, f"top_p {p} is out of range; use a value in (0, 1]", "top_p")
@@ -464,7 +465,8 @@ class TokenNames:
 
 
 def _lp(v: float) -> float:
-    return max(float(v), MIN_LOGPROB) if v == v else MIN_LOGPROB
+    v = float(v)
+    return MIN_LOGPROB if math.isnan(v) else max(v, MIN_LOGPROB)
 
 
 class ChoiceLogprobs:

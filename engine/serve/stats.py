@@ -135,7 +135,8 @@ def prometheus_text(stats: ServerStats, running: int, waiting: int, slots_used: 
         for reason, n in sorted(stats.finished.items()):
             lines.append(f'vllm:request_success_total{{{lbl},finished_reason="{reason}"}} {n}')
         lines += ["# HELP scl:requests_rejected_total Requests answered 429 (every slot busy, queue full).",
-                  "# TYPE scl:requests_rejected_total counter", f"scl:requests_rejected_total{{{lbl}}} {stats.rejected}"]
+                  "# TYPE scl:requests_rejected_total counter",
+                  f"scl:requests_rejected_total{{{lbl}}} {stats.rejected}"]
         if stats.gamma:
             lines += [
                 "# HELP vllm:spec_decode_num_drafts Draft rounds.", "# TYPE vllm:spec_decode_num_drafts counter",

@@ -1,8 +1,7 @@
-"""Many runs: running a list of work items in order (the grids themselves are grid.py's)."""
+"""The one loop that runs work items in order (what to run, the grids, is grid.py's)."""
 from __future__ import annotations
 
 from engine.common.errors import UserError
-from engine.measure.grid import DEFAULT_WORKLOAD, default_comparison, sweep_configs  # noqa: F401  (re-exported)
 from engine.measure.pool import ModelPool
 from engine.measure.records import RunRecord
 from engine.measure.run_config import RunConfig
