@@ -1,4 +1,4 @@
-"""The dashboard's numbers against the command line's, in one run (issue 20).
+"""The dashboard's numbers against the command line's, in one run.
 
 Starts a backend and the dashboard on 127.0.0.1, runs the Home page's default comparison in headless
 Chromium with the browser attached (the page open and polling, as a user leaves it), then runs the same

@@ -1,4 +1,4 @@
-"""How long prefill chunks hold up decode steps: ITL tails against TTFT at each prefill chunk size (issue 23).
+"""How long prefill chunks hold up decode steps: ITL tails against TTFT at each prefill chunk size.
 
 Our server (the 0.5B at int4 unless told) is started once per chunk size with `--prefill-chunk C`, and
 `python -m engine load`'s client sends the same kind of load to each: concurrency 8, fresh random

@@ -1,4 +1,4 @@
-"""The paged KV cache's three targets (issue 25), in one run, as ratios.
+"""The paged KV cache's three targets, in one run, as ratios.
 
 1. capacity: at one KV budget on the 1.5B, the blocks each KV precision's cache really allocates
    (engine/infer/paged.py) and the sequences of --seq-len positions that fit, int8 / bf16; and the
@@ -118,13 +118,13 @@ def cost(a) -> list[str]:
     swept over the same concurrencies on long prompts; $/1M output tokens at the SLO from the records
     (engine.present.load_cost.kv_cost_rows, what the Load and Cost pages and reports show)."""
     from engine.measure.store import Store
-    from engine.peers.load_sweep import SweepPlan, run_sweep
+    from engine.peers.load_sweep import SweepPlan, sweep_servers
     from engine.present import load_cost, load_view
 
     specs = [_spec(a, 8, [], kv_dtype=kv, kv_cache_gib=a.cost_kv_gib) for kv in ("auto", "int8")]
     plan = SweepPlan(loads=a.cost_loads, workload=a.cost_workload, max_output_len=a.max_output_len, slo=a.cost_slo,
                      max_model_len=a.max_model_len, warmup=1)
-    res = run_sweep(specs, plan, Store(), progress=lambda s: print(s, file=sys.stderr))
+    res = sweep_servers(specs, plan, Store(), progress=lambda s: print(s, file=sys.stderr))
     if res.skipped:
         raise SystemExit(f"not measured: {res.skipped}")
     recs = res.records

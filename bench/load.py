@@ -16,7 +16,7 @@ listed with the reason. Writes <out>/<name>.{md,csv,json,html} and <name>-crosso
 when Debian's chromium is there; the .md ends with $/1M at the SLO, the crossovers and the issue's
 targets checked, and the load average before and after.
 
-The headline table (issue 23.2) has two kinds of column: each system at its best (its fastest
+The headline table has two kinds of column: each system at its best (its fastest
 configuration at that concurrency, draft or not, named), and every system at one precision without a
 draft: bf16 (llama.cpp's BF16 GGUF) and 8-bit weights (our int8, vLLM's int8 weight-only, llama.cpp's
 Q8_0). llama-server's Q8_0 and BF16 are the catalog weights requantized by llama.cpp's own tools, the
@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from engine.common.errors import UserError  # noqa: E402
-from engine.peers.load_sweep import SweepPlan, run_sweep  # noqa: E402
+from engine.peers.load_sweep import SweepPlan, sweep_servers  # noqa: E402
 from engine.peers.servers import ServerSpec  # noqa: E402
 from engine.present import load_cost  # noqa: E402
 from engine.present.load_view import (crossover_figure, load_columns, load_definitions, load_rows,  # noqa: E402
@@ -96,15 +96,15 @@ def targets(recs, slots: int) -> list[str]:
 
     check("our int4 at concurrency 8 / its single stream", c8.get(ours), c1.get(ours), 5.0)
     check("our int4 / vLLM CPU bf16 at concurrency 8", c8.get(ours), c8.get(vllm) if vllm else None, 1.5)
-    check("our int4 / llama-server Q4_K_M at concurrency 8 (issue 23)", c8.get(ours),
+    check("our int4 / llama-server Q4_K_M at concurrency 8", c8.get(ours),
           c8.get(llama) if llama else None, 2.5)
     for c, at in ((1, c1), (8, c8)):
         v = next((k for k in at if k.startswith("vLLM CPU bf16")), None)
-        check(f"our bf16 / vLLM CPU bf16 at concurrency {c} (issue 23.7)", at.get(ours_bf16),
+        check(f"our bf16 / vLLM CPU bf16 at concurrency {c}", at.get(ours_bf16),
               at.get(v) if v else None, 0.9)
     gaps = next(((r.metrics["load"].get("gap_s_p99"), r.metrics["load"].get("gap_s_p50")) for r in recs
                  if r.config["label"] == ours and (r.config.get("profile") or {}).get("streams") == 8), (None, None))
-    check("our int4 ITL (every gap) p99 / p50 at concurrency 8, ms (issue 23.8)",
+    check("our int4 ITL (every gap) p99 / p50 at concurrency 8, ms",
           gaps[0] * 1000 if gaps[0] else None, gaps[1] * 1000 if gaps[1] else None, 3.0, lower=True)
     for lab in c1:
         if lab.startswith("serving-cost-lab int4 +") and ours in c1:
@@ -191,7 +191,7 @@ def main(argv=None) -> int:
                      request_timeout_s=a.max_seconds)
     load_before = _load_average()
     t0 = time.time()
-    res = run_sweep(todo, plan, store, progress=say)
+    res = sweep_servers(todo, plan, store, progress=say)
     recs = res.records
     load_after = _load_average()
     out = Path(a.out)

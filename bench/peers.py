@@ -7,7 +7,7 @@
 Each system runs in a fresh process on the same prompt token ids, greedy, the same number of new
 tokens (EOS ignored), one warm-up and --reps timed repetitions (medians). Peers that are not
 installed are listed with the reason. Writes <out>/peers.{md,csv,json,html} (and peers.png when
-Debian's chromium is there) and prints the table and the targets of issue 7.
+Debian's chromium is there) and prints the table and the targets.
 """
 from __future__ import annotations
 
@@ -84,7 +84,7 @@ def write_outputs(records, out: Path, title: str, command: str) -> list[dict]:
     md = [f"# {title}", "", f"Command: `{command}`", "",
           "Machine: " + ", ".join(f"{k}={machine.get(k)}" for k in ("cpu_model", "cores", "simd", "memory_bytes",
                                                                      "gpu_name") if machine.get(k)), "",
-          format_rows(rows, "md", cols), "", "Targets (issue 7):", "", format_rows(tg, "md")]
+          format_rows(rows, "md", cols), "", "Targets:", "", format_rows(tg, "md")]
     (out / "peers.md").write_text("\n".join(md) + "\n")
     (out / "peers.csv").write_text(format_rows(rows, "csv", cols + ["system", "best_peer"]))
     (out / "peers.json").write_text(json.dumps({"command": command, "rows": rows, "targets": tg,

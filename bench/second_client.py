@@ -1,5 +1,5 @@
 """A second and a third client against the same servers: vLLM's `bench serve` and GuideLLM beside
-`python -m engine load`, on our server and on llama-server, at concurrency 1 and 8 (issue 23.6).
+`python -m engine load`, on our server and on llama-server, at concurrency 1 and 8.
 
     .venv/bin/python bench/second_client.py                         # the 0.5B: ours int4, llama-server Q4_K_M
     .venv/bin/python bench/second_client.py --servers ours --concurrency 8 --output-len 32
@@ -133,7 +133,7 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / "second_client.json").write_text(json.dumps(rows, indent=1))
     cmd = "python bench/second_client.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    md = ["# A second client agrees (issue 23.6)", "", f"`{cmd.strip()}` ({(time.time() - t0) / 60:.0f} min; "
+    md = ["# A second client agrees", "", f"`{cmd.strip()}` ({(time.time() - t0) / 60:.0f} min; "
           f"random prompts of {a.input_len} tokens, {a.output_len} forced output tokens, fresh prompts every point, "
           "caches off; server on core 0, clients on core 1)", "",
           "| server | C | client | output tok/s | / lab | TTFT p50 ms | / lab | failed | within 10% / 15% | "

@@ -144,9 +144,9 @@ def cmd_bench(a) -> int:
     for lo in left_out:
         print(f"left out: {lo} (a self-draft must read fewer bytes than its target to save anything)", file=sys.stderr)
     if a.ray:  # each configuration a Ray task (engine/cluster, docs/CLUSTER.md); records stored here as they land
-        from engine.cluster import run_sweep
+        from engine.cluster import run_on_ray
 
-        out = run_sweep(cfgs, a.ray, Store(), progress=lambda s: print(f"  [{s}]", file=sys.stderr), cpus=a.ray_cpus)
+        out = run_on_ray(cfgs, a.ray, Store(), progress=lambda s: print(f"  [{s}]", file=sys.stderr), cpus=a.ray_cpus)
         for f in out.failures:
             print(f"failed: {f.line()}", file=sys.stderr)
         return _bench_output(out.records, a) or (1 if out.failures else 0)
@@ -318,7 +318,7 @@ def cmd_runs(a) -> int:
         return 0
     recs = st.list_runs(a.limit)
     loads, others = [r for r in recs if r.kind == "load"], [r for r in recs if r.kind != "load"]
-    # load records keep their own columns: throughput and latencies under load (issue 24.7)
+    # load records keep their own columns: throughput and latencies under load
     from engine.present import rows
     from engine.present.load_view import load_rows
     from engine.present.printers import format_rows

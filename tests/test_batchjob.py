@@ -1,4 +1,4 @@
-"""Batch jobs (issue 24.4): N output tokens a day within a deadline, no latency SLO, the most tokens per dollar."""
+"""Batch jobs: N output tokens a day within a deadline, no latency SLO, the most tokens per dollar."""
 import math
 
 import pytest

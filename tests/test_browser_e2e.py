@@ -381,7 +381,7 @@ def test_dashboard_in_a_browser(server, browser, tmp_path):
     page.get_by_role("button", name="Plan", exact=True).click()
     page.get_by_text("Cheapest plan that meets the SLOs").first.wait_for(timeout=60_000)
     settle(page)
-    # the answer first (issue 24): the savings waterfall, drawn by plotly as a waterfall trace
+    # the answer first: the savings waterfall, drawn by plotly as a waterfall trace
     page.get_by_text("The answer on").first.wait_for(timeout=30_000)
     page.get_by_text("A day of diurnal traffic").first.wait_for(timeout=30_000)
     page.get_by_text("Sized for the peak").first.wait_for(timeout=30_000)

@@ -1,4 +1,4 @@
-"""Calibrated int4 (issue 36): the method in the vocabulary, setups, specs and labels; GPTQ's algorithm
+"""Calibrated int4: the method in the vocabulary, setups, specs and labels; GPTQ's algorithm
 against round-to-nearest on a known layer; a real tiny Qwen2 calibrated through the loader, cached,
 reused and interrupted; and the calibration text kept apart from the text KLD and pass@1 score."""
 from __future__ import annotations

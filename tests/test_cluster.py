@@ -210,7 +210,7 @@ def _tiny(**kw):
 
 
 def test_a_worker_that_dies_mid_sweep_is_reported_and_the_rest_land(ray_cluster, tmp_path):
-    from engine.cluster import run_sweep
+    from engine.cluster import run_on_ray
 
     class Crash:  # defined here, so Ray pickles it by value
         device, label = "cpu", "crashes its worker"
@@ -225,7 +225,7 @@ def test_a_worker_that_dies_mid_sweep_is_reported_and_the_rest_land(ray_cluster,
             raise UserError("gamma 99 is out of range", "use 1 to 16")
 
     store, failed = Store(tmp_path / "lab.sqlite"), []
-    out = run_sweep([_tiny(), Crash(), Refuses(), _tiny(seed=1)], "local", store, on_failure=failed.append)
+    out = run_on_ray([_tiny(), Crash(), Refuses(), _tiny(seed=1)], "local", store, on_failure=failed.append)
     assert [f.label for f in failed] == [f.label for f in out.failures]
     reasons = {f.label: f.reason for f in out.failures}
     assert set(reasons) == {"crashes its worker", "refuses its input"}

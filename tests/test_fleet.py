@@ -1,4 +1,4 @@
-"""A fleet of models (issue 24.3): several models share a GPU where memory allows, against one model per GPU."""
+"""A fleet of models: several models share a GPU where memory allows, against one model per GPU."""
 import pytest
 
 from engine import planner

@@ -1,4 +1,4 @@
-"""Regression tests for issue 11's defects: each failed on the code before the fix.
+"""Regression tests for defects found in review: each failed on the code before the fix.
 
 bw_efficiency at batch > 1, the speculative loop timing its streaming callback, characters split
 by per-token decoding, the over-long prompt message, production code importing tests/, SQLite

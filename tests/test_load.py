@@ -376,7 +376,7 @@ def test_cli_against_our_server(tmp_path):
                            max_model_len=1024, kv_dtype="int8", kv_cache_gib=0.05)) as rs:
         rec = _check_cli_record(rs.url, tmp_path, "ours test")
     assert "vllm" in rec.metrics["load"]["server_metrics"]["families"]  # our server uses vLLM's names
-    # issue 24.7: started elsewhere and measured by URL, our server is known by its own account of its setup,
+    # started elsewhere and measured by URL, our server is known by its own account of its setup,
     # so the record is labelled like a lab-started one and the planner's batch model calibrates from it
     cfg = rec.config
     assert cfg["system"] == "serving-cost-lab" and cfg["precision"].startswith("int4") and cfg["label"] == "ours test"

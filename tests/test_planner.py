@@ -683,7 +683,7 @@ def test_cli_table_json_and_errors(capsys, monkeypatch, tmp_path):
     assert rc == 0 and "spread" in capsys.readouterr().out
 
 
-# ---------------------------------------------------------------- regressions (issue 11)
+# ---------------------------------------------------------------- regressions
 
 def _spec_record(run_id, model, precision, draft_model, draft_precision, acceptance, kind="model"):
     """A speculative run record as RunRecord.to_dict() stores it."""

@@ -1,4 +1,4 @@
-"""A user's already-quantized checkpoint (issue 36.3): compressed-tensors pack-quantized W4A16, written by the
+"""A user's already-quantized checkpoint: compressed-tensors pack-quantized W4A16, written by the
 compressed-tensors library itself (the writer llm-compressor uses), read into our int4 kernels exactly, against
 transformers' own dequantized load; and the formats and fields we do not read refused by name."""
 from __future__ import annotations

@@ -206,7 +206,7 @@ def test_errors_name_the_fix(tiny_records):
         assert "Fix:" in str(e) and "export" in str(e)
 
 
-# ---------------------------------------------------------------- the savings answer (issue 24.1)
+# ---------------------------------------------------------------- the savings answer
 
 def _savings_plan() -> dict:
     from engine import planner

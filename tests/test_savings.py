@@ -1,4 +1,4 @@
-"""The savings waterfall (issue 24.1): baseline bf16 without speculation, + quantization, + speculation,
+"""The savings waterfall: baseline bf16 without speculation, + quantization, + speculation,
 each step's cause, the band, and the CLI and figure that lead with it."""
 import json
 import math

@@ -201,7 +201,7 @@ def test_what_we_do_not_honour_is_a_400_naming_the_field(server, path, body, par
 
 
 def test_not_implemented_yet_says_so(server, monkeypatch):
-    """The NOT_YET table's refusal (empty once issue 22's fields are built; a stand-in entry shows it)."""
+    """The NOT_YET table's refusal (empty once every field is built; a stand-in entry shows it)."""
     from engine.serve import protocol as P
 
     monkeypatch.setitem(P.NOT_YET, "frobnicate", (lambda v: v is None or v == 0, "frobnication", "0"))

@@ -25,7 +25,7 @@ def _serve(*extra: str):
     return served("--model", "default-draft", "--precision", "fp32", "--max-seqs", "4", "--max-model-len", "256",
                   "--prefill-chunk", "16", "--kv-cache", "slots", *extra)
 # The slot cache: with the paged one an n-choice follower's fp32 prompt logprobs differ from a lone request's
-# by ~5e-7 (the PyTorch path's rows; open in issue 25's note), where this module checks them equal.
+# by ~5e-7 (the PyTorch path's rows; open since the paged KV cache landed), where this module checks them equal.
 
 
 @pytest.fixture(scope="module")

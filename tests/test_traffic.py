@@ -1,4 +1,4 @@
-"""A day of traffic (issue 24.2): hourly profiles, and the fleet sized for the peak against an autoscaled one."""
+"""A day of traffic: hourly profiles, and the fleet sized for the peak against an autoscaled one."""
 import math
 
 import pytest

@@ -303,9 +303,9 @@ class JobQueue:
         elif isinstance(work, LlamaQualityWork):
             self._llama_quality(job, work)
         elif isinstance(work, LoadSweepWork):
-            from engine.peers.load_sweep import run_sweep
+            from engine.peers.load_sweep import sweep_servers
 
-            res = run_sweep(work.specs, work.plan, self.store, progress=job.say,
+            res = sweep_servers(work.specs, work.plan, self.store, progress=job.say,
                             on_record=lambda rec: job.add_run(rec.run_id), should_cancel=job.cancel_event.is_set,
                             on_skip=lambda label, why, n: job.skip(f"{label}: {why}", n))
             job.say(f"{len(res.records)} load point(s) stored")

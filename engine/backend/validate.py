@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from engine.backend.protocol import QUALITY_TOKENS, RECORD_KINDS, WORK_KINDS
+from engine.backend.protocol import QUALITY_TOKENS, WORK_KINDS
 from engine.common.errors import UserError
+from engine.common.vocab import RUN_KINDS
 
 MAX_CONFIGS = 500  # one job; a bigger grid is a mistake more often than a plan
 MAX_TEXT = 200  # title and client id
@@ -234,8 +235,8 @@ def _check_models(cfgs: list, where: str) -> None:
 def _runs(w: dict) -> RunsWork:
     _refuse_unknown(w, ["kind", "configs", "record_kind", "stream"], "work", "a runs job")
     kind = w.get("record_kind", "bench")
-    if kind not in RECORD_KINDS:
-        raise Rejected(f"unknown record kind {kind!r}", "work.record_kind", f"use one of: {', '.join(RECORD_KINDS)}")
+    if kind not in RUN_KINDS:
+        raise Rejected(f"unknown record kind {kind!r}", "work.record_kind", f"use one of: {', '.join(RUN_KINDS)}")
     stream = w.get("stream", False)
     if not isinstance(stream, bool):
         raise Rejected(f"stream must be true or false, got {stream!r}", "work.stream", "send a JSON boolean")

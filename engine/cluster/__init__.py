@@ -8,7 +8,7 @@ Nothing else in the lab imports Ray or this package (pyproject.toml's import con
 """
 from engine.cluster.connect import INSTALL_FIX, RAY_PIN, connect, label_of, require_ray, resources
 from engine.cluster.load import RaySender, load_sender, split
-from engine.cluster.sweep import Failure, Outcome, run_sweep, sweep_job
+from engine.cluster.sweep import Failure, Outcome, run_on_ray, sweep_job
 
 __all__ = ["INSTALL_FIX", "RAY_PIN", "connect", "label_of", "require_ray", "resources", "RaySender", "load_sender",
-           "split", "Failure", "Outcome", "run_sweep", "sweep_job"]
+           "split", "Failure", "Outcome", "run_on_ray", "sweep_job"]

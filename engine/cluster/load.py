@@ -53,7 +53,7 @@ def split(profile: Profile, reqs: list, n: int) -> list[tuple[int, Profile, list
     if profile.kind == "poisson":
         return [(i, replace(profile, rate=profile.rate / k, seed=profile.seed * MAX_CLIENTS + i), shares[i], 0.0)
                 for i in range(k)]
-    raise UserError(f"a {profile.kind} profile is several load points", "run it through engine.load.run_sweep")
+    raise UserError(f"a {profile.kind} profile is several load points", "run it through engine.load.run_sweep_profile")
 
 
 class LoadClient:

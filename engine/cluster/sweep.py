@@ -57,7 +57,7 @@ def failure_reason(ray, e: BaseException) -> str:
     return f"{type(e).__name__}: {first[:300]}"
 
 
-def run_sweep(configs: list, address: str, store=None, on_record=None, on_failure=None, should_cancel=None,
+def run_on_ray(configs: list, address: str, store=None, on_record=None, on_failure=None, should_cancel=None,
               progress=None, cpus: int | None = None, poll_s: float = 0.5) -> Outcome:
     """Measure `configs` as Ray tasks on the cluster at `address`; see the module docstring.
 
@@ -151,7 +151,7 @@ def sweep_job(configs: list, address: str, cpus: int | None = None):
     """The dashboard's Job `work` for a cluster sweep: records counted as they land, failures said on the
     page, Cancel cancelling the outstanding tasks."""
     def work(job):
-        run_sweep(configs, address, job.store, on_record=lambda r: job.add_run(r.run_id),
+        run_on_ray(configs, address, job.store, on_record=lambda r: job.add_run(r.run_id),
                   on_failure=lambda f: job.skip(f.line(), runs=1),
                   should_cancel=lambda: job.cancelled, progress=job.say, cpus=cpus)
     return work

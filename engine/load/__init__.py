@@ -8,7 +8,7 @@ guidellm.py: GuideLLM (in .venv-guidellm) as a second generator, ingested into t
 from engine.load.client import Endpoint, probe
 from engine.load.metrics import merge, summarize
 from engine.load.profiles import SLO, Limits, Profile, parse_profile, parse_slo
-from engine.load.run import LoadConfig, prepare, run, run_point, run_sweep, sweep_result
+from engine.load.run import LoadConfig, prepare, run, run_point, run_sweep_profile, sweep_result
 
 __all__ = ["Endpoint", "probe", "merge", "summarize", "SLO", "Limits", "Profile", "parse_profile", "parse_slo",
-           "LoadConfig", "prepare", "run", "run_point", "run_sweep", "sweep_result"]
+           "LoadConfig", "prepare", "run", "run_point", "run_sweep_profile", "sweep_result"]

@@ -335,6 +335,6 @@ def warm_up(ep: Endpoint, reqs: list[Request], limits: Limits, s: Sampling) -> N
 def run_point(ep: Endpoint, reqs: list[Request], profile: Profile, limits: Limits, s: Sampling) -> list[dict]:
     """Send `reqs` under `profile`; the raw samples in completion order (times relative to the first send)."""
     if profile.kind == "sweep":
-        raise UserError("a sweep is several load points", "run it through engine.load.run_sweep")
+        raise UserError("a sweep is several load points", "run it through engine.load.run_sweep_profile")
     samples, _ = asyncio.run(_run(ep, reqs, profile, limits.validate(), s))
     return sorted(samples, key=lambda x: x["t_send_s"])

@@ -175,7 +175,7 @@ def _ordinary_ids(tokenizer) -> tuple[int, ...]:
 
 def fresh(reqs: list[Request], tag: str, tokenizer) -> list[Request]:
     """A copy of `reqs` whose every prompt begins differently from any other tag's, so no server can answer
-    it from a prompt or prefix cache (issue 23: llama-server caches each slot's prompt, vLLM caches prefixes).
+    it from a prompt or prefix cache (llama-server caches each slot's prompt, vLLM caches prefixes).
 
     Token-id prompts keep their length: their first FRESH_IDS ids are redrawn from (tag, request) as ordinary
     tokens. Text and chat prompts begin with "[tag.i] ", and their token counts are counted again. Every turn

@@ -233,11 +233,12 @@ def run(cfg: LoadConfig, store=None, progress=None, send=None) -> list:
     prepared = prepare(cfg, progress)
     profile = cfg.parsed_profile()
     if profile.kind == "sweep":
-        return run_sweep(cfg, profile, prepared, store, progress, send)
+        return run_sweep_profile(cfg, profile, prepared, store, progress, send)
     return [run_point(cfg, profile, prepared, store, progress=progress, send=send)]
 
 
-def run_sweep(cfg: LoadConfig, profile: Profile, prepared: Prepared, store=None, progress=None, send=None) -> list:
+def run_sweep_profile(cfg: LoadConfig, profile: Profile, prepared: Prepared, store=None, progress=None,
+                      send=None) -> list:
     """GuideLLM's sweep: synchronous, throughput, then `steps` constant rates up to the throughput's rate."""
     sid = uuid.uuid4().hex[:8]
     recs = []

@@ -36,10 +36,10 @@ from pydantic import ValidationError, create_model
 from engine.common.errors import UserError
 from engine.common.record_setup import setup_from_record
 from engine.common import fields as F
+from engine.common.vocab import RECORD_KINDS
 
 SCHEMA_VERSION = 3
 READABLE_VERSIONS = (1, 2, 3)
-KINDS = ("generate", "bench", "quality", "peer", "load", "playground", "accuracy")
 FIX = "import a file exported by the lab"
 
 
@@ -212,7 +212,7 @@ class RecordModel(BaseModel):
     schema_version: int
     run_id: Annotated[StrictStr, PField(min_length=1, max_length=64)]
     created_at: StrictStr
-    kind: Literal[KINDS]  # type: ignore[valid-type]
+    kind: Literal[RECORD_KINDS]  # type: ignore[valid-type]
     config: ConfigModel
     metrics: MetricsModel
     machine: dict
@@ -259,7 +259,7 @@ def _user_error(err: dict) -> UserError:
     if typ == "string_too_long":
         return UserError(f"run record field {where} is longer than {err['ctx']['max_length']} characters", FIX)
     if where == "kind" and typ == "literal_error":
-        return UserError(f"run record kind {got!r} is unknown", f"kinds are {', '.join(KINDS)}")
+        return UserError(f"run record kind {got!r} is unknown", f"kinds are {', '.join(RECORD_KINDS)}")
     want = _WANT.get(typ)
     what = f"should be {want}" if want else err["msg"].removeprefix("Value error, ")
     return UserError(f"run record field {where} {what}, got {type(got).__name__} {str(got)[:40]!r}", FIX)

@@ -10,13 +10,11 @@ from engine.common.errors import UserError
 from engine.common.paths import DATA
 from engine.common.sampling import SamplingParams
 from engine.common.setup import EngineSetup
+from engine.common.vocab import RUN_KINDS
 from engine.measure import workloads
 
 MAX_REPS = 50
 MAX_BATCH = 64
-# The kinds a measured generation is stored as: a benchmark run, `python -m engine generate`, and a run of the
-# Speculative playground.
-RUN_KINDS = ("bench", "generate", "playground")
 
 PROMPTS_FILE = DATA / "prompts.json"
 

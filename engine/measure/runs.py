@@ -14,6 +14,7 @@ from types import SimpleNamespace
 
 from engine.common.errors import UserError
 from engine.common.fields import M
+from engine.common.vocab import RUN_KINDS
 from engine.infer import moe
 from engine.infer.generate import generate
 from engine.infer.loader import LoadedSetup, load_setup, make_spec, resolve_device
@@ -26,7 +27,7 @@ from engine.measure.memory import PeakMemory
 from engine.measure.pool import ModelPool
 from engine.measure.record_config import RecordConfig
 from engine.measure.records import RunRecord
-from engine.measure.run_config import (MAX_BATCH, MAX_REPS, PROMPTS_FILE, RUN_KINDS, SETUP_FIELDS,  # noqa: F401
+from engine.measure.run_config import (MAX_BATCH, MAX_REPS, PROMPTS_FILE, SETUP_FIELDS,  # noqa: F401
                                        RunConfig, default_prompts)
 from engine.measure.summary import aggregate, make_record, sample, summarize
 

@@ -26,7 +26,7 @@ import math
 import random
 from typing import Callable, Sequence
 
-MIN_INTERVAL_REPS = 5  # fewer repetitions: a range, not a 95% interval (issue 23.5)
+MIN_INTERVAL_REPS = 5  # fewer repetitions: a range, not a 95% interval
 BOOT = 2000  # bootstrap draws: the interval ends move by well under 1% of the median between seeds
 LEVEL = 0.95
 SEED = 0  # fixed: the same samples always give the same interval

@@ -1,10 +1,10 @@
 """A load sweep over configurations: each server started by the lab (or a URL someone else runs), every
 load point sent to it, then stopped by its PID. One `load` record per point.
 
-The Load test page's background job and bench/load.py both run `run_sweep`, so a sweep started in
+The Load test page's background job and bench/load.py both run `sweep_servers`, so a sweep started in
 the dashboard and one started from the shell measure the same way. Loads are a concurrency list
 ("1,4,8": one closed-loop point per concurrency) or a rate sweep ("sweep:4": GuideLLM's, see
-engine.load.run_sweep). Cancelling stops before the next point (the point in progress finishes and
+engine.load.run_sweep_profile). Cancelling stops before the next point (the point in progress finishes and
 is stored) and stops the server; a server still starting finishes starting first.
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 
 from engine.common.errors import UserError
 from engine.load.profiles import MAX_CONCURRENCY, Profile, parse_profile
-from engine.load.run import LoadConfig, prepare, run_point, run_sweep as _rate_sweep
+from engine.load.run import LoadConfig, prepare, run_point, run_sweep_profile
 from engine.peers import servers
 from engine.peers.servers import ServerSpec
 
@@ -117,7 +117,7 @@ class _Recorder:
         return rid
 
 
-def run_sweep(specs: list[ServerSpec], plan: SweepPlan, store=None, progress=None, on_record=None,
+def sweep_servers(specs: list[ServerSpec], plan: SweepPlan, store=None, progress=None, on_record=None,
               should_cancel=None, on_skip=None, log_dir=None) -> SweepResult:
     """Every configuration in turn: start (or reach) its server, send every load point, stop it.
 
@@ -166,7 +166,7 @@ def run_sweep(specs: list[ServerSpec], plan: SweepPlan, store=None, progress=Non
             prepared = prepare(cfg, say_or_stop)
             for p in plan.profiles():
                 if p.kind == "sweep":
-                    _rate_sweep(cfg, p, prepared, sink, say_or_stop)
+                    run_sweep_profile(cfg, p, prepared, sink, say_or_stop)
                 else:
                     say_or_stop(f"{spec.label}: {p.label}")
                     run_point(cfg, p, prepared, sink, progress=say)

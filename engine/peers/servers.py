@@ -71,7 +71,7 @@ def _serve_missing() -> str | None:
     return f"{' and '.join(missing)} not installed" if missing else None
 
 
-# Comparisons run with every prompt and prefix cache off (issue 23) unless one is asked for on every side: a
+# Comparisons run with every prompt and prefix cache off unless one is asked for on every side: a
 # cache serves repeated prompts from memory, and a TTFT read from it is not a prefill. llama-server caches each
 # slot's prompt (and keeps idle slots' caches in RAM) by default; vLLM and our `serve` cache prefixes by default.
 PROMPT_CACHE_OFF = {OURS: ("--no-prefix-caching",), "llama-server": ("--no-cache-prompt", "--cache-ram", "0"),

@@ -1,4 +1,4 @@
-"""Batch jobs (issue 24.4): N output tokens a day, done within D hours, no latency SLO.
+"""Batch jobs: N output tokens a day, done within D hours, no latency SLO.
 
 For each GPU x precision x TP x batch size that fits, a replica runs a closed loop of `batch` requests
 (queueing.closed_loop_point: prefills serialize with decode rounds), so

@@ -1,4 +1,4 @@
-"""A fleet of models (issue 24.3): several models, each with its own traffic and SLOs, on one GPU kind,
+"""A fleet of models: several models, each with its own traffic and SLOs, on one GPU kind,
 one model per GPU against several models sharing a GPU where memory allows.
 
 For each precision the GPU runs, each model at TP 1:

@@ -1,4 +1,4 @@
-"""The answer first (issue 24.1): what quantization and speculation save against bf16 without
+"""The answer first: what quantization and speculation save against bf16 without
 speculation, for one workload on one GPU, as a waterfall.
 
     baseline       the cheapest plan at bf16 (fp16 where the GPU has no bf16), no speculation

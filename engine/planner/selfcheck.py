@@ -1,4 +1,4 @@
-"""The planner against this machine's own load records (issue 24.7): calibrate from them, then
+"""The planner against this machine's own load records: calibrate from them, then
 predict each closed-loop point (`load --profile concurrent:C` against the lab's server) with the
 same functions a plan uses, term by term, so a miss names the term that misses
 (`python -m engine plan --check-load`).

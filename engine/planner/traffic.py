@@ -1,4 +1,4 @@
-"""A day of traffic (issue 24.2): an hourly rate profile, and the fleet that serves it, sized for the
+"""A day of traffic: an hourly rate profile, and the fleet that serves it, sized for the
 peak or autoscaled.
 
 A profile is 24 request rates (req/s), one per hour of the day: a CSV the user uploads (`from_csv`),
