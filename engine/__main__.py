@@ -175,19 +175,18 @@ def _bench_output(recs, a) -> int:
 
 
 def cmd_quality(a) -> int:
-    """llama.cpp-style statistics against fp32 for each precision, and llama.cpp's own Q4_K_M beside them."""
-    import gc
-
+    """llama.cpp-style statistics against fp32 for each precision, and llama.cpp's own Q4_K_M beside them: work
+    items (QualityItem, LlamaQualityItem) through run_many, each stored as a `quality` record, then printed."""
     from tqdm import tqdm
 
     from engine.infer.catalog import CATALOG, canonical_name, resolve
-    from engine.infer.loader import load, load_tokenizer, make_spec, resolve_device
+    from engine.infer.loader import load_tokenizer, make_spec, resolve_device
     from engine.measure import quality
-    from engine.common.setup import EngineSetup
     from engine.measure.eval_text import DEFAULT_TOKENS, eval_docs
+    from engine.measure.runner import run_many
     from engine.measure.store import Store
     from engine.present import format_rows
-    from engine.present.quality_view import llama_style, table_rows, unavailable_line
+    from engine.present.quality_view import llama_style, table_rows
     from engine.quant import check_supported
 
     device = resolve_device(a.device)
@@ -203,43 +202,29 @@ def cmd_quality(a) -> int:
     docs = eval_docs(load_tokenizer(folder), tokens)
     n = sum(d.positions for d in docs)
 
-    def bar(desc):
-        return tqdm(total=n, desc=desc, unit="tok", file=sys.stderr, dynamic_ncols=True, leave=False)
+    def bar(desc, total):
+        return tqdm(total=total, desc=desc, unit="tok", file=sys.stderr, dynamic_ncols=True, leave=False)
 
-    with bar("fp32 reference") as b:
+    with bar("fp32 reference", n) as b:
         quality.ensure_reference(name, folder, docs, None, say, on_tokens=b.update, device=device)
-    results, store = [], Store()
-    for spec in specs:
-        lm = load(a.model, spec, device, progress=say)
-        with bar(spec.label) as b:
-            q = quality.evaluate(lm, tokens, progress=say, on_tokens=b.update, docs=docs)
-        results.append((f"{lm.name} {lm.spec.label}", {"model": lm.name, "precision": lm.spec.label,
-                                                       "weight_bytes": lm.weight_bytes, **q}))
-        setup = EngineSetup(model=name, precision=spec.precision, group_size=spec.group_size,
-                            quantize_embeddings=spec.quantize_embeddings, quantize_head=spec.quantize_head,
-                            device=device, method=spec.method)
-        store.save_run(quality.record({"setup": setup.to_dict(), **setup.to_record(), "device": device,
-                                       "system": "engine"}, results[-1][1], device))
-        del lm
-        gc.collect()
-    if a.peers:
-        from engine.peers.quality_worker import llama_cpp_quality, llama_cpp_record
+    items: list = []
+    with bar("scoring", n * len(specs)) as b:
+        items += [quality.QualityItem(a.model, s, tokens, device, docs, on_tokens=b.update) for s in specs]
+        if a.peers:
+            from engine.peers.quality_worker import LlamaQualityItem
 
-        q = llama_cpp_quality(a.model, tokens, progress=say)
-        results.append((f"{name} {q['label']}", {"model": name, **q}))
-        if not unavailable_line(q):  # stored so the accuracy table finds llama.cpp's KLD beside its pass@1
-            store.save_run(llama_cpp_record(a.model, q))
+            items.append(LlamaQualityItem(a.model, tokens))
+        run_many(items, None, Store(), say=say, noun="configuration",
+                 on_skip=lambda rec: print(f"{rec.label}: {rec.notes}", file=sys.stderr))
+    results = [(f"{it.result['model']} {it.result['precision']}" if isinstance(it, quality.QualityItem)
+                else f"{name} {it.result['label']}", it.result) for it in items if it.result is not None]
     if a.json:
         print(json.dumps([q for _, q in results], indent=1, default=str))
         return 0
-    measured = [(label, q) for label, q in results if not unavailable_line(q)]
-    for label, q in measured:
+    for label, q in results:
         print(llama_style(label, q), end="\n\n")
-    if measured:
-        print(format_rows(table_rows(measured), "md"))
-    for _, q in results:
-        if unavailable_line(q):
-            print(unavailable_line(q), file=sys.stderr)
+    if results:
+        print(format_rows(table_rows(results), "md"))
     return 0
 
 

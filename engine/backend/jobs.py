@@ -321,31 +321,19 @@ class JobQueue:
                  on_record=landed, on_token=job.token if work.stream else None, kind=work.record_kind)
 
     def _llama_quality(self, job: Job, work: LlamaQualityWork) -> None:
-        """llama.cpp's Q4_K_M scored against the fp32 reference, kept on the job as `result` and stored as a
-        `quality` run. The reference is made sure of through the pool (its fp32 copy stays loaded for later
-        scores); llama.cpp itself runs in a fresh process."""
-        from engine.infer.loader import make_spec, resolve_device
-        from engine.measure.loaded import reference_in_pool
-        from engine.peers.quality_worker import llama_cpp_quality, llama_cpp_record, llama_cpp_unavailable
+        """llama.cpp's Q4_K_M scored against the fp32 reference (LlamaQualityItem), kept on the job as `result` and
+        stored as a `quality` run; where it cannot run, the job fails with the reason."""
+        from engine.measure.runner import run_many
+        from engine.peers.quality_worker import LlamaQualityItem
 
-        reason = llama_cpp_unavailable(work.model)
-        if reason is not None:
-            raise UserError(f"llama.cpp Q4_K_M of {work.model}: {reason}", "score one of our precisions instead")
-        job.say(f"fp32 reference of {work.model} on {work.tokens:,} tokens")
-        # the device a run's setup ("auto") resolves to, so runs and this score share the pool's fp32 copy
-        facts = {"name": work.model, "spec": make_spec("fp32"), "device": resolve_device("auto")}
-        with self.pool.lock:
-            reference_in_pool(self.pool, facts, work.tokens, progress=job.say)
-        if job.cancelled:
-            return
-        res = llama_cpp_quality(work.model, work.tokens, progress=job.say)
-        why = res.get("unavailable") or res.get("failed")
-        if why:
-            raise UserError(f"llama.cpp Q4_K_M of {work.model}: {why}", "see the backend's log; score fewer tokens")
-        rec = llama_cpp_record(work.model, res)  # stored (and imported by the page), so the accuracy tables find
-        self.store.save_run(rec)                   # llama.cpp's KLD beside its pass@1
-        job.result = {"model": work.model, "tokens_asked": work.tokens, **res}
-        job.add_run(rec.run_id)
+        item = LlamaQualityItem(work.model, work.tokens)
+
+        def landed(rec) -> None:
+            job.result = item.result
+            job.add_run(rec.run_id)
+
+        run_many([item], self.pool, self.store, say=job.say, should_cancel=lambda: job.cancelled, on_record=landed,
+                 on_skip=lambda rec: job.skip(f"{rec.label}: {rec.notes}", runs=1))
 
     def _peers(self, job: Job, work: PeersWork) -> None:
         from engine.measure.runner import run_many

@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -355,3 +356,46 @@ def record(config: dict, q: dict, device: str = "cpu"):
         m["weight_bytes"] = int(q["weight_bytes"])
     return RunRecord(kind="quality", config=config, metrics=m, machine=machine_facts(device),
                      versions=library_versions())
+
+
+@dataclass
+class QualityItem:
+    """A work item (engine.measure.runner.run_many): our engine at one precision scored against fp32 on the eval
+    text, stored as a `quality` record. `result` keeps the full statistics (per category too) for printing.
+
+    Loaded for this item alone and freed after it (no pool): a precision's copy is not needed again.
+    """
+    model: str
+    spec: object  # engine.quant.QuantSpec
+    tokens: int
+    device: str
+    docs: list | None = None
+    on_tokens: object = field(default=None, compare=False, repr=False)  # called with positions as they are scored
+    result: dict | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def label(self) -> str:
+        return self.spec.label
+
+    def measure(self, pool=None, store=None, progress=None):
+        import gc
+
+        from engine.common.setup import EngineSetup
+        from engine.infer.catalog import CATALOG, canonical_name
+        from engine.infer.loader import load
+
+        lm = load(self.model, self.spec, self.device, progress=progress)
+        q = evaluate(lm, self.tokens, progress=progress, on_tokens=self.on_tokens, docs=self.docs)
+        self.result = {"model": lm.name, "precision": lm.spec.label, "weight_bytes": lm.weight_bytes, **q}
+        name = canonical_name(self.model) if canonical_name(self.model) in CATALOG else str(self.model)
+        s = self.spec
+        setup = EngineSetup(model=name, precision=s.precision, group_size=s.group_size,
+                            quantize_embeddings=s.quantize_embeddings, quantize_head=s.quantize_head,
+                            device=self.device, method=s.method)
+        rec = record({"setup": setup.to_dict(), **setup.to_record(), "device": self.device, "system": "engine"},
+                     self.result, self.device)
+        if store is not None:
+            store.save_run(rec)
+        del lm
+        gc.collect()
+        return rec

@@ -18,6 +18,7 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from engine.common.errors import UserError
@@ -107,6 +108,45 @@ def llama_cpp_record(model: str, q: dict):
     name = canonical_name(model) if canonical_name(model) in CATALOG else str(model)
     return quality.record({"system": q["system"], "label": q["label"], "model": name, "precision": q["precision"],
                            "weights": "the catalog GGUF as shipped"}, q)
+
+
+@dataclass
+class LlamaQualityItem:
+    """A work item (engine.measure.runner.run_many): llama.cpp's shipped Q4_K_M of a catalog model scored against
+    the fp32 reference, stored as a `quality` record (the accuracy tables pair it with llama-server's pass@1).
+    `result` keeps the full statistics, with the model as asked. Where llama.cpp cannot run, or its run fails,
+    it is Skipped with the reason. Given a pool, the reference is made sure of through it first (the backend:
+    the fp32 copy stays loaded for later scores); llama.cpp itself runs in a fresh process."""
+    model: str
+    tokens: int
+    device: str = "auto"
+    result: dict | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def label(self) -> str:
+        return f"{SYSTEM} {PRECISION} of {self.model}"
+
+    def measure(self, pool=None, store=None, progress=None):
+        from engine.measure.runner import Skipped
+
+        reason = llama_cpp_unavailable(self.model)
+        if reason is None and pool is not None:
+            from engine.infer.loader import make_spec, resolve_device
+            from engine.measure.loaded import reference_in_pool
+
+            # the device a run's setup ("auto") resolves to, so runs and this score share the pool's fp32 copy
+            facts = {"name": self.model, "spec": make_spec("fp32"), "device": resolve_device(self.device)}
+            with pool.lock:
+                reference_in_pool(pool, facts, self.tokens, progress=progress)
+        q = llama_cpp_quality(self.model, self.tokens, progress=progress) if reason is None else None
+        why = reason or q.get("unavailable") or q.get("failed")
+        if why:
+            return Skipped(self.label, why)
+        self.result = {"model": self.model, "tokens_asked": self.tokens, **q}
+        rec = llama_cpp_record(self.model, q)
+        if store is not None:
+            store.save_run(rec)
+        return rec
 
 
 # ---------------------------------------------------------------- the worker process
