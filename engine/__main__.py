@@ -245,6 +245,7 @@ def cmd_accuracy(a) -> int:
     """HumanEval pass@1 per precision (and llama-server's Q4_K_M), paired against the first configuration."""
     from engine.measure import accuracy, sandbox
     from engine.measure.pool import ModelPool
+    from engine.measure.runner import run_many
     from engine.measure.store import Store
     from engine.present import format_rows
     from engine.present.accuracy_view import NOTE, accuracy_rows
@@ -266,26 +267,16 @@ def cmd_accuracy(a) -> int:
     sandbox.check_available()
     limits = sandbox.Limits(timeout_s=a.timeout)
     say = lambda s: print(f"  [{s}]", file=sys.stderr)  # noqa: E731
-    pool, recs = ModelPool(keep=1), []
-    kw = dict(subset=a.subset, ids=a.ids, max_new_tokens=a.max_new_tokens, usd_per_hour=a.price, limits=limits,
-              store=store, progress=say)
-    for setup in setups:
-        recs.append(accuracy.evaluate_setup(setup, pool, batch=a.batch, **kw))
-        pool.clear()
+    common = dict(subset=a.subset, ids=a.ids, max_new_tokens=a.max_new_tokens, usd_per_hour=a.price, limits=limits)
+    items: list = [accuracy.AccuracyItem(setup, {**common, "batch": a.batch}) for setup in setups]
     if a.peers:
-        from engine.infer.catalog import canonical_name
         from engine.peers import servers
+        from engine.peers.server_accuracy import ServerAccuracyItem
 
-        spec = servers.ServerSpec.of("llama-server", model=a.model, precision="Q4_K_M", slots=a.batch,
-                                     max_model_len=2048)
-        why = servers.unavailable_reason(spec)
-        if why:
-            print(f"llama-server Q4_K_M: unavailable: {why}", file=sys.stderr)
-        else:
-            with servers.start(spec, progress=say) as rs:
-                recs.append(accuracy.evaluate_endpoint(rs.url, "llama-server Q4_K_M", canonical_name(a.model), "Q4_K_M",
-                                                       spec.served_name, server=rs.facts(), concurrency=a.batch,
-                                                       **kw))
+        items.append(ServerAccuracyItem(servers.ServerSpec.of("llama-server", model=a.model, precision="Q4_K_M",
+                                                              slots=a.batch, max_model_len=2048), common))
+    recs = run_many(items, ModelPool(keep=1), store, say=say, noun="configuration",
+                    on_skip=lambda rec: print(f"{rec.label}: {rec.notes}", file=sys.stderr))
     if a.json:
         print("[" + ",\n".join(r.to_json(indent=1) for r in recs) + "]")
         return 0

@@ -233,3 +233,21 @@ def evaluate_endpoint(url: str, label: str, model: str, precision: str, served_m
     if store is not None:
         store.save_run(rec)
     return rec
+
+
+@dataclass
+class AccuracyItem:
+    """A work item (engine.measure.runner.run_many): HumanEval pass@1 of one engine setup, its `accuracy` record
+    stored; the pool is cleared after it, so the next setup's models have the memory."""
+    setup: object  # engine.common.setup.EngineSetup
+    options: dict  # evaluate_setup's keywords: subset, ids, max_new_tokens, batch, usd_per_hour, limits
+
+    @property
+    def label(self) -> str:
+        return self.setup.label
+
+    def measure(self, pool, store=None, progress=None):
+        try:
+            return evaluate_setup(self.setup, pool, store=store, progress=progress, **self.options)
+        finally:
+            pool.clear()
