@@ -19,7 +19,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from engine.backend.client import Backend, BackendAuthError, BackendUnavailable, BackendVersionMismatch
-from engine.backend.protocol import is_loopback
+from engine.backend.contract import is_loopback
 from engine.common.paths import REPO_ROOT, data_dir
 
 START_TIMEOUT_S = 180.0  # the backend imports torch and checks the kernels before it answers

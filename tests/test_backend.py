@@ -18,7 +18,7 @@ import pytest
 
 from engine.backend import (Backend, BackendAuthError, BackendJobUnknown, BackendRejected, BackendUnavailable,
                             BackendVersionMismatch)
-from engine.backend.protocol import API_VERSION, VERSION_HEADER
+from engine.backend.contract import API_VERSION, VERSION_HEADER
 from engine.common.vocab import canonical_model_name
 from engine.peers.servers import free_port
 

@@ -14,9 +14,9 @@ from tests.tiny import register  # noqa: E402
 if __name__ == "__main__":
     args = sys.argv[1:]
     if args[:1] == ["--api-version"]:
-        from engine.backend import protocol
+        from engine.backend import contract
 
-        protocol.API_VERSION = int(args[1])
+        contract.API_VERSION = int(args[1])
         args = args[2:]
     register()
     from engine.__main__ import main

@@ -17,7 +17,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
-from engine.backend import protocol
+from engine.backend import contract
 from engine.backend.jobs import JobQueue
 from engine.backend.validate import Rejected, submission
 from engine.common.errors import UserError
@@ -28,18 +28,18 @@ MAX_IDS = 500  # run ids per GET /v1/runs
 def _json(body, status: int = 200) -> Response:
     text = json.dumps(body, default=str, allow_nan=False)
     return Response(text, status, media_type="application/json",
-                    headers={protocol.VERSION_HEADER: str(protocol.API_VERSION)})
+                    headers={contract.VERSION_HEADER: str(contract.API_VERSION)})
 
 
 def _error(status: int, message: str, field: str | None = None, fix: str = "") -> Response:
-    return _json(protocol.error_body(message, field, fix), status)
+    return _json(contract.error_body(message, field, fix), status)
 
 
 def _loopback_host(host_header: str) -> bool:
     host = host_header.rsplit(":", 1)[0] if not host_header.endswith("]") else host_header
     if host_header.startswith("["):  # [::1]:8502
         host = host_header[1:].split("]", 1)[0]
-    return protocol.is_loopback(host)
+    return contract.is_loopback(host)
 
 
 def create_app(queue: JobQueue, info, token: str | None = None) -> FastAPI:
@@ -59,10 +59,10 @@ def create_app(queue: JobQueue, info, token: str | None = None) -> FastAPI:
         elif not _loopback_host(request.headers.get("host", "")):
             return _error(403, "this backend has no token, so it answers only requests addressed to loopback",
                           "Host", "connect through 127.0.0.1, or restart it with --token-file F")
-        asked = request.headers.get(protocol.VERSION_HEADER)
-        if asked is not None and asked != str(protocol.API_VERSION):
-            return _error(409, f"this backend speaks API version {protocol.API_VERSION}, the client {asked}",
-                          protocol.VERSION_HEADER, "restart the backend from the dashboard's checkout "
+        asked = request.headers.get(contract.VERSION_HEADER)
+        if asked is not None and asked != str(contract.API_VERSION):
+            return _error(409, f"this backend speaks API version {contract.API_VERSION}, the client {asked}",
+                          contract.VERSION_HEADER, "restart the backend from the dashboard's checkout "
                           "(python -m engine backend), or update one of the two checkouts")
         if request.method == "POST" and request.headers.get("content-type", "").split(";")[0].strip() \
                 != "application/json":

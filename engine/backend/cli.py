@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from engine.backend.protocol import DEFAULT_HOST, DEFAULT_PORT, is_loopback
+from engine.backend.contract import DEFAULT_HOST, DEFAULT_PORT, is_loopback
 from engine.common.errors import UserError
 
 TOKEN_FIX = ("create one and pass it: python -c 'import secrets; print(secrets.token_urlsafe(32))' > F && chmod 600 F; "
@@ -104,7 +104,7 @@ def loaded_facts(pool) -> list[dict]:
 
 def info_source(device: str, pool, ray: str | None, store, started_at: float):
     """The function GET /v1/info calls: fixed facts computed once, what changes (kernels, models, pool) each time."""
-    from engine.backend.protocol import API_VERSION, lab_version
+    from engine.backend.contract import API_VERSION, lab_version
     from engine.measure import kernel_info, list_models, registered_models
     from engine.peers.quality_worker import llama_cpp_unavailable
 

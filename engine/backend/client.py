@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from engine.backend.protocol import API_VERSION, DEFAULT_URL, ENDED, VERSION_HEADER, is_loopback
+from engine.backend.contract import API_VERSION, DEFAULT_URL, ENDED, VERSION_HEADER, is_loopback
 from engine.common.errors import UserError
 
 

@@ -22,7 +22,7 @@ from collections import deque
 from contextlib import closing
 from pathlib import Path
 
-from engine.backend.protocol import ENDED
+from engine.backend.contract import ENDED
 from engine.backend.validate import LlamaQualityWork, LoadSweepWork, PeersWork, RunsWork, Submission
 from engine.common.errors import UserError
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from engine.backend.protocol import QUALITY_TOKENS, WORK_KINDS
+from engine.backend.contract import QUALITY_TOKENS, WORK_KINDS
 from engine.common.errors import UserError
 from engine.common.vocab import RUN_KINDS
 
