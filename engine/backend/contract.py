@@ -14,7 +14,6 @@ DEFAULT_URL = f"http://{DEFAULT_HOST}:{DEFAULT_PORT}"
 
 JOB_STATES = ("queued", "running", "finished", "failed", "cancelled")
 ENDED = ("finished", "failed", "cancelled")
-WORK_KINDS = ("runs", "peers", "load-sweep", "llama-quality")
 QUALITY_TOKENS = (256, 1024, 2048, 8192)  # the eval-token counts a quality score may ask for (the Precision page's)
 
 

@@ -290,28 +290,25 @@ class JobQueue:
                     self._persist(job)
 
     def _run(self, job: Job) -> None:
+        """The work's own method: its kind's name ("load-sweep" -> _load_sweep; kinds: validate.WORK_KINDS)."""
         work = job.sub.work
-        if isinstance(work, RunsWork):
-            if self.ray and not work.stream:  # a streamed generation is interactive: it runs here
-                from engine.cluster import sweep_job
+        getattr(self, "_" + work.kind.replace("-", "_"))(job, work)
 
-                sweep_job(work.configs, self.ray)(job)
-            else:
-                self._runs(job, work)
-        elif isinstance(work, PeersWork):
-            self._peers(job, work)
-        elif isinstance(work, LlamaQualityWork):
-            self._llama_quality(job, work)
-        elif isinstance(work, LoadSweepWork):
-            from engine.peers.load_sweep import sweep_servers
+    def _load_sweep(self, job: Job, work: LoadSweepWork) -> None:
+        from engine.peers.load_sweep import sweep_servers
 
-            res = sweep_servers(work.specs, work.plan, self.store, progress=job.say,
+        res = sweep_servers(work.specs, work.plan, self.store, progress=job.say,
                             on_record=lambda rec: job.add_run(rec.run_id), should_cancel=job.cancel_event.is_set,
                             on_skip=lambda label, why, n: job.skip(f"{label}: {why}", n))
-            job.say(f"{len(res.records)} load point(s) stored")
+        job.say(f"{len(res.records)} load point(s) stored")
 
     def _runs(self, job: Job, work: RunsWork) -> None:
         from engine.measure.runner import run_many
+
+        if self.ray and not work.stream:  # on Ray, one task each; a streamed generation is interactive: it runs here
+            from engine.cluster import sweep_job
+
+            return sweep_job(work.configs, self.ray)(job)
 
         def landed(rec) -> None:
             job.stream_done = True  # the streamed first run is over once any run has landed

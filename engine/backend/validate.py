@@ -8,8 +8,9 @@ its fields in declaration order: the first prefix of fields that no longer valid
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from typing import ClassVar
 
-from engine.backend.contract import QUALITY_TOKENS, WORK_KINDS
+from engine.backend.contract import QUALITY_TOKENS
 from engine.common.errors import UserError
 from engine.common.vocab import RUN_KINDS
 
@@ -30,7 +31,7 @@ class RunsWork:
     configs: list  # measure.RunConfig
     record_kind: str = "bench"
     stream: bool = False
-    kind: str = "runs"
+    kind: ClassVar[str] = "runs"
 
     @property
     def total(self) -> int:
@@ -40,7 +41,7 @@ class RunsWork:
 @dataclass
 class PeersWork:
     configs: list  # peers.PeerConfig
-    kind: str = "peers"
+    kind: ClassVar[str] = "peers"
 
     @property
     def total(self) -> int:
@@ -51,7 +52,7 @@ class PeersWork:
 class LoadSweepWork:
     specs: list  # peers.ServerSpec
     plan: object  # peers.load_sweep.SweepPlan
-    kind: str = "load-sweep"
+    kind: ClassVar[str] = "load-sweep"
 
     @property
     def total(self) -> int:
@@ -63,7 +64,7 @@ class LlamaQualityWork:
     """llama.cpp's own Q4_K_M of `model` scored against our fp32 reference on `tokens` eval tokens."""
     model: str
     tokens: int
-    kind: str = "llama-quality"
+    kind: ClassVar[str] = "llama-quality"
 
     @property
     def total(self) -> int:
@@ -277,6 +278,12 @@ def _llama_quality(w: dict) -> LlamaQualityWork:
     return LlamaQualityWork(model.strip(), tokens)
 
 
+# Each work kind is declared once, on its class; the worker runs it with its JobQueue method of the same name
+# (engine/backend/jobs.py: "load-sweep" -> _load_sweep).
+PARSERS = {RunsWork: _runs, PeersWork: _peers, LoadSweepWork: _load_sweep, LlamaQualityWork: _llama_quality}
+WORK_KINDS = tuple(t.kind for t in PARSERS)
+
+
 def submission(body) -> Submission:
     """The POST /v1/jobs body, checked in full (every config validated) before anything is queued."""
     _refuse_unknown(body, ["title", "client", "work"], "the body", "a job submission")
@@ -292,7 +299,8 @@ def submission(body) -> Submission:
         raise Rejected("work must be an object with a kind", "work",
                        f"send {{\"kind\": one of {', '.join(WORK_KINDS)}, ...}}")
     kind = w.get("kind")
-    if kind not in WORK_KINDS:
+    parse = next((f for t, f in PARSERS.items() if t.kind == kind), None)
+    if parse is None:
         raise Rejected(f"unknown work kind {kind!r}", "work.kind", f"use one of: {', '.join(WORK_KINDS)}")
-    work = {"runs": _runs, "peers": _peers, "load-sweep": _load_sweep, "llama-quality": _llama_quality}[kind](w)
+    work = parse(w)
     return Submission(title.strip(), client, work)
