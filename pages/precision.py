@@ -33,13 +33,9 @@ with st.expander("Advanced"):
     q_head = st.checkbox("Quantize the output head", value=True, key="prec-qhead")
 
 
-def _short_run(setup: EngineSetup, quality_tokens: int | None = None) -> dict:
-    """A two-token run of `setup` on the backend: it loads the model there (kept for later runs) and, with
-    quality_tokens, scores it against fp32."""
-    cfg = {"setup": setup.to_dict(), "max_new_tokens": 2, "reps": 1, "warmup": False, "baseline": False,
-           "quality": quality_tokens is not None}
-    if quality_tokens is not None:
-        cfg["quality_tokens"] = int(quality_tokens)
+def _short_run(setup: EngineSetup) -> dict:
+    """A two-token run of `setup` on the backend: it loads the model there (kept for later runs)."""
+    cfg = {"setup": setup.to_dict(), "max_new_tokens": 2, "reps": 1, "warmup": False, "baseline": False}
     return _backend.runs_work([cfg], record_kind="generate")
 
 
@@ -175,7 +171,8 @@ if run_q:
     try:
         setup = EngineSetup.from_dict(f["setup"])
         with st.spinner("Measuring quality against fp32 on the backend…"):
-            job = _backend.run_here(JOB, f"quality of {setup.label}", _short_run(setup, int(q_tokens)))
+            job = _backend.run_here(JOB, f"quality of {setup.label}",
+                                    {"kind": "quality", "setup": setup.to_dict(), "tokens": int(q_tokens)})
             qres = _ui.get_store().get_run(job.run_ids[0]).metrics["quality"]
         st.session_state["prec-qres"] = {"label": f["label"], **qres}
         for h in st.session_state.get("prec-history", []):

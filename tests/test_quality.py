@@ -295,6 +295,31 @@ def test_precision_page_shows_the_statistics_table(tmp_path, tmp_path_factory, m
     assert "±" in t["mean KLD"][0]
 
 
+def test_backend_scores_our_setup_as_a_quality_job_and_refuses_a_malformed_one(lab_backend):
+    """A quality job (the Precision page's "Measure quality"): the tiny model's int8 scored through the backend's
+    pool, stored as one `quality` run whose statistics are the job's result; bad input is a 400 naming the field."""
+    from engine.backend.client import Backend, BackendRejected
+
+    b = Backend(lab_backend.url)
+    good = {"kind": "quality", "setup": {"model": "tiny", "precision": "int8"}, "tokens": 256}
+    for work, field in [({"tokens": 257}, "work.tokens"), ({"setup": {"model": "tiny", "precision": "int9"}},
+                                                           "work.setup.precision"),
+                        ({"setup": {"model": "tiny", "bits": 4}}, "work.setup.bits"), ({"extra": 1}, "work.extra")]:
+        with pytest.raises(BackendRejected) as e:
+            b.submit("bad", {**good, **work})
+        assert e.value.field == field, (work, e.value.field)
+    with pytest.raises(BackendRejected) as e:
+        b.submit("bad", {"kind": "quality", "tokens": 256})
+    assert e.value.field == "work.setup"
+    j = b.wait(b.submit("quality", good), timeout_s=300)
+    assert j["state"] == "finished" and j["error"] is None and len(j["run_ids"]) == 1, j
+    rec = lab_backend.store.get_run(j["run_ids"][0])
+    assert rec.kind == "quality" and rec.config["system"] == "engine" and rec.config["precision"] == "int8"
+    q = j["result"]
+    assert q["tokens"] == 256 and set(q["by_category"]) == {"chat", "code"}
+    assert rec.metrics["quality"]["kld_mean"] == q["kld_mean"] > 0
+
+
 def test_backend_scores_llama_cpp_q4km_and_refuses_a_malformed_job(lab_backend):
     """A llama-quality job on the backend: the real 0.5B's Q4_K_M statistics come back on the job and are stored
     as a `quality` run; a malformed one is refused with a 400 naming the field; a test model fails with the reason."""

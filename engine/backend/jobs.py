@@ -23,7 +23,7 @@ from contextlib import closing
 from pathlib import Path
 
 from engine.backend.contract import ENDED
-from engine.backend.validate import LlamaQualityWork, LoadSweepWork, PeersWork, RunsWork, Submission
+from engine.backend.validate import LlamaQualityWork, LoadSweepWork, PeersWork, QualityWork, RunsWork, Submission
 from engine.common.errors import UserError
 
 log = logging.getLogger("scl.backend")
@@ -316,6 +316,22 @@ class JobQueue:
 
         run_many(work.configs, self.pool, self.store, say=job.say, should_cancel=lambda: job.cancelled,
                  on_record=landed, on_token=job.token if work.stream else None, kind=work.record_kind)
+
+    def _quality(self, job: Job, work: QualityWork) -> None:
+        """Our setup's target scored against fp32 (QualityItem, through the pool: the model and its fp32 copy stay
+        loaded for later runs), stored as a `quality` run; the statistics are kept on the job as `result`."""
+        from engine.infer.loader import target_spec
+        from engine.measure.quality import QualityItem
+        from engine.measure.runner import run_many
+
+        s = work.setup
+        item = QualityItem(s.model, target_spec(s), work.tokens, s.device)
+
+        def landed(rec) -> None:
+            job.result = item.result
+            job.add_run(rec.run_id)
+
+        run_many([item], self.pool, self.store, say=job.say, should_cancel=lambda: job.cancelled, on_record=landed)
 
     def _llama_quality(self, job: Job, work: LlamaQualityWork) -> None:
         """llama.cpp's Q4_K_M scored against the fp32 reference (LlamaQualityItem), kept on the job as `result` and

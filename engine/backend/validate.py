@@ -60,6 +60,18 @@ class LoadSweepWork:
 
 
 @dataclass
+class QualityWork:
+    """Our engine's `setup` (its target: model and precision) scored against fp32 on `tokens` eval tokens."""
+    setup: object  # common.setup.EngineSetup
+    tokens: int
+    kind: ClassVar[str] = "quality"
+
+    @property
+    def total(self) -> int:
+        return 1
+
+
+@dataclass
 class LlamaQualityWork:
     """llama.cpp's own Q4_K_M of `model` scored against our fp32 reference on `tokens` eval tokens."""
     model: str
@@ -265,22 +277,38 @@ def _load_sweep(w: dict) -> LoadSweepWork:
     return LoadSweepWork(specs, plan)
 
 
+def _tokens(w: dict) -> int:
+    tokens = w.get("tokens")
+    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens not in QUALITY_TOKENS:
+        raise Rejected(f"tokens must be one of {', '.join(map(str, QUALITY_TOKENS))}, got {tokens!r}", "work.tokens",
+                       "send the number of eval tokens as a JSON integer from that list")
+    return tokens
+
+
+def _quality(w: dict) -> QualityWork:
+    from engine.common.setup import EngineSetup
+
+    _refuse_unknown(w, ["kind", "setup", "tokens"], "work", "a quality job")
+    if "setup" not in w:
+        raise Rejected("a quality job has no setup", "work.setup", "send the EngineSetup to score (model, precision)")
+    setup = _dataclass_from(EngineSetup, w["setup"], "work.setup", "EngineSetup")
+    model_source(setup.model, "work.setup.model")
+    return QualityWork(setup, _tokens(w))
+
+
 def _llama_quality(w: dict) -> LlamaQualityWork:
     _refuse_unknown(w, ["kind", "model", "tokens"], "work", "a llama-quality job")
     model = w.get("model")
     if not isinstance(model, str) or not model.strip() or len(model) > MAX_TEXT:
         raise Rejected(f"model must be a non-empty model name, got {model!r}", "work.model",
                        "send a catalog model's name, e.g. \"default\"")
-    tokens = w.get("tokens")
-    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens not in QUALITY_TOKENS:
-        raise Rejected(f"tokens must be one of {', '.join(map(str, QUALITY_TOKENS))}, got {tokens!r}", "work.tokens",
-                       "send the number of eval tokens as a JSON integer from that list")
-    return LlamaQualityWork(model.strip(), tokens)
+    return LlamaQualityWork(model.strip(), _tokens(w))
 
 
 # Each work kind is declared once, on its class; the worker runs it with its JobQueue method of the same name
 # (engine/backend/jobs.py: "load-sweep" -> _load_sweep).
-PARSERS = {RunsWork: _runs, PeersWork: _peers, LoadSweepWork: _load_sweep, LlamaQualityWork: _llama_quality}
+PARSERS = {RunsWork: _runs, PeersWork: _peers, LoadSweepWork: _load_sweep, QualityWork: _quality,
+           LlamaQualityWork: _llama_quality}
 WORK_KINDS = tuple(t.kind for t in PARSERS)
 
 

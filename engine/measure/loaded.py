@@ -8,7 +8,7 @@ import torch
 
 from engine.infer.catalog import list_models
 from engine.infer.loader import make_spec, resolve_device
-from engine.measure.quality import ensure_reference, evaluate, has_reference
+from engine.measure.quality import ensure_reference, evaluate, fp32_for_reference
 
 
 def model_facts(lm) -> dict:
@@ -31,21 +31,13 @@ def load_into_pool(pool, model: str, precision: str, group_size: int = 64, quant
     return model_facts(lm)
 
 
-def _fp32_for_reference(pool, lm, tokens: int, progress=None):
-    """The pool's fp32 copy when a reference must be computed (loaded into the pool once), else None."""
-    ref = pool.peek(lm.name, make_spec("fp32"), lm.device)
-    if ref is None and lm.spec.precision != "fp32" and not has_reference(lm, tokens):
-        ref = pool.get(lm.name, make_spec("fp32"), lm.device, progress)
-    return ref
-
-
 def quality_in_pool(pool, facts: dict, tokens: int, progress=None, on_tokens=None) -> dict:
     """llama.cpp-style quality of the model `facts` describes against fp32 (engine.measure.quality.evaluate).
 
     A missing fp32 reference is computed with the pool's fp32 copy (loaded into the pool if needed).
     """
     lm = pool.get(facts["name"], facts["spec"], facts["device"])
-    ref = _fp32_for_reference(pool, lm, int(tokens), progress)
+    ref = fp32_for_reference(pool, lm, int(tokens), progress)
     return evaluate(lm, int(tokens), ref_lm=ref, progress=progress, on_tokens=on_tokens)
 
 
@@ -54,7 +46,7 @@ def reference_in_pool(pool, facts: dict, tokens: int, progress=None) -> None:
     from engine.measure.eval_text import eval_docs
 
     lm = pool.get(facts["name"], facts["spec"], facts["device"])
-    ref = _fp32_for_reference(pool, lm, int(tokens), progress)
+    ref = fp32_for_reference(pool, lm, int(tokens), progress)
     ensure_reference(lm.name, lm.folder, eval_docs(lm.tokenizer, int(tokens)), ref or (lm if lm.spec.precision ==
                                                                                       "fp32" else None), progress)
 

@@ -358,17 +358,28 @@ def record(config: dict, q: dict, device: str = "cpu"):
                      versions=library_versions())
 
 
+def fp32_for_reference(pool, lm, tokens: int, progress=None):
+    """The pool's fp32 copy when a reference must be computed (loaded into the pool once), else None."""
+    from engine.infer.loader import make_spec
+
+    ref = pool.peek(lm.name, make_spec("fp32"), lm.device)
+    if ref is None and lm.spec.precision != "fp32" and not has_reference(lm, tokens):
+        ref = pool.get(lm.name, make_spec("fp32"), lm.device, progress)
+    return ref
+
+
 @dataclass
 class QualityItem:
     """A work item (engine.measure.runner.run_many): our engine at one precision scored against fp32 on the eval
     text, stored as a `quality` record. `result` keeps the full statistics (per category too) for printing.
 
-    Loaded for this item alone and freed after it (no pool): a precision's copy is not needed again.
+    Given a pool (the backend), the model and, where a reference is missing, its fp32 copy come from it and stay
+    there; without one (the CLI), the model is loaded for this item alone and freed after it.
     """
     model: str
     spec: object  # engine.quant.QuantSpec
     tokens: int
-    device: str
+    device: str = "auto"
     docs: list | None = None
     on_tokens: object = field(default=None, compare=False, repr=False)  # called with positions as they are scored
     result: dict | None = field(default=None, compare=False, repr=False)
@@ -382,20 +393,26 @@ class QualityItem:
 
         from engine.common.setup import EngineSetup
         from engine.infer.catalog import CATALOG, canonical_name
-        from engine.infer.loader import load
+        from engine.infer.loader import load, resolve_device
 
-        lm = load(self.model, self.spec, self.device, progress=progress)
-        q = evaluate(lm, self.tokens, progress=progress, on_tokens=self.on_tokens, docs=self.docs)
+        device = resolve_device(self.device)
+        if pool is not None:
+            lm = pool.get(self.model, self.spec, device, progress)
+            ref = fp32_for_reference(pool, lm, self.tokens, progress)
+        else:
+            lm, ref = load(self.model, self.spec, device, progress=progress), None
+        q = evaluate(lm, self.tokens, ref_lm=ref, progress=progress, on_tokens=self.on_tokens, docs=self.docs)
         self.result = {"model": lm.name, "precision": lm.spec.label, "weight_bytes": lm.weight_bytes, **q}
         name = canonical_name(self.model) if canonical_name(self.model) in CATALOG else str(self.model)
         s = self.spec
         setup = EngineSetup(model=name, precision=s.precision, group_size=s.group_size,
                             quantize_embeddings=s.quantize_embeddings, quantize_head=s.quantize_head,
-                            device=self.device, method=s.method)
-        rec = record({"setup": setup.to_dict(), **setup.to_record(), "device": self.device, "system": "engine"},
-                     self.result, self.device)
+                            device=device, method=s.method)
+        rec = record({"setup": setup.to_dict(), **setup.to_record(), "device": device, "system": "engine"},
+                     self.result, device)
         if store is not None:
             store.save_run(rec)
-        del lm
-        gc.collect()
+        if pool is None:
+            del lm, ref
+            gc.collect()
         return rec
