@@ -33,12 +33,6 @@ with st.expander("Advanced"):
     q_head = st.checkbox("Quantize the output head", value=True, key="prec-qhead")
 
 
-def _short_run(setup: EngineSetup) -> dict:
-    """A two-token run of `setup` on the backend: it loads the model there (kept for later runs)."""
-    cfg = {"setup": setup.to_dict(), "max_new_tokens": 2, "reps": 1, "warmup": False, "baseline": False}
-    return _backend.runs_work([cfg], record_kind="generate")
-
-
 def _llama_cpp_reason(name: str) -> str | None:
     """Why the backend cannot score llama.cpp's Q4_K_M of `name` (None when it can), as its /v1/info says."""
     try:
@@ -51,27 +45,15 @@ def _llama_cpp_reason(name: str) -> str | None:
     return info.get("llama_cpp")
 
 
-def _loaded_facts(rec) -> dict:
-    """The facts of the model `rec` loaded (sizes, shape, dtype), as the backend's /v1/info reports its pool."""
-    b = _backend.backend()
-    for m in b.info().get("loaded") or []:
-        if m.get("name") == rec.config.get("model") and m.get("precision") == rec.config.get("precision") \
-                and m.get("facts"):
-            return m["facts"]
-    raise _backend.BackendError(f"the backend at {b.url} no longer holds {rec.label} (its pool dropped it)",
-                                "press Load again")
-
-
 if st.button("Load", type="primary", key="prec-load", disabled=_backend.job_running(JOB)):
     try:
         setup = EngineSetup(model=_backend.chosen_model(model, your_model), precision=precision,
                             group_size=int(group), quantize_embeddings=q_emb, quantize_head=q_head,
                             method=method if precision == "int4" else "rtn")
         with st.status(f"Loading {setup.label} on the backend…", expanded=False) as status:
-            job = _backend.run_here(JOB, f"load {setup.label}", _short_run(setup),
+            job = _backend.run_here(JOB, f"load {setup.label}", {"kind": "load", "setup": setup.to_dict()},
                                     say=lambda s: status.update(label=s))
-            rec = _ui.get_store().get_run(job.run_ids[0])
-            facts = _loaded_facts(rec)
+            facts = job.result  # the model as the backend's pool holds it (sizes, shape, dtype)
             status.update(label=f"Loaded {facts['label']}", state="complete")
         st.session_state["prec-loaded"] = {**facts, "setup": setup.to_dict()}
         hist = [h for h in st.session_state.get("prec-history", []) if h["label"] != facts["label"]]

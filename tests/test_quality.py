@@ -295,6 +295,25 @@ def test_precision_page_shows_the_statistics_table(tmp_path, tmp_path_factory, m
     assert "±" in t["mean KLD"][0]
 
 
+def test_backend_loads_a_setup_as_a_load_job_without_storing_a_run(lab_backend):
+    """A load job (the Precision page's "Load"): the target lands in the pool, its facts are the job's result as
+    /v1/info lists them, and no record is stored (no stand-in run); a bad setup is a 400 naming the field."""
+    from engine.backend.client import Backend, BackendRejected
+
+    b = Backend(lab_backend.url)
+    with pytest.raises(BackendRejected) as e:
+        b.submit("bad", {"kind": "load", "setup": {"model": "tiny", "precision": "int9"}})
+    assert e.value.field == "work.setup.precision"
+    runs_before = len(lab_backend.store.list_runs(limit=100_000))
+    j = b.wait(b.submit("load", {"kind": "load", "setup": {"model": "tiny", "precision": "int4", "group_size": 32}}),
+               timeout_s=300)
+    assert j["state"] == "finished" and j["error"] is None and j["run_ids"] == [] and j["done"] == 1, j
+    facts = j["result"]
+    assert facts["name"] == "tiny" and facts["precision"] == "int4-g32" and facts["weight_bytes"] > 0
+    assert facts in [m["facts"] for m in b.info()["loaded"]]
+    assert len(lab_backend.store.list_runs(limit=100_000)) == runs_before
+
+
 def test_backend_scores_our_setup_as_a_quality_job_and_refuses_a_malformed_one(lab_backend):
     """A quality job (the Precision page's "Measure quality"): the tiny model's int8 scored through the backend's
     pool, stored as one `quality` run whose statistics are the job's result; bad input is a 400 naming the field."""

@@ -92,14 +92,10 @@ def machine(device: str) -> dict:
 def loaded_facts(pool) -> list[dict]:
     """What the pool holds (pool.loaded()'s entries), each with engine.measure.model_facts (sizes, shape, dtype:
     what the Precision page draws); a snapshot, so /v1/info answers while a run holds the pool's lock."""
-    from engine.measure import model_facts
+    from engine.measure.loaded import facts_json
     from engine.measure.pool import describe
 
-    out = []
-    for lm in pool.models():
-        facts = {k: v for k, v in model_facts(lm).items() if k != "spec"}
-        out.append({**describe(lm), "facts": {**facts, "device": str(facts["device"])}})
-    return out
+    return [{**describe(lm), "facts": facts_json(lm)} for lm in pool.models()]
 
 
 def info_source(device: str, pool, ray: str | None, store, started_at: float):

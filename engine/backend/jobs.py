@@ -23,7 +23,8 @@ from contextlib import closing
 from pathlib import Path
 
 from engine.backend.contract import ENDED
-from engine.backend.validate import LlamaQualityWork, LoadSweepWork, PeersWork, QualityWork, RunsWork, Submission
+from engine.backend.validate import (LlamaQualityWork, LoadSweepWork, LoadWork, PeersWork, QualityWork, RunsWork,
+                                     Submission)
 from engine.common.errors import UserError
 
 log = logging.getLogger("scl.backend")
@@ -316,6 +317,18 @@ class JobQueue:
 
         run_many(work.configs, self.pool, self.store, say=job.say, should_cancel=lambda: job.cancelled,
                  on_record=landed, on_token=job.token if work.stream else None, kind=work.record_kind)
+
+    def _load(self, job: Job, work: LoadWork) -> None:
+        """The setup's target loaded into the pool (or found there): no measurement, so no record; its facts
+        (sizes, shape, dtype, the quantized layers' share, as /v1/info lists the pool) are the job's result."""
+        from engine.infer.loader import resolve_device, target_spec
+        from engine.measure.loaded import facts_json
+
+        s = work.setup
+        job.say(f"loading {s.label}")
+        job.result = facts_json(self.pool.get(s.model, target_spec(s), resolve_device(s.device), job.say))
+        job.done = 1
+        job.on_change(job)
 
     def _quality(self, job: Job, work: QualityWork) -> None:
         """Our setup's target scored against fp32 (QualityItem, through the pool: the model and its fp32 copy stay

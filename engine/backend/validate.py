@@ -60,6 +60,17 @@ class LoadSweepWork:
 
 
 @dataclass
+class LoadWork:
+    """Load `setup`'s target into the backend's pool (kept for later jobs); its facts are the job's result."""
+    setup: object  # common.setup.EngineSetup
+    kind: ClassVar[str] = "load"
+
+    @property
+    def total(self) -> int:
+        return 1
+
+
+@dataclass
 class QualityWork:
     """Our engine's `setup` (its target: model and precision) scored against fp32 on `tokens` eval tokens."""
     setup: object  # common.setup.EngineSetup
@@ -285,15 +296,24 @@ def _tokens(w: dict) -> int:
     return tokens
 
 
-def _quality(w: dict) -> QualityWork:
+def _setup(w: dict, what: str):
     from engine.common.setup import EngineSetup
 
-    _refuse_unknown(w, ["kind", "setup", "tokens"], "work", "a quality job")
     if "setup" not in w:
-        raise Rejected("a quality job has no setup", "work.setup", "send the EngineSetup to score (model, precision)")
+        raise Rejected(f"a {what} job has no setup", "work.setup", "send the EngineSetup (model, precision, ...)")
     setup = _dataclass_from(EngineSetup, w["setup"], "work.setup", "EngineSetup")
     model_source(setup.model, "work.setup.model")
-    return QualityWork(setup, _tokens(w))
+    return setup
+
+
+def _load(w: dict) -> LoadWork:
+    _refuse_unknown(w, ["kind", "setup"], "work", "a load job")
+    return LoadWork(_setup(w, "load"))
+
+
+def _quality(w: dict) -> QualityWork:
+    _refuse_unknown(w, ["kind", "setup", "tokens"], "work", "a quality job")
+    return QualityWork(_setup(w, "quality"), _tokens(w))
 
 
 def _llama_quality(w: dict) -> LlamaQualityWork:
@@ -307,7 +327,7 @@ def _llama_quality(w: dict) -> LlamaQualityWork:
 
 # Each work kind is declared once, on its class; the worker runs it with its JobQueue method of the same name
 # (engine/backend/jobs.py: "load-sweep" -> _load_sweep).
-PARSERS = {RunsWork: _runs, PeersWork: _peers, LoadSweepWork: _load_sweep, QualityWork: _quality,
+PARSERS = {RunsWork: _runs, PeersWork: _peers, LoadSweepWork: _load_sweep, LoadWork: _load, QualityWork: _quality,
            LlamaQualityWork: _llama_quality}
 WORK_KINDS = tuple(t.kind for t in PARSERS)
 

@@ -23,6 +23,12 @@ def model_facts(lm) -> dict:
             "quantized": dict(getattr(lm, "quantized", None) or {})}
 
 
+def facts_json(lm) -> dict:
+    """model_facts as JSON (the backend's /v1/info and a load job's result): without the spec object."""
+    facts = {k: v for k, v in model_facts(lm).items() if k != "spec"}
+    return {**facts, "device": str(facts["device"])}
+
+
 def load_into_pool(pool, model: str, precision: str, group_size: int = 64, quantize_embeddings: bool = False,
                    quantize_head: bool = True, device: str = "auto", progress=None) -> dict:
     """Load (or reuse) `model` at a precision in the pool; returns model_facts."""
@@ -51,4 +57,4 @@ def reference_in_pool(pool, facts: dict, tokens: int, progress=None) -> None:
                                                                                       "fp32" else None), progress)
 
 
-__all__ = ["list_models", "model_facts", "load_into_pool", "quality_in_pool", "reference_in_pool"]
+__all__ = ["list_models", "model_facts", "facts_json", "load_into_pool", "quality_in_pool", "reference_in_pool"]
