@@ -173,7 +173,6 @@ class RemoteJob:
         self.started = time.time()
         self.cancel_requested = False
         self.silent_polls = 0
-        self.with_keys: list[str] = []
 
     # the state, as the pages read it
     @property
@@ -270,12 +269,10 @@ class RemoteJob:
         return self.finished
 
 
-def submit(key: str, title: str, work: dict, keep_ids: list[str] | None = None,
-           with_keys: list[str] | None = None) -> RemoteJob:
+def submit(key: str, title: str, work: dict, keep_ids: list[str] | None = None) -> RemoteJob:
     """Send `work` to the backend as this tab's job, remembered under `key`; raises the client's errors.
 
-    keep_ids: runs kept beside the new ones in the comparison; with_keys: jobs of this session whose
-    runs join this one's there (a grid's peers, queued as a second job).
+    keep_ids: runs kept beside the new ones in the comparison.
     """
     b = backend()
     if len(title) > TITLE_MAX:  # a label with a long folder path: the title only names the job
@@ -283,7 +280,6 @@ def submit(key: str, title: str, work: dict, keep_ids: list[str] | None = None,
     # the backend checks the whole submission first (a workload's prompts are read once: seconds)
     checked = Backend(b.url, token=b.token, timeout_s=max(b.timeout_s, SUBMIT_TIMEOUT_S))
     job = RemoteJob(b, checked.submit(title, work, client=client_id()), title, keep_ids)
-    job.with_keys = list(with_keys or [])
     st.session_state[key] = job
     st.session_state.pop(f"{key}-reported", None)
     return job
@@ -306,8 +302,11 @@ def run_here(key: str, title: str, work: dict, say=None, every_s: float = 0.5) -
     return job
 
 
-def runs_work(configs: list[dict], record_kind: str = "bench", stream: bool = False) -> dict:
-    return {"kind": "runs", "configs": list(configs), "record_kind": record_kind, "stream": bool(stream)}
+def runs_work(configs: list[dict], record_kind: str = "bench", stream: bool = False,
+              peers: list[dict] | None = None) -> dict:
+    """A runs job: our RunConfigs, then any PeerConfigs beside them (each peer in a fresh process)."""
+    work = {"kind": "runs", "configs": list(configs), "record_kind": record_kind, "stream": bool(stream)}
+    return {**work, "peers": list(peers)} if peers else work
 
 
 def job_running(key: str) -> bool:
@@ -372,8 +371,7 @@ def finish_job(key: str, source: str) -> RemoteJob | None:
     if st.session_state.get(f"{key}-reported") != job.job_id:
         st.session_state[f"{key}-reported"] = job.job_id
         if job.run_ids:
-            others = [i for k in job.with_keys if st.session_state.get(k) for i in st.session_state[k].run_ids]
-            _ui.set_current(job.keep_ids + others + job.run_ids, source)
+            _ui.set_current(job.keep_ids + job.run_ids, source)
     if job.error:
         st.error(job.error)
     for s in job.skipped:

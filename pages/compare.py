@@ -12,7 +12,6 @@ from engine.common.vocab import DRAFT_KINDS, MAX_GAMMA, PRECISIONS, QUANT_METHOD
 from engine.measure import RunConfig, sweep_configs
 
 JOB = "sweep-job"
-PEERS_JOB = "sweep-peers-job"  # peers beside a grid: a second job, queued right after the grid's
 
 
 def peer_dict(pc) -> dict:
@@ -112,22 +111,15 @@ with tab_sweep:
     else:
         st.caption(f"{n} run(s) in this grid. The backend measures them one at a time and keeps loaded models for "
                    "the next run.")
-    running = _backend.job_running(JOB) or _backend.job_running(PEERS_JOB)
-    if st.button("Run sweep", type="primary", disabled=running or not n or problem is not None, key="cmp-run"):
-        try:
-            st.session_state.pop(PEERS_JOB, None)
-            if cfgs:
-                _backend.submit(JOB, f"sweep of {len(cfgs)} runs", _backend.runs_work(cfgs))
-                if peer_cfgs:
-                    _backend.submit(PEERS_JOB, f"{len(peer_cfgs)} peer runs", {"kind": "peers", "configs": peer_cfgs},
-                                    with_keys=[JOB])
-            else:
-                _backend.submit(JOB, f"{len(peer_cfgs)} peer runs", {"kind": "peers", "configs": peer_cfgs})
+    if st.button("Run sweep", type="primary", disabled=_backend.job_running(JOB) or not n or problem is not None,
+                 key="cmp-run"):
+        try:  # one job: our runs, then the peers beside them
+            title = f"sweep of {len(cfgs)} runs" + (f" and {len(peer_cfgs)} peer runs" if peer_cfgs else "")
+            _backend.submit(JOB, title, _backend.runs_work(cfgs, peers=peer_cfgs))
             st.rerun()
         except Exception as e:
             _backend.show_problem(e)
     _backend.job_section(JOB, "sweep")
-    _backend.job_section(PEERS_JOB, "sweep")
 
 with tab_pick:
     try:

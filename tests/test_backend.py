@@ -221,15 +221,20 @@ def test_a_load_sweep_job_measures_an_endpoint_and_stores_its_load_records(backe
     assert [r["config"]["profile"]["streams"] for r in recs] == [1, 2]
 
 
-def test_a_peers_job_measures_in_a_fresh_process_and_stores_the_peer_record(backend):
+def test_runs_and_peers_are_one_job_the_peer_in_a_fresh_process(backend):
+    """The Compare page's grid and its peer rows as one runs job: our run here, then the peer in a fresh process
+    (its record stored as a peer's), in that order. A streamed run takes no peers (400 naming work.peers)."""
     from engine.peers import PeerConfig
 
-    cfg = PeerConfig.of(model="default-draft", precision="fp32", max_new_tokens=4, reps=1).to_dict()
+    peer = PeerConfig.of(model="default-draft", precision="fp32", max_new_tokens=4, reps=1).to_dict()
     c = backend.client()
-    job = c.wait(c.submit("peers", {"kind": "peers", "configs": [cfg]}, client="tab-p"), 300)
-    assert job["state"] == "finished" and job["done"] == 1 and job["skipped"] == [], job
-    (rec,) = c.records(job["run_ids"])
-    assert rec["kind"] == "peer" and rec["metrics"]["new_tokens"] > 0
+    with pytest.raises(BackendRejected) as e:
+        c.submit("bad", {"kind": "runs", "configs": [run_cfg()], "stream": True, "peers": [peer]})
+    assert e.value.field == "work.peers"
+    job = c.wait(c.submit("grid", {"kind": "runs", "configs": [run_cfg()], "peers": [peer]}, client="tab-p"), 300)
+    assert job["state"] == "finished" and job["done"] == job["total"] == 2 and job["skipped"] == [], job
+    ours, theirs = c.records(job["run_ids"])
+    assert ours["kind"] == "bench" and theirs["kind"] == "peer" and theirs["metrics"]["new_tokens"] > 0
 
 
 def test_malformed_submissions_get_a_400_naming_the_field(backend):
@@ -247,7 +252,8 @@ def test_malformed_submissions_get_a_400_naming_the_field(backend):
         ({"kind": "runs", "configs": []}, "work.configs"),
         ({"kind": "runs", "configs": [good], "record_kind": "nightly"}, "work.record_kind"),
         ({"kind": "noise-rerun", "configs": [good]}, "work.kind"),
-        ({"kind": "peers", "configs": [{"system": "nope"}]}, "work.configs[0].system"),
+        ({"kind": "runs", "configs": [good], "peers": [{"system": "nope"}]}, "work.peers[0].system"),
+        ({"kind": "runs", "configs": [good], "peers": []}, "work.peers"),
         ({"kind": "load-sweep", "specs": [{"system": "serving-cost-lab"}], "plan": {"loads": "1,x"}},
          "work.plan.loads"),
     ]

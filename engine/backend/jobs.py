@@ -1,6 +1,6 @@
 """The backend's jobs: a FIFO queue and ONE worker thread, so two measurements never share the cores.
 
-A job is a list of runs (measured configurations), of peers, or a load sweep. The worker takes the
+A job is a list of work items (our runs, then peers), a load sweep, a load or a quality score. The worker takes the
 oldest queued job, runs it to the end (or to a cancel, which stops before the next run), and the
 next one starts only then. Every record is written to the backend's store the moment its run
 finishes, so a cancel, an error or a killed backend keeps every finished run.
@@ -23,8 +23,7 @@ from contextlib import closing
 from pathlib import Path
 
 from engine.backend.contract import ENDED
-from engine.backend.validate import (LlamaQualityWork, LoadSweepWork, LoadWork, PeersWork, QualityWork, RunsWork,
-                                     Submission)
+from engine.backend.validate import LlamaQualityWork, LoadSweepWork, LoadWork, QualityWork, RunsWork, Submission
 from engine.common.errors import UserError
 
 log = logging.getLogger("scl.backend")
@@ -306,17 +305,20 @@ class JobQueue:
     def _runs(self, job: Job, work: RunsWork) -> None:
         from engine.measure.runner import run_many
 
-        if self.ray and not work.stream:  # on Ray, one task each; a streamed generation is interactive: it runs here
-            from engine.cluster import sweep_job
+        items = work.configs + work.peers
+        if self.ray and not work.stream and work.configs:  # on Ray, one task each (a streamed generation is
+            from engine.cluster import sweep_job         # interactive: it runs here); peers after, here
 
-            return sweep_job(work.configs, self.ray)(job)
+            sweep_job(work.configs, self.ray)(job)
+            items = work.peers
 
         def landed(rec) -> None:
             job.stream_done = True  # the streamed first run is over once any run has landed
             job.add_run(rec.run_id)
 
-        run_many(work.configs, self.pool, self.store, say=job.say, should_cancel=lambda: job.cancelled,
-                 on_record=landed, on_token=job.token if work.stream else None, kind=work.record_kind)
+        run_many(items, self.pool, self.store, say=job.say, should_cancel=lambda: job.cancelled,
+                 on_record=landed, on_token=job.token if work.stream else None, kind=work.record_kind,
+                 on_skip=lambda rec: job.skip(f"{rec.label}: {rec.notes}", runs=1))
 
     def _load(self, job: Job, work: LoadWork) -> None:
         """The setup's target loaded into the pool (or found there): no measurement, so no record; its facts
@@ -360,10 +362,3 @@ class JobQueue:
 
         run_many([item], self.pool, self.store, say=job.say, should_cancel=lambda: job.cancelled, on_record=landed,
                  on_skip=lambda rec: job.skip(f"{rec.label}: {rec.notes}", runs=1))
-
-    def _peers(self, job: Job, work: PeersWork) -> None:
-        from engine.measure.runner import run_many
-
-        run_many(work.configs, self.pool, self.store, say=job.say, should_cancel=lambda: job.cancelled,
-                 on_record=lambda rec: job.add_run(rec.run_id),
-                 on_skip=lambda rec: job.skip(f"{rec.label}: {rec.notes}", runs=1), noun="peer")

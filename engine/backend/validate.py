@@ -7,7 +7,7 @@ its fields in declaration order: the first prefix of fields that no longer valid
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import ClassVar
 
 from engine.backend.contract import QUALITY_TOKENS
@@ -28,24 +28,16 @@ class Rejected(UserError):
 
 @dataclass
 class RunsWork:
+    """Our runs, then peers beside them (each in a fresh process), in one job: one list of work items."""
     configs: list  # measure.RunConfig
     record_kind: str = "bench"
     stream: bool = False
+    peers: list = field(default_factory=list)  # peers.PeerConfig
     kind: ClassVar[str] = "runs"
 
     @property
     def total(self) -> int:
-        return len(self.configs)
-
-
-@dataclass
-class PeersWork:
-    configs: list  # peers.PeerConfig
-    kind: ClassVar[str] = "peers"
-
-    @property
-    def total(self) -> int:
-        return len(self.configs)
+        return len(self.configs) + len(self.peers)
 
 
 @dataclass
@@ -98,7 +90,7 @@ class LlamaQualityWork:
 class Submission:
     title: str
     client: str | None
-    work: RunsWork | PeersWork | LoadSweepWork | LlamaQualityWork
+    work: RunsWork | LoadSweepWork | LoadWork | QualityWork | LlamaQualityWork
 
 
 def _why(e: BaseException) -> tuple[str, str]:
@@ -257,24 +249,29 @@ def _check_models(cfgs: list, where: str) -> None:
 
 
 def _runs(w: dict) -> RunsWork:
-    _refuse_unknown(w, ["kind", "configs", "record_kind", "stream"], "work", "a runs job")
+    _refuse_unknown(w, ["kind", "configs", "record_kind", "stream", "peers"], "work", "a runs job")
     kind = w.get("record_kind", "bench")
     if kind not in RUN_KINDS:
         raise Rejected(f"unknown record kind {kind!r}", "work.record_kind", f"use one of: {', '.join(RUN_KINDS)}")
     stream = w.get("stream", False)
     if not isinstance(stream, bool):
         raise Rejected(f"stream must be true or false, got {stream!r}", "work.stream", "send a JSON boolean")
-    cfgs = [run_config(c, f"work.configs[{i}]") for i, c in enumerate(_list(w, "configs", "work", "RunConfigs"))]
+    peers = _peer_configs(w) if "peers" in w else []
+    if peers and w.get("configs", []) == []:  # peers alone: no runs of ours beside them
+        cfgs = []
+    else:
+        cfgs = [run_config(c, f"work.configs[{i}]") for i, c in enumerate(_list(w, "configs", "work", "RunConfigs"))]
     _check_models(cfgs, "work.configs")
-    return RunsWork(cfgs, kind, stream)
+    if stream and peers:
+        raise Rejected("a streamed run cannot have peers beside it", "work.peers", "send the peers as their own job")
+    return RunsWork(cfgs, kind, stream, peers)
 
 
-def _peers(w: dict) -> PeersWork:
+def _peer_configs(w: dict) -> list:
     from engine.peers import PeerConfig
 
-    _refuse_unknown(w, ["kind", "configs"], "work", "a peers job")
-    items = _list(w, "configs", "work", "PeerConfigs")
-    return PeersWork([_checked(PeerConfig, c, f"work.configs[{i}]", "PeerConfig") for i, c in enumerate(items)])
+    return [_checked(PeerConfig, c, f"work.peers[{i}]", "PeerConfig")
+            for i, c in enumerate(_list(w, "peers", "work", "PeerConfigs"))]
 
 
 def _load_sweep(w: dict) -> LoadSweepWork:
@@ -327,7 +324,7 @@ def _llama_quality(w: dict) -> LlamaQualityWork:
 
 # Each work kind is declared once, on its class; the worker runs it with its JobQueue method of the same name
 # (engine/backend/jobs.py: "load-sweep" -> _load_sweep).
-PARSERS = {RunsWork: _runs, PeersWork: _peers, LoadSweepWork: _load_sweep, LoadWork: _load, QualityWork: _quality,
+PARSERS = {RunsWork: _runs, LoadSweepWork: _load_sweep, LoadWork: _load, QualityWork: _quality,
            LlamaQualityWork: _llama_quality}
 WORK_KINDS = tuple(t.kind for t in PARSERS)
 
