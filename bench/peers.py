@@ -15,7 +15,7 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -26,6 +26,7 @@ from engine.peers import report as peer_report  # noqa: E402 (after the path abo
 from engine import peers  # noqa: E402
 from engine.common.errors import UserError  # noqa: E402
 from engine.common.fields import M  # noqa: E402
+from engine.measure.runner import run_many  # noqa: E402
 from engine.present import format_rows  # noqa: E402
 
 
@@ -36,6 +37,27 @@ AB_CPU = [("int4", "none", {"SCL_FUSED": "0"}, " (unfused)"),
           ("int4", "model", {"SCL_FUSED": "0"}, " (unfused)")]
 AB_GPU = [("bf16", "none", {"SCL_CUDA_GRAPH": "1"}, " (cuda graph)"),
           ("int4", "none", {"SCL_CUDA_GRAPH": "1"}, " (cuda graph)")]
+
+
+@dataclass
+class PeerRun:
+    """A work item (engine.measure.runner.run_many): a peer config in a fresh process with these environment
+    changes (an A/B row: the worker checks its kernel settings against them), its label marked with `suffix`."""
+    cfg: peers.PeerConfig
+    env: dict = field(default_factory=dict)
+    suffix: str = ""
+
+    @property
+    def label(self) -> str:
+        return self.cfg.label + self.suffix
+
+    def measure(self, pool=None, store=None, progress=None):
+        rec = peers.measure(self.cfg, env=self.env)
+        if self.suffix:
+            rec.config["label"] = self.label
+        if store is not None and not rec.notes:  # saved under its A/B label (measure would save it without)
+            store.save_run(rec)
+        return rec
 
 
 def ab_configs(cfgs: list[peers.PeerConfig], gpu: bool) -> list[tuple[peers.PeerConfig, dict, str]]:
@@ -170,20 +192,19 @@ def main(argv=None) -> int:
         store = Store()
     records = []
     t0 = time.time()
-    for i, (c, env, suffix) in enumerate(runs, 1):
-        try:  # the worker runs with env (its kernel settings checked against it: engine/peers/peer.py)
-            rec = peers.measure(c, env=env)
-        except UserError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
-        if suffix:
-            rec.config["label"] = c.label + suffix
-        if store is not None and not rec.notes:  # saved under its A/B label (measure would save it without)
-            store.save_run(rec)
+
+    def landed(rec) -> None:  # measured or could not run here (a record with notes): both are rows of the table
         records.append(rec)
         v = rec.metrics.get(M.decode_tok_s)
-        print(f"[{i}/{len(runs)} {time.time() - t0:5.0f}s] {c.label}{suffix}: "
+        print(f"[{len(records)}/{len(runs)} {time.time() - t0:5.0f}s] {rec.config.get('label')}: "
               + (f"{v:.2f} tok/s, TTFT {rec.metrics['ttft_s'] * 1000:.0f} ms" if v else rec.notes), flush=True)
+
+    try:
+        run_many([PeerRun(c, env, suffix) for c, env, suffix in runs], None, store, on_record=landed,
+                 on_skip=landed, noun="peer")
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     title = "Peers: " + (f"random-init {a.random_init} on {a.device}" if a.random_init else
                          f"{a.model}, {a.max_new_tokens} new tokens, median of {a.reps}")
     rows = write_outputs(records, Path(a.out), title, command)
