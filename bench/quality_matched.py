@@ -48,6 +48,7 @@ from engine.common.errors import UserError  # noqa: E402
 from engine.measure import quality  # noqa: E402
 from engine.measure.kld import Scores  # noqa: E402
 from engine.peers.gguf_tools import reference_ggufs  # noqa: E402
+from engine.quant.gguf_codes import gguf_name, hf_name  # noqa: E402
 
 F32_MAX_KLD = 1e-3  # the F32 GGUF through llama.cpp against the reference: above this, something differs
 GROUP_SIZES = (32, 64, 128)
@@ -84,23 +85,6 @@ def llama_row(model: str, gguf: Path | None, precision: str, label: str, docs,
                           docs=docs, scores=True)
     sc = Scores.from_lists(q.pop("scores")) if "scores" in q else None
     return q, sc
-
-
-_HF_LAYER = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-             "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
-             "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm"}
-
-
-def hf_name(gguf_tensor: str) -> str:
-    """The Hugging Face (Qwen2/Llama) name of a GGUF tensor."""
-    fixed = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
-             "output.weight": "lm_head.weight"}
-    if gguf_tensor in fixed:
-        return fixed[gguf_tensor]
-    blk, i, kind, what = gguf_tensor.split(".")
-    if blk != "blk" or kind not in _HF_LAYER:
-        raise UserError(f"no Hugging Face name for the GGUF tensor {gguf_tensor}", "extend hf_name for this model")
-    return f"model.layers.{i}.{_HF_LAYER[kind]}.{what}"
 
 
 def weights_equal(gguf: Path, folder: Path) -> dict:
@@ -140,22 +124,6 @@ def _gguf_types(gguf: Path) -> dict[str, str]:
     from gguf import GGUFReader
 
     return {t.name: t.tensor_type.name for t in GGUFReader(str(gguf)).tensors}
-
-
-_TO_GGUF = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-            "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-            "mlp.down_proj": "ffn_down"}
-
-
-def gguf_name(module: str) -> str | None:
-    """The GGUF tensor behind one of our linear layers (Hugging Face names), or None."""
-    if module == "lm_head":
-        return "output.weight"
-    parts = module.split(".")
-    if len(parts) >= 5 and parts[0] == "model" and parts[1] == "layers":
-        kind = _TO_GGUF.get(".".join(parts[3:]))
-        return f"blk.{parts[2]}.{kind}.weight" if kind else None
-    return None
 
 
 def act_block(gguf_type: str) -> int | None:

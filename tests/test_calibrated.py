@@ -21,6 +21,7 @@ from tests import families
     ("int4", ("int4", "rtn", 64)), ("int4-rtn", ("int4", "rtn", 64)), ("int4-gptq", ("int4", "gptq", 64)),
     ("int4-gptq-g32", ("int4", "gptq", 32)), ("INT4-AWQ-g128", ("int4", "awq", 128)), ("int4-g32", ("int4", "rtn", 32)),
     ("bf16", ("bf16", "rtn", 64)), ("bnb-nf4", ("nf4", "rtn", 64)),
+    ("int4-gguf", ("int4", "gguf", 32)), ("int4-gguf-g32", ("int4", "gguf", 32)),  # llama.cpp's blocks of 32
 ])
 def test_a_precision_token_names_its_method_and_group(token, want):
     assert parse_precision_spec(token, 64) == want

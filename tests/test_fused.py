@@ -13,6 +13,7 @@ import torch
 
 from engine import ops
 from engine.infer.model import Rows, rope_tables
+from engine.quant import make_spec
 
 pytestmark = pytest.mark.usefixtures("_default_kernel_settings")
 
@@ -142,7 +143,7 @@ def test_fused_greedy_tokens_equal_reference(small_int4):
 def test_separate_projections_run_fused_with_the_same_numbers(small_int4):
     """A model converted with fuse=False (separate q/k/v and gate/up: the A/B of SCL_FUSE=0) takes
     the fused step too, with bit-identical logits: the same rows of the same weights, tile for tile."""
-    from engine.infer.loader import load, make_spec
+    from engine.infer.loader import load
 
     with ops.using(fuse=False):
         sep = load("default-draft", make_spec("int4"), "cpu")
@@ -158,9 +159,25 @@ def test_separate_projections_run_fused_with_the_same_numbers(small_int4):
     assert ops.fused_info()["reference_steps"] == 0
 
 
+def test_a_model_mixed_layer_by_layer_runs_fused_with_the_references_numbers(pool):
+    """The 0.5B's own GGUF (int4-gguf): ffn_down is Q4_K (int4 here) in 12 layers and Q6_K (int8) in the
+    other 12, q/k/v/o and gate/up int8 (Q5_0, Q8_0), the head int8: the step prepares each phase's input
+    for its consumers' formats, layer by layer (a mixed model used to fall back to the PyTorch path)."""
+    from engine.quant.layers import Int4Linear
+
+    lm = pool.get("default-draft", make_spec("int4-gguf"), "cpu")
+    down = [type(b.mlp.down_proj) is Int4Linear for b in lm.model.model.layers]
+    assert 0 < sum(down) < len(down), down
+    for act in (False, True):
+        ref, got = _paths(lm, 12, act_int8=act)
+        if act:
+            assert all(_kl(a, b) < INT8_NOISE_KL for a, b in zip(ref, got))
+        else:
+            _check_close(ref, got, "0.5B int4-gguf")
+
+
 def test_fallbacks_are_recorded(small_int4):
     from tests.tiny import make_tiny
-    from engine.infer.loader import make_spec
 
     m = small_int4.model
     with ops.using(fused=False):

@@ -34,7 +34,7 @@ PRECISION_ALIASES = {
 
 # How int4 weights are chosen (all land on the same kernel format: q in 0..15, an fp16 scale and min per group).
 # A setup's precision may name one: `int4-gptq`, `int4-gptq-g32`, `int4-awq-g128`; `int4` alone (or `int4-rtn`) is rtn.
-QUANT_METHODS = ("rtn", "gptq", "awq", "gptq-mixed", "checkpoint")
+QUANT_METHODS = ("rtn", "gptq", "awq", "gptq-mixed", "checkpoint", "gguf")
 METHOD_DESCRIPTIONS = {
     "rtn": "round-to-nearest: min/max per group, no calibration (as llama.cpp's Q4_1 rounds)",
     "gptq": "GPTQ: each column rounded in turn, its error spread over the columns not yet rounded through the inverse "
@@ -46,7 +46,12 @@ METHOD_DESCRIPTIONS = {
                   "head at 6 bits by a fixed rule)",
     "checkpoint": "the int4 codes of your already-quantized checkpoint (compressed-tensors pack-quantized W4A16, as "
                   "llm-compressor saves GPTQ and AWQ), read into our kernels' format, not requantized",
+    "gguf": "the int4 codes of the model's own llama.cpp GGUF (the catalog's shipped Q4_K_M): its Q4_K/Q4_0/Q4_1 "
+            "blocks read into our kernels' format, not requantized; its 5-8-bit tensors (Q4_K_M's Q6_K attn_v, half "
+            "of ffn_down and the head) kept at int8. The same weights llama.cpp runs from that file",
 }
+# Methods whose group size is the format's own: int4-gguf is llama.cpp's 32-weight blocks.
+METHOD_GROUP = {"gguf": 32}
 CALIBRATED_METHODS = ("gptq", "awq", "gptq-mixed")  # methods that read calibration text (engine/infer/calibrate.py)
 
 MODEL_ALIASES = {"default": "qwen2.5-coder-1.5b", "default-draft": "qwen2.5-coder-0.5b"}
@@ -104,6 +109,8 @@ def parse_precision_spec(token: str, group_size: int | None = None) -> tuple[str
         raise UserError(f"precision {raw!r}: unknown quantization method '{'-'.join(parts[1:])}'",
                         f"write int4-METHOD[-gGROUP] with METHOD one of: {', '.join(QUANT_METHODS)} "
                         "(e.g. int4-gptq-g128)")
+    if method in METHOD_GROUP and not re.search(r"-g\d+$", raw.lower()):
+        group = METHOD_GROUP[method]
     precision = parse_precision("-".join(parts)) if parts != [""] else parse_precision(raw)
     if precision != "int4" and (method != "rtn" or group != group_size):
         raise UserError(f"precision {raw!r}: a quantization method or group size is for int4 only",

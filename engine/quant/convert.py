@@ -12,7 +12,8 @@ from torch import nn
 
 from engine import ops
 from engine.common.errors import UserError
-from engine.common.vocab import BNB_PRECISIONS, GROUP_SIZES, QUANT_METHODS, parse_precision_spec, precision_token
+from engine.common.vocab import (BNB_PRECISIONS, GROUP_SIZES, METHOD_GROUP, QUANT_METHODS, parse_precision_spec,
+                                 precision_token)
 from engine.quant.layers import Fp8Linear, Int4Linear, Int8Linear, QuantEmbedding, bnb_linear, is_bnb
 
 __all__ = ["FLOAT_DTYPES", "QuantSpec", "make_spec", "check_supported", "compute_dtype_for", "quantize_model",
@@ -27,7 +28,7 @@ class QuantSpec:
     group_size: int = 64
     quantize_embeddings: bool = False
     quantize_head: bool = True
-    method: str = "rtn"  # int4 only: rtn | gptq | awq (vocab.QUANT_METHODS)
+    method: str = "rtn"  # int4 only: rtn | gptq | awq | gptq-mixed | checkpoint | gguf (vocab.QUANT_METHODS)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -39,6 +40,7 @@ class QuantSpec:
 
     @property
     def calibrated(self) -> bool:
+        """int4 codes that are not this process's round-to-nearest: calibrated, or read from a checkpoint or GGUF."""
         return self.precision == "int4" and self.method != "rtn"
 
 
@@ -61,6 +63,10 @@ def check_supported(spec: QuantSpec, device: str) -> None:
                         f"use int4 with one of: {', '.join(QUANT_METHODS)}")
     if spec.precision == "int4" and spec.group_size not in GROUP_SIZES:
         raise UserError(f"int4 group size {spec.group_size} is not supported", f"use one of {GROUP_SIZES}")
+    own = METHOD_GROUP.get(spec.method)
+    if spec.precision == "int4" and own and spec.group_size != own:
+        raise UserError(f"int4-{spec.method} holds groups of {own} (the format's own blocks); group size "
+                        f"{spec.group_size} was asked", f"use int4-{spec.method}-g{own} (or int4-{spec.method})")
     if spec.precision == "fp8":
         if dev.type != "cuda":
             raise UserError("fp8 needs an NVIDIA GPU with fp8 support (compute capability 8.9+, e.g. H100/H200/L40S); "

@@ -377,18 +377,19 @@ torch::Tensor fused_step(FusedPlan& P, torch::Tensor x_in, std::vector<int64_t> 
         F.add_inplace(P.x.data() + m * P.hidden, t, P.hidden);
       }
     };
-    auto norm_prep = [&](const float* w, const Lin& consumer, int64_t rows, const int64_t* which) {
+    // int4 consumers read the prepared rows, int8 ones the normed rows: prepare when any consumer is int4
+    auto norm_prep = [&](const float* w, bool int4_consumer, int64_t rows, const int64_t* which) {
       for (int64_t m = 0; m < rows; ++m) {
         const int64_t src = which ? which[m] : m;
         F.rmsnorm(P.x.data() + src * P.hidden, w, P.eps, P.hidden, me.xn.data() + m * P.hidden);
       }
-      if (consumer.kind == 4) prep_rows(F, act_int8, me.xn.data(), rows, P.hidden, me.act);
+      if (int4_consumer) prep_rows(F, act_int8, me.xn.data(), rows, P.hidden, me.act);
     };
 
     for (int64_t l = 0; l < P.L; ++l) {
       const LayerW& lw = P.layers[(size_t)l];
       // ---- A: norm, qkv
-      norm_prep(lw.ln1, lw.qkv, M, nullptr);
+      norm_prep(lw.ln1, lw.qkv.kind == 4 || lw.k.kind == 4 || lw.v.kind == 4, M, nullptr);
       mark(P_NORM1);
       const QKV qx = qkv_views(P, lw, M);
       project(LinCall{&lw.qkv, M, me.xn.data(), &me.act, const_cast<float*>(qx.q)}, [](int64_t, int64_t) {});
@@ -464,7 +465,7 @@ torch::Tensor fused_step(FusedPlan& P, torch::Tensor x_in, std::vector<int64_t> 
 #pragma omp barrier
       mark(P_WAIT);
       // ---- D: norm, gate/up pairs, silu * up, prep of the down input
-      norm_prep(lw.ln2, lw.gu, M, nullptr);
+      norm_prep(lw.ln2, lw.gu.kind == 4 || lw.up.kind == 4, M, nullptr);
       mark(P_NORM2);
       {
         // fused: tiles t and t + I/64 of one weight into [M][2I]; separate: tile t of each into [M][I] twice
@@ -474,8 +475,9 @@ torch::Tensor fused_step(FusedPlan& P, torch::Tensor x_in, std::vector<int64_t> 
         const int64_t ld = sep ? P.I : 2 * P.I;
         const LinCall cg{&lw.gu, M, me.xn.data(), &me.act, gbuf};
         const LinCall cu{sep ? &lw.up : &lw.gu, M, me.xn.data(), &me.act, sep ? ubuf : gbuf};
-        group_sums(cg, me.xsum.data());   // one input, one group size: the same sums for both
-        const bool q8 = act_int8 && lw.gu.kind == 4;
+        // one input, one group size: the same sums for both (a mixed pair: from its int4 member)
+        group_sums(lw.gu.kind == 4 ? cg : cu, me.xsum.data());
+        const bool q8 = act_int8;   // run_tiles reads it for int4 weights only
         const bool dq8 = act_int8 && lw.down.kind == 4;
         const int64_t NTh = P.I / TILE, ch = chunk_of(NTh, nt), uoff = sep ? 0 : NTh;
         std::atomic<int64_t>& ctr = P.ctr[phase++];
@@ -510,7 +512,7 @@ torch::Tensor fused_step(FusedPlan& P, torch::Tensor x_in, std::vector<int64_t> 
     // ---- final norm of the wanted rows, head
     if (R > 0) {
       if (has_head) {
-        norm_prep(P.norm_w, P.head, R, out_rows.data());
+        norm_prep(P.norm_w, P.head.kind == 4, R, out_rows.data());
         project(LinCall{&P.head, R, me.xn.data(), &me.act, outp}, [](int64_t, int64_t) {});
       } else if (tid == 0) {
         for (int64_t m = 0; m < R; ++m)

@@ -73,7 +73,8 @@ void ensure_threads(FusedPlan& P, int64_t nt) {
   if ((int64_t)P.th.size() >= nt) return;
   const int64_t nq = (int64_t)ATT_ROWS * P.G;
   const int64_t gmax = P.gs > 0 ? (std::max(P.I, std::max(P.hidden, P.H * P.D)) + P.gs - 1) / P.gs + 1 : 1;
-  const int64_t kph = P.layers[0].qkv.kind == 4 ? P.layers[0].qkv.Kp : P.hidden;
+  // the hidden-wide consumers' prepared rows: int4 pads to whole groups (one group size for all int4)
+  const int64_t kph = P.gs > 0 ? (P.hidden + P.gs - 1) / P.gs * P.gs : P.hidden;
   const size_t old = P.th.size();
   P.th.resize((size_t)nt);
   for (size_t i = old; i < P.th.size(); ++i) {
@@ -196,13 +197,8 @@ std::shared_ptr<FusedPlan> make_fused_plan(std::vector<int64_t> dims, double eps
         TORCH_CHECK(P->gs == 0 || P->gs == l->gs, "int4 linears must share one group size");
         P->gs = l->gs;
       }
-  for (const auto& lw : P->layers)
-    TORCH_CHECK(lw.qkv.kind == P->layers[0].qkv.kind && lw.gu.kind == lw.qkv.kind &&
-                    (!lw.sep_qkv() || (lw.k.kind == lw.qkv.kind && lw.v.kind == lw.qkv.kind)) &&
-                    (!lw.sep_gu() || lw.up.kind == lw.gu.kind) &&
-                    (!P->head.kind || P->head.kind == lw.qkv.kind) &&
-                    lw.o.kind == P->layers[0].o.kind && lw.down.kind == P->layers[0].down.kind,
-                "one weight format per kind of linear");
+  // Each linear has its own format (int4 or int8, a mixed-precision model layer by layer): every phase
+  // prepares its input for the kinds of its consumers.
   const int64_t M = FUSED_MAX_ROWS;
   P->x.assign((size_t)(M * P->hidden), 0.f);
   P->qkv.assign((size_t)(M * Nqkv), 0.f);
@@ -213,8 +209,9 @@ std::shared_ptr<FusedPlan> make_fused_plan(std::vector<int64_t> dims, double eps
   P->cosb.assign((size_t)(P->nrope * M * P->D / 2), 0.f);
   P->sinb.assign((size_t)(P->nrope * M * P->D / 2), 0.f);
   // padded tails of the shared inputs stay zero (prep writes only [0, K))
-  P->act_o.init(P->layers[0].o.kind == 4 ? P->layers[0].o.Kp : (P->H * P->D + 31) / 32 * 32);
-  P->act_d.init(P->layers[0].down.kind == 4 ? P->layers[0].down.Kp : (P->I + 31) / 32 * 32);
+  auto padded = [&](int64_t k) { return P->gs > 0 ? (k + P->gs - 1) / P->gs * P->gs : (k + 31) / 32 * 32; };
+  P->act_o.init(padded(P->H * P->D));
+  P->act_d.init(padded(P->I));
   P->nctr = 12 * P->L + 4;   // per layer at most 10 phases (q, k, v, K/V write, attention, o, its norm, ...)
   P->ctr.reset(new std::atomic<int64_t>[(size_t)P->nctr]);
   ensure_threads(*P, std::max(1, omp_get_max_threads()));
