@@ -121,3 +121,16 @@ def test_a_model_without_a_packaged_gguf_is_refused(tmp_path):
 
     with pytest.raises(UserError, match="not a catalog model, so there is no packaged GGUF"):
         load(str(families.build("qwen2", tmp_path)), "int4-gguf", "cpu")
+
+
+def test_blocks_recovered_counts_what_each_quantizer_reproduces():
+    """bench/blocks_recovered.py: a file against itself is recovered bit for bit; another file's blocks are not;
+    round-to-nearest recovers exactly the sub-blocks whose codes span 0..15 (88 of these 128)."""
+    from tests.bench_scripts import bench_script
+
+    compare = bench_script("blocks_recovered").compare
+    raw = _raw("Q4_K", 8, 512, 3)
+    same = compare(raw, raw, "Q4_K", 8, 512)
+    assert same == {"sub_blocks": 128, "spans_0_15": 88, "llama_exact": 128, "rtn_exact_fp16": 88}
+    assert compare(raw, _raw("Q4_K", 8, 512, 4), "Q4_K", 8, 512)["llama_exact"] == 0
+    assert compare(raw, _raw("Q6_K", 8, 512), "Q6_K", 8, 512)["llama_exact"] == 0
