@@ -134,3 +134,12 @@ def test_blocks_recovered_counts_what_each_quantizer_reproduces():
     assert same == {"sub_blocks": 128, "spans_0_15": 88, "llama_exact": 128, "rtn_exact_fp16": 88}
     assert compare(raw, _raw("Q4_K", 8, 512, 4), "Q4_K", 8, 512)["llama_exact"] == 0
     assert compare(raw, _raw("Q6_K", 8, 512), "Q6_K", 8, 512)["llama_exact"] == 0
+
+
+def test_the_catalogs_converted_folder_is_the_catalog_model():
+    """Peers load the converted folder by path: int4-gguf finds that folder's GGUF (it refused it once)."""
+    from engine.infer import catalog
+
+    assert catalog.packaged_name(str(catalog.resolve("default-draft"))) == "qwen2.5-coder-0.5b"
+    assert catalog.packaged_name("default") == "qwen2.5-coder-1.5b"
+    assert catalog.packaged_name("/nowhere/model") is None

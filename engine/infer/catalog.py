@@ -68,6 +68,19 @@ def canonical_name(name: str) -> str:
     return ALIASES.get(n.lower(), n.lower() if n.lower() in CATALOG else n)
 
 
+def packaged_name(name: str) -> str | None:
+    """The catalog model `name` is: an alias, a catalog name, or its converted folder in the cache (peers run
+    the folder); None for anything else."""
+    c = canonical_name(name)
+    if c in CATALOG:
+        return c
+    try:
+        here = Path(name).expanduser().resolve()
+    except (OSError, RuntimeError):
+        return None
+    return next((m.name for m in CATALOG.values() if _model_dir(m).resolve() == here), None)
+
+
 def list_models() -> list[dict]:
     """Catalog entries with their local state (packages installed, cache converted)."""
     out = []
