@@ -30,7 +30,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from engine.infer import catalog  # noqa: E402
-from engine.ops.formats import dequantize_int4, quantize_int4  # noqa: E402
+from engine.ops.formats import dequantize_int4, quantize_int4, unpack_int4  # noqa: E402
 from engine.peers.gguf_tools import reference_ggufs  # noqa: E402
 from engine.quant.gguf_codes import decode_int4_blocks  # noqa: E402
 
@@ -46,7 +46,7 @@ def compare(ref_raw, req_raw, req_kind: str, n: int, k: int) -> dict[str, int]:
 
     ref = torch.from_numpy(dequantize(ref_raw, GGMLQuantizationType.Q4_K).astype(np.float32).reshape(n, k))
     packed, _, _ = decode_int4_blocks(ref_raw, "Q4_K", n, k)
-    q = torch.stack([packed & 0xF, packed >> 4], -1).reshape(n, k // GROUP, GROUP)
+    q = unpack_int4(packed).view(n, k // GROUP, GROUP)
     full = (q.amin(-1) == 0) & (q.amax(-1) == 15)
     out = {"sub_blocks": n * k // GROUP, "spans_0_15": int(full.sum())}
     if req_kind == "Q4_K":

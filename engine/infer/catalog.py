@@ -240,8 +240,8 @@ def gguf_path(name: str, progress=None) -> Path:
 
     Joined once (size and sha256 checked); later calls check the size and a sidecar stamp of the sha.
     """
-    cname = canonical_name(name)
-    if cname not in CATALOG:
+    cname = packaged_name(name)  # an alias, a catalog name, or the catalog's converted folder
+    if cname is None:
         raise UserError(f"'{name}' is not a catalog model, so there is no packaged GGUF for it",
                         f"use one of: {', '.join(sorted(list(ALIASES) + list(CATALOG)))}")
     m = CATALOG[cname]

@@ -103,7 +103,7 @@ def load(name: str = "default", spec: QuantSpec | str = "fp32", device: str | No
         from engine.quant.gguf_codes import read_gguf_codes
 
         say("reading the int4 blocks of the model's GGUF")
-        got = read_gguf_codes(catalog.gguf_path(catalog.packaged_name(name) or name, progress), model)
+        got = read_gguf_codes(catalog.gguf_path(name, progress), model)
         say(f"int4-gguf: {got.words()}")
         codes, keep_int8 = got.codes, got.keep_int8
     elif spec.calibrated:  # GPTQ/AWQ: computed once from calibration text, then read from the cache

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from engine.common.errors import UserError
+from engine.quant.gptq import pack_codes
 
 __all__ = ["GgufCodes", "read_gguf_codes", "decode_int4_blocks", "hf_name", "gguf_name", "INT4_TYPES", "INT8_TYPES"]
 
@@ -90,10 +91,10 @@ def decode_int4_blocks(raw: np.ndarray, kind: str, n: int, k: int) -> tuple[torc
         mins = -8.0 * d if kind == "Q4_0" else _f16(b[..., 2:4])
     else:
         raise ValueError(kind)
-    q = torch.from_numpy(q.astype(np.uint8))
-    packed = (q[:, 0::2] | (q[:, 1::2] << 4)).contiguous()
-    return (packed, torch.from_numpy(np.ascontiguousarray(scales)).to(torch.float16),
-            torch.from_numpy(np.ascontiguousarray(mins)).to(torch.float16))
+    def f16(a):
+        return torch.from_numpy(np.ascontiguousarray(a)).to(torch.float16)
+
+    return pack_codes(torch.from_numpy(q.astype(np.uint8))), f16(scales), f16(mins)
 
 
 @dataclass
