@@ -620,6 +620,21 @@ def test_plan_says_when_it_extrapolates():
     assert src.startswith("extrapolated:") and "unknown generation" in src
 
 
+def test_int4_mixed_plans_with_its_bytes_and_int4s_kernels():
+    """int4-mixed (the Q4_K_M layer rule, shapes) is planned with its own weight bytes, at int4's efficiency."""
+    w = Workload("llama-3.1-8b", 1, 512, 128, ttft_p90_s=10, tpot_p90_s=1, gpus=["H100 SXM"],
+                 precisions=["int4", "int4-mixed"], tp_options=[1], spec="off")
+    res = {p.precision: p for p in plan(w, models=MODELS).feasible}
+    assert set(res) == {"int4", "int4-mixed"}
+    mixed, int4 = dep("llama-3.1-8b", "H100 SXM", "int4-mixed"), dep("llama-3.1-8b", "H100 SXM", "int4")
+    assert mixed.efficiency() == int4.efficiency()
+    m = MODELS["llama-3.1-8b"]
+    ratio = shapes.weight_bytes(m, "int4-mixed") / shapes.weight_bytes(m, "int4")
+    assert 1.05 < ratio < 1.08  # 16 of 32 layers' v_proj and down_proj, and the head, at int8
+    t_mixed, t_int4 = decode_step(mixed, 1, 512).total, decode_step(int4, 1, 512).total
+    assert t_mixed / t_int4 == pytest.approx(ratio, rel=0.02)  # bandwidth-bound at batch 1
+
+
 def test_fp4_is_nvfp4_on_blackwell_and_refused_elsewhere_with_the_fix():
     m = MODELS["llama-3.1-8b"]
     assert shapes.linear_bytes(4096, 4096, "fp4") == 4096 * 4096 // 2 + 4096 * 4096 // 16   # 4.5 bits a weight

@@ -324,3 +324,27 @@ def test_weight_bytes_match_the_labs_converted_model(request, fixture, precision
         assert got == weight_bytes(m, "fp32") + m.vocab * m.hidden * 4
     else:
         assert got == weight_bytes(m, precision, quantize_head=True, base_dtype="fp32", bias_dtype="fp32")
+
+
+def test_int4_mixed_holds_at_int8_exactly_the_tensors_the_shipped_q4_k_m_gives_more_bits():
+    """The planner's int4-mixed is what our int4-gguf reads from the 1.5B's Q4_K_M: attn_v and ffn_down in as many
+    layers as llama.cpp's more-bits rule picks are 6-bit (int8 in ours), every other block linear Q4_K (int4).
+    (The shipped file picked other layers than the rule does, 14 of 28 either way: the bytes are the same.)"""
+    gguf = pytest.importorskip("gguf")
+    from engine.infer import catalog
+
+    m = MODELS["qwen2.5-coder-1.5b"]
+    r = gguf.GGUFReader(str(catalog.gguf_path("qwen2.5-coder-1.5b")))
+    linears = {t.name: t.tensor_type.name for t in r.tensors if t.name.startswith("blk.") and len(t.shape) == 2}
+    assert len(linears) == 7 * m.layers
+    more = [n.split(".")[2] for n, t in linears.items() if t != "Q4_K"]
+    assert sorted(more) == ["attn_v"] * 14 + ["ffn_down"] * 14 and shapes.more_bits_layers(m.layers) == 14
+    assert [shapes.more_bits_layers(n) for n in (24, 28, 32, 80)] == [12, 14, 16, 40]
+    # 2 x 14 linears and the head at int8 instead of int4 g32: the bytes grow by exactly their difference
+    kv, h, inter = m.kv_dim, m.hidden, m.intermediate
+    extra = sum(14 * (linear_bytes(o, i, "int8") - linear_bytes(o, i, "int4", 32)) for o, i in ((kv, h), (h, inter)))
+    extra += linear_bytes(m.vocab, h, "int8") - linear_bytes(m.vocab, h, "int4", 32)
+    kw = dict(quantize_head=True, group_size=32, base_dtype="fp32", bias_dtype="fp32")
+    assert weight_bytes(m, "int4-mixed", **kw) - weight_bytes(m, "int4", **kw) == extra
+    with pytest.raises(shapes.ShapeError, match="int4-mixed is modelled for dense attention models only"):
+        weight_bytes(next(x for x in MODELS.values() if x.is_moe), "int4-mixed")

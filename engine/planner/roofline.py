@@ -110,16 +110,17 @@ class Deployment:
         """The calibration's decode step against batch for this device and precision (a BatchFit
         whose line says something), or None: the step is then that line, not the roofline's max."""
         dev = self._lab_device()
-        return self.calibration.decode_line_for(dev, precision or self.precision) if dev else None
+        p = shapes.kernel_precision(precision or self.precision)
+        return self.calibration.decode_line_for(dev, p) if dev else None
 
     def prefill_tflops(self) -> tuple[float, str] | None:
         """(TFLOP/s, source) of prefill as the lab measured it on this device, scaled like the band."""
         dev = self._lab_device()
-        got = self.calibration.prefill_for(dev, self.precision) if dev else None
+        got = self.calibration.prefill_for(dev, shapes.kernel_precision(self.precision)) if dev else None
         return (got[0] * self.efficiency_scale, got[1]) if got else None
 
     def _efficiency(self, precision: str | None = None) -> tuple[Efficiency, str]:
-        p = precision or self.precision
+        p = shapes.kernel_precision(precision or self.precision)
         fam = self.family_obj()
         dev = "cpu" if self.gpu.kind == "cpu" else "cuda"
         bf = self.measured_line(p)

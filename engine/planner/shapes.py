@@ -14,6 +14,10 @@ Byte formats per quantized linear of shape (out, in), n = out*in weights:
   int4      n/2 + 4*out*ceil(in/g)   two weights a byte, fp16 scale + fp16 min per group of g inputs
   nf4       n/2 + 4*ceil(n/64)       bitsandbytes NF4, blocksize 64, fp32 absmax per block;
             with double quantization the absmax is int8 (1 byte/block) + fp32 per 256 blocks + fp32 offset
+  int4-mixed  int4, except v_proj and down_proj in as many layers as llama.cpp's Q4_K_M rule gives more
+            bits (use_more_bits: the first and last eighth and every third between, half the layers) and the
+            head, which are int8: the lab's int4-gguf of the catalog's Q4_K_M files holds this many (their
+            Q6_K tensors at int8; the files picked other layers than the rule, the same number)
   fp4       n/2 + ceil(n/16)   NVFP4 (planner only, no lab kernel): e2m1 weights, one fp8 e4m3 scale per
             16 = 4.5 bits a weight (MXFP4, one 8-bit scale per 32, is 4.25: 6% fewer bytes, not modelled)
 Norms, biases, routers and whatever is not quantized stay in the base dtype (counted).
@@ -36,7 +40,14 @@ FLOAT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 KV_DTYPES = ("fp32", "bf16", "fp16", "fp8", "int8", "int4")
 # The planner's precisions: the lab's (engine.common.vocab, shared with the engine and the dashboard's
 # pickers) plus fp4, which only Blackwell's FP4 tensor cores run and the lab has no kernel for.
-PLAN_PRECISIONS = PRECISIONS + ("fp4",)
+INT4_MIXED = "int4-mixed"  # the Q4_K_M layer rule (module docstring); a format, whatever chose the codes
+PLAN_PRECISIONS = PRECISIONS + (INT4_MIXED, "fp4")
+
+
+def kernel_precision(precision: str) -> str:
+    """The precision whose kernels, efficiencies and calibration a plan at `precision` uses: int4-mixed's
+    are int4's (the lab's runs of it are int4 records; their fits use the bytes they measured)."""
+    return "int4" if precision == INT4_MIXED else precision
 FP4_GROUP = 16   # NVFP4: one fp8 scale per 16 weights
 NF4_BLOCKSIZE = 64          # bitsandbytes default blocksize for 4-bit (Params4bit)
 NF4_DQ_BLOCKSIZE = 256      # bitsandbytes blocksize of the second-level (double) quantization
@@ -193,6 +204,7 @@ class Linear:
     out: int
     inp: int
     count: int = 1
+    role: str = ""   # v_proj, down_proj: the linears a mixed rule keeps at more bits in some layers
 
     @property
     def params(self) -> int:
@@ -214,13 +226,14 @@ def block_linears(m: ModelShape) -> list[Linear]:
     else:
         lin = [
             Linear("attention", m.q_dim, m.hidden, L),      # q_proj
-            Linear("attention", m.kv_dim, m.hidden, 2 * L),  # k_proj, v_proj
+            Linear("attention", m.kv_dim, m.hidden, L),     # k_proj
+            Linear("attention", m.kv_dim, m.hidden, L, "v_proj"),
             Linear("attention", m.hidden, m.q_dim, L),      # o_proj
         ]
     dense = L - m.moe_layers
     if dense:
         lin += [Linear("mlp", m.intermediate, m.hidden, 2 * dense),              # gate_proj, up_proj
-                Linear("mlp", m.hidden, m.intermediate, dense)]                  # down_proj
+                Linear("mlp", m.hidden, m.intermediate, dense, "down_proj")]
     if m.is_moe:
         E, ie, M = m.experts, m.expert_intermediate, m.moe_layers
         lin += [Linear("expert", ie, m.hidden, 2 * M * E),                      # w1 (gate), w3 (up)
@@ -341,10 +354,28 @@ def default_base_dtype(precision: str) -> str:
     return {"fp32": "fp32", "fp16": "fp16"}.get(precision, "bf16")
 
 
+def more_bits(i: int, layers: int) -> bool:
+    """Whether llama.cpp's Q4_K_M rule gives layer `i` of `layers` more bits (its use_more_bits: the first
+    and last eighth, and every third layer between)."""
+    return i < layers // 8 or i >= 7 * layers // 8 or (i - layers // 8) % 3 == 2
+
+
+def more_bits_layers(layers: int) -> int:
+    """How many layers get more bits: 12 of the 0.5B's 24, 14 of the 1.5B's 28."""
+    return sum(more_bits(i, layers) for i in range(layers))
+
+
+def _int8_copies(li: Linear, m: "ModelShape") -> int:
+    """How many of `li`'s copies (one per layer) int4-mixed keeps at int8: v_proj and down_proj in the
+    more-bits layers."""
+    return more_bits_layers(m.layers) if li.role in ("v_proj", "down_proj") else 0
+
+
 def linear_bytes(out: int, inp: int, precision: str, group_size: int = 64, double_quant: bool = False,
                  count: int = 1) -> int:
-    """Bytes of `count` (out, in) weight matrices stored in `precision` (formats: module docstring)."""
-    p = _check_precision(precision)
+    """Bytes of `count` (out, in) weight matrices stored in `precision` (formats: module docstring; a
+    linear on its own in int4-mixed is int4: which copies are int8 is the model's, weight_bytes_breakdown)."""
+    p = kernel_precision(_check_precision(precision))
     n = out * inp
     if p in FLOAT_BYTES:
         b = FLOAT_BYTES[p] * n
@@ -397,6 +428,9 @@ def weight_bytes_breakdown(m: ModelShape, precision: str, quantize_embeddings: b
                            base_dtype: str | None = None, bias_dtype: str | None = None) -> WeightBytes:
     """Per-part weight bytes; see `weight_bytes` for the rules."""
     p = _check_precision(precision)
+    if p == INT4_MIXED and (m.is_moe or m.is_mla):
+        raise ShapeError(f"{INT4_MIXED} is modelled for dense attention models only, not {m.name} (mixture of "
+                         "experts or MLA: llama.cpp's rule differs there)", "plan it at int4 or int8")
     base = base_dtype or default_base_dtype(p)
     if base not in FLOAT_BYTES:
         raise ShapeError(f"base_dtype must be one of {', '.join(FLOAT_BYTES)}, got '{base}'")
@@ -405,7 +439,9 @@ def weight_bytes_breakdown(m: ModelShape, precision: str, quantize_embeddings: b
     bb = FLOAT_BYTES[base] if quantized else FLOAT_BYTES[p]
     blocks = experts = 0
     for li in block_linears(m):
-        b = linear_bytes(li.out, li.inp, p, group_size, double_quant, li.count)
+        k8 = _int8_copies(li, m) if p == INT4_MIXED else 0
+        b = linear_bytes(li.out, li.inp, p, group_size, double_quant, li.count - k8) \
+            + linear_bytes(li.out, li.inp, "int8", count=k8)
         blocks += b
         if li.kind == "expert":
             experts += b
@@ -413,7 +449,8 @@ def weight_bytes_breakdown(m: ModelShape, precision: str, quantize_embeddings: b
     bias_b = FLOAT_BYTES[bias_dtype] if bias_dtype else bb
     small = pb.norms * bb + pb.router * bb + pb.biases * bias_b
     emb_float = m.vocab * m.hidden * bb
-    head_q = linear_bytes(m.vocab, m.hidden, p, group_size, double_quant) if quantized else emb_float
+    head_q = (linear_bytes(m.vocab, m.hidden, "int8" if p == INT4_MIXED else p, group_size, double_quant)
+              if quantized else emb_float)
     embedding = _embedding_int8_rows_bytes(m) if (quantized and quantize_embeddings) else emb_float
     if not quantized:
         head, shares = (0, True) if m.tied_embeddings else (emb_float, False)

@@ -14,7 +14,7 @@ from engine.planner.price_overrides import machine_price, set_gpu_price, set_mac
 from engine.common.vocab import PRECISIONS
 from engine.present.figures import _safe
 
-PLAN_PRECISIONS = PRECISIONS
+PLAN_PRECISIONS = PRECISIONS + (planner.shapes.INT4_MIXED,)  # int4-mixed: the Q4_K_M layer rule (shapes)
 
 
 def planner_inputs(stored_runs: Sequence[dict], overrides: list[dict]) -> dict:
