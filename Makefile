@@ -12,6 +12,8 @@ LLAMA_CPP_VERSION := 0.3.36
 SCL_CACHE ?= $(or $(SCL_CACHE_DIR),$(if $(XDG_CACHE_HOME),$(XDG_CACHE_HOME)/serving-cost-lab,$(HOME)/.cache/serving-cost-lab))
 LLAMA_SERVER_DIR := $(SCL_CACHE)/llama-server-$(LLAMA_CPP_VERSION)
 LLAMA_SRC := $(LLAMA_SERVER_DIR)/src/llama_cpp_python-$(LLAMA_CPP_VERSION)/vendor/llama.cpp
+LLAMA_TOOLS_DIR := $(SCL_CACHE)/llama-tools-$(LLAMA_CPP_VERSION)
+LLAMA_TOOLS_SRC := $(LLAMA_TOOLS_DIR)/src/llama_cpp_python-$(LLAMA_CPP_VERSION)/vendor/llama.cpp
 
 PORT ?= 8501
 # The dashboard listens on loopback only; HOST=0.0.0.0 serves the LAN (anyone there can load models).
@@ -102,7 +104,7 @@ bench: setup models workloads
 # Peers for bench/peers.py: llama-cpp-python compiled from PyPI for this CPU (about 8 minutes, once),
 # and llama.cpp's llama-server for bench/load.py, built from the llama.cpp vendored in the same
 # llama-cpp-python sdist (about 8 minutes on 2 cores, once; cached outside the checkout).
-peers: $(VENV)/.stamp-peers $(LLAMA_SERVER_DIR)/.stamp $(SCL_CACHE)/llama-cpp-src/.stamp
+peers: $(VENV)/.stamp-peers $(LLAMA_SERVER_DIR)/.stamp $(SCL_CACHE)/llama-cpp-src/.stamp $(LLAMA_TOOLS_DIR)/.stamp
 
 # llama.cpp's converter and gguf-py from the same sdist, unpacked into the cache (engine/peers/gguf_tools.py):
 # bench/llama_shape.py, bench/quality_matched.py and their tests convert with them.
@@ -128,6 +130,22 @@ $(LLAMA_SERVER_DIR)/.stamp: | $(VENV)/.stamp-venv
 	cp $(LLAMA_SERVER_DIR)/build/bin/llama-server $(LLAMA_SERVER_DIR)/bin/llama-server
 	$(LLAMA_SERVER_DIR)/bin/llama-server --version
 	rm -rf $(LLAMA_SERVER_DIR)/src $(LLAMA_SERVER_DIR)/build
+	touch $@
+
+# llama.cpp's llama-imatrix and llama-quantize from the same sources (engine/peers/gguf_tools.py: the
+# importance-matrix peers; the Python binding's quantizer cannot be given an imatrix). Built as llama-server is.
+$(LLAMA_TOOLS_DIR)/.stamp: | $(VENV)/.stamp-venv
+	rm -rf $(LLAMA_TOOLS_DIR)/src $(LLAMA_TOOLS_DIR)/build && mkdir -p $(LLAMA_TOOLS_DIR)/src $(LLAMA_TOOLS_DIR)/bin
+	$(PIP) download -q --no-binary :all: --no-deps llama-cpp-python==$(LLAMA_CPP_VERSION) -d $(LLAMA_TOOLS_DIR)/src
+	tar xzf $(LLAMA_TOOLS_DIR)/src/llama_cpp_python-$(LLAMA_CPP_VERSION).tar.gz -C $(LLAMA_TOOLS_DIR)/src
+	cmake -S $(LLAMA_TOOLS_SRC) -B $(LLAMA_TOOLS_DIR)/build -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
+		-DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=ON \
+		-DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
+		-DLLAMA_OPENSSL=OFF >$(LLAMA_TOOLS_DIR)/configure.log
+	cmake --build $(LLAMA_TOOLS_DIR)/build --target llama-imatrix llama-quantize -j$$(nproc) >$(LLAMA_TOOLS_DIR)/build.log
+	cp $(LLAMA_TOOLS_DIR)/build/bin/llama-imatrix $(LLAMA_TOOLS_DIR)/build/bin/llama-quantize $(LLAMA_TOOLS_DIR)/bin/
+	$(LLAMA_TOOLS_DIR)/bin/llama-quantize --help >/dev/null 2>&1 || test $$? -le 1
+	rm -rf $(LLAMA_TOOLS_DIR)/src $(LLAMA_TOOLS_DIR)/build
 	touch $@
 
 # vLLM's CPU build in its own venv (.ci/run builds it; its tests skip without it). Its PyPI torchvision,

@@ -154,6 +154,8 @@ def main(argv=None) -> int:
     ap.add_argument("--random-init", default="", help="comma list of data/models.json shapes (GPU runs)")
     ap.add_argument("--ours", default="", help="comma list: our engine at these precisions too, e.g. "
                                                "int4-gptq-g32,int4-gptq-mixed-g32 (calibrated once, cached)")
+    ap.add_argument("--llama", default="", help="comma list: llama.cpp at these precisions too (gguf_tools."
+                                                "LLAMA_PRECISIONS), e.g. Q4_K_M-imatrix,IQ4_XS-imatrix (built once)")
     ap.add_argument("--timeout", type=int, default=1800, help="seconds per system")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
     ap.add_argument("--store", action="store_true", help="also save the records in the lab's store")
@@ -170,6 +172,9 @@ def main(argv=None) -> int:
         c = peers.PeerConfig.of(system=peers.OURS, model=a.model, precision=tok, max_new_tokens=a.max_new_tokens,
                                 reps=a.reps, device=a.device)
         cfgs.append(replace(c, setup=c.setup.validate()))
+    for tok in (x.strip() for x in a.llama.split(",") if x.strip()):
+        cfgs.append(peers.PeerConfig.of(system="llama.cpp", model=a.model, precision=tok,
+                                        max_new_tokens=a.max_new_tokens, reps=a.reps, device=a.device).validate())
     cfgs = [replace(c, timeout_s=a.timeout) for c in cfgs]
     if a.only:
         keys = [k.strip().lower() for k in a.only.split(",") if k.strip()]

@@ -13,6 +13,9 @@ the same reference (engine.measure.quality), it scores:
 
 - llama.cpp F32 GGUF: must read KLD ~0 (else conversion or tokenization differ; the run says so);
 - llama.cpp Q4_K_M requantized from the reference: the peer row on equal terms;
+- `--llama-types`: llama.cpp's other quantizations of the same F32 GGUF, at its best: IQ4_XS, and
+  `<type>-imatrix` with llama-imatrix's importance matrix computed on the calibration text our GPTQ/AWQ
+  read (engine.peers.gguf_tools; never the eval text);
 - llama.cpp Q4_K_M as shipped: its own weights (it cannot lose on weights; shown for what it is);
 - ours int4 at group sizes 32/64/128 and int8 (the engine's default kernels: int8 activations in
   the int4 CPU kernels, engine.ops.config); `--methods rtn,gptq,awq,gptq-mixed` picks how the int4
@@ -54,6 +57,13 @@ F32_MAX_KLD = 1e-3  # the F32 GGUF through llama.cpp against the reference: abov
 GROUP_SIZES = (32, 64, 128)
 REQUANT, SHIPPED, F32 = "llama.cpp Q4_K_M (requantized from the reference)", \
     "llama.cpp Q4_K_M (shipped: its own weights)", "llama.cpp F32 (the reference, converted)"
+
+
+
+
+def requant_label(gguf_type: str) -> str:
+    """A row of llama.cpp quantizing the reference's F32 GGUF to `gguf_type` (REQUANT for Q4_K_M)."""
+    return REQUANT if gguf_type == "Q4_K_M" else f"llama.cpp {gguf_type} (quantized from the reference)"
 
 
 # ---------------------------------------------------------------- the rows
@@ -291,7 +301,8 @@ def markdown(rep: dict) -> str:
 def run(model: str, tokens: int, out_dir: Path | None, command: str, *, group_sizes=GROUP_SIZES, int8: bool = True,
         methods: tuple[str, ...] = ("rtn",),
         shipped: bool = True, probe: bool = True, probe_prefix: int = 16, probe_tokens: int | None = None,
-        weight_check: bool = True, llama: bool = True, ours: bool = True, progress=None) -> dict:
+        weight_check: bool = True, llama: bool = True, ours: bool = True, llama_types: tuple[str, ...] = (),
+        progress=None) -> dict:
     """The whole bench (see the module docstring); writes <out_dir>/quality_matched.{md,json} as rows arrive.
 
     probe_tokens: the eval text whose documents the probe runs (their first probe_prefix tokens each);
@@ -349,6 +360,12 @@ def run(model: str, tokens: int, out_dir: Path | None, command: str, *, group_si
     # 2. llama.cpp on the same reference: F32 (the check), requantized Q4_K_M, shipped Q4_K_M
     if llama:
         _llama_rows(rep, model, name, folder, ggufs, docs, shipped, weight_check, add, save, say, t0)
+        for t in llama_types:  # llama.cpp's other quantizations of the same F32 GGUF (built once)
+            extra = reference_ggufs(name, folder, (t,), say)
+            if "imatrix" in extra:
+                rep["gguf"]["imatrix"] = str(extra["imatrix"])
+            row, sc = llama_row(model, extra[t], t, requant_label(t), docs, say)
+            add(requant_label(t), row, sc)
     if ours:
         _our_rows(rep, model, docs, ref, group_sizes, int8, add, say, methods)
     finish(rep)
@@ -469,6 +486,9 @@ def main(argv=None) -> int:
     ap.add_argument("--no-weight-check", action="store_true", help="skip comparing the shipped GGUF's weights")
     ap.add_argument("--parts", default="llama,ours",
                     help="which rows to measure: llama (the llama.cpp rows), ours (our rows); with --merge, none")
+    ap.add_argument("--llama-types", default="",
+                    help="llama.cpp's other quantizations too (with --parts llama), e.g. "
+                         "Q4_K_M-imatrix,IQ4_XS,IQ4_XS-imatrix (engine.peers.gguf_tools.LLAMA_PRECISIONS)")
     ap.add_argument("--merge", nargs="+", default=None, metavar="JSON",
                     help="write one report from quality_matched.json files of runs that measured different --parts")
     ap.add_argument("--note", action="append", default=[], help="a line added to the report's notes (with --merge)")
@@ -496,7 +516,8 @@ def main(argv=None) -> int:
               methods=tuple(x.strip() for x in a.methods.split(",") if x.strip()), shipped=not a.no_shipped,
               probe=not a.no_probe, probe_prefix=a.probe_prefix,
               probe_tokens=a.probe_tokens, weight_check=not a.no_weight_check, llama="llama" in parts,
-              ours="ours" in parts, progress=say)
+              ours="ours" in parts, llama_types=tuple(x.strip() for x in a.llama_types.split(",") if x.strip()),
+              progress=say)
     print(markdown(rep))
     return 0
 

@@ -23,6 +23,7 @@ qm = bench_script("quality_matched")
 from engine.measure import quality  # noqa: E402
 from engine.measure.eval_text import EvalDoc  # noqa: E402
 from engine.measure.kld import Scores  # noqa: E402
+from engine.peers import gguf_tools  # noqa: E402
 
 # ---------------------------------------------------------------- the picking function
 
@@ -101,6 +102,12 @@ def _qwen_tokenizer_folder() -> Path | None:
     return d if (d / "tokenizer.json").exists() else None
 
 
+def _llama_tools() -> Path | None:
+    """llama-imatrix and llama-quantize as `make peers` builds them in the real cache (None: not built)."""
+    d = _real_cache() / f"llama-tools-{gguf_tools.LLAMA_CPP_VERSION}"
+    return d if (d / "bin" / "llama-imatrix").exists() and (d / "bin" / "llama-quantize").exists() else None
+
+
 def _sdist_src() -> Path | None:
     from engine.peers.servers import LLAMA_CPP_VERSION
 
@@ -131,9 +138,12 @@ def tiny_run(tmp_path_factory):
                                bos_token_id=151643, eos_token_id=151645, rms_norm_eps=1e-6)
     torch.manual_seed(0)
     AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).save_pretrained(str(folder))
-    cache = root / "cache"  # the reference and the GGUFs go here; the sdist is the real cache's
+    cache = root / "cache"  # the reference and the GGUFs go here; the sdist and llama.cpp's tools are the real cache's
     cache.mkdir()
     (cache / "llama-cpp-src").symlink_to(src)
+    tools = _llama_tools()
+    if tools is not None:
+        (cache / tools.name).symlink_to(tools)
     mp = pytest.MonkeyPatch()
     mp.setenv("SCL_CACHE_DIR", str(cache))
     from engine.ops.config import configure
@@ -143,7 +153,8 @@ def tiny_run(tmp_path_factory):
     prev = configure(enabled=False)
     try:
         yield qm.run(str(folder), 96, root / "out", "test", group_sizes=(32,), int8=False, shipped=False,
-                     probe=True, probe_prefix=8), root
+                     probe=True, probe_prefix=8,
+                     llama_types=("Q4_K_M" + gguf_tools.IMATRIX,) if tools is not None else ()), root
     finally:
         configure(prev)
         mp.undo()
@@ -159,7 +170,8 @@ def test_f32_gguf_through_llama_cpp_scores_kld_zero_against_our_reference(tiny_r
 
 def test_pipeline_writes_every_row_the_pick_and_the_files(tiny_run):
     rep, root = tiny_run
-    assert set(rep["rows"]) == {qm.F32, qm.REQUANT, "ours int4-g32"}
+    imat = {qm.requant_label("Q4_K_M-imatrix")} if "imatrix" in rep["gguf"] else set()
+    assert set(rep["rows"]) == {qm.F32, qm.REQUANT, "ours int4-g32"} | imat
     assert rep["tokens"] == 96 and all(rep["positions"][k]["0"]["documents"] >= 2 for k in rep["rows"])
     assert Path(rep["gguf"]["Q4_K_M"]).exists() and Path(rep["gguf"]["F32"]).exists()
     assert rep["match"]["pick"] in (None, "ours int4-g32")
@@ -169,3 +181,47 @@ def test_pipeline_writes_every_row_the_pick_and_the_files(tiny_run):
     assert md.splitlines()[2] == "Command: `test`" and "Quality-matched pick" in md
     assert (root / "out" / "quality_matched.json").exists()
 
+
+
+def test_imatrix_row_is_llama_cpp_quantizing_with_its_importance_matrix_of_the_calibration_text(tiny_run):
+    """llama-imatrix ran on the F32 GGUF over the calibration text (never the eval text), llama-quantize used it:
+    the GGUF names the matrix in its metadata, and its 4-5-bit blocks differ from the plain requantization's
+    (this tiny model's rows are too short for Q4_K: llama.cpp falls back to Q5_0, which weighs by the matrix too;
+    Q8_0 and float tensors do not use it)."""
+    rep, root = tiny_run
+    if "imatrix" not in rep["gguf"]:
+        pytest.skip("llama-imatrix/llama-quantize not built (make peers)")
+    import numpy as np
+    from gguf import GGUFReader
+
+    from engine.infer.calibrate import DEFAULT_TOKENS
+
+    im = Path(rep["gguf"]["imatrix"])
+    assert im.name == f"imatrix-sharegpt-chat-exchanges-{DEFAULT_TOKENS}.gguf" and im.exists()
+    text = im.with_suffix(".txt").read_text()
+    assert text == gguf_tools.calibration_text(root / "tiny-qwen2", DEFAULT_TOKENS)  # what GPTQ/AWQ read
+    imat_gguf = Path(rep["gguf"]["F32"]).with_name("model-Q4_K_M-imatrix.gguf")
+    r = GGUFReader(str(imat_gguf))
+    assert str(im) in bytes(r.fields["quantize.imatrix.file"].parts[-1]).decode()
+    plain = {t.name: t for t in GGUFReader(rep["gguf"]["Q4_K_M"]).tensors}
+    differ = [t.name for t in r.tensors if t.name in plain and t.tensor_type == plain[t.name].tensor_type
+              and t.tensor_type.name not in ("F32", "F16", "Q8_0") and not np.array_equal(t.data, plain[t.name].data)]
+    assert len(differ) >= 10, "the importance matrix changed too few 4-5-bit tensors"
+    row = rep["rows"][qm.requant_label("Q4_K_M-imatrix")]
+    assert row["precision"] == "Q4_K_M-imatrix" and row["kld_median"] >= 0
+
+
+def test_llama_precisions_are_one_vocabulary_and_a_missing_tool_is_named(monkeypatch, tmp_path):
+    from engine.peers import peer, servers
+    from engine.common.errors import UserError
+
+    assert tuple(servers.LLAMA_PRECISIONS) == peer.LLAMA_PRECISIONS == tuple(gguf_tools.LLAMA_PRECISIONS)
+    with pytest.raises(UserError, match="runs Q4_K_M, Q4_K_M-imatrix, IQ4_XS.*not 'Q4_K_Z'"):
+        peer.PeerConfig.of(system="llama.cpp", precision="Q4_K_Z").validate()
+    monkeypatch.setenv("SCL_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv("SCL_LLAMA_TOOLS", raising=False)
+    with pytest.raises(UserError, match="llama-imatrix is not built.*make peers"):
+        gguf_tools.llama_tool("llama-imatrix")
+    assert "make peers" in gguf_tools.llama_precision_unavailable("IQ4_XS-imatrix")
+    assert gguf_tools.llama_precision_unavailable("Q4_K_M") is None

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import os
-from engine.peers.peer import OURS, SYSTEMS, PeerConfig, unavailable_reason
+from engine.peers.peer import LLAMA_PRECISIONS, OURS, SYSTEMS, PeerConfig, unavailable_reason
 
 
 def available_systems(device: str = "cpu") -> dict[str, str | None]:
@@ -51,6 +51,8 @@ def dashboard_peer_configs(model: str, draft_model: str, max_new_tokens: int, de
               base.with_fields(system="transformers", precision="fp32", draft="ngram"),
               base.with_fields(system="llama.cpp", precision="Q4_K_M"),
               base.with_fields(system="llama.cpp", precision="Q4_K_M", draft="ngram")]
+    # llama.cpp's own quantizations of the same weights (built on first use: minutes for the 1.5B)
+    cands += [base.with_fields(system="llama.cpp", precision=p) for p in LLAMA_PRECISIONS if p != "Q4_K_M"]
     ok, missing = [], {}
     for c in cands:
         why = unavailable_reason(c)

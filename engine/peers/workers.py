@@ -146,10 +146,11 @@ def _hf_worker(cfg: PeerConfig, folder, draft_folder) -> dict:
 def _llama_worker(cfg: PeerConfig) -> dict:
     import llama_cpp
 
-    from engine.infer.catalog import gguf_path, resolve
+    from engine.infer.catalog import resolve
     from engine.infer.loader import load_tokenizer
+    from engine.peers.gguf_tools import llama_gguf
 
-    path = gguf_path(cfg.setup.model)
+    path = llama_gguf(cfg.setup.model, cfg.setup.precision)
     kw = {}
     setting = None
     if cfg.setup.draft == "ngram":
