@@ -53,8 +53,13 @@ $(VENV)/.stamp-torch: $(VENV)/.stamp-venv
 	$(PY) -c "import torch" 2>/dev/null || $(PIP) install -q "$(TORCH_SPEC)"
 	touch $@
 
+# AutoAWQ packs the AWQ and GPTQ checkpoints tests/test_gptq_awq_checkpoints.py reads. Without its dependencies:
+# its packer and dequantizer are plain torch, and what it requires beyond the lab's (triton) is for GPUs.
+AUTOAWQ_SPEC ?= autoawq==0.2.9
+
 $(VENV)/.stamp-project: $(VENV)/.stamp-torch pyproject.toml
 	$(PIP) install -q -e ".[test]"
+	$(PIP) install -q --no-deps "$(AUTOAWQ_SPEC)"
 	touch $@
 
 # The CPU kernels (kernels/cpu) are built once into the kernel cache (engine/ops/build.py), here rather than

@@ -170,7 +170,7 @@ def test_missing_tensor_is_named(tmp_path, folders):
 @pytest.mark.parametrize("field,value,named", [
     ("rope_parameters", {"rope_type": "su", "rope_theta": 1e4}, "rope_type"),
     ("hidden_act", "relu2", "hidden_act"),
-    ("quantization_config", {"quant_method": "gptq", "bits": 4}, "quantization_config.quant_method"),
+    ("quantization_config", {"quant_method": "hqq", "nbits": 4}, "quantization_config.quant_method"),
 ])
 def test_arithmetic_we_do_not_compute_is_refused_by_name(tmp_path, field, value, named):
     from engine.infer.model import load_config

@@ -113,7 +113,7 @@ def test_int4_checkpoint_of_an_unquantized_folder_is_refused(tmp_path):
 
 
 @pytest.mark.parametrize("field,value,says", [
-    ("quant_method", "gptq", "'quantization_config.quant_method' = 'gptq'"),
+    ("quant_method", "hqq", "'quantization_config.quant_method' = 'hqq'"),
     ("format", "marlin-24", "'quantization_config.format' = 'marlin-24'"),
     ("config_groups.group_0.weights.num_bits", 8, "num_bits' = 8"),
     ("config_groups.group_0.weights.group_size", 48, "group_size' = 48"),

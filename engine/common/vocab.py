@@ -45,7 +45,8 @@ METHOD_DESCRIPTIONS = {
                   "kept at int8, within a byte budget (llama.cpp's Q4_K_M keeps attn_v, half of ffn_down and the "
                   "head at 6 bits by a fixed rule)",
     "checkpoint": "the int4 codes of your already-quantized checkpoint (compressed-tensors pack-quantized W4A16, as "
-                  "llm-compressor saves GPTQ and AWQ), read into our kernels' format, not requantized",
+                  "llm-compressor saves GPTQ and AWQ; GPTQ as AutoGPTQ/GPTQModel save it; AWQ GEMM as AutoAWQ "
+                  "saves it), read into our kernels' format, not requantized",
     "gguf": "the int4 codes of the model's own llama.cpp GGUF (the catalog's shipped Q4_K_M): its Q4_K/Q4_0/Q4_1 "
             "blocks read into our kernels' format, not requantized; its 5-8-bit tensors (Q4_K_M's Q6_K attn_v, half "
             "of ffn_down and the head) kept at int8. The same weights llama.cpp runs from that file",

@@ -12,8 +12,22 @@ min = -(8 + zero) * scale. Symmetric: min = -8 * scale, exact. Asymmetric: the p
 to fp16, at most 2^-11 of |min|, so at most 1/128 of one quantization step: the one place the
 stored grid is not reproduced bit for bit (docs/MODELS.md says so).
 
-Refused by name with the field: other formats (GPTQ's qweight/qzeros, AutoAWQ's GEMM), other bit
-widths, activation quantization, act-order with a g_idx, group sizes our kernels lack.
+GPTQ (AutoGPTQ / GPTQModel, quant_method "gptq"): per linear `qweight` int32 [K/8, N] (input k in
+word k // 8 at bits 4 * (k % 8)), `qzeros` int32 [G, N/8] (output n in word n // 8, same bits), `scales`
+[G, N], `g_idx` [K]; w = (q - zero) * scale. checkpoint_format "gptq" (v1, the default) stores zero - 1
+(a zero of 0 reads 16, as every v1 kernel computes it), "gptq_v2" the zero itself. A g_idx must be
+k // group (desc_act off, or act-order with static groups): a permuted one would need the activations
+gathered at run time, which our kernels do not do, so it is refused naming the tensor.
+
+AWQ (AutoAWQ, quant_method "awq", version "gemm"): `qweight` int32 [K, N/8] and `qzeros` [G, N/8] packed
+along the outputs in AWQ's order (nibble i of a word holds output 8c + (0, 2, 4, 6, 1, 3, 5, 7)[i]),
+`scales` [G, N]; w = (q - zero) * scale.
+
+Into ours for both: q is the stored nibble, scale the checkpoint's (checked exact in fp16) and
+min = -zero * scale rounded to fp16 (at most 2^-11 of |min|, as for compressed-tensors asymmetric).
+
+Refused by name with the field: other formats (AWQ's GEMV/Marlin/ExLlama layouts, GPTQ's Marlin), other
+bit widths, activation quantization, act-order with a permuted g_idx, group sizes our kernels lack.
 """
 from __future__ import annotations
 
@@ -27,6 +41,8 @@ from engine.common.vocab import GROUP_SIZES
 __all__ = ["CheckpointScheme", "read_scheme", "unpack_checkpoint"]
 
 READ_FORMATS = ("pack-quantized",)
+GPTQ_FORMATS = ("gptq", "gptq_v2")  # checkpoint_format: v1 stores zero - 1
+AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # nibble i of an AWQ word holds output 8c + AWQ_ORDER[i]
 
 
 @dataclass(frozen=True)
@@ -49,11 +65,49 @@ def _refuse(source: str, field: str, value, fix: str):
                     "the lab reads exactly", fix)
 
 
+_FIX = ("give a compressed-tensors pack-quantized W4A16 checkpoint (llm-compressor's output), a GPTQ (AutoGPTQ/"
+        "GPTQModel) or AWQ GEMM (AutoAWQ) 4-bit checkpoint, or the unquantized checkpoint for the lab to quantize "
+        "(--precision int4-gptq)")
+
+
+def _group(qc: dict, source: str, field: str) -> int:
+    g = qc.get(field)
+    if g not in GROUP_SIZES:
+        _refuse(source, field, g, f"our int4 kernels have group sizes {', '.join(map(str, GROUP_SIZES))}"
+                + (" (-1 is one group per row)" if g == -1 else ""))
+    return int(g)
+
+
+def _gptq_scheme(qc: dict, source: str) -> CheckpointScheme:
+    if qc.get("bits") != 4:
+        _refuse(source, "bits", qc.get("bits"), "give a 4-bit GPTQ checkpoint")
+    fmt = qc.get("checkpoint_format", "gptq")
+    if fmt not in GPTQ_FORMATS:
+        _refuse(source, "checkpoint_format", fmt, f"give a GPTQ checkpoint in format {' or '.join(GPTQ_FORMATS)}")
+    gs = _group(qc, source, "group_size")
+    return CheckpointScheme("gptq", fmt, gs, bool(qc.get("sym", True)), tuple(qc.get("modules_to_not_convert") or ()))
+
+
+def _awq_scheme(qc: dict, source: str) -> CheckpointScheme:
+    if (qc.get("bits") or qc.get("w_bit")) != 4:
+        _refuse(source, "bits", qc.get("bits"), "give a 4-bit AWQ checkpoint")
+    version = str(qc.get("version", "gemm")).lower()
+    if version != "gemm":
+        _refuse(source, "version", qc.get("version"), "give an AWQ checkpoint saved in the GEMM layout (version gemm)")
+    if qc.get("zero_point", True) is not True:
+        _refuse(source, "zero_point", qc.get("zero_point"), "give an AWQ GEMM checkpoint with zero points")
+    gs = _group(qc, source, "group_size" if "group_size" in qc else "q_group_size")
+    return CheckpointScheme("awq", "gemm", gs, False, tuple(qc.get("modules_to_not_convert") or ()))
+
+
 def read_scheme(qc: dict, source: str = "config.json") -> CheckpointScheme:
     """The scheme of a config.json's quantization_config; a UserError names the first field we do not read."""
-    fix = ("give the compressed-tensors pack-quantized W4A16 checkpoint (llm-compressor's GPTQ/AWQ output), "
-           "or the unquantized checkpoint for the lab to quantize (--precision int4-gptq)")
+    fix = _FIX
     method = qc.get("quant_method")
+    if method == "gptq":
+        return _gptq_scheme(qc, source)
+    if method == "awq":
+        return _awq_scheme(qc, source)
     if method != "compressed-tensors":
         _refuse(source, "quant_method", method, fix)
     fmt = qc.get("format")
@@ -109,6 +163,8 @@ def unpack_checkpoint(sd: dict, scheme: CheckpointScheme) -> tuple[dict, dict]:
 
     The dense weight is w = q * scale + min computed from our codes, so a model built from it and then
     converted with the codes holds exactly what it computes with."""
+    if scheme.quant_method in ("gptq", "awq"):
+        return _unpack_qweight(sd, scheme)
     from engine.quant.gptq import dequantize_codes, pack_codes
 
     out, codes = {}, {}
@@ -138,3 +194,50 @@ def unpack_checkpoint(sd: dict, scheme: CheckpointScheme) -> tuple[dict, dict]:
                     for part in ("weight_packed", "weight_scale", "weight_shape", "weight_zero_point")}
     out.update({k: t for k, t in sd.items() if k not in packed_parts})  # biases, norms, embeddings, dense linears
     return out, codes
+
+
+def _unpack_qweight(sd: dict, scheme: CheckpointScheme) -> tuple[dict, dict]:
+    """GPTQ's and AWQ's qweight/qzeros/scales (module docstring) into our codes and dense weights."""
+    from engine.quant.gptq import dequantize_codes, pack_codes
+
+    gs, awq = scheme.group_size, scheme.quant_method == "awq"
+    out, codes = {}, {}
+    prefixes = sorted({k[: -len(".qweight")] for k in sd if k.endswith(".qweight")})
+    for p in prefixes:
+        for part in ("qzeros", "scales"):
+            if f"{p}.{part}" not in sd:
+                raise UserError(f"the checkpoint's linear {p} has qweight but no {part}",
+                                f"use the complete checkpoint as {'AutoAWQ' if awq else 'GPTQModel/AutoGPTQ'} saved it")
+        qweight, scale = sd[f"{p}.qweight"], sd[f"{p}.scales"]
+        G, N = scale.shape
+        K = G * gs
+        want = (K, N // 8) if awq else (K // 8, N)
+        if tuple(qweight.shape) != want or tuple(sd[f"{p}.qzeros"].shape) != (G, N // 8) or N % 8:
+            raise UserError(f"the checkpoint's linear {p}: qweight {tuple(qweight.shape)}, qzeros "
+                            f"{tuple(sd[f'{p}.qzeros'].shape)} and scales {(G, N)} do not fit one {scheme.words} "
+                            "layout", "use the checkpoint with the config.json it was saved with")
+        if awq:
+            natural = _awq_natural(N)
+            q = _unpack(qweight, N)[:, natural].T.contiguous()  # [N, K]
+            zero = _unpack(sd[f"{p}.qzeros"], N)[:, natural].T.float()  # [N, G]
+        else:
+            q = _unpack(qweight.T.contiguous(), K)  # [N, K]
+            zero = _unpack(sd[f"{p}.qzeros"], N).T.float() + (1 if scheme.format == "gptq" else 0)
+            g_idx = sd.get(f"{p}.g_idx")
+            if g_idx is not None and not torch.equal(g_idx.long(), torch.arange(K) // gs):
+                raise UserError(f"the checkpoint's linear {p}: its g_idx permutes the input columns (act-order "
+                                "without static groups); our int4 kernels read groups of consecutive inputs",
+                                "quantize with desc_act=False, or act-order with static_groups=True")
+        s16 = _fp16_exact(scale.T.contiguous(), p)  # [N, G]
+        mins = (-zero * s16.float()).to(torch.float16)
+        codes[p] = (pack_codes(q), s16.contiguous(), mins.contiguous())
+        out[f"{p}.weight"] = dequantize_codes(q, s16, mins)
+    parts = {f"{p}.{x}" for p in prefixes for x in ("qweight", "qzeros", "scales", "g_idx")}
+    out.update({k: t for k, t in sd.items() if k not in parts})  # biases, norms, embeddings, dense linears
+    return out, codes
+
+
+def _awq_natural(n: int) -> torch.Tensor:
+    """Column j of the natural order within AWQ's unpacked columns: 8c + i where AWQ_ORDER[i] = j % 8."""
+    inverse = [AWQ_ORDER.index(j) for j in range(8)]
+    return torch.tensor([8 * (j // 8) + inverse[j % 8] for j in range(n)])
