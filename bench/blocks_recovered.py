@@ -11,6 +11,7 @@ This measures, per Q4_K tensor of the shipped file and per sub-block of 32:
 - the share of sub-blocks whose codes span 0..15 (which says why round-to-nearest recovers what it does).
 
     .venv/bin/python bench/blocks_recovered.py --model default --out docs/runs/<date>/blocks-recovered
+    .venv/bin/python bench/blocks_recovered.py --llama-type Q4_K_M-imatrix   # llama.cpp with its importance matrix
 
 Writes <out>/blocks_recovered.{md,json}.
 """
@@ -61,14 +62,14 @@ def compare(ref_raw, req_raw, req_kind: str, n: int, k: int) -> dict[str, int]:
     return out
 
 
-def run(model: str, progress=print) -> dict:
+def run(model: str, progress=print, llama_type: str = "Q4_K_M") -> dict:
     from gguf import GGUFReader
 
     t0 = time.time()
     folder = catalog.resolve(model)
     shipped = GGUFReader(str(catalog.gguf_path(model)))
-    requant = GGUFReader(str(reference_ggufs(catalog.canonical_name(model), Path(folder), ("Q4_K_M",),
-                                             progress)["Q4_K_M"]))
+    requant = GGUFReader(str(reference_ggufs(catalog.canonical_name(model), Path(folder), (llama_type,),
+                                             progress)[llama_type]))
     req = {t.name: t for t in requant.tensors}
     kinds: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     for t in shipped.tensors:
@@ -84,6 +85,7 @@ def run(model: str, progress=print) -> dict:
             kinds["all"][key] += v
         progress(f"{t.name}: {c}")
     return {"model": catalog.canonical_name(model), "shipped": str(catalog.gguf_path(model).name),
+            "llama_type": llama_type,
             "kinds": {k: dict(v) for k, v in kinds.items()}, "wall_s": round(time.time() - t0, 1)}
 
 
@@ -91,8 +93,9 @@ def markdown(rep: dict, command: str) -> str:
     lines = [f"# Sub-blocks of the reference's Q4_K grid recovered exactly ({rep['model']})", "",
              f"Command: `{command}`", "",
              "Every Q4_K tensor of the shipped file, per sub-block of 32 weights. The reference is that file "
-             "dequantized. llama.cpp: its Q4_K_M requantized from the reference (its own quantizer), equal bit for "
-             "bit. Ours: round-to-nearest g32, equal up to the fp16 rounding of scale and min.", "",
+             f"dequantized. llama.cpp: its {rep.get('llama_type', 'Q4_K_M')} requantized from the reference (its own "
+             "quantizer), equal bit for bit. Ours: round-to-nearest g32, equal up to the fp16 rounding of scale and "
+             "min.", "",
              "| tensors | sub-blocks | llama.cpp requantized as Q4_K | llama.cpp exact | ours RTN g32 exact "
              "| codes span 0..15 |", "| --- | ---: | ---: | ---: | ---: | ---: |"]
     for kind, c in sorted(rep["kinds"].items(), key=lambda kv: (kv[0] == "all", kv[0])):
@@ -106,10 +109,12 @@ def markdown(rep: dict, command: str) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="default")
+    ap.add_argument("--llama-type", default="Q4_K_M", help="llama.cpp's requantization to compare: Q4_K_M or "
+                                                            "Q4_K_M-imatrix (engine.peers.gguf_tools)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "blocks-recovered"))
     a = ap.parse_args(argv)
     command = "python bench/blocks_recovered.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    rep = run(a.model)
+    rep = run(a.model, llama_type=a.llama_type)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "blocks_recovered.json").write_text(json.dumps(rep, indent=1))
