@@ -2,9 +2,10 @@
 int4 kernels exactly: the codes match the library's own dequantization, the logits a transformers model built from
 those dequantized weights; what we do not read (a permuted g_idx, other AWQ layouts, other bit widths) refused by name.
 
-AutoAWQ packs the AWQ GEMM layout (WQLinear_GEMM.from_linear) and converts it to the GPTQ v1 layout ExLlama reads
-(packing_utils.unpack_reorder_pack: qweight by rows, qzeros by columns, zero - 1), so both formats here are written
-by the library people quantize with, not by us."""
+AutoAWQ packs the AWQ GEMM layout (WQLinear_GEMM.from_linear, through bench/awq_checkpoint.py, the checkpoint our
+engine and vLLM serve side by side) and converts it to the GPTQ v1 layout ExLlama reads (packing_utils.
+unpack_reorder_pack: qweight by rows, qzeros by columns, zero - 1), so both formats here are written by the library
+people quantize with, not by us."""
 from __future__ import annotations
 
 import json
@@ -12,63 +13,42 @@ import shutil
 
 import pytest
 import torch
-from torch import nn
 
 from engine.common.errors import UserError
 from tests import families
 
-awq_gemm = pytest.importorskip("awq.modules.linear.gemm", reason="autoawq is installed by `make setup` (--no-deps)")
+pytest.importorskip("awq.modules.linear.gemm", reason="autoawq is installed by `make setup` (--no-deps)")
 from awq.utils import packing_utils  # noqa: E402
+
+from tests.bench_scripts import bench_script  # noqa: E402
 
 GS = 32
 
 
-def _grid(w: torch.Tensor, gs: int):
-    """Min/max asymmetric 4-bit codes of w [N, K] per group of gs: the weights on the grid, scales and zeros [G, N]."""
-    g = w.view(w.shape[0], -1, gs)
-    mx, mn = g.amax(-1), g.amin(-1)
-    scale = ((mx - mn).clamp(min=1e-5) / 15).half().float()
-    zero = (-mn / scale).round().clamp(0, 15)
-    q = (g / scale[..., None] + zero[..., None]).round().clamp(0, 15)
-    w_hat = ((q - zero[..., None]) * scale[..., None]).view_as(w)
-    return w_hat, scale.T.contiguous(), zero.T.contiguous()
-
-
 def write(folder, fmt: str, family: str = "qwen2"):
-    """A tiny `family` model whose decoder linears AutoAWQ packed ("awq": its GEMM layout; "gptq": converted by it
-    to GPTQ v1), saved with the quantization_config each tool writes. Returns (folder, {linear: dequantized [N, K]})."""
-    model = families.hf_model(family)
-    sd = {k: v for k, v in model.state_dict().items()}
-    deq = {}
-    for name, m in model.named_modules():
-        if not (isinstance(m, nn.Linear) and name.startswith("model.layers")):
-            continue
-        w_hat, scale, zero = _grid(m.weight.data.float(), GS)
-        lin = nn.Linear(m.in_features, m.out_features, bias=m.bias is not None)
-        lin.weight.data, lin.bias = w_hat, m.bias
-        q = awq_gemm.WQLinear_GEMM.from_linear(lin, 4, GS, False, scale.half(), zero.int())
-        deq[name] = packing_utils.dequantize_gemm(q.qweight, q.qzeros, q.scales, 4, GS).T.float()
-        del sd[f"{name}.weight"]
-        if fmt == "gptq":
-            qweight, qzeros = packing_utils.unpack_reorder_pack(q.qweight, q.qzeros, 4)
-            sd |= {f"{name}.qweight": qweight, f"{name}.qzeros": qzeros, f"{name}.scales": q.scales,
-                   f"{name}.g_idx": torch.arange(m.in_features, dtype=torch.int32) // GS}
-        else:
-            sd |= {f"{name}.qweight": q.qweight, f"{name}.qzeros": q.qzeros, f"{name}.scales": q.scales}
-    from safetensors.torch import save_file
+    """A tiny `family` model saved as an AWQ GEMM checkpoint by bench/awq_checkpoint.py (AutoAWQ's packer), or
+    ("gptq") converted by AutoAWQ to GPTQ v1 with the quantization_config GPTQModel writes.
+    Returns (folder, {linear: AutoAWQ's dequantized weight [N, K]})."""
+    from safetensors.torch import load_file, save_file
 
-    folder.mkdir(parents=True)
-    model.config.save_pretrained(folder)
-    tied = model.config.tie_word_embeddings
-    save_file({k: v.contiguous() for k, v in sd.items() if k != "lm_head.weight" or not tied},
-              str(folder / "model.safetensors"), metadata={"format": "pt"})
-    cfg = json.loads((folder / "config.json").read_text())
-    cfg["quantization_config"] = ({"quant_method": "awq", "zero_point": True, "group_size": GS, "bits": 4,
-                                   "version": "gemm", "modules_to_not_convert": None} if fmt == "awq" else
-                                  {"quant_method": "gptq", "bits": 4, "group_size": GS, "desc_act": False,
-                                   "sym": False, "checkpoint_format": "gptq"})
-    (folder / "config.json").write_text(json.dumps(cfg))
-    families.tokenizer().save_pretrained(folder)
+    awq = bench_script("awq_checkpoint")
+    src = families.build(family, folder.parent / f"{folder.name}-src")
+    awq.write(src, folder, GS, progress=lambda s: None)
+    sd = load_file(str(folder / "model.safetensors"))
+    deq = {}
+    for name in sorted({k[: -len(".qweight")] for k in sd if k.endswith(".qweight")}):
+        qweight, qzeros, scales = sd[f"{name}.qweight"], sd[f"{name}.qzeros"], sd[f"{name}.scales"]
+        deq[name] = packing_utils.dequantize_gemm(qweight, qzeros, scales, 4, GS).T.float()
+        if fmt == "gptq":
+            sd[f"{name}.qweight"], sd[f"{name}.qzeros"] = packing_utils.unpack_reorder_pack(qweight, qzeros, 4)
+            sd[f"{name}.g_idx"] = torch.arange(qweight.shape[0], dtype=torch.int32) // GS
+    if fmt == "gptq":
+        save_file({k: v.contiguous() for k, v in sd.items()}, str(folder / "model.safetensors"),
+                  metadata={"format": "pt"})
+        cfg = json.loads((folder / "config.json").read_text())
+        cfg["quantization_config"] = {"quant_method": "gptq", "bits": 4, "group_size": GS, "desc_act": False,
+                                      "sym": False, "checkpoint_format": "gptq"}
+        (folder / "config.json").write_text(json.dumps(cfg))
     return folder, deq
 
 
@@ -91,8 +71,7 @@ def test_our_int4_reads_the_codes_the_library_dequantizes(checkpoint):
         # each within 2^-11 of 15 * scale (measured: the largest difference 6.7e-4 of the layer's largest weight)
         assert float((got - want).abs().max() / want.abs().max()) < 1e-3, name
     ref = AutoModelForCausalLM.from_config(families.hf_config("qwen2"), attn_implementation="eager").eval()
-    ref.load_state_dict({**{k: v.float() for k, v in families.hf_model("qwen2").state_dict().items()},
-                         **{f"{n}.weight": w for n, w in deq.items()}})
+    ref.load_state_dict({**families.hf_model("qwen2").state_dict(), **{f"{n}.weight": w for n, w in deq.items()}})
     lm = load(str(folder), f"int4-checkpoint-g{GS}", "cpu")
     # every decoder linear at int4: q/k/v fused into one, gate/up into one, o and down
     assert sum(isinstance(m, Int4Linear) for m in lm.model.modules()) == 4 * len(lm.model.model.layers)
@@ -154,3 +133,15 @@ def test_act_order_with_a_permuted_g_idx_and_a_missing_tensor_are_named(checkpoi
     with pytest.raises(UserError, match="model.layers.1.self_attn.v_proj has qweight but no qzeros"):
         load(str(_edit(src, tmp_path / "miss", tensors=lambda sd: sd.pop("model.layers.1.self_attn.v_proj.qzeros"))),
              f"int4-checkpoint-g{GS}", "cpu")
+
+
+def test_vllm_serves_int4_checkpoint_only_from_a_quantized_folder(checkpoint, tmp_path):
+    """bench/under_load.py puts vLLM's CPU build beside ours on the same AWQ folder; a dense one is refused by name."""
+    from engine.peers.servers import ServerSpec
+
+    fmt, folder, _ = checkpoint
+    spec = ServerSpec.of("vllm", model=str(folder), precision="int4-checkpoint").validate()
+    assert "--dtype" in spec.command(8000) and str(folder) in spec.command(8000)
+    with pytest.raises(UserError, match="not a folder whose config.json has a quantization_config"):
+        ServerSpec.of("vllm", model=str(families.build("qwen2", tmp_path / "dense")),
+                      precision="int4-checkpoint").validate()

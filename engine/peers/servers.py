@@ -83,11 +83,14 @@ PROMPT_CACHE = {OURS: "off (--no-prefix-caching)", "llama-server": "off (--no-ca
 DEFAULT_PRECISION = {OURS: "int4", "llama-server": "Q4_K_M", "vllm": "bf16"}
 # vLLM's CPU build, from our bf16 safetensors folder: what each precision passes it. int8 is its online
 # per-output-channel int8 weight-only quantization (the format of our int8: symmetric, one scale per row);
-# fp8 its online per-channel fp8. Its int4 (AWQ/GPTQ, CPUWNA16 kernels) needs a checkpoint quantized
-# offline, which nothing here makes: refused by name. bench/vllm_precisions.py records which start here.
+# fp8 its online per-channel fp8. Its int4 (AWQ/GPTQ, CPUWNA16 kernels) reads a checkpoint quantized offline:
+# `int4-checkpoint` serves a folder whose config.json says how (an AWQ GEMM checkpoint such as
+# bench/awq_checkpoint.py writes, which our engine reads as int4-checkpoint too: the same weights).
+# bench/vllm_precisions.py records which start here.
 VLLM_PRECISIONS = {"bf16": ("--dtype", "bfloat16"), "fp32": ("--dtype", "float32"),
                    "int8": ("--dtype", "bfloat16", "--quantization", "int8_per_channel_weight_only"),
-                   "fp8": ("--dtype", "bfloat16", "--quantization", "fp8_per_channel")}
+                   "fp8": ("--dtype", "bfloat16", "--quantization", "fp8_per_channel"),
+                   "int4-checkpoint": ("--dtype", "bfloat16")}
 LLAMA_DRAFTS = ("model", "ngram")  # llama-server's speculative decoding: -md <GGUF>, or --spec-type ngram-simple
 LLAMA_NGRAM_N = 3  # its lookup n-gram, as our ngram drafter's longest match
 
@@ -143,6 +146,11 @@ class ServerSpec:
             raise UserError(f"the lab starts vLLM at {', '.join(VLLM_PRECISIONS)}, not '{self.setup.precision}' "
                             "(its int4 needs an AWQ or GPTQ checkpoint quantized offline)",
                             f"use precision one of: {', '.join(VLLM_PRECISIONS)}")
+        if self.system == "vllm" and self.setup.precision == "int4-checkpoint" \
+                and not _quantized_folder(self.setup.model):
+            raise UserError(f"vLLM at int4-checkpoint serves a quantized checkpoint; {self.setup.model} is not a "
+                            "folder whose config.json has a quantization_config",
+                            "give the folder of an AWQ or GPTQ checkpoint (bench/awq_checkpoint.py writes one)")
         if self.system == "llama-server" and self.setup.draft != "none":
             self._validate_llama_draft()
         elif self.system != OURS and self.setup.speculative:
@@ -294,6 +302,15 @@ class ServerSpec:
             raise UserError("a server spec names no system", f"use one of: {', '.join(SYSTEMS)}")
         setup = d.get("setup")
         return cls(**{**d, "setup": EngineSetup.from_dict(setup) if isinstance(setup, dict) else setup})
+
+
+def _quantized_folder(model: str) -> bool:
+    import json
+
+    try:
+        return bool(json.loads((Path(model) / "config.json").read_text()).get("quantization_config"))
+    except (OSError, ValueError):
+        return False
 
 
 def unavailable(spec: ServerSpec) -> tuple[str, str] | None:
