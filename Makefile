@@ -11,9 +11,7 @@ TORCH_SPEC ?= torch==2.13.0
 LLAMA_CPP_VERSION := 0.3.36
 SCL_CACHE ?= $(or $(SCL_CACHE_DIR),$(if $(XDG_CACHE_HOME),$(XDG_CACHE_HOME)/serving-cost-lab,$(HOME)/.cache/serving-cost-lab))
 LLAMA_SERVER_DIR := $(SCL_CACHE)/llama-server-$(LLAMA_CPP_VERSION)
-LLAMA_SRC := $(LLAMA_SERVER_DIR)/src/llama_cpp_python-$(LLAMA_CPP_VERSION)/vendor/llama.cpp
 LLAMA_TOOLS_DIR := $(SCL_CACHE)/llama-tools-$(LLAMA_CPP_VERSION)
-LLAMA_TOOLS_SRC := $(LLAMA_TOOLS_DIR)/src/llama_cpp_python-$(LLAMA_CPP_VERSION)/vendor/llama.cpp
 
 PORT ?= 8501
 # The dashboard listens on loopback only; HOST=0.0.0.0 serves the LAN (anyone there can load models).
@@ -121,36 +119,33 @@ $(VENV)/.stamp-peers: $(VENV)/.stamp-models
 	$(PY) -c "import llama_cpp" 2>/dev/null || CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(PIP) install -q -e ".[peers]"
 	touch $@
 
-# Static, native (-DGGML_NATIVE=ON), no web UI (its assets would be downloaded), no TLS; only the
-# llama-server target. The sources and build tree are removed afterwards; the binary stays.
+# llama.cpp's programs from the llama.cpp vendored in the llama-cpp-python sdist: $(call llama_build,DIR,TARGETS,SERVER)
+# downloads it into DIR/src, builds TARGETS static and native (-DGGML_NATIVE=ON), without the web UI (its assets
+# would be downloaded) or TLS, copies them to DIR/bin, and removes the sources and build tree.
+define llama_build
+	rm -rf $(1)/src $(1)/build && mkdir -p $(1)/src $(1)/bin
+	$(PIP) download -q --no-binary :all: --no-deps llama-cpp-python==$(LLAMA_CPP_VERSION) -d $(1)/src
+	tar xzf $(1)/src/llama_cpp_python-$(LLAMA_CPP_VERSION).tar.gz -C $(1)/src
+	cmake -S $(1)/src/llama_cpp_python-$(LLAMA_CPP_VERSION)/vendor/llama.cpp -B $(1)/build -DCMAKE_BUILD_TYPE=Release \
+		-DGGML_NATIVE=ON -DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+		-DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=$(3) -DLLAMA_BUILD_APP=OFF -DLLAMA_BUILD_UI=OFF \
+		-DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF >$(1)/configure.log
+	cmake --build $(1)/build --target $(2) -j$$(nproc) >$(1)/build.log
+	cd $(1)/build/bin && cp $(2) $(1)/bin/
+	rm -rf $(1)/src $(1)/build
+endef
+
+# llama-server for bench/load.py and the load tests.
 $(LLAMA_SERVER_DIR)/.stamp: | $(VENV)/.stamp-venv
-	rm -rf $(LLAMA_SERVER_DIR)/src $(LLAMA_SERVER_DIR)/build && mkdir -p $(LLAMA_SERVER_DIR)/src $(LLAMA_SERVER_DIR)/bin
-	$(PIP) download -q --no-binary :all: --no-deps llama-cpp-python==$(LLAMA_CPP_VERSION) -d $(LLAMA_SERVER_DIR)/src
-	tar xzf $(LLAMA_SERVER_DIR)/src/llama_cpp_python-$(LLAMA_CPP_VERSION).tar.gz -C $(LLAMA_SERVER_DIR)/src
-	cmake -S $(LLAMA_SRC) -B $(LLAMA_SERVER_DIR)/build -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
-		-DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=ON \
-		-DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_APP=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
-		-DLLAMA_OPENSSL=OFF >$(LLAMA_SERVER_DIR)/configure.log
-	cmake --build $(LLAMA_SERVER_DIR)/build --target llama-server -j$$(nproc) >$(LLAMA_SERVER_DIR)/build.log
-	cp $(LLAMA_SERVER_DIR)/build/bin/llama-server $(LLAMA_SERVER_DIR)/bin/llama-server
+	$(call llama_build,$(LLAMA_SERVER_DIR),llama-server,ON)
 	$(LLAMA_SERVER_DIR)/bin/llama-server --version
-	rm -rf $(LLAMA_SERVER_DIR)/src $(LLAMA_SERVER_DIR)/build
 	touch $@
 
-# llama.cpp's llama-imatrix and llama-quantize from the same sources (engine/peers/gguf_tools.py: the
-# importance-matrix peers; the Python binding's quantizer cannot be given an imatrix). Built as llama-server is.
+# llama-imatrix and llama-quantize (engine/peers/gguf_tools.py: the importance-matrix peers; the Python binding's
+# quantizer cannot be given an imatrix).
 $(LLAMA_TOOLS_DIR)/.stamp: | $(VENV)/.stamp-venv
-	rm -rf $(LLAMA_TOOLS_DIR)/src $(LLAMA_TOOLS_DIR)/build && mkdir -p $(LLAMA_TOOLS_DIR)/src $(LLAMA_TOOLS_DIR)/bin
-	$(PIP) download -q --no-binary :all: --no-deps llama-cpp-python==$(LLAMA_CPP_VERSION) -d $(LLAMA_TOOLS_DIR)/src
-	tar xzf $(LLAMA_TOOLS_DIR)/src/llama_cpp_python-$(LLAMA_CPP_VERSION).tar.gz -C $(LLAMA_TOOLS_DIR)/src
-	cmake -S $(LLAMA_TOOLS_SRC) -B $(LLAMA_TOOLS_DIR)/build -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
-		-DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=ON \
-		-DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
-		-DLLAMA_OPENSSL=OFF >$(LLAMA_TOOLS_DIR)/configure.log
-	cmake --build $(LLAMA_TOOLS_DIR)/build --target llama-imatrix llama-quantize -j$$(nproc) >$(LLAMA_TOOLS_DIR)/build.log
-	cp $(LLAMA_TOOLS_DIR)/build/bin/llama-imatrix $(LLAMA_TOOLS_DIR)/build/bin/llama-quantize $(LLAMA_TOOLS_DIR)/bin/
-	$(LLAMA_TOOLS_DIR)/bin/llama-quantize --help >/dev/null 2>&1 || test $$? -le 1
-	rm -rf $(LLAMA_TOOLS_DIR)/src $(LLAMA_TOOLS_DIR)/build
+	$(call llama_build,$(LLAMA_TOOLS_DIR),llama-imatrix llama-quantize,OFF)
+	test -x $(LLAMA_TOOLS_DIR)/bin/llama-imatrix && test -x $(LLAMA_TOOLS_DIR)/bin/llama-quantize
 	touch $@
 
 # vLLM's CPU build in its own venv (.ci/run builds it; its tests skip without it). Its PyPI torchvision,

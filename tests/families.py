@@ -97,3 +97,15 @@ def build(family: str, folder: Path, seed: int = 0, tokenizer_vocab: int = VOCAB
         hf_model(family, seed, **overrides).save_pretrained(folder)
         tokenizer(tokenizer_vocab).save_pretrained(folder)
     return folder
+
+
+PROBE_IDS = [1, 5, 9, 17, 33, 65, 129, 200, 250, 300, 7, 3]  # 12 positions inside every family's vocabulary
+
+
+def max_kl(ref, lm, ids=PROBE_IDS) -> float:
+    """The largest KL(transformers `ref` || our loaded model `lm`) over the positions of `ids`, one prefill."""
+    t = torch.tensor([ids])
+    with torch.no_grad():
+        want = torch.log_softmax(ref(t).logits[0].float(), -1)
+        got = torch.log_softmax(lm.model(t, 0, lm.model.new_cache(1, len(ids) + 4))[0], -1)
+    return float((want.exp() * (want - got)).sum(-1).max())
