@@ -139,7 +139,8 @@ def test_streamed_tokens_mark_accepted_draft_tokens(backend):
         if got["done"]:
             break
         time.sleep(0.05)
-    job = c.job(jid)
+    # the stream is done when its last token is out; the job ends after it stores the record
+    job = wait_until(lambda: (j := c.job(jid))["state"] != "running" and j)
     assert job["state"] == "finished", job
     (rec,) = c.records(job["run_ids"])
     assert rec["kind"] == "playground"
