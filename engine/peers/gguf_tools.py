@@ -112,10 +112,17 @@ def llama_gguf(model: str, precision: str, progress=None) -> Path:
                            progress)[precision]
 
 
-def _run_tool(cmd: list, what: str) -> None:
-    p = subprocess.run([str(c) for c in cmd], capture_output=True, text=True)
-    if p.returncode != 0:
-        raise RuntimeError(f"{what} failed ({p.returncode}): {(p.stderr or p.stdout).strip()[-1500:]}")
+def _run_tool(cmd: list, tmp: Path, dest: Path, what: str) -> Path:
+    """Run one of llama.cpp's programs writing `tmp`, then rename it to `dest` (a failed run leaves neither)."""
+    try:
+        p = subprocess.run([str(c) for c in cmd], capture_output=True, text=True)
+        if p.returncode != 0:
+            raise RuntimeError(f"{what} failed ({p.returncode}): {(p.stderr or p.stdout).strip()[-1500:]}")
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    os.replace(tmp, dest)
+    return dest
 
 
 def llama_cpp_source() -> Path:
@@ -194,14 +201,8 @@ def quantize(f32: Path, dest: Path, ftype: str, imatrix: Path | None = None) -> 
     if imatrix is not None:
         dest.parent.mkdir(parents=True, exist_ok=True)
         tmp = dest.with_name(dest.name + ".partial")
-        try:
-            _run_tool([llama_tool("llama-quantize"), "--imatrix", imatrix, f32, tmp, ftype, os.cpu_count() or 1],
-                      f"llama-quantize --imatrix to {ftype}")
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
-        os.replace(tmp, dest)
-        return dest
+        return _run_tool([llama_tool("llama-quantize"), "--imatrix", imatrix, f32, tmp, ftype, os.cpu_count() or 1],
+                         tmp, dest, f"llama-quantize --imatrix to {ftype}")
     try:
         import llama_cpp
     except ImportError:
@@ -245,14 +246,8 @@ def imatrix(gguf: Path, dest: Path, folder: Path, tokens: int | None = None) -> 
     text = dest.with_name(dest.stem + ".txt")
     text.write_text(calibration_text(folder, tokens))
     tmp = dest.with_name(dest.stem + ".partial.gguf")  # llama-imatrix picks its format by the .gguf suffix
-    try:
-        _run_tool([exe, "-m", gguf, "-f", text, "-o", tmp, "-c", IMATRIX_CTX, "--chunks", max(2, tokens // IMATRIX_CTX),
-                   "--no-ppl", "-t", os.cpu_count() or 1], "llama-imatrix")
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    os.replace(tmp, dest)
-    return dest
+    return _run_tool([exe, "-m", gguf, "-f", text, "-o", tmp, "-c", IMATRIX_CTX, "--chunks",
+                      max(2, tokens // IMATRIX_CTX), "--no-ppl", "-t", os.cpu_count() or 1], tmp, dest, "llama-imatrix")
 
 
 def gguf_dir(name: str, folder: Path) -> Path:
