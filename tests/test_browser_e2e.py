@@ -312,12 +312,15 @@ def test_dashboard_in_a_browser(server, browser, tmp_path):
         page.get_by_text("Measure quality vs fp32").first.click()  # off: keeps this test short
         settle(page)
     page.get_by_role("button", name="Run default comparison").click()
-    page.get_by_text(re.compile(r"runs done")).first.wait_for(timeout=60_000)
-    assert page.get_by_role("button", name="Cancel").first.is_visible()
-    shot(page, "01-home-running")
     t1 = time.time()
-    page.get_by_text(re.compile(r"default comparison: 4 of 4 runs finished|Not measured: |nothing was measured")
-                     ).first.wait_for(timeout=RUN_TIMEOUT_S * 1000)
+    ended = re.compile(r"default comparison: 4 of 4 runs finished|Not measured: |nothing was measured")
+    # the panel shows progress while the job runs; on a fast host the tiny pair's four runs can all land
+    # between two polls (POLL_S), and then the page goes straight from "Queued" to how the job ended
+    page.get_by_text(re.compile(f"runs done|{ended.pattern}")).first.wait_for(timeout=60_000)
+    if page.get_by_text(re.compile(r"runs done")).count():
+        assert page.get_by_role("button", name="Cancel").first.is_visible()
+        shot(page, "01-home-running")
+    page.get_by_text(ended).first.wait_for(timeout=RUN_TIMEOUT_S * 1000)
     failed = page.get_by_text(re.compile(r"Not measured: |nothing was measured"))
     assert not failed.count(), failed.first.inner_text()
     timings["comparison"] = time.time() - t1
