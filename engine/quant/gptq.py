@@ -21,6 +21,7 @@ import torch
 __all__ = ["group_grid", "gptq_quantize", "rtn_codes", "pack_codes", "dequantize_codes", "GRID"]
 
 GRID = torch.linspace(1.0, 0.70, 16).tolist()  # clip ratios tried per group (1.0 = min/max)
+SUB_BLOCK = 16  # columns of the sweep updated one by one; the rest of a block of 128 by matrix products
 
 
 def group_grid(w: torch.Tensor, group_size: int, importance: torch.Tensor | None = None,
@@ -33,10 +34,11 @@ def group_grid(w: torch.Tensor, group_size: int, importance: torch.Tensor | None
     wg = w.float().view(N, G, group_size)
     imp = (importance.float().view(1, G, group_size) if importance is not None
            else torch.ones(1, G, group_size, device=w.device))
-    best_err = torch.full((N, G), float("inf"), device=w.device)
-    best_s = torch.ones(N, G, dtype=torch.float16, device=w.device)
-    best_m = torch.zeros(N, G, dtype=torch.float16, device=w.device)
+    best_err = torch.full(wg.shape[:2], float("inf"), device=wg.device)
+    best_s = torch.ones(wg.shape[:2], dtype=torch.float16, device=wg.device)
+    best_m = torch.zeros_like(best_s)
     lo, hi = wg.amin(dim=2), wg.amax(dim=2)
+    dq = torch.empty_like(wg)  # one scratch for every ratio, updated in place (the search reads memory, not math)
     for r in ratios:
         if symmetric:
             s = (torch.maximum(-lo, hi) * r / 7.5).to(torch.float16)
@@ -48,8 +50,8 @@ def group_grid(w: torch.Tensor, group_size: int, importance: torch.Tensor | None
             # the clipped range keeps its centre: min moves in as far as max does
             m = (lo + (hi - lo) * (1 - r) / 2).to(torch.float16)
         s32, m32 = s.float()[..., None], m.float()[..., None]
-        dq = torch.round((wg - m32) / s32).clamp_(0, 15) * s32 + m32
-        err = ((wg - dq) ** 2 * imp).sum(dim=2)
+        torch.sub(wg, m32, out=dq).div_(s32).round_().clamp_(0, 15).mul_(s32).add_(m32)
+        err = dq.sub_(wg).square_().mul_(imp).sum(dim=2)
         better = err < best_err
         best_err = torch.where(better, err, best_err)
         best_s = torch.where(better, s, best_s)
@@ -105,30 +107,53 @@ def gptq_quantize(w: torch.Tensor, H: torch.Tensor, group_size: int, act_order: 
     H.diagonal().add_(damp * H.diagonal().mean())
     U = _inverse_cholesky_upper(H)
     Qt = torch.empty(K, N, dtype=torch.uint8, device=W.device)
+    # Each column's error reaches the columns after it in three steps, all the same sum: one by one within a sub-block
+    # of SUB_BLOCK columns, by one product per sub-block within the block, by one product per block beyond it. Only
+    # the first is a per-column update, and it touches SUB_BLOCK rows of Wᵀ instead of the whole block.
     for i1 in range(0, K, block):
         i2 = min(i1 + block, K)
         W1, U1 = Wt[i1:i2].clone(), U[i1:i2, i1:i2]
         E1 = torch.empty_like(W1)
-        for i in range(i2 - i1):
-            row, s, m = W1[i], st[i1 + i], mt[i1 + i]
-            q = torch.round((row - m) / s).clamp_(0, 15)
-            Qt[i1 + i] = q.to(torch.uint8)
-            err = (row - (q * s + m)) / U1[i, i]
-            W1[i:].sub_(U1[i, i:, None] * err[None, :])
-            E1[i] = err
+        for j1 in range(0, i2 - i1, SUB_BLOCK):
+            j2 = min(j1 + SUB_BLOCK, i2 - i1)
+            for i in range(j1, j2):
+                row, s, m = W1[i], st[i1 + i], mt[i1 + i]
+                q = torch.round((row - m) / s).clamp_(0, 15)
+                Qt[i1 + i] = q.to(torch.uint8)
+                E1[i] = err = (row - (q * s + m)) / U1[i, i]
+                W1[i + 1:j2].addr_(U1[i, i + 1:j2], err, alpha=-1)
+            W1[j2:].sub_(U1[j1:j2, j2:].T @ E1[j1:j2])
         Wt[i2:].sub_(U[i1:i2, i2:].T @ E1)
     inv = torch.argsort(perm)
     return Qt.T[:, inv].contiguous(), scales, mins
 
 
 def _inverse_cholesky_upper(H: torch.Tensor) -> torch.Tensor:
-    """The upper Cholesky factor of H⁻¹, adding damping until H factors (a rank-poor Hessian from a short
-    calibration set can fail the first time)."""
+    """The upper Cholesky factor U of H⁻¹ (UᵀU = H⁻¹), adding damping until H factors (a rank-poor Hessian from
+    a short calibration set can fail the first time).
+
+    Without forming H⁻¹: factor H with its indices reversed, J H J = L Lᵀ; then H = R Rᵀ with R = J L J upper
+    triangular, so H⁻¹ = R⁻ᵀR⁻¹ and U = R⁻¹. One Cholesky and one triangular inverse, against a Cholesky, an
+    inverse from it and a second Cholesky (a third of the work on down_proj's 8,960 columns)."""
     extra = 0.0
     for _ in range(6):
-        try:
-            L = torch.linalg.cholesky(H + extra * torch.eye(H.shape[0], device=H.device))
-            return torch.linalg.cholesky(torch.cholesky_inverse(L), upper=True)
-        except RuntimeError:
-            extra = (extra * 10) or 0.01 * float(H.diagonal().mean())
+        Hd = H + extra * torch.eye(H.shape[0], device=H.device) if extra else H
+        L, info = torch.linalg.cholesky_ex(Hd.flip(0, 1))
+        if int(info) == 0:
+            return _upper_triangular_inverse(L.flip(0, 1))
+        extra = (extra * 10) or 0.01 * float(H.diagonal().mean())
     raise RuntimeError("the calibration Hessian is not positive definite even with damping")
+
+
+def _upper_triangular_inverse(R: torch.Tensor, leaf: int = 256) -> torch.Tensor:
+    """R⁻¹ for upper triangular R, by halves: [[A, B], [0, C]]⁻¹ = [[A⁻¹, -A⁻¹ B C⁻¹], [0, C⁻¹]], so nearly all
+    the work is matrix products."""
+    n = R.shape[0]
+    if n <= leaf:
+        return torch.linalg.solve_triangular(R, torch.eye(n, dtype=R.dtype, device=R.device), upper=True)
+    h = n // 2
+    Ai, Ci = _upper_triangular_inverse(R[:h, :h], leaf), _upper_triangular_inverse(R[h:, h:], leaf)
+    out = torch.zeros_like(R)
+    out[:h, :h], out[h:, h:] = Ai, Ci
+    out[:h, h:] = -(Ai @ R[:h, h:]) @ Ci
+    return out
