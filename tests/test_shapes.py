@@ -13,8 +13,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine.planner import shapes  # noqa: E402
 from engine.planner.shapes import (decode_read_bytes, get_model, kv_bytes_per_token, linear_bytes,  # noqa: E402
-                           load_models, param_count, state_dict_bytes, state_dict_param_count, weight_bytes,
-                           weight_bytes_breakdown)
+                           load_models, param_count, weight_bytes, weight_bytes_breakdown)
+from engine.quant.accounting import state_dict_bytes, state_dict_param_count  # noqa: E402
 from engine.peers.gguf_tools import gguf_tensor_shapes  # noqa: E402
 from engine.planner.hf_config import shape_from_hf_config  # noqa: E402
 

@@ -77,10 +77,15 @@ def llama_tool(name: str) -> Path:
                     f"{LLAMA_CPP_VERSION} sdist), or set SCL_LLAMA_TOOLS to a folder holding them")
 
 
+def _not_a_llama_precision(precision: str) -> UserError:
+    return UserError(f"llama.cpp runs {', '.join(LLAMA_PRECISIONS)} here, not '{precision}'",
+                     f"use precision one of: {', '.join(LLAMA_PRECISIONS)}")
+
+
 def llama_precision_unavailable(precision: str) -> str | None:
     """Why llama.cpp's weights at `precision` cannot be made here (None when they can). Builds nothing."""
     if precision not in LLAMA_PRECISIONS:
-        return f"llama.cpp runs {', '.join(LLAMA_PRECISIONS)} here, not '{precision}'"
+        return _not_a_llama_precision(precision).problem
     if precision == "Q4_K_M":
         return None
     if precision.endswith(IMATRIX):
@@ -104,8 +109,7 @@ def llama_gguf(model: str, precision: str, progress=None) -> Path:
     from engine.infer import catalog
 
     if precision not in LLAMA_PRECISIONS:
-        raise UserError(f"llama.cpp runs {', '.join(LLAMA_PRECISIONS)} here, not '{precision}'",
-                        f"use precision one of: {', '.join(LLAMA_PRECISIONS)}")
+        raise _not_a_llama_precision(precision)
     if precision == "Q4_K_M":
         return catalog.gguf_path(model, progress)
     return reference_ggufs(catalog.canonical_name(model), catalog.resolve(model, progress), (precision,),

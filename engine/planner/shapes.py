@@ -2,9 +2,9 @@
 
 Nothing here loads weights. Parameter counts, weight bytes per precision and KV-cache bytes per
 token are all *computed* from a few architecture numbers (data/models.json), so every figure the
-planner shows can be traced back to a formula. A check against real checkpoints is provided:
-`state_dict_param_count` / `state_dict_bytes` (sum a real state dict); engine/planner/hf_config.py reads
-a shape from a Hugging Face config.json, engine/peers/gguf_tools.py a GGUF header's tensor shapes.
+planner shows can be traced back to a formula. The checks against real checkpoints live beside their readers:
+engine/quant/accounting.py sums a real state dict, engine/planner/hf_config.py reads a shape from a Hugging
+Face config.json, engine/peers/gguf_tools.py a GGUF header's tensor shapes.
 
 Byte formats per quantized linear of shape (out, in), n = out*in weights:
   fp32 4n | bf16/fp16 2n
@@ -577,38 +577,6 @@ def prefill_flops(model: ModelShape, tokens: int, past: int = 0) -> float:
     if model.local_layers:
         pairs += model.local_layers * _sum_min(past, tokens, model.sliding_window)
     return lin + head + attention_pair_flops(model, prefill=True) * pairs
-
-
-# ------------------------------------------------------------------ real checkpoints
-
-def state_dict_param_count(state_dict: Mapping) -> int:
-    """Elements in a real state dict (name -> tensor); a storage shared by two names (tied
-    embeddings) is counted once. Non-tensor entries are ignored."""
-    return _sum_state_dict(state_dict, lambda t: t.numel())
-
-
-def state_dict_bytes(state_dict: Mapping) -> int:
-    """Bytes held by a real state dict's tensors (numel * element_size), shared storage once."""
-    return _sum_state_dict(state_dict, lambda t: t.numel() * t.element_size())
-
-
-def _sum_state_dict(sd: Mapping, f) -> int:
-    seen: set = set()
-    total = 0
-    for t in sd.values():
-        if not hasattr(t, "numel"):
-            continue
-        try:
-            ptr = t.untyped_storage().data_ptr()
-            # Meta tensors (and empty storages) all report pointer 0: never dedupe those.
-            key = (ptr, t.storage_offset(), tuple(t.shape), str(t.dtype)) if ptr else ("id", id(t))
-        except Exception:  # not a torch tensor (e.g. numpy): count it
-            key = ("id", id(t))
-        if key in seen:
-            continue
-        seen.add(key)
-        total += int(f(t))
-    return total
 
 
 def describe(m: ModelShape, precisions: Iterable[str] = PRECISIONS, **kw) -> list[dict]:

@@ -1,11 +1,13 @@
 """Exact byte accounting of a converted model: bytes by layer type, and the quantized layers against fp32."""
 from __future__ import annotations
 
+from typing import Mapping
+
 from torch import nn
 
 from engine.quant.layers import Fp8Linear, Int4Linear, Int8Linear, bnb_nbytes, is_bnb
 
-__all__ = ["weight_breakdown", "quantized_fraction"]
+__all__ = ["weight_breakdown", "quantized_fraction", "state_dict_param_count", "state_dict_bytes"]
 
 
 def _kind(name: str) -> str:
@@ -69,3 +71,33 @@ def quantized_fraction(model) -> dict[str, float]:
             now += mod.weight_nbytes() if hasattr(mod, "weight_nbytes") else bnb_nbytes(mod)
             fp32 += mod.out_features * mod.in_features * 4
     return {"quantized_bytes": now, "fp32_bytes": fp32, "ratio": (now / fp32) if fp32 else 1.0}
+
+
+def state_dict_param_count(state_dict: Mapping) -> int:
+    """Elements in a real state dict (name -> tensor); a storage shared by two names (tied
+    embeddings) is counted once. Non-tensor entries are ignored."""
+    return _sum_state_dict(state_dict, lambda t: t.numel())
+
+
+def state_dict_bytes(state_dict: Mapping) -> int:
+    """Bytes held by a real state dict's tensors (numel * element_size), shared storage once."""
+    return _sum_state_dict(state_dict, lambda t: t.numel() * t.element_size())
+
+
+def _sum_state_dict(sd: Mapping, f) -> int:
+    seen: set = set()
+    total = 0
+    for t in sd.values():
+        if not hasattr(t, "numel"):
+            continue
+        try:
+            ptr = t.untyped_storage().data_ptr()
+            # Meta tensors (and empty storages) all report pointer 0: never dedupe those.
+            key = (ptr, t.storage_offset(), tuple(t.shape), str(t.dtype)) if ptr else ("id", id(t))
+        except Exception:  # not a torch tensor (e.g. numpy): count it
+            key = ("id", id(t))
+        if key in seen:
+            continue
+        seen.add(key)
+        total += int(f(t))
+    return total
