@@ -220,6 +220,7 @@ class _Inputs:
         self.abs: dict[str, torch.Tensor] = {}
         self.rows: dict[str, int] = {}
         self.sample: dict[str, list[torch.Tensor]] = {}
+        self.outputs: dict[str, tuple[float, int]] = {}
 
     def hook(self, key: str):
         def add(_mod, args):
@@ -236,6 +237,19 @@ class _Inputs:
                 self.sample[key].append(x[::self.stride][:SAMPLE_ROWS])
             self.rows[key] += x.shape[0]
         return add
+
+    def signal_hook(self, name: str):
+        """A forward hook summing a linear's squared outputs less its bias: their mean over rows is tr(W H Wᵀ)."""
+        def add(mod, _args, out):
+            y = (out if mod.bias is None else out - mod.bias).detach()
+            total, rows = self.outputs.get(name, (0.0, 0))
+            self.outputs[name] = (total + float(y.float().pow(2).sum(dtype=torch.float64)),
+                                  rows + y.numel() // y.shape[-1])
+        return add
+
+    def signal(self, name: str) -> float | None:
+        total, rows = self.outputs.get(name, (0.0, 0))
+        return total / rows if rows else None
 
     def hessian(self, key: str) -> torch.Tensor:
         s = self.sums[key]
@@ -275,13 +289,15 @@ def _block_linears(blk) -> dict[str, tuple[str, nn.Linear]]:
             "mlp.down_proj": ("down_in", m.down_proj)}
 
 
-def _relative_error(w: torch.Tensor, dq: torch.Tensor, H: torch.Tensor) -> float:
+def _relative_error(w: torch.Tensor, dq: torch.Tensor, H: torch.Tensor, signal: float | None = None) -> float:
     """tr(ΔW H ΔWᵀ) / tr(W H Wᵀ): the layer's output error-to-signal on the calibration inputs (H full, or its
-    diagonal alone); what mixed precision ranks linears by."""
+    diagonal alone); what mixed precision ranks linears by. `signal`, when the pass measured it, is tr(W H Wᵀ)
+    (the mean squared output, _Inputs.signal_hook): one product with H fewer."""
     d, w = w.float() - dq, w.float()
     if H.dim() == 1:
         return float((d * d * H).sum() / (w * w * H).sum().clamp(min=1e-30))
-    return float(((d @ H) * d).sum() / ((w @ H) * w).sum().clamp(min=1e-30))
+    den = ((w @ H) * w).sum() if signal is None else torch.tensor(signal)
+    return float(((d @ H) * d).sum() / den.clamp(min=1e-30))
 
 
 def _fold(prev: nn.Module, s: torch.Tensor, rows: bool) -> list[tuple[str, nn.Parameter]]:
@@ -332,6 +348,8 @@ def calibrate(model, spec: QuantSpec, docs: list[list[int]], say=None, should_st
         linears = _block_linears(blk)
         handles = [lin.register_forward_pre_hook(seen.hook(key)) for key, lin in
                    {k: lin for k, lin in linears.values()}.items()]
+        if seen.full:
+            handles += [lin.register_forward_hook(seen.signal_hook(lname)) for lname, (_, lin) in linears.items()]
         for x, rows, tables in seqs:
             blk(x, *tables[cfg.ropes[i]], cache, rows)
         for h in handles:
@@ -348,7 +366,7 @@ def calibrate(model, spec: QuantSpec, docs: list[list[int]], say=None, should_st
             for name, lin in group:
                 r1 = r0 + lin.weight.shape[0]
                 codes[name] = (packed[r0:r1].contiguous(), scales[r0:r1].contiguous(), mins[r0:r1].contiguous())
-                errors[name] = _relative_error(lin.weight.data, dq[r0:r1], H)
+                errors[name] = _relative_error(lin.weight.data, dq[r0:r1], H, seen.signal(name.split(".", 3)[3]))
                 lin.weight.data, r0 = dq[r0:r1].clone(), r1
         for s in seqs:
             s[0] = blk(s[0], *s[2][cfg.ropes[i]], cache, s[1])
