@@ -83,10 +83,37 @@ def _accuracy_section() -> None:
         _ui.show_error(e)
 
 
+def _methods_section(name: str) -> None:
+    """Each stored quality run of the model at its weight bytes, by method, with the frontier (from the records)."""
+    st.markdown("#### Quality against bytes, by method")
+    try:
+        points, left_out = present.bytes_points(_ui.get_store().list_runs(1000), name)
+        if not points:
+            st.caption(f"No quality runs of {_ui.md_escape(name)} stored yet: press **Measure quality** below for "
+                       "each precision and method, or run `python -m engine quality --model "
+                       f"{_ui.md_escape(name)} --precisions int4,int4-gptq-g32,int8` and `bench/quality_matched.py`.")
+            return
+        st.plotly_chart(present.bytes_quality_figure(points), key="prec-methods-chart", config={"displaylogo": False})
+        st.dataframe(pd.DataFrame(points), hide_index=True, key="prec-methods-table",
+                     column_config={"weight_MB": st.column_config.NumberColumn("weights MB", format="%.1f"),
+                                    "top1_agreement": st.column_config.NumberColumn("same top-1", format="percent")})
+        tokens = points[0].get("tokens")
+        st.caption(f"The newest quality run of each configuration, all on one eval text ({tokens or '?'} tokens). "
+                   "On the frontier: no other configuration has fewer weight bytes and a lower median KLD. "
+                   "The reference is the catalog's shipped Q4_K_M dequantized: llama.cpp's requantization can "
+                   "recover its grid (docs/BENCHMARKS.md).")
+        if left_out:
+            st.caption("Left out: " + "; ".join(_ui.md_escape(x) for x in left_out))
+    except Exception as e:
+        _ui.show_error(e)
+
+
 f = st.session_state.get("prec-loaded")
 if not f:
     st.info("Choose a model and a precision, then press **Load**. Loading converts the weights for real; "
             "nothing is simulated.")
+    if model != _backend.YOUR_MODEL:
+        _methods_section(model)
     _accuracy_section()
     st.stop()
 
@@ -201,4 +228,5 @@ if len(hist) > 1:
     st.dataframe(pd.DataFrame([{k: v for k, v in h.items() if k != "weights"} for h in hist]), hide_index=True,
                  key="prec-history-table")
 
+_methods_section(f["name"])
 _accuracy_section()

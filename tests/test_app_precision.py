@@ -62,3 +62,32 @@ def test_unsupported_precision_is_an_error_message():
     at = load("fp8")
     assert not at.exception
     assert any("fp8 needs an NVIDIA GPU" in e.value and "Fix:" in e.value for e in at.error)
+
+
+def test_quality_against_bytes_marks_each_method():
+    """Three precisions of the tiny model scored through the page (int8, bf16, int4 round-to-nearest), each measured
+    on the backend for real: the methods plot and its table show each configuration's newest quality record at its
+    weight bytes, and the frontier is the records' own Pareto set. (GPTQ and AWQ need a real model folder to
+    calibrate on: tests/test_calibrated.py.)"""
+    from engine.measure.store import Store
+    from engine.present.compare import pareto_frontier
+
+    at = load("int8")
+    at.button(key="prec-quality").click().run()
+    for precision in ("bf16", "int4"):
+        at.selectbox(key="prec-precision").set_value(precision).run()
+        at.button(key="prec-load").click().run()
+        assert at.session_state["prec-loaded"]["label"].startswith(f"tiny@{precision}")
+        at.button(key="prec-quality").click().run()
+        assert not problems(at)
+    t = frame(at, "config", "method", "weight_MB", "kld_median", "frontier")
+    assert set(t["method"]) == {"int8", "bf16", "int4 rtn"} and list(t["weight_MB"]) == sorted(t["weight_MB"])
+    recs = {r.label: r for r in Store().list_runs(100) if r.kind == "quality"}
+    assert len(recs) == 3
+    for _, row in t.iterrows():
+        rec = recs[f"tiny@{row['config']}"]
+        assert row["kld_median"] == rec.metrics["quality"]["kld_median"]
+        assert row["weight_MB"] == rec.metrics["weight_bytes"] / 1e6
+    assert [bool(x) for x in t["frontier"]] == pareto_frontier(t.to_dict("records"), "weight_MB", "kld_median")
+    assert t["frontier"].iloc[0] and t["frontier"].sum() >= 2  # the fewest bytes, and bf16's near-zero KLD
+    assert any("Quality against weight bytes" in c.proto.spec for c in at.get("plotly_chart"))

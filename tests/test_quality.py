@@ -368,3 +368,31 @@ def test_backend_scores_llama_cpp_q4km_and_refuses_a_malformed_job(lab_backend):
     rec = lab_backend.store.get_run(j["run_ids"][0])
     assert rec.kind == "quality" and rec.config["system"] == "llama.cpp" and rec.config["precision"] == "Q4_K_M"
     assert rec.config["model"] == "qwen2.5-coder-0.5b" and rec.metrics["quality"]["kld_mean"] == q["kld_mean"]
+
+
+def test_bytes_points_take_each_configurations_newest_record_on_one_text():
+    """The methods plot's points: the newest record per configuration, on the eval text most configurations share;
+    another text's and a record without weight bytes are left out by name; a llama.cpp record is its own method."""
+    from engine.common.setup import EngineSetup
+    from engine.present.quality_view import bytes_points
+
+    def ours(precision, kld, wb, text="A"):
+        s = EngineSetup(model="default", precision=precision).validate()
+        return quality.record({"setup": s.to_dict(), **s.to_record(), "system": "engine"},
+                              {"kld_median": kld, "kld_mean": kld * 3, "tokens": 2048, "eval_fingerprint": text,
+                               "weight_bytes": wb})
+
+    llama = quality.record({"system": "llama.cpp", "label": "llama.cpp Q4_K_M", "model": "qwen2.5-coder-1.5b",
+                            "precision": "Q4_K_M"}, {"kld_median": 0.0008, "tokens": 2048, "eval_fingerprint": "A",
+                                                     "weight_bytes": 1_117_000_000})
+    newest_first = [ours("int4-gptq-g32", 0.0045, 1_899_000_000), ours("int4-gptq-g32", 0.0099, 1_899_000_000),
+                    ours("int4-g32", 0.0051, 1_899_000_000), ours("int8", 0.00023, 2_481_000_000), llama,
+                    ours("int4", 0.02, 1_700_000_000, text="B"), ours("bf16", 0.0001, None),
+                    ours("int8", 0.0003, 2_481_000_000, text="B")]
+    points, left_out = bytes_points(newest_first, "default")
+    got = {p["config"]: (p["method"], p["kld_median"], p["frontier"]) for p in points}
+    assert got == {"llama.cpp Q4_K_M": ("llama.cpp", 0.0008, True), "int4 gptq g32": ("int4 gptq", 0.0045, False),
+                   "int4 g32": ("int4 rtn", 0.0051, False), "int8": ("int8", 0.00023, True)}
+    assert [p["weight_MB"] for p in points] == sorted(p["weight_MB"] for p in points)
+    assert left_out == ["int4: scored on another eval text", "bf16: its record has no weight bytes"]
+    assert bytes_points(newest_first, "qwen2.5-coder-0.5b") == ([], [])

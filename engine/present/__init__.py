@@ -9,11 +9,12 @@ from engine.present.columns import (BY_NAME as COLUMNS_BY_NAME, CHARTS, COLUMNS,
                                     step_path, step_reasons, table_cells)
 from engine.present.compare import (DIFF_METRICS, available_charts, chart_series, diff_table, frontier_line,
                                     highlights, missing_charts, noise_note, pareto_frontier, pct_diff, report_diff)
-from engine.present.figures import (acceptance_figure, bar_figure, error_bars, expected_length_figure, kv_figure,
-                                    memory_figure, pareto_axes, pareto_figure)
+from engine.present.figures import (acceptance_figure, bar_figure, bytes_quality_figure, error_bars,
+                                    expected_length_figure, kv_figure, memory_figure, pareto_axes, pareto_figure)
 from engine.present.labels import eta_text, machine_rows, noisy_configs, run_choice_label
 from engine.present.memory_view import activation_bytes, kv_cache_bytes, kv_grid, memory_breakdown
 from engine.present.printers import format_rows
+from engine.present.quality_view import bytes_points
 from engine.present.rows import (CategoryView, category_rows, category_views, detail, display_rows, row, rows,
                                  view_columns, with_bounds, with_half_widths)
 from engine.present.spec_view import acceptance_rows, expected_length_curve, spec_summary

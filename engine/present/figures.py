@@ -158,3 +158,28 @@ def expected_length_figure(a: float | None, measured: float | None, gamma: float
                       xaxis=dict(title="gamma (draft tokens per round)"),
                       yaxis=dict(title="tokens per target pass"), legend=dict(orientation="h", y=-0.3))
     return fig
+
+
+def bytes_quality_figure(points: Sequence[Mapping]):
+    """Weight MB against median KLD (log), one marker symbol per method, the frontier joined; None without points."""
+    import plotly.graph_objects as go
+
+    if not points:
+        return None
+    symbols = ["circle", "diamond", "square", "triangle-up", "cross", "x", "pentagon", "hexagon", "star-square"]
+    fig = go.Figure()
+    for i, method in enumerate(dict.fromkeys(p["method"] for p in points)):
+        pts = [p for p in points if p["method"] == method]
+        fig.add_trace(go.Scatter(
+            x=[p["weight_MB"] for p in pts], y=[p["kld_median"] for p in pts], text=[_safe(p["config"]) for p in pts],
+            mode="markers", name=_safe(method), marker=dict(size=12, symbol=symbols[i % len(symbols)]),
+            hovertemplate="%{text}<br>%{x:,.1f} MB<br>median KLD %{y:.3g}<extra></extra>"))
+    front = [p for p in points if p.get("frontier")]
+    fig.add_trace(go.Scatter(
+        x=[p["weight_MB"] for p in front], y=[p["kld_median"] for p in front], mode="lines", name="frontier",
+        line=dict(shape="hv", color="#e8590c", dash="dot"), hoverinfo="skip"))
+    fig.update_layout(title="Quality against weight bytes, by method (lower-left is better)", height=380,
+                      margin=dict(l=50, r=10, t=50, b=50), xaxis=dict(title="weights, MB"),
+                      yaxis=dict(title="median KL(fp32 || config), nats/token", type="log"),
+                      legend=dict(orientation="h", y=-0.2))
+    return fig

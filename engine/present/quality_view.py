@@ -6,7 +6,11 @@ same keys); never runs a model. Probabilities are shown in % as llama.cpp prints
 from __future__ import annotations
 
 from engine.common.fields import QC, Q
+from engine.common.record_setup import setup_from_record
+from engine.common.vocab import canonical_model_name
+from engine.present.accuracy_view import OURS, PEER_ENGINE
 from engine.present.columns import num as _num
+from engine.present.compare import pareto_frontier
 
 SCOPES = ("overall", "chat", "code")
 
@@ -92,3 +96,51 @@ def unavailable_line(q: dict) -> str | None:
         if q.get(k):
             return f"{q.get('label', 'peer')}: {k}: {q[k]}"
     return None
+
+
+def _kind(rec) -> tuple[str, str, str]:
+    """(model, method, label) of a quality record: our int4 by how its grid was chosen (rtn, gptq, awq,
+    gptq-mixed, gguf, checkpoint), our other precisions by name, a peer by its engine and type."""
+    c = rec.config or {}
+    if c.get("system") not in OURS:
+        engine = PEER_ENGINE.get(str(c.get("system")), str(c.get("system")))
+        return canonical_model_name(c.get("model") or ""), engine, f"{engine} {c.get('precision')}"
+    s = setup_from_record(c)
+    method = f"int4 {s.method}" if s.precision == "int4" else s.precision
+    return canonical_model_name(s.model), method, s.precision_label
+
+
+def bytes_points(records, model: str) -> tuple[list[dict], list[str]]:
+    """The quality-against-bytes points of `model` from stored quality records (newest first, as the store lists
+    them): one per configuration, its newest record, all scored on one eval text (the text most configurations
+    share; KLDs on different texts are not comparable). Each point: config, method, weight_MB, the KLD statistics,
+    same top-1 and whether it is on the frontier (no other point has fewer bytes and a lower median KLD).
+    Also says which configurations were left out, and why."""
+    want = canonical_model_name(model)
+    newest: dict[tuple, tuple] = {}
+    for r in records:
+        q = (r.metrics or {}).get("quality")
+        if r.kind != "quality" or not q or q.get(Q.kld_median) is None:
+            continue
+        name, method, label = _kind(r)
+        if name == want:
+            newest.setdefault((label, q.get(Q.eval_fingerprint)), (method, q, (r.metrics or {}).get("weight_bytes")))
+    by_text: dict = {}
+    for (label, text), v in newest.items():
+        by_text.setdefault(text, {})[label] = v
+    if not by_text:
+        return [], []
+    text = max(by_text, key=lambda t: len(by_text[t]))  # dicts keep the store's order: a tie goes to the newest
+    left_out = sorted(f"{label}: scored on another eval text" for t, rows in by_text.items() if t != text
+                      for label in rows if label not in by_text[text])
+    points = []
+    for label, (method, q, wb) in by_text[text].items():
+        if not wb:
+            left_out.append(f"{label}: its record has no weight bytes")
+            continue
+        points.append({"config": label, "method": method, "weight_MB": wb / 1e6, "tokens": q.get(Q.tokens),
+                       "kld_median": q[Q.kld_median], "kld_mean": q.get(Q.kld_mean), "kld_p99": q.get(Q.kld_p99),
+                       "top1_agreement": q.get(Q.top1_agreement)})
+    for p, front in zip(points, pareto_frontier(points, "weight_MB", "kld_median")):
+        p["frontier"] = front
+    return sorted(points, key=lambda p: p["weight_MB"]), left_out
