@@ -27,7 +27,9 @@ with c3:
 method = st.selectbox("int4 method", QUANT_METHODS, key="prec-method", disabled=precision != "int4",
                       format_func=lambda m: f"{m} – {METHOD_DESCRIPTIONS[m]}",
                       help="How the int4 grid is chosen. The first load of GPTQ or AWQ calibrates on ShareGPT text "
-                           "the lab never scores (the status line shows each layer); later loads read the cache.")
+                           "the lab never scores (the status line shows each layer); later loads read the cache. To "
+                           "cancel a calibration, stop the page (⏹, top right): it then shows the backend's progress "
+                           "with a Cancel button, which stops the calibration before its next layer.")
 with st.expander("Advanced"):
     q_emb = st.checkbox("Quantize the embedding table too", value=False, key="prec-qemb")
     q_head = st.checkbox("Quantize the output head", value=True, key="prec-qhead")
@@ -45,6 +47,8 @@ def _llama_cpp_reason(name: str) -> str | None:
     return info.get("llama_cpp")
 
 
+if _backend.job_running(JOB):  # a load or score this page started and left (a GPTQ/AWQ calibration takes minutes)
+    _backend.job_panel(JOB)
 if st.button("Load", type="primary", key="prec-load", disabled=_backend.job_running(JOB)):
     try:
         setup = EngineSetup(model=_backend.chosen_model(model, your_model), precision=precision,

@@ -91,3 +91,23 @@ def test_quality_against_bytes_marks_each_method():
     assert [bool(x) for x in t["frontier"]] == pareto_frontier(t.to_dict("records"), "weight_MB", "kld_median")
     assert t["frontier"].iloc[0] and t["frontier"].sum() >= 2  # the fewest bytes, and bf16's near-zero KLD
     assert any("Quality against weight bytes" in c.proto.spec for c in at.get("plotly_chart"))
+
+
+def test_a_load_left_running_shows_its_progress_and_cancel(lab_backend):
+    """A load the page started and left (its script run stopped while the backend loads or calibrates): the page
+    shows the job's progress and a Cancel button that reaches the backend; Load waits for it."""
+    from engine.backend.client import Backend
+    from pages._backend import RemoteJob
+
+    at = AppTest.from_file(PAGE, default_timeout=TIMEOUT).run()
+    b = Backend(lab_backend.url)
+    with lab_backend.pool.lock:  # the load blocks on the pool, as a long calibration holds it
+        job_id = b.submit("load tiny@int8", {"kind": "load", "setup": {"model": "tiny", "precision": "int8"}})
+        at.session_state["prec-job"] = RemoteJob(b, job_id, "load tiny@int8")
+        at.run()
+        assert at.button(key="prec-load").disabled and len(at.get("progress")) == 1
+        at.button(key="prec-job-cancel").click().run()
+        assert lab_backend.queue.get(job_id).cancelled
+    assert b.wait(job_id, timeout_s=120)["state"] in ("cancelled", "finished")  # a plain load has no layer to stop at
+    at.run()
+    assert not at.button(key="prec-load").disabled and not problems(at)

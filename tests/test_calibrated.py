@@ -204,6 +204,36 @@ def test_an_interrupted_calibration_leaves_no_entry(tiny_qwen, quant_cache):
     assert not quant_cache.exists() or not any(p.name.startswith(".tmp") for p in quant_cache.iterdir())
 
 
+def test_cancelling_a_load_job_stops_its_calibration_and_caches_nothing(tiny_qwen, quant_cache, lab_backend,
+                                                                         monkeypatch):
+    """The Precision page's Load of an uncached GPTQ model is a backend job that calibrates; Cancel stops it before
+    the next layer: the job ends cancelled, nothing is cached and nothing lands in the pool. The calibration is held
+    at its start until the cancel is sent, so the test does not race a tiny model's seconds-long calibration."""
+    import threading
+
+    from engine.backend.client import Backend
+
+    started, cancelled = threading.Event(), threading.Event()
+    check = calibrate._check_calibratable
+
+    def held(model, spec):
+        started.set()
+        assert cancelled.wait(60)
+        return check(model, spec)
+
+    monkeypatch.setattr(calibrate, "_check_calibratable", held)
+    b = Backend(lab_backend.url)
+    setup = {"model": str(tiny_qwen), "precision": "int4-gptq-g64"}  # g64: not the other tests' cached g32
+    job_id = b.submit("load", {"kind": "load", "setup": setup})
+    assert started.wait(120), b.job(job_id)
+    b.cancel(job_id)
+    cancelled.set()
+    j = b.wait(job_id, timeout_s=120)
+    assert j["state"] == "cancelled" and j["error"] is None and j["result"] is None, j
+    assert not any("gptq-g64" in p.name or p.name.startswith(".tmp") for p in quant_cache.glob("*"))
+    assert not any(m["facts"]["precision"] == "int4-gptq-g64" for m in b.info()["loaded"])
+
+
 def test_a_mixture_of_experts_model_is_refused_by_name(tmp_path, quant_cache):
     from engine.infer.loader import load
 

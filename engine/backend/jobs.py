@@ -323,12 +323,18 @@ class JobQueue:
     def _load(self, job: Job, work: LoadWork) -> None:
         """The setup's target loaded into the pool (or found there): no measurement, so no record; its facts
         (sizes, shape, dtype, the quantized layers' share, as /v1/info lists the pool) are the job's result."""
+        from engine.infer.calibrate import Cancelled
         from engine.infer.loader import resolve_device, target_spec
         from engine.measure.loaded import facts_json
 
         s = work.setup
         job.say(f"loading {s.label}")
-        job.result = facts_json(self.pool.get(s.model, target_spec(s), resolve_device(s.device), job.say))
+        try:  # a GPTQ/AWQ calibration (minutes the first time) stops at the next layer when the job is cancelled
+            lm = self.pool.get(s.model, target_spec(s), resolve_device(s.device), job.say,
+                               should_stop=lambda: job.cancelled)
+        except Cancelled:
+            return
+        job.result = facts_json(lm)
         job.done = 1
         job.on_change(job)
 

@@ -83,8 +83,9 @@ def _release_source(model) -> None:
 
 
 def load(name: str = "default", spec: QuantSpec | str = "fp32", device: str | None = None,
-         progress=None) -> LoadedModel:
-    """Resolve, build in fp32, convert to `spec`. Refuses unsupported combinations before loading."""
+         progress=None, should_stop=None) -> LoadedModel:
+    """Resolve, build in fp32, convert to `spec`. Refuses unsupported combinations before loading. A GPTQ/AWQ
+    calibration asks `should_stop()` before each layer and raises calibrate.Cancelled when it says so."""
     spec = make_spec(spec) if isinstance(spec, str) else spec
     device = resolve_device(device)
     check_supported(spec, device)
@@ -109,7 +110,7 @@ def load(name: str = "default", spec: QuantSpec | str = "fp32", device: str | No
     elif spec.calibrated:  # GPTQ/AWQ: computed once from calibration text, then read from the cache
         from engine.infer.calibrate import calibrated
 
-        cal = calibrated(name, Path(folder), model, spec, tok, progress)
+        cal = calibrated(name, Path(folder), model, spec, tok, progress, should_stop=should_stop)
         with torch.no_grad():
             for pname, t in cal.floats.items():  # AWQ's folded norms
                 model.get_parameter(pname).data = t.to(model.get_parameter(pname).dtype)

@@ -53,14 +53,16 @@ class ModelPool:
         self._models: OrderedDict[tuple, LoadedModel] = OrderedDict()
         self.lock = threading.RLock()  # one generation at a time: no two runs share a KV cache
 
-    def get(self, name, spec, device, progress=None) -> LoadedModel:
+    def get(self, name, spec, device, progress=None, should_stop=None) -> LoadedModel:
+        """The model at `spec`, loaded once (a calibration asks `should_stop()` between layers)."""
         key = (name, spec, device)
         with self.lock:
             if key in self._models:
                 self._models.move_to_end(key)
                 return self._models[key]
             self._evict(self.keep - 1)  # room for one more before loading: two copies never overlap
-            lm = _REGISTERED[name][0](spec, device) if name in _REGISTERED else load(name, spec, device, progress)
+            lm = _REGISTERED[name][0](spec, device) if name in _REGISTERED else load(name, spec, device, progress,
+                                                                                   should_stop)
             self._models[key] = lm
             self._evict(self.keep, keep_newest=True)  # its size is known only once loaded
             return lm
