@@ -107,7 +107,17 @@ bench: setup models workloads
 # Peers for bench/peers.py: llama-cpp-python compiled from PyPI for this CPU (about 8 minutes, once),
 # and llama.cpp's llama-server for bench/load.py, built from the llama.cpp vendored in the same
 # llama-cpp-python sdist (about 8 minutes on 2 cores, once; cached outside the checkout).
-peers: $(VENV)/.stamp-peers $(LLAMA_SERVER_DIR)/.stamp $(SCL_CACHE)/llama-cpp-src/.stamp $(LLAMA_TOOLS_DIR)/.stamp
+peers: $(VENV)/.stamp-peers-$(LLAMA_BUILD) $(LLAMA_SERVER_DIR)/.stamp-$(LLAMA_BUILD) $(SCL_CACHE)/llama-cpp-src/.stamp \
+	$(LLAMA_TOOLS_DIR)/.stamp-$(LLAMA_BUILD)
+
+# llama.cpp is built for this CPU (GGML_NATIVE) without AMX: on an Intel VM that reports AMX (amx_tile, amx_int8),
+# llama.cpp 0.3.36's AMX weight buffers crash every load (SIGSEGV at its thread pool's start; the same build with
+# --no-repack, or built without AMX, runs). gcc honours -mno-* whatever -march=native says. LLAMA_BUILD names the
+# build in its stamps, so a build made with other flags is rebuilt, and pip builds the binding afresh (--no-cache-dir:
+# never a wheel cached from another CPU).
+LLAMA_NO_AMX := -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
+LLAMA_CMAKE_FLAGS := -DCMAKE_C_FLAGS="$(LLAMA_NO_AMX)" -DCMAKE_CXX_FLAGS="$(LLAMA_NO_AMX)"
+LLAMA_BUILD := native-noamx
 
 # llama.cpp's converter and gguf-py from the same sdist, unpacked into the cache (engine/peers/gguf_tools.py):
 # bench/llama_shape.py, bench/quality_matched.py and their tests convert with them.
@@ -115,8 +125,10 @@ $(SCL_CACHE)/llama-cpp-src/.stamp: | $(VENV)/.stamp-project
 	$(PY) -c "from engine.peers.gguf_tools import llama_cpp_source as f; print(f())"
 	touch $@
 
-$(VENV)/.stamp-peers: $(VENV)/.stamp-models
-	$(PY) -c "import llama_cpp" 2>/dev/null || CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(PIP) install -q -e ".[peers]"
+$(VENV)/.stamp-peers-$(LLAMA_BUILD): $(VENV)/.stamp-models
+	CMAKE_ARGS='$(LLAMA_CMAKE_FLAGS)' CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(PIP) install -q --no-cache-dir \
+		--force-reinstall --no-deps "llama-cpp-python==$(LLAMA_CPP_VERSION)"
+	$(PIP) install -q -e ".[peers]"
 	touch $@
 
 # llama.cpp's programs from the llama.cpp vendored in the llama-cpp-python sdist: $(call llama_build,DIR,TARGETS,SERVER)
@@ -129,21 +141,21 @@ define llama_build
 	cmake -S $(1)/src/llama_cpp_python-$(LLAMA_CPP_VERSION)/vendor/llama.cpp -B $(1)/build -DCMAKE_BUILD_TYPE=Release \
 		-DGGML_NATIVE=ON -DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
 		-DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=$(3) -DLLAMA_BUILD_APP=OFF -DLLAMA_BUILD_UI=OFF \
-		-DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF >$(1)/configure.log
+		-DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF $(LLAMA_CMAKE_FLAGS) >$(1)/configure.log
 	cmake --build $(1)/build --target $(2) -j$$(nproc) >$(1)/build.log
 	cd $(1)/build/bin && cp $(2) $(1)/bin/
 	rm -rf $(1)/src $(1)/build
 endef
 
 # llama-server for bench/load.py and the load tests.
-$(LLAMA_SERVER_DIR)/.stamp: | $(VENV)/.stamp-venv
+$(LLAMA_SERVER_DIR)/.stamp-$(LLAMA_BUILD): | $(VENV)/.stamp-venv
 	$(call llama_build,$(LLAMA_SERVER_DIR),llama-server,ON)
 	$(LLAMA_SERVER_DIR)/bin/llama-server --version
 	touch $@
 
 # llama-imatrix and llama-quantize (engine/peers/gguf_tools.py: the importance-matrix peers; the Python binding's
 # quantizer cannot be given an imatrix).
-$(LLAMA_TOOLS_DIR)/.stamp: | $(VENV)/.stamp-venv
+$(LLAMA_TOOLS_DIR)/.stamp-$(LLAMA_BUILD): | $(VENV)/.stamp-venv
 	$(call llama_build,$(LLAMA_TOOLS_DIR),llama-imatrix llama-quantize,OFF)
 	test -x $(LLAMA_TOOLS_DIR)/bin/llama-imatrix && test -x $(LLAMA_TOOLS_DIR)/bin/llama-quantize
 	touch $@
@@ -176,7 +188,7 @@ bench-peers: peers
 
 # Our engine against llama.cpp on random weights of the Llama 3.2 1B shape, the same weights as GGUF (~20 min on 2 cores).
 .PHONY: bench-llama-shape
-bench-llama-shape: $(VENV)/.stamp-peers
+bench-llama-shape: $(VENV)/.stamp-peers-$(LLAMA_BUILD)
 	$(PY) bench/llama_shape.py
 
 # Every peer server under load side by side (ShareGPT chat at concurrency 1, 4, 8); docs/LOAD.md.
