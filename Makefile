@@ -12,6 +12,14 @@ LLAMA_CPP_VERSION := 0.3.36
 SCL_CACHE ?= $(or $(SCL_CACHE_DIR),$(if $(XDG_CACHE_HOME),$(XDG_CACHE_HOME)/serving-cost-lab,$(HOME)/.cache/serving-cost-lab))
 LLAMA_SERVER_DIR := $(SCL_CACHE)/llama-server-$(LLAMA_CPP_VERSION)
 LLAMA_TOOLS_DIR := $(SCL_CACHE)/llama-tools-$(LLAMA_CPP_VERSION)
+# llama.cpp is built for this CPU (GGML_NATIVE) without AMX: on an Intel VM that reports AMX (amx_tile, amx_int8),
+# llama.cpp 0.3.36's AMX weight buffers crash every load (SIGSEGV at its thread pool's start; the same build with
+# --no-repack, or built without AMX, runs). gcc honours -mno-* whatever -march=native says. LLAMA_BUILD names the
+# build in its stamps, so a build made with other flags is rebuilt, and pip builds the binding afresh (--no-cache-dir:
+# never a wheel cached from another CPU).
+LLAMA_NO_AMX := -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
+LLAMA_CMAKE_FLAGS := -DCMAKE_C_FLAGS="$(LLAMA_NO_AMX)" -DCMAKE_CXX_FLAGS="$(LLAMA_NO_AMX)"
+LLAMA_BUILD := native-noamx
 
 PORT ?= 8501
 # The dashboard listens on loopback only; HOST=0.0.0.0 serves the LAN (anyone there can load models).
@@ -109,15 +117,6 @@ bench: setup models workloads
 # llama-cpp-python sdist (about 8 minutes on 2 cores, once; cached outside the checkout).
 peers: $(VENV)/.stamp-peers-$(LLAMA_BUILD) $(LLAMA_SERVER_DIR)/.stamp-$(LLAMA_BUILD) $(SCL_CACHE)/llama-cpp-src/.stamp \
 	$(LLAMA_TOOLS_DIR)/.stamp-$(LLAMA_BUILD)
-
-# llama.cpp is built for this CPU (GGML_NATIVE) without AMX: on an Intel VM that reports AMX (amx_tile, amx_int8),
-# llama.cpp 0.3.36's AMX weight buffers crash every load (SIGSEGV at its thread pool's start; the same build with
-# --no-repack, or built without AMX, runs). gcc honours -mno-* whatever -march=native says. LLAMA_BUILD names the
-# build in its stamps, so a build made with other flags is rebuilt, and pip builds the binding afresh (--no-cache-dir:
-# never a wheel cached from another CPU).
-LLAMA_NO_AMX := -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
-LLAMA_CMAKE_FLAGS := -DCMAKE_C_FLAGS="$(LLAMA_NO_AMX)" -DCMAKE_CXX_FLAGS="$(LLAMA_NO_AMX)"
-LLAMA_BUILD := native-noamx
 
 # llama.cpp's converter and gguf-py from the same sdist, unpacked into the cache (engine/peers/gguf_tools.py):
 # bench/llama_shape.py, bench/quality_matched.py and their tests convert with them.
