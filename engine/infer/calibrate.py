@@ -349,7 +349,8 @@ def calibrate(model, spec: QuantSpec, docs: list[list[int]], say=None, should_st
         handles = [lin.register_forward_pre_hook(seen.hook(key)) for key, lin in
                    {k: lin for k, lin in linears.values()}.items()]
         if seen.full:
-            handles += [lin.register_forward_hook(seen.signal_hook(lname)) for lname, (_, lin) in linears.items()]
+            handles += [lin.register_forward_hook(seen.signal_hook(f"model.layers.{i}.{lname}"))
+                        for lname, (_, lin) in linears.items()]
         for x, rows, tables in seqs:
             blk(x, *tables[cfg.ropes[i]], cache, rows)
         for h in handles:
@@ -366,7 +367,7 @@ def calibrate(model, spec: QuantSpec, docs: list[list[int]], say=None, should_st
             for name, lin in group:
                 r1 = r0 + lin.weight.shape[0]
                 codes[name] = (packed[r0:r1].contiguous(), scales[r0:r1].contiguous(), mins[r0:r1].contiguous())
-                errors[name] = _relative_error(lin.weight.data, dq[r0:r1], H, seen.signal(name.split(".", 3)[3]))
+                errors[name] = _relative_error(lin.weight.data, dq[r0:r1], H, seen.signal(name))
                 lin.weight.data, r0 = dq[r0:r1].clone(), r1
         for s in seqs:
             s[0] = blk(s[0], *s[2][cfg.ropes[i]], cache, s[1])
