@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from engine.common import datasets
 from engine.common.errors import UserError
 from engine.common.setup import EngineSetup
 from engine.common.vocab import parse_precision_spec
@@ -250,9 +251,17 @@ def test_calibration_never_reads_the_text_kld_or_pass_at_1_scores():
 
     tok = tokenizer()
     scored = {d.id for d in eval_docs(tok, DEFAULT_TOKENS)}
-    calib = {pid for pid, _ in calibrate.calibration_texts()}
+    texts = calibrate.calibration_texts()
+    calib = {pid for pid, _ in texts}
     assert calib and not calib & scored
     assert not any(pid.startswith("humaneval:") for pid in calib)
+    # half of it is code, from conversations no part of which the workload selection holds
+    chat_ids = set(datasets.selection()["categories"]["chat"]["ids"])
+    code = [(pid, text) for pid, text in texts if pid not in chat_ids]
+    assert len(code) == len(texts) // 2 and all("```" in text for _, text in code)
+    held = {pid.partition(":")[2].rpartition("_")[0] for c in datasets.selection()["categories"].values()
+            for pid in c["ids"]}
+    assert not {pid.partition(":")[2].rpartition("_")[0] for pid, _ in code} & held
 
 
 # ---------------------------------------------------------------- mixed precision
