@@ -6,7 +6,8 @@ Our engine loads it as `int4-checkpoint-g32` (engine/quant/checkpoints.py) and v
 CPUWNA16 kernels (engine.peers.servers: vLLM at `int4-checkpoint`), so a comparison of the two under load runs the
 same weights. The codes are min/max per group with an integer zero point (AWQ's layout has no float min): this is
 AWQ's format, not its activation-aware search. The decoder blocks' linears are quantized; embedding, head, norms
-and biases stay as the folder holds them. Written to a temporary folder and renamed, so a folder at --out is whole.
+and biases stay as the folder holds them, or (--floats fp16, as AutoAWQ saves a model) are rounded to fp16.
+Written to a temporary folder and renamed, so a folder at --out is whole.
 """
 from __future__ import annotations
 
@@ -56,8 +57,12 @@ def quantization_config(gs: int) -> dict:
             "modules_to_not_convert": None}
 
 
-def write(src: Path, dest: Path, gs: int = 32, progress=print) -> Path:
-    """The AWQ GEMM checkpoint of the model folder `src` at `dest` (once)."""
+FLOATS = {"source": None, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def write(src: Path, dest: Path, gs: int = 32, progress=print, floats: str = "source") -> Path:
+    """The AWQ GEMM checkpoint of the model folder `src` at `dest` (once); the float tensors as `src` holds them
+    ("source") or rounded to fp16/bf16."""
     from safetensors.torch import load_file, save_file
 
     src, dest = Path(src), Path(dest)
@@ -73,7 +78,7 @@ def write(src: Path, dest: Path, gs: int = 32, progress=print) -> Path:
     for k, t in sd.items():
         name, _, part = k.rpartition(".")
         if not (name.startswith("model.layers.") and name.rsplit(".", 1)[-1] in LINEARS):
-            out[k] = t  # embedding, head, norms
+            out[k] = t if FLOATS[floats] is None else t.to(FLOATS[floats])  # embedding, head, norms
         elif part == "bias":
             out[k] = t.half()  # as AutoAWQ keeps a quantized linear's bias
         else:
@@ -97,10 +102,12 @@ def main(argv=None) -> int:
     ap.add_argument("--model", default="default", help="a catalog model or a folder")
     ap.add_argument("--group-size", type=int, default=32)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--floats", choices=list(FLOATS), default="source",
+                    help="embedding, head and norms as the folder holds them, or in fp16 (as AutoAWQ saves) or bf16")
     a = ap.parse_args(argv)
     from engine.infer import catalog
 
-    print(write(catalog.resolve(a.model), Path(a.out), a.group_size, progress=lambda s: None))
+    print(write(catalog.resolve(a.model), Path(a.out), a.group_size, progress=lambda s: None, floats=a.floats))
     return 0
 
 

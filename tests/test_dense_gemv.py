@@ -1,4 +1,5 @@
-"""The dense bf16/fp32 CPU GEMV kernels (kernels/cpu/dense*, engine/ops/dense.py) against torch's F.linear.
+"""The dense bf16/fp32 CPU GEMV kernels (kernels/cpu/dense*, engine/ops/dense.py) against torch's F.linear,
+and fp32 activations against bf16/fp16 weights (a checkpoint's head held as stored) against the fp32 linear.
 
 Every kernel id the CPU can run (scalar, AVX2, AVX-512 shift/FMA, AVX512_BF16 VDPBF16PS) on shapes that
 are not multiples of the SIMD chunk or the 4-row block, M from 1 past the default threshold, with and
@@ -72,6 +73,36 @@ def test_kernels_match_reference_and_torch(ext, dtype, N, K):
                     assert ((y.double() - yt.double()).abs() <= ulp + tol).all(), (dense.DENSE_KERNELS[k], M)
 
 
+@pytest.mark.parametrize("wdtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("N,K", SHAPES)
+def test_half_weights_with_fp32_x_are_the_fp32_linear_of_the_widened_weights(ext, wdtype, N, K):
+    f16 = wdtype is torch.float16
+    kernels = [k for k in dense.DENSE_KERNELS if ext.dense_kernel_supported(k, False, f16)]
+    assert 0 in kernels and 3 not in kernels
+    g = torch.Generator().manual_seed(N * 1000 + K + 7)
+    w = torch.randn(N, K, generator=g).to(wdtype)
+    wide = w.float()  # exact
+    for b in (None, torch.randn(N, generator=g)):
+        for M in (1, 3, 8, 9):
+            x = torch.randn(M, K, generator=g)
+            ref, tol = _bound(x, wide, b, False)
+            for k in kernels:
+                y = ext.dense_gemm(x, w, b, k)
+                assert y.dtype == torch.float32 and ((y.double() - ref).abs() <= tol).all(), dense.DENSE_KERNELS[k]
+
+
+def test_dense_linear_on_half_weights_takes_the_kernel_then_torch_by_chunks(ext, monkeypatch):
+    w = torch.randn(dense.HALF_CHUNK + 70, 64).half()
+    calls = []
+    monkeypatch.setattr(ext, "dense_gemm", lambda *a: calls.append(a[3]) or torch.zeros(1))
+    dense.dense_linear(torch.randn(1, 64), w)
+    assert calls  # M = 1: the kernel
+    x = torch.randn(config.DEFAULT_DENSE_M + 1, 64)  # M past dense_m: torch on the widened rows, by chunks
+    y = dense.dense_linear(x, w)
+    ref, tol = _bound(x, w.float(), None, False)
+    assert len(calls) == 1 and y.shape == ref.shape and ((y.double() - ref).abs() <= tol).all()
+
+
 def test_fp32_bias_on_bf16_weights_and_leading_dims(ext):
     """A bias may be fp32 on a bf16 model; x may have leading dims."""
     w = torch.randn(70, 96).bfloat16()
@@ -96,8 +127,12 @@ def test_unsupported_inputs_are_refused(ext):
     w = torch.randn(8, 32)
     with pytest.raises(RuntimeError, match="dtype"):
         ext.dense_gemm(torch.randn(1, 32).bfloat16(), w, None, 0)
-    with pytest.raises(RuntimeError, match="bfloat16 or float32"):
+    with pytest.raises(RuntimeError, match="dtype"):  # fp16 weights take fp32 x only
         ext.dense_gemm(torch.randn(1, 32).half(), w.half(), None, 0)
+    with pytest.raises(RuntimeError, match="bfloat16, float16 or float32"):
+        ext.dense_gemm(torch.randn(1, 32), w.double(), None, 0)
+    with pytest.raises(RuntimeError, match="not supported"):
+        ext.dense_gemm(torch.randn(1, 32), w.bfloat16(), None, 3)  # VDPBF16PS: bf16 x only
     with pytest.raises(RuntimeError, match="not supported"):
         ext.dense_gemm(torch.randn(1, 32), w, None, 3)  # VDPBF16PS: bf16 only
     with pytest.raises(RuntimeError, match="contiguous"):
@@ -143,8 +178,11 @@ def test_dispatch_threshold_dtypes_and_isa(ext, monkeypatch):
     wg = w.float().requires_grad_()
     y = dense.dense_linear(torch.randn(1, 64), wg)                          # autograd: torch
     assert y.requires_grad and calls == [best, best]
-    with pytest.raises(RuntimeError):                                          # mixed dtypes: torch's own error
-        dense.dense_linear(torch.randn(1, 64), w)
+    calls.clear()
+    dense.dense_linear(torch.randn(1, 64), w)                       # fp32 x, bf16 w: the shift kernel, not VDPBF16PS
+    assert calls == [int(ext.best_isa())]
+    with pytest.raises(RuntimeError):                                          # bf16 x, fp32 w: torch's own error
+        dense.dense_linear(torch.randn(1, 64).bfloat16(), w.float())
 
 
 def test_adopt_keeps_parameters_and_ties():

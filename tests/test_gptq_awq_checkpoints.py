@@ -82,6 +82,35 @@ def test_our_int4_reads_the_codes_the_library_dequantizes(checkpoint):
     assert kld < 3e-5
 
 
+@pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
+def test_a_dense_head_is_held_as_the_checkpoint_stores_it(tmp_path, tied):
+    """AutoAWQ saves the head in fp16: we hold it so (half of fp32's bytes, the tied embedding with it) and compute
+    the fp32 linear of those values, the logits those of the head widened to fp32."""
+    from torch import nn
+
+    from engine.infer.loader import load
+    from engine.ops import DenseLinear
+
+    src = families.build("qwen2", tmp_path / "src", tie_word_embeddings=tied)
+    folder = bench_script("awq_checkpoint").write(src, tmp_path / "ck", GS, progress=lambda s: None, floats="fp16")
+    lm = load(str(folder), f"int4-checkpoint-g{GS}", "cpu")
+    head, emb = lm.model.lm_head, lm.model.model.embed_tokens
+    assert type(head) is DenseLinear and head.weight.dtype == torch.float16 and not lm.spec.quantize_head
+    assert (emb.weight is head.weight) == tied
+    held = head.weight.numel() * 2
+    assert (lm.weights["embedding"] if tied else lm.weights["head"]) == held
+    ids = torch.tensor([families.PROBE_IDS])
+    with torch.no_grad():
+        got = lm.model(ids, 0, lm.model.new_cache(1, 16))[0]
+        lm.model.lm_head = nn.Linear(head.in_features, head.out_features, bias=False)
+        lm.model.lm_head.weight.data = head.weight.float()
+        if tied:
+            lm.model.model.embed_tokens = nn.Embedding.from_pretrained(head.weight.float())
+        want = lm.model(ids, 0, lm.model.new_cache(1, 16))[0]
+    # fp32 sums of the same products in another order (measured: 1.9e-7 and 3.0e-7 of the largest logit). Bound 2e-6.
+    assert float((got - want).abs().max() / want.abs().max()) < 2e-6
+
+
 def _edit(src, tmp_path, config=None, tensors=None):
     from safetensors.torch import load_file, save_file
 

@@ -11,8 +11,8 @@ from engine.infer import catalog
 from engine.common.errors import UserError
 from engine.infer.model import Transformer, build_model
 from engine.common.setup import EngineSetup  # noqa: F401  (annotations)
-from engine.quant import (QuantSpec, check_supported, compute_dtype_for, make_spec, quantize_model,
-                          quantized_fraction, weight_breakdown)
+from engine.quant import (QuantSpec, check_supported, compute_dtype_for, hold_head_as_stored, make_spec,
+                          quantize_model, quantized_fraction, weight_breakdown)
 
 
 @dataclass
@@ -116,6 +116,9 @@ def load(name: str = "default", spec: QuantSpec | str = "fp32", device: str | No
                 model.get_parameter(pname).data = t.to(model.get_parameter(pname).dtype)
         codes, keep_int8 = cal.codes, cal.keep_int8
     model = quantize_model(model, spec, device, codes, keep_int8)
+    stored = model.checkpoint_head_dtype
+    if spec.method == "checkpoint" and not spec.quantize_head and hold_head_as_stored(model, stored):
+        say(f"the checkpoint's dense head held as it stores it ({str(stored).removeprefix('torch.')}, exact)")
     if spec.precision != "fp32":
         _release_source(model)
     if device.startswith("cuda"):

@@ -1,8 +1,11 @@
-"""``dense_linear`` / ``DenseLinear``: bf16 and fp32 linears on CPU at small M through the C++ dense kernels.
+"""``dense_linear`` / ``DenseLinear``: bf16 and fp32 linears on CPU at small M through the C++ dense kernels,
+and fp32 linears whose weights are held in half precision (a checkpoint's dense head as it stores it).
 
 | x (CPU) | M | path |
 | bf16 x, bf16 W (or fp32 x, fp32 W), extension built, ``dense_m`` > 0 | 1 .. dense_m | kernels/cpu/dense*: one |
 |   | | pass over W's own [N, K] storage, fp32 accumulation, output rounded once to x's dtype |
+| fp32 x, bf16 or fp16 W (widened exactly) | 1 .. dense_m | the same kernels, fp32 output: the fp32 linear's |
+| fp32 x, bf16 or fp16 W | more, or no kernel | torch's F.linear on W widened to fp32, HALF_CHUNK rows at a time |
 | anything else (prefill M, mixed dtypes, CUDA, grad, kernels off) | any | torch's F.linear |
 
 Kernel per ISA cap (``KernelConfig.isa``): avx512 -> VDPBF16PS for bf16 where the CPU has AVX512_BF16 (else
@@ -25,6 +28,8 @@ __all__ = ["DENSE_KERNELS", "dense_kernel", "dense_linear", "DenseLinear", "adop
 
 DENSE_KERNELS = {0: "scalar", 1: "avx2", 2: "avx512", 3: "avx512-bf16"}   # ids of ext.dense_gemm
 _DTYPES = (torch.bfloat16, torch.float32)
+HALF_WEIGHTS = (torch.bfloat16, torch.float16)  # held as stored, widened to fp32 against fp32 x
+HALF_CHUNK = 8192  # rows of a half-precision W widened at a time off the kernel (a 1.5B head: 8192 x 1536 fp32)
 _resolved: dict = {}  # (extension, isa cap, bf16) -> kernel id
 
 
@@ -41,9 +46,12 @@ def dense_kernel(ext, cfg: "_config.KernelConfig", bf16: bool) -> int:
 
 def dense_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
     """F.linear(x, weight, bias); on CPU at 1 <= M <= dense_m with bf16 or fp32 x and weight of one dtype,
-    the C++ dense kernel (same semantics: fp32 accumulation, one rounding to x.dtype)."""
+    the C++ dense kernel (same semantics: fp32 accumulation, one rounding to x.dtype). fp32 x against bf16 or
+    fp16 weights is the fp32 linear of the weights widened exactly (the kernel at small M, else torch by chunks)."""
     cfg = _config.kernel_config()
-    if (cfg.enabled and cfg.dense_m and x.dtype is weight.dtype and x.dtype in _DTYPES and x.device.type == "cpu"
+    half = x.dtype is torch.float32 and weight.dtype in HALF_WEIGHTS
+    if (cfg.enabled and cfg.dense_m and (x.dtype is weight.dtype and x.dtype in _DTYPES or half)
+            and x.device.type == "cpu"
             and weight.device.type == "cpu" and weight.dim() == 2 and x.is_contiguous() and weight.is_contiguous()
             and (bias is None or (bias.dtype in _DTYPES and bias.device.type == "cpu"))
             and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
@@ -53,8 +61,14 @@ def dense_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Ten
         if 0 < M <= cfg.dense_m and x.shape[-1] == K:
             ext = _build._cpu_state["ext"] or _build.load_cpu_extension()
             if ext is not None:
-                b = None if bias is None else bias.contiguous()
-                return ext.dense_gemm(x, weight, b, dense_kernel(ext, cfg, x.dtype is torch.bfloat16))
+                kernel = dense_kernel(ext, cfg, x.dtype is torch.bfloat16)
+                if ext.dense_kernel_supported(kernel, x.dtype is torch.bfloat16, weight.dtype is torch.float16):
+                    b = None if bias is None else bias.contiguous()
+                    return ext.dense_gemm(x, weight, b, kernel)
+    if half:
+        return torch.cat([F.linear(x, weight[i:i + HALF_CHUNK].float(),
+                                   None if bias is None else bias[i:i + HALF_CHUNK].float())
+                          for i in range(0, weight.shape[0], HALF_CHUNK)], -1)
     return F.linear(x, weight, bias)
 
 

@@ -7,7 +7,8 @@ then runs its PyTorch path, which stays the reference. It applies on CPU, with t
 block table) or a paged int8 one (quantized and dequantized in the step), and a model whose
 projections are our int4/int8 linears in the tiled CPU layout (q/k/v and gate/up fused, as the
 default conversion makes them, or separate), head_dim 64, 96, 128 or 256. The head may be our quantized linear
-(computed in the same call) or a float nn.Linear (run here on the normed rows).
+(computed in the same call) or a float nn.Linear (run here on the normed rows; fp32, or a DenseLinear holding a
+checkpoint's head in bf16/fp16 as stored).
 
 The dense families run in the C++ step (``FUSED_FEATURES``, names from ``ModelConfig.features()``):
 sliding windows per layer (attention reads only the window's keys), q/k norms, a rotary setting per
@@ -47,6 +48,7 @@ import torch
 
 from engine.ops import build as _build
 from engine.ops import config as _config
+from engine.ops.dense import HALF_WEIGHTS, DenseLinear
 from engine.ops.prepared import PreparedInt4, PreparedInt8
 from engine.ops.rope import rope_inv_freq
 
@@ -165,7 +167,9 @@ def _lin_spec(mod, what: str, optional: bool = False):
         if isinstance(p, PreparedInt4):
             return (4, p.w, p.sm, b, p.N, p.K, p.group_size)
         return (8, p.w, p.scale, b, p.N, p.K, 0)
-    if optional and isinstance(mod, torch.nn.Linear) and mod.weight.dtype == torch.float32 and mod.bias is None:
+    held = isinstance(mod, DenseLinear) and mod.weight.dtype in HALF_WEIGHTS  # a checkpoint's head as stored
+    float_head = isinstance(mod, torch.nn.Linear) and mod.bias is None and (mod.weight.dtype == torch.float32 or held)
+    if optional and float_head:
         e = torch.empty(0)
         return (0, e, e, None, 0, 0, 0)
     raise _Unsupported(f"{what} is not an int4/int8 linear in the tiled CPU layout ({type(mod).__name__})")

@@ -14,10 +14,10 @@ from engine import ops
 from engine.common.errors import UserError
 from engine.common.vocab import (BNB_PRECISIONS, GROUP_SIZES, METHOD_GROUP, QUANT_METHODS, parse_precision_spec,
                                  precision_token)
-from engine.quant.layers import Fp8Linear, Int4Linear, Int8Linear, QuantEmbedding, bnb_linear, is_bnb
+from engine.quant.layers import Fp8Linear, HalfEmbedding, Int4Linear, Int8Linear, QuantEmbedding, bnb_linear, is_bnb
 
 __all__ = ["FLOAT_DTYPES", "QuantSpec", "make_spec", "check_supported", "compute_dtype_for", "quantize_model",
-           "fuse_projections"]
+           "hold_head_as_stored", "fuse_projections"]
 
 FLOAT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -167,6 +167,28 @@ def _convert(model, spec: QuantSpec, device):
         if isinstance(mod, (Int8Linear, Int4Linear)) and mod.bias is not None:
             mod.bias.data = mod.bias.data.to(device)
     return model
+
+
+def hold_head_as_stored(model, dtype: torch.dtype) -> bool:
+    """A quantized checkpoint's dense fp32 head (and the embedding tied to it) held in the half precision its
+    checkpoint stores (bf16 or fp16) instead of fp32: half the bytes, the same values (they were widened from
+    `dtype`; checked), run by ops.dense_linear as the fp32 linear of those values. Returns whether it did."""
+    head = model.lm_head
+    if dtype not in ops.dense.HALF_WEIGHTS or type(head) is not nn.Linear or head.bias is not None:
+        return False
+    w = head.weight.data
+    if w.dtype != torch.float32 or w.device.type != "cpu":
+        return False
+    half = w.to(dtype)
+    if not torch.equal(half.float(), w):  # never silently rounded: not the checkpoint's own values
+        return False
+    tied = model.cfg.tie_embeddings and head.weight is model.model.embed_tokens.weight
+    new = ops.DenseLinear(head.in_features, head.out_features, bias=False, device="meta")
+    new.weight = nn.Parameter(half, requires_grad=False)
+    model.lm_head = new
+    if tied:
+        model.model.embed_tokens = HalfEmbedding(new.weight)
+    return True
 
 
 def _dense_mlps(blk) -> list:

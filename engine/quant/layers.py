@@ -107,6 +107,18 @@ def is_bnb(mod) -> bool:
     return type(mod).__module__.startswith("bitsandbytes")
 
 
+class HalfEmbedding(nn.Module):
+    """An embedding held in the half precision a checkpoint stores it in (bf16 or fp16); a lookup widens the
+    rows it reads to fp32, exactly. Tied to a dense head, both read one Parameter."""
+
+    def __init__(self, weight: nn.Parameter):
+        super().__init__()
+        self.weight = weight
+
+    def forward(self, tokens):
+        return nn.functional.embedding(tokens, self.weight).float()
+
+
 class QuantEmbedding(nn.Module):
     """int8 rows with per-row scales: a lookup dequantizes only the rows it reads."""
 

@@ -1,8 +1,8 @@
-// Serving Cost Lab -- torch binding for the dense bf16/fp32 GEMV / small-M GEMM kernels
+// Serving Cost Lab -- torch binding for the dense fp32/bf16/fp16 GEMV / small-M GEMM kernels
 // (dense_kernels.h).  Registered into the scl_qgemm_cpu module by qgemm.cpp.
 //
 // Kernel ids (the `kernel` argument; tests and benchmarks force each one):
-//   0 scalar reference, 1 AVX2 shift/FMA, 2 AVX-512 shift/FMA, 3 AVX-512 BF16 VDPBF16PS (bf16 only).
+//   0 scalar reference, 1 AVX2 shift/FMA, 2 AVX-512 shift/FMA, 3 AVX-512 BF16 VDPBF16PS (bf16 w and x only).
 // Threads: at::parallel_for over blocks of DR rows of W (OpenMP, honours torch.set_num_threads).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -26,34 +26,46 @@ bool has_avx512_bf16() {
 #endif
 }
 
-bool kernel_supported(int64_t kernel, bool bf16) {
+bool has_f16c() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("f16c");
+#else
+  return false;
+#endif
+}
+
+// io_bf16: x and y are bf16 (then w is too); w_f16: fp16 weights (VCVTPH2PS: F16C under AVX2, AVX-512F).
+bool kernel_supported(int64_t kernel, bool io_bf16, bool w_f16) {
   switch (kernel) {
     case 0: return true;
-    case 1: return cpu_isa_supported(1);
+    case 1: return cpu_isa_supported(1) && (!w_f16 || has_f16c());
     case 2: return cpu_isa_supported(2);
-    case 3: return bf16 && has_avx512_bf16();
+    case 3: return io_bf16 && has_avx512_bf16();
     default: return false;
   }
 }
 
 constexpr int64_t MIN_THREAD_ELEMS = 1 << 17;  // weights per thread below which a 2nd thread costs more
 
-// y[..., N] = x[..., K] @ w[N, K]^T (+ bias); x and w both bf16 or both fp32; y in their dtype.
+// y[..., N] = x[..., K] @ w[N, K]^T (+ bias); x and w both bf16 or both fp32, or fp32 x with bf16 or fp16 w;
+// y in x's dtype.
 torch::Tensor dense_gemm(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> bias,
                          int64_t kernel) {
   TORCH_CHECK(w.device().is_cpu() && x.device().is_cpu(), "dense_gemm: x and w must be on CPU");
-  const bool bf = w.scalar_type() == torch::kBFloat16;
-  TORCH_CHECK(bf || w.scalar_type() == torch::kFloat32, "dense_gemm: w must be bfloat16 or float32, got ",
-              w.scalar_type());
-  TORCH_CHECK(x.scalar_type() == w.scalar_type(), "dense_gemm: x dtype ", x.scalar_type(),
-              " differs from w dtype ", w.scalar_type());
+  const auto wt = w.scalar_type(), xt = x.scalar_type();
+  const bool bf = wt == torch::kBFloat16, f16 = wt == torch::kHalf;
+  TORCH_CHECK(bf || f16 || wt == torch::kFloat32, "dense_gemm: w must be bfloat16, float16 or float32, got ", wt);
+  TORCH_CHECK(xt == wt ? !f16 : xt == torch::kFloat32, "dense_gemm: x dtype ", xt, " with w dtype ", wt,
+              " (x and w both bf16 or both fp32, or fp32 x with bf16 or fp16 w)");
+  const bool io_bf16 = xt == torch::kBFloat16;
   TORCH_CHECK(w.dim() == 2 && w.is_contiguous(), "dense_gemm: w must be a contiguous [N, K] tensor");
   const int64_t N = w.size(0), K = w.size(1);
   TORCH_CHECK(K >= 1 && N >= 1, "dense_gemm: empty weight");
   TORCH_CHECK(x.dim() >= 1 && x.is_contiguous() && x.size(-1) == K,
               "dense_gemm: x must be a contiguous [..., K] tensor with K=", K);
-  TORCH_CHECK(kernel_supported(kernel, bf), "dense_gemm: kernel ", kernel,
-              " not supported on this CPU/build for ", w.scalar_type());
+  TORCH_CHECK(kernel_supported(kernel, io_bf16, f16), "dense_gemm: kernel ", kernel,
+              " not supported on this CPU/build for x ", xt, " and w ", wt);
   const int64_t M = x.numel() / K;
   auto sizes = x.sizes().vec();
   sizes.back() = N;
@@ -70,18 +82,20 @@ torch::Tensor dense_gemm(torch::Tensor x, torch::Tensor w, c10::optional<torch::
   }
   const int64_t chunk = kernel == 1 ? avx2::DENSE_CHUNK : kernel >= 2 ? avx512::DENSE_CHUNK : 1;
   const int64_t Kc = K / chunk * chunk;
-  DenseParams p{w.data_ptr(), x.data_ptr(), nullptr, K, bp, y.data_ptr(), M, N, K, Kc, bf, bias_bf16};
+  DenseParams p{w.data_ptr(), x.data_ptr(), nullptr, K, bp, y.data_ptr(), M, N, K, Kc, bf, f16, io_bf16, bias_bf16};
   std::vector<float> xp;
   if ((kernel == 1 || kernel == 2) && bf) {  // even/odd-split fp32 copy of x (O(M*K), once per call)
     xp.resize((size_t)(M * Kc));
-    const uint16_t* xr = reinterpret_cast<const uint16_t*>(x.data_ptr());
-    if (kernel == 1)
-      avx2::dense_prep_x(xr, M, K, Kc, xp.data());
-    else
-      avx512::dense_prep_x(xr, M, K, Kc, xp.data());
+    if (io_bf16) {
+      const uint16_t* xr = reinterpret_cast<const uint16_t*>(x.data_ptr());
+      kernel == 1 ? avx2::dense_prep_x(xr, M, K, Kc, xp.data()) : avx512::dense_prep_x(xr, M, K, Kc, xp.data());
+    } else {
+      const float* xr = x.data_ptr<float>();
+      kernel == 1 ? avx2::dense_prep_x(xr, M, K, Kc, xp.data()) : avx512::dense_prep_x(xr, M, K, Kc, xp.data());
+    }
     p.xp = xp.data();
     p.ldxp = Kc;
-  } else if (!bf) {
+  } else if (!io_bf16) {
     p.xp = x.data_ptr<float>();
   }
   using Fn = void (*)(const DenseParams&, int64_t, int64_t);
@@ -99,11 +113,12 @@ torch::Tensor dense_gemm(torch::Tensor x, torch::Tensor w, c10::optional<torch::
 
 void register_dense(pybind11::module& m) {
   m.def("dense_gemm", &dense_gemm,
-        "y = x @ w^T + bias for bf16 or fp32 weights in their natural [N, K] layout, fp32 accumulation; "
+        "y = x @ w^T + bias for bf16, fp16 or fp32 weights in their natural [N, K] layout (x bf16 with bf16 w, "
+        "else fp32), fp32 accumulation; "
         "kernel 0 scalar, 1 avx2, 2 avx512 shift/FMA, 3 avx512_bf16 vdpbf16ps",
         py::arg("x"), py::arg("w"), py::arg("bias"), py::arg("kernel"));
   m.def("dense_kernel_supported", &kernel_supported, "whether a dense kernel id can run here for a dtype",
-        py::arg("kernel"), py::arg("bf16"));
+        py::arg("kernel"), py::arg("bf16"), py::arg("w_f16") = false);
   m.def("has_avx512_bf16", &has_avx512_bf16, "AVX512_BF16 (VDPBF16PS) available");
 }
 

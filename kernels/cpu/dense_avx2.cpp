@@ -6,7 +6,7 @@
 #include <immintrin.h>
 
 #pragma GCC push_options
-#pragma GCC target("avx2,fma")
+#pragma GCC target("avx2,fma,f16c")
 
 namespace scl {
 namespace avx2 {
@@ -30,6 +30,10 @@ struct DOps {
     a = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
     b = _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32((int)0xFFFF0000u)));
   }
+  static inline void load_f16(const uint16_t* p, V& a, V& b) {
+    a = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p));
+    b = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(p + 8)));
+  }
 };
 
 #include "dense_simd_body.h"
@@ -44,6 +48,7 @@ struct DOps {
 namespace scl {
 namespace avx2 {
 void dense_prep_x(const uint16_t*, int64_t, int64_t, int64_t, float*) {}
+void dense_prep_x(const float*, int64_t, int64_t, int64_t, float*) {}
 void dense_rows(const DenseParams&, int64_t, int64_t) {}
 }  // namespace avx2
 }  // namespace scl

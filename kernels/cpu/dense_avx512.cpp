@@ -1,4 +1,4 @@
-// AVX-512 dense kernels (dense_kernels.h): the shift/FMA kernel for bf16 and fp32 weights
+// AVX-512 dense kernels (dense_kernels.h): the shift/FMA kernel for bf16, fp16 and fp32 weights
 // (AVX-512F/BW), and the VDPBF16PS kernel for bf16 weights (AVX512_BF16).  Compiled with
 // `#pragma GCC target`; selected at run time only if the CPU has the instructions.
 #include "dense_kernels.h"
@@ -25,6 +25,10 @@ struct DOps {
     const __m512i v = _mm512_loadu_si512((const void*)p);
     a = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
     b = _mm512_castsi512_ps(_mm512_and_si512(v, _mm512_set1_epi32((int)0xFFFF0000u)));
+  }
+  static inline void load_f16(const uint16_t* p, V& a, V& b) {
+    a = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p));
+    b = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(p + 16)));
   }
 };
 
@@ -101,6 +105,7 @@ namespace scl {
 namespace avx512 {
 bool dense_bf16_compiled() { return false; }
 void dense_prep_x(const uint16_t*, int64_t, int64_t, int64_t, float*) {}
+void dense_prep_x(const float*, int64_t, int64_t, int64_t, float*) {}
 void dense_rows(const DenseParams&, int64_t, int64_t) {}
 void dense_rows_dp(const DenseParams&, int64_t, int64_t) {}
 }  // namespace avx512

@@ -1,10 +1,12 @@
-// Serving Cost Lab -- dense (bf16 / fp32 weight) GEMV / small-M GEMM CPU kernels.
+// Serving Cost Lab -- dense (fp32 / bf16 / fp16 weight) GEMV / small-M GEMM CPU kernels.
 //
 // y[M, N] = x[M, K] @ W[N, K]^T (+ bias), W in its natural nn.Linear layout (row-major [N, K],
 // no packed copy: the model's own parameter is read), accumulation in fp32, one rounding of
 // the output to the activation dtype at the end (what torch/oneDNN does).
 //
-//   bf16 weights, bf16 x -> bf16 y;  fp32 weights, fp32 x -> fp32 y.  Bias: fp32 or bf16, or none.
+//   bf16 weights, bf16 x -> bf16 y;  fp32 weights, fp32 x -> fp32 y;
+//   bf16 or fp16 weights, fp32 x -> fp32 y (a checkpoint's dense head held as stored: every weight
+//   widened to fp32 exactly, so the result is the fp32 linear's).  Bias: fp32 or bf16, or none.
 //
 // Work split: threads take blocks of DR = 4 consecutive rows of W; a block's R rows are
 // streamed together (4 independent sequential streams, one FMA chain per row and m-row), and
@@ -16,6 +18,7 @@
 // (xp), and each chunk costs one load, one shift, one AND and two FMAs per row and m.
 // AVX-512 BF16 (the "dp" kernel): VDPBF16PS multiplies 32 bf16 pairs and adds them into 16 fp32
 // lanes (products exact in fp32; the CPU flushes fp32 denormals, far below any activation scale).
+// fp16 -> fp32 (F16C's VCVTPH2PS, exact): a chunk is 2*W consecutive weights against x as is.
 // k beyond the last whole chunk (K % chunk) is summed in scalar fp32 code.
 #pragma once
 #include <cstdint>
@@ -26,14 +29,14 @@ namespace scl {
 constexpr int DR = 4;   // W rows per block (threads split N in these)
 
 struct DenseParams {
-  const void* w;        // [N][K] bf16 bits (w_bf16) or fp32
-  const void* x;        // [M][K] raw activations, same dtype as w
-  const float* xp;      // shift kernels, bf16: [M][Kc] even/odd-split fp32 copy; fp32: == x
+  const void* w;        // [N][K] bf16 bits (w_bf16), fp16 bits (w_f16) or fp32
+  const void* x;        // [M][K] raw activations: bf16 (io_bf16) or fp32
+  const float* xp;      // shift kernels, bf16 w: [M][Kc] even/odd-split fp32 copy; otherwise == x (fp32)
   int64_t ldxp;         // row stride of xp (Kc for the bf16 copy, K when xp == x)
   const void* bias;     // [N] or nullptr
-  void* y;              // [M][N], same dtype as x
+  void* y;              // [M][N], x's dtype
   int64_t M, N, K, Kc;  // Kc: k covered by whole SIMD chunks (multiple of the chunk, <= K)
-  bool w_bf16, bias_bf16;
+  bool w_bf16, w_f16, io_bf16, bias_bf16;
 };
 
 inline float bf16_to_float(uint16_t h) {
@@ -52,11 +55,33 @@ inline uint16_t float_to_bf16(float f) {
   return (uint16_t)(u >> 16);
 }
 
+// IEEE half -> fp32, exact (normals, subnormals, zeros, inf and NaN).
+inline float f16_to_float(uint16_t h) {
+  const uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+  uint32_t exp = (h >> 10) & 0x1Fu, man = h & 0x3FFu, u;
+  if (exp == 0x1Fu) {
+    u = sign | 0x7F800000u | (man << 13);
+  } else if (exp != 0) {
+    u = sign | ((exp + 112u) << 23) | (man << 13);
+  } else if (man == 0) {
+    u = sign;
+  } else {  // subnormal: shift the mantissa up to a leading 1
+    exp = 113u;
+    while (!(man & 0x400u)) { man <<= 1; --exp; }
+    u = sign | (exp << 23) | ((man & 0x3FFu) << 13);
+  }
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
 inline float dense_w(const DenseParams& p, int64_t n, int64_t k) {
-  return p.w_bf16 ? bf16_to_float(((const uint16_t*)p.w)[n * p.K + k]) : ((const float*)p.w)[n * p.K + k];
+  const int64_t i = n * p.K + k;
+  return p.w_bf16 ? bf16_to_float(((const uint16_t*)p.w)[i])
+         : p.w_f16 ? f16_to_float(((const uint16_t*)p.w)[i]) : ((const float*)p.w)[i];
 }
 inline float dense_x(const DenseParams& p, int64_t m, int64_t k) {
-  return p.w_bf16 ? bf16_to_float(((const uint16_t*)p.x)[m * p.K + k]) : ((const float*)p.x)[m * p.K + k];
+  return p.io_bf16 ? bf16_to_float(((const uint16_t*)p.x)[m * p.K + k]) : ((const float*)p.x)[m * p.K + k];
 }
 
 // Sum over the tail k in [Kc, K) added to s, then bias, then the one rounding to the output dtype.
@@ -64,28 +89,30 @@ inline void dense_finish(const DenseParams& p, int64_t m, int64_t n, float s) {
   for (int64_t k = p.Kc; k < p.K; ++k) s += dense_w(p, n, k) * dense_x(p, m, k);
   if (p.bias)
     s += p.bias_bf16 ? bf16_to_float(((const uint16_t*)p.bias)[n]) : ((const float*)p.bias)[n];
-  if (p.w_bf16)
+  if (p.io_bf16)
     ((uint16_t*)p.y)[m * p.N + n] = float_to_bf16(s);
   else
     ((float*)p.y)[m * p.N + n] = s;
 }
 
 // Each entry point computes output rows [n0, n1) for all M rows.
-// prep_x: the even/odd split copy of bf16 activations for the shift kernels (k < Kc).
+// prep_x: the even/odd split copy of the activations (bf16 or fp32) for bf16 weights in the shift kernels (k < Kc).
 namespace scalar {
 void dense_rows(const DenseParams& p, int64_t n0, int64_t n1);
 }
 namespace avx2 {
 constexpr int DENSE_CHUNK = 16;
 void dense_prep_x(const uint16_t* x, int64_t M, int64_t K, int64_t Kc, float* xp);
+void dense_prep_x(const float* x, int64_t M, int64_t K, int64_t Kc, float* xp);
 void dense_rows(const DenseParams& p, int64_t n0, int64_t n1);
 }
 namespace avx512 {
 constexpr int DENSE_CHUNK = 32;
 bool dense_bf16_compiled();
 void dense_prep_x(const uint16_t* x, int64_t M, int64_t K, int64_t Kc, float* xp);
+void dense_prep_x(const float* x, int64_t M, int64_t K, int64_t Kc, float* xp);
 void dense_rows(const DenseParams& p, int64_t n0, int64_t n1);
-void dense_rows_dp(const DenseParams& p, int64_t n0, int64_t n1);  // needs AVX512_BF16, bf16 only
+void dense_rows_dp(const DenseParams& p, int64_t n0, int64_t n1);  // needs AVX512_BF16, bf16 w and x only
 }
 
 }  // namespace scl
