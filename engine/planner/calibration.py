@@ -457,7 +457,7 @@ def _load_point(rec: Mapping, models) -> _LoadPoint | str:
     w = cfg.get("workload") or {}
     n = w.get("requests") or 0
     ctx = ((w.get("prompt_tokens_total") or 0) + 0.5 * (w.get("requested_output_tokens_total") or 0)) / n if n else 0
-    flops = 2.0 * shapes.matmul_params_per_token(shape) + 4.0 * shape.layers * shape.q_dim * ctx
+    flops = shapes.flops_per_token(shape, ctx)  # the roofline's formula (sliding windows and MLA included)
     prof = cfg.get("profile") or {}
     streams = int(prof["streams"]) if prof.get("kind") == "concurrent" and prof.get("streams") else None
     return _LoadPoint(batch, float(step), flops, shape.name, shape.layers, streams, float(m.get(L.request_s) or 0.0),
