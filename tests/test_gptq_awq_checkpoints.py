@@ -84,8 +84,8 @@ def test_our_int4_reads_the_codes_the_library_dequantizes(checkpoint):
 
 @pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
 def test_a_dense_head_is_held_as_the_checkpoint_stores_it(tmp_path, tied):
-    """AutoAWQ saves the head in fp16: we hold it so (half of fp32's bytes, the tied embedding with it) and compute
-    the fp32 linear of those values, the logits those of the head widened to fp32."""
+    """AutoAWQ saves the head and embedding in fp16: we hold them so (half of fp32's bytes; a tied pair one tensor),
+    compute the fp32 linear of those values, and the logits are those of the head and embedding widened to fp32."""
     from torch import nn
 
     from engine.infer.loader import load
@@ -95,17 +95,16 @@ def test_a_dense_head_is_held_as_the_checkpoint_stores_it(tmp_path, tied):
     folder = bench_script("awq_checkpoint").write(src, tmp_path / "ck", GS, progress=lambda s: None, floats="fp16")
     lm = load(str(folder), f"int4-checkpoint-g{GS}", "cpu")
     head, emb = lm.model.lm_head, lm.model.model.embed_tokens
-    assert type(head) is DenseLinear and head.weight.dtype == torch.float16 and not lm.spec.quantize_head
-    assert (emb.weight is head.weight) == tied
+    assert type(head) is DenseLinear and head.weight.dtype == emb.weight.dtype == torch.float16
+    assert (emb.weight is head.weight) == tied and not lm.spec.quantize_head
     held = head.weight.numel() * 2
-    assert (lm.weights["embedding"] if tied else lm.weights["head"]) == held
+    assert lm.weights["embedding"] == held and lm.weights.get("head", 0) == (0 if tied else held)
     ids = torch.tensor([families.PROBE_IDS])
     with torch.no_grad():
         got = lm.model(ids, 0, lm.model.new_cache(1, 16))[0]
         lm.model.lm_head = nn.Linear(head.in_features, head.out_features, bias=False)
         lm.model.lm_head.weight.data = head.weight.float()
-        if tied:
-            lm.model.model.embed_tokens = nn.Embedding.from_pretrained(head.weight.float())
+        lm.model.model.embed_tokens = nn.Embedding.from_pretrained(emb.weight.float())
         want = lm.model(ids, 0, lm.model.new_cache(1, 16))[0]
     # fp32 sums of the same products in another order (measured: 1.9e-7 and 3.0e-7 of the largest logit). Bound 2e-6.
     assert float((got - want).abs().max() / want.abs().max()) < 2e-6

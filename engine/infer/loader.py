@@ -116,9 +116,10 @@ def load(name: str = "default", spec: QuantSpec | str = "fp32", device: str | No
                 model.get_parameter(pname).data = t.to(model.get_parameter(pname).dtype)
         codes, keep_int8 = cal.codes, cal.keep_int8
     model = quantize_model(model, spec, device, codes, keep_int8)
-    stored = model.checkpoint_head_dtype
-    if spec.method == "checkpoint" and not spec.quantize_head and hold_head_as_stored(model, stored):
-        say(f"the checkpoint's dense head held as it stores it ({str(stored).removeprefix('torch.')}, exact)")
+    if spec.method == "checkpoint" and not spec.quantize_head:
+        stored = model.checkpoint_float_dtypes
+        for part in hold_head_as_stored(model, stored["head"], stored["embedding"]):
+            say(f"the checkpoint's {part} held as it stores it ({str(stored[part]).removeprefix('torch.')}, exact)")
     if spec.precision != "fp32":
         _release_source(model)
     if device.startswith("cuda"):

@@ -451,7 +451,8 @@ def build_model(folder: Path, dtype=torch.float32, device="cpu") -> Transformer:
         scheme = read_scheme(qc, str(Path(folder) / "config.json"))
         sd, codes = unpack_checkpoint(sd, scheme)
     sd = checkpoint_to_ours(sd, cfg)
-    head = sd.get("model.embed_tokens.weight" if cfg.tie_embeddings else "lm_head.weight")
+    emb = sd.get("model.embed_tokens.weight")
+    head = emb if cfg.tie_embeddings else sd.get("lm_head.weight")
     if cfg.tie_embeddings:
         sd.pop("lm_head.weight", None)
     missing, unexpected = model.load_state_dict(sd, strict=False, assign=True)
@@ -470,5 +471,6 @@ def build_model(folder: Path, dtype=torch.float32, device="cpu") -> Transformer:
     model = model.to(device=device, dtype=dtype)
     model.eval().requires_grad_(False)
     model.checkpoint_codes, model.checkpoint_scheme = codes, scheme
-    model.checkpoint_head_dtype = None if head is None else head.dtype  # as stored, before the cast to `dtype`
+    model.checkpoint_float_dtypes = {part: None if t is None else t.dtype  # as stored, before the cast to `dtype`
+                                     for part, t in (("head", head), ("embedding", emb))}
     return model

@@ -169,26 +169,36 @@ def _convert(model, spec: QuantSpec, device):
     return model
 
 
-def hold_head_as_stored(model, dtype: torch.dtype) -> bool:
-    """A quantized checkpoint's dense fp32 head (and the embedding tied to it) held in the half precision its
-    checkpoint stores (bf16 or fp16) instead of fp32: half the bytes, the same values (they were widened from
-    `dtype`; checked), run by ops.dense_linear as the fp32 linear of those values. Returns whether it did."""
-    head = model.lm_head
-    if dtype not in ops.dense.HALF_WEIGHTS or type(head) is not nn.Linear or head.bias is not None:
-        return False
-    w = head.weight.data
-    if w.dtype != torch.float32 or w.device.type != "cpu":
-        return False
+def hold_head_as_stored(model, head_dtype: torch.dtype | None, embed_dtype: torch.dtype | None = None) -> list[str]:
+    """A quantized checkpoint's dense fp32 head and embedding held in the half precision its checkpoint stores them
+    in (bf16 or fp16) instead of fp32: half the bytes, the same values (they were widened from it; checked). The head
+    runs as ops.dense_linear's fp32 linear of those values, a lookup widens the rows it reads. A tied pair stays one
+    tensor. Returns what it held: "head", "embedding"."""
+    held = []
+    head, emb = model.lm_head, model.model.embed_tokens
+    tied = type(emb) is nn.Embedding and head.weight is emb.weight
+    w = _as_stored(head.weight.data, head_dtype) if type(head) is nn.Linear and head.bias is None else None
+    if w is not None:
+        model.lm_head = ops.DenseLinear(head.in_features, head.out_features, bias=False, device="meta")
+        model.lm_head.weight = nn.Parameter(w, requires_grad=False)
+        held.append("head")
+        if tied:
+            model.model.embed_tokens = HalfEmbedding(model.lm_head.weight)
+            held.append("embedding")
+    if not tied and type(emb) is nn.Embedding:
+        w = _as_stored(emb.weight.data, embed_dtype)
+        if w is not None:
+            model.model.embed_tokens = HalfEmbedding(nn.Parameter(w, requires_grad=False))
+            held.append("embedding")
+    return held
+
+
+def _as_stored(w: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor | None:
+    """w (fp32 on CPU) in a half-precision dtype when that holds exactly its values; else None."""
+    if dtype not in ops.dense.HALF_WEIGHTS or w.dtype != torch.float32 or w.device.type != "cpu":
+        return None
     half = w.to(dtype)
-    if not torch.equal(half.float(), w):  # never silently rounded: not the checkpoint's own values
-        return False
-    tied = model.cfg.tie_embeddings and head.weight is model.model.embed_tokens.weight
-    new = ops.DenseLinear(head.in_features, head.out_features, bias=False, device="meta")
-    new.weight = nn.Parameter(half, requires_grad=False)
-    model.lm_head = new
-    if tied:
-        model.model.embed_tokens = HalfEmbedding(new.weight)
-    return True
+    return half if torch.equal(half.float(), w) else None  # never silently rounded: not the checkpoint's values
 
 
 def _dense_mlps(blk) -> list:

@@ -1,8 +1,8 @@
-"""A user's AWQ checkpoint of the 1.5B (AutoAWQ keeps its head dense, in fp16): the decode step with the head held
-as stored (fp16, this session) against the head widened to an fp32 nn.Linear (before), one process, alternated.
+"""A user's AWQ checkpoint of the 1.5B (AutoAWQ keeps its head and embedding dense, in fp16): the decode step with
+them held as stored (fp16, this session) against them widened to fp32 (before), one process, alternated.
 
     .venv/bin/python bench/awq_checkpoint.py --model default --floats fp16 --out <folder>
-    .venv/bin/python docs/runs/2026-12-04/session18-checkpoint-head/head_ab.py <folder>
+    PYTHONPATH=. .venv/bin/python docs/runs/2026-12-04/session18-checkpoint-head/head_ab.py <folder>
 """
 import statistics
 import sys
@@ -18,7 +18,8 @@ m = lm.model
 held_head, held_emb = m.lm_head, m.model.embed_tokens
 wide = nn.Linear(held_head.in_features, held_head.out_features, bias=False)
 wide.weight.data = held_head.weight.float()
-wide_emb = nn.Embedding.from_pretrained(wide.weight.data)  # tied: the fp32 head and embedding share one tensor
+tied = held_emb.weight is held_head.weight  # then the fp32 head and embedding share one fp32 tensor, as before
+wide_emb = nn.Embedding.from_pretrained(wide.weight.data if tied else held_emb.weight.float())
 
 
 def use(which):
@@ -36,7 +37,7 @@ def step_ms(n=32):
     return (time.perf_counter() - t) / n * 1e3
 
 
-print("weights MB by part (held):", {k: round(v / 1e6) for k, v in lm.weights.items()})
+print("weights MB by part (held):", {k: round(v / 1e6) for k, v in lm.weights.items()}, "tied:", tied)
 times = {"fp16 head": [], "fp32 head": []}
 for rep in range(5):
     for which in (("fp16 head", "fp32 head") if rep % 2 == 0 else ("fp32 head", "fp16 head")):

@@ -5,7 +5,10 @@ import sys
 
 from engine.measure.paired import mcnemar_exact, wilson
 
-LINE = re.compile(r"\[configuration \d+/\d+ \((?P<config>[^)]*)\): judged \d+/\d+: (?P<task>\S+) (?P<out>passed|failed)")
+# "[configuration 2/2 (default@fp32): judged 1/164: HumanEval/0 passed]", or without "configuration i/n (...)"
+# when the run had one configuration
+LINE = re.compile(r"\[(?:configuration \d+/\d+ \()?(?P<config>[^:()\[]+)\)?: judged \d+/\d+: (?P<task>\S+) "
+                  r"(?P<out>\w+)\]")  # passed, failed, timeout...
 
 
 def outcomes(path):
