@@ -26,10 +26,10 @@ with c3:
                          disabled=precision != "int4")
 method = st.selectbox("int4 method", QUANT_METHODS, key="prec-method", disabled=precision != "int4",
                       format_func=lambda m: f"{m} – {METHOD_DESCRIPTIONS[m]}",
-                      help="How the int4 grid is chosen. The first load of GPTQ or AWQ calibrates on ShareGPT text "
-                           "the lab never scores (the status line shows each layer); later loads read the cache. To "
-                           "cancel a calibration, stop the page (⏹, top right): it then shows the backend's progress "
-                           "with a Cancel button, which stops the calibration before its next layer.")
+                      help="How the int4 grid is chosen. The first load of GPTQ or AWQ calibrates on ShareGPT chat "
+                           "and code exchanges the lab never scores (the status line shows each layer); later loads "
+                           "read the cache. To cancel a calibration, stop the page (⏹, top right): it then shows the "
+                           "backend's progress with a Cancel button, which stops it before its next layer.")
 with st.expander("Advanced"):
     q_emb = st.checkbox("Quantize the embedding table too", value=False, key="prec-qemb")
     q_head = st.checkbox("Quantize the output head", value=True, key="prec-qhead")

@@ -227,8 +227,8 @@ def quantize(f32: Path, dest: Path, ftype: str, imatrix: Path | None = None) -> 
 
 
 def calibration_text(folder: Path, tokens: int) -> str:
-    """The calibration documents our GPTQ and AWQ read (engine.infer.calibrate.calibration_docs: ShareGPT
-    exchanges past the eval hold-out, each cut at 512 tokens), as the text llama-imatrix tokenizes."""
+    """The calibration documents our GPTQ and AWQ read (engine.infer.calibrate.calibration_docs: ShareGPT chat
+    and code exchanges none of the eval text holds, each cut at 512 tokens), as the text llama-imatrix tokenizes."""
     from engine.infer.calibrate import calibration_docs
     from engine.infer.loader import load_tokenizer
 
