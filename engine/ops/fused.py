@@ -158,6 +158,8 @@ def reset_fused_stats() -> None:
 
 def _lin_spec(mod, what: str, optional: bool = False):
     """(kind, w, s, bias, N, K, gs) of one of our quantized linears in the tiled CPU layout."""
+    if getattr(mod, "in_perm", None) is not None:
+        raise _Unsupported(f"{what} gathers its input (an act-order checkpoint's order)")
     p = getattr(mod, "prepared", None)
     if isinstance(p, (PreparedInt4, PreparedInt8)) and p.layout == "cpu_tiled":
         b = getattr(mod, "bias", None)

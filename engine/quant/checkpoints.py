@@ -15,9 +15,12 @@ stored grid is not reproduced bit for bit (docs/MODELS.md says so).
 GPTQ (AutoGPTQ / GPTQModel, quant_method "gptq"): per linear `qweight` int32 [K/8, N] (input k in
 word k // 8 at bits 4 * (k % 8)), `qzeros` int32 [G, N/8] (output n in word n // 8, same bits), `scales`
 [G, N], `g_idx` [K]; w = (q - zero) * scale. checkpoint_format "gptq" (v1, the default) stores zero - 1
-(a zero of 0 reads 16, as every v1 kernel computes it), "gptq_v2" the zero itself. A g_idx must be
-k // group (desc_act off, or act-order with static groups): a permuted one would need the activations
-gathered at run time, which our kernels do not do, so it is refused naming the tensor.
+(a zero of 0 reads 16, as every v1 kernel computes it), "gptq_v2" the zero itself. A g_idx of k // group
+(desc_act off, or act-order with static groups) is read as is. A permuted one (act-order: groups formed in
+the order of the Hessian's diagonal) is reordered at load: the input columns sorted by group (stable), so
+each group's columns are consecutive, and the permutation kept with the codes; the layer gathers its
+input the same way (x[..., perm]) before the int4 kernel, and the fused C++ step declines such a model (its
+PyTorch path runs it). Each group must hold `group` columns.
 
 AWQ (AutoAWQ, quant_method "awq", version "gemm"): `qweight` int32 [K, N/8] and `qzeros` [G, N/8] packed
 along the outputs in AWQ's order (nibble i of a word holds output 8c + (0, 2, 4, 6, 1, 3, 5, 7)[i]),
@@ -27,7 +30,7 @@ Into ours for both: q is the stored nibble, scale the checkpoint's (checked exac
 min = -zero * scale rounded to fp16 (at most 2^-11 of |min|, as for compressed-tensors asymmetric).
 
 Refused by name with the field: other formats (AWQ's GEMV/Marlin/ExLlama layouts, GPTQ's Marlin), other
-bit widths, activation quantization, act-order with a permuted g_idx, group sizes our kernels lack.
+bit widths, activation quantization, a g_idx with groups of unequal sizes, group sizes our kernels lack.
 """
 from __future__ import annotations
 
@@ -216,6 +219,7 @@ def _unpack_qweight(sd: dict, scheme: CheckpointScheme) -> tuple[dict, dict]:
             raise UserError(f"the checkpoint's linear {p}: qweight {tuple(qweight.shape)}, qzeros "
                             f"{tuple(sd[f'{p}.qzeros'].shape)} and scales {(G, N)} do not fit one {scheme.words} "
                             "layout", "use the checkpoint with the config.json it was saved with")
+        perm = None
         if awq:
             natural = _awq_natural(N)
             q = _unpack(qweight, N)[:, natural].T.contiguous()  # [N, K]
@@ -223,18 +227,39 @@ def _unpack_qweight(sd: dict, scheme: CheckpointScheme) -> tuple[dict, dict]:
         else:
             q = _unpack(qweight.T.contiguous(), K)  # [N, K]
             zero = _unpack(sd[f"{p}.qzeros"], N).T.float() + (1 if scheme.format == "gptq" else 0)
-            g_idx = sd.get(f"{p}.g_idx")
-            if g_idx is not None and not torch.equal(g_idx.long(), torch.arange(K) // gs):
-                raise UserError(f"the checkpoint's linear {p}: its g_idx permutes the input columns (act-order "
-                                "without static groups); our int4 kernels read groups of consecutive inputs",
-                                "quantize with desc_act=False, or act-order with static_groups=True")
+            perm = _act_order(sd.get(f"{p}.g_idx"), K, gs, p)
+            if perm is not None:  # inputs reordered into consecutive groups; the layer gathers x the same way
+                q = q[:, perm]
         s16 = _fp16_exact(scale.T.contiguous(), p)  # [N, G]
         mins = (-zero * s16.float()).to(torch.float16)
         codes[p] = (pack_codes(q), s16.contiguous(), mins.contiguous())
-        out[f"{p}.weight"] = dequantize_codes(q, s16, mins)
+        w = dequantize_codes(q, s16, mins)
+        if perm is not None:
+            codes[p] += (perm.to(torch.int32),)
+            w = torch.empty_like(w).index_copy_(1, perm, w)  # back to the checkpoint's input order
+        out[f"{p}.weight"] = w
     parts = {f"{p}.{x}" for p in prefixes for x in ("qweight", "qzeros", "scales", "g_idx")}
     out.update({k: t for k, t in sd.items() if k not in parts})  # biases, norms, embeddings, dense linears
     return out, codes
+
+
+def _act_order(g_idx: torch.Tensor | None, K: int, gs: int, p: str) -> torch.Tensor | None:
+    """None when g_idx is k // gs (or absent); for act-order (desc_act without static groups), the input order
+    that makes each group's columns consecutive: a stable sort by group. Each group must hold gs columns."""
+    if g_idx is None:
+        return None
+    g = g_idx.long()
+    if tuple(g.shape) != (K,) or g.min() < 0 or g.max() >= K // gs:
+        raise UserError(f"the checkpoint's linear {p}: g_idx {tuple(g.shape)} with groups "
+                        f"{int(g.min())}..{int(g.max())} is not one group of 0..{K // gs - 1} per input column",
+                        "use the checkpoint as GPTQModel/AutoGPTQ saved it")
+    if torch.equal(g, torch.arange(K) // gs):
+        return None
+    if not torch.equal(torch.bincount(g, minlength=K // gs), torch.full((K // gs,), gs)):
+        raise UserError(f"the checkpoint's linear {p}: its g_idx gives groups of unequal sizes; our int4 kernels "
+                        f"read groups of {gs} inputs", "quantize with GPTQModel/AutoGPTQ's own group_size, "
+                        "desc_act on or off")
+    return torch.argsort(g, stable=True)
 
 
 def _awq_natural(n: int) -> torch.Tensor:

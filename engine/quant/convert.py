@@ -104,7 +104,8 @@ def _make_linear(lin: nn.Linear, spec: QuantSpec, device, name: str = "") -> nn.
         if spec.calibrated and codes is None:  # never silently round-to-nearest under a calibrated label
             raise UserError(f"{spec.label}: layer {name or '?'} has no calibrated weights",
                             "recalibrate: remove this model's entry under the cache's quantized/ folder")
-        return Int4Linear(w, b, spec.group_size, codes)
+        perm = getattr(lin, "in_perm", None)
+        return Int4Linear(w, b, spec.group_size, codes, None if perm is None else perm.to(device))
     if p == "fp8":
         return Fp8Linear(w, b)
     if p in BNB_PRECISIONS:
@@ -127,7 +128,10 @@ def quantize_model(model, spec: QuantSpec, device="cpu", codes: dict | None = No
     if spec.calibrated and not codes:
         raise UserError(f"{spec.label} needs its calibrated weights", "load it through engine.infer.loader.load")
     for name, c in (codes or {}).items():
-        model.get_submodule(name).codes = c
+        lin = model.get_submodule(name)
+        lin.codes = c[:3]
+        if len(c) > 3:  # an act-order checkpoint's input order (engine/quant/checkpoints.py)
+            lin.in_perm = c[3]
     for name in keep_int8:
         model.get_submodule(name).keep_int8 = True
     model = _convert(model, spec, device)
@@ -219,6 +223,8 @@ def _stack(linears: list[nn.Linear]) -> nn.Linear:
     parts = [getattr(m, "codes", None) for m in linears]
     if all(c is not None for c in parts):  # calibrated int4 codes stack as the rows do
         out.codes = tuple(torch.cat(t, 0) for t in zip(*parts))
+    if getattr(linears[0], "in_perm", None) is not None:  # one input order (_agree)
+        out.in_perm = linears[0].in_perm
     if has_bias:
         out.bias = nn.Parameter(torch.cat([m.bias.data if m.bias is not None else
                                            torch.zeros(m.out_features, dtype=w.dtype) for m in linears]),
@@ -245,5 +251,8 @@ def fuse_projections(model) -> None:
 
 
 def _agree(linears: list[nn.Linear]) -> bool:
-    """Linears fuse only into one format: all kept at int8 (mixed precision) or none."""
-    return len({bool(getattr(m, "keep_int8", False)) for m in linears}) == 1
+    """Linears fuse only into one format (all kept at int8, mixed precision, or none) and one input order (an
+    act-order checkpoint's q/k/v read one Hessian, so one order, unless its diagonal ties were broken apart)."""
+    perms = [getattr(m, "in_perm", None) for m in linears]
+    same_order = all(p is None for p in perms) or all(p is not None and torch.equal(p, perms[0]) for p in perms)
+    return len({bool(getattr(m, "keep_int8", False)) for m in linears}) == 1 and same_order

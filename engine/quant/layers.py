@@ -34,21 +34,26 @@ class Int8Linear(nn.Module):
 class Int4Linear(nn.Module):
     """Weight-only int4 linear, group-wise asymmetric (scale and min per group, fp16)."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, group_size: int, codes=None):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, group_size: int, codes=None,
+                 in_perm: torch.Tensor | None = None):
         """Round-to-nearest from `weight`, or exactly `codes` = (packed, scales, mins) in the canonical format
-        (engine.ops.formats): a calibrated method's result for this weight."""
+        (engine.ops.formats): a calibrated method's result for this weight. `in_perm`: the codes' input order
+        (an act-order checkpoint's, engine/quant/checkpoints.py): x[..., in_perm] is what they multiply."""
         super().__init__()
         self.out_features, self.in_features = weight.shape
         self.group_size = group_size
         packed, scales, mins = codes if codes is not None else ops.quantize_int4(weight.float(), group_size)
         self.prepared = ops.prepare_int4(packed, scales, mins, self.in_features, group_size)
         self.bias = None if bias is None else nn.Parameter(bias.float(), requires_grad=False)
+        self.register_buffer("in_perm", None if in_perm is None else in_perm.to(torch.int32).contiguous())
 
     def forward(self, x):
+        if self.in_perm is not None:
+            x = x.index_select(-1, self.in_perm)
         return ops.int4_linear(x, self.prepared, self.bias)
 
     def weight_nbytes(self) -> int:
-        return self.prepared.nbytes()
+        return self.prepared.nbytes() + (0 if self.in_perm is None else self.in_perm.numel() * 4)
 
 
 class Fp8Linear(nn.Module):
