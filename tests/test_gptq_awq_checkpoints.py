@@ -15,6 +15,7 @@ import shutil
 import pytest
 import torch
 
+from engine import ops
 from engine.common.errors import UserError
 from tests import families
 
@@ -26,14 +27,14 @@ from tests.bench_scripts import bench_script  # noqa: E402
 GS = 32
 
 
-def write(folder, fmt: str, family: str = "qwen2"):
-    """A tiny `family` model saved as an AWQ GEMM checkpoint by bench/awq_checkpoint.py (AutoAWQ's packer), or
-    ("gptq") converted by AutoAWQ to GPTQ v1 with the quantization_config GPTQModel writes.
-    Returns (folder, {linear: AutoAWQ's dequantized weight [N, K]})."""
+def write(folder, fmt: str, family: str = "qwen2", **shape):
+    """A tiny `family` model (its config overridden by `shape`) saved as an AWQ GEMM checkpoint by
+    bench/awq_checkpoint.py (AutoAWQ's packer), or ("gptq") converted by AutoAWQ to GPTQ v1 with the
+    quantization_config GPTQModel writes. Returns (folder, {linear: AutoAWQ's dequantized weight [N, K]})."""
     from safetensors.torch import load_file, save_file
 
     awq = bench_script("awq_checkpoint")
-    src = families.build(family, folder.parent / f"{folder.name}-src")
+    src = families.build(family, folder.parent / f"{folder.name}-src", **shape)
     awq.write(src, folder, GS, progress=lambda s: None)
     sd = load_file(str(folder / "model.safetensors"))
     deq = {}
@@ -145,16 +146,17 @@ def test_a_layout_or_field_we_do_not_read_is_refused_by_name(checkpoint, tmp_pat
         assert says in str(e.value), config
 
 
-def _act_order(sd: dict, deq: dict, seed: int = 0) -> dict:
+def _act_order(sd: dict, deq: dict, seed: int = 0, odd_k: bool = True) -> dict:
     """The GPTQ checkpoint `sd` turned into an act-order one of other weights: each linear's input columns permuted
     (W' = W[:, sigma], as GPTQ with desc_act stores a weight whose groups follow its Hessian's order: qweight in
     input order, g_idx[k] = group of input k). q/k/v share one sigma and gate/up another (one input, one Hessian),
-    except layer 1's k_proj, which gets its own (so q/k/v cannot fuse). Returns the permuted dequantized weights."""
+    except, with `odd_k`, layer 1's k_proj, which gets its own (so q/k/v cannot fuse). Returns the permuted
+    dequantized weights."""
     g = torch.Generator().manual_seed(seed)
     sigmas, out = {}, {}
     for name, w in deq.items():
         K = w.shape[1]
-        key = name.rsplit(".", 1)[0] + (".k" if name == "model.layers.1.self_attn.k_proj" else "")
+        key = name.rsplit(".", 1)[0] + (".k" if odd_k and name == "model.layers.1.self_attn.k_proj" else "")
         key += ".attn_in" if name.rsplit(".", 1)[1] in ("q_proj", "k_proj", "v_proj") else ""
         key += ".mlp_in" if name.rsplit(".", 1)[1] in ("gate_proj", "up_proj") else ""
         sigma = sigmas.setdefault(key, torch.randperm(K, generator=g))
@@ -167,28 +169,69 @@ def _act_order(sd: dict, deq: dict, seed: int = 0) -> dict:
     return out
 
 
-def test_an_act_order_checkpoint_is_reordered_at_load_and_gathers_its_input(tmp_path):
+# a head_dim the fused step's attention has (the families' default, 16, runs the PyTorch path)
+FUSED_SHAPE = dict(hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2, head_dim=64)
+
+
+def _act_order_pair(tmp_path, odd_k: bool):
+    """(transformers' model of an act-order checkpoint's dequantized weights, our load of the checkpoint)."""
     from transformers import AutoModelForCausalLM
 
     from engine.infer.loader import load
-    from engine.quant.layers import Int4Linear
 
-    src, deq = write(tmp_path / "gptq", "gptq")  # act-order is GPTQ's (AWQ has no g_idx)
+    src, deq = write(tmp_path / "gptq", "gptq", **FUSED_SHAPE)  # act-order is GPTQ's (AWQ has no g_idx)
     got = {}
-    folder = _edit(src, tmp_path / "act-order", tensors=lambda sd: got.update(_act_order(sd, deq)))
+    folder = _edit(src, tmp_path / "act-order", tensors=lambda sd: got.update(_act_order(sd, deq, odd_k=odd_k)))
     ours32 = load(str(folder), "fp32", "cpu").model.state_dict()
     for name, want in got.items():  # the dense weights in the checkpoint's input order
         assert float((ours32[f"{name}.weight"] - want).abs().max() / want.abs().max()) < 1e-3, name
-    ref = AutoModelForCausalLM.from_config(families.hf_config("qwen2"), attn_implementation="eager").eval()
-    ref.load_state_dict({**families.hf_model("qwen2").state_dict(), **{f"{n}.weight": w for n, w in got.items()}})
-    lm = load(str(folder), f"int4-checkpoint-g{GS}", "cpu")
+    ref = AutoModelForCausalLM.from_config(families.hf_config("qwen2", **FUSED_SHAPE),
+                                           attn_implementation="eager").eval()
+    ref.load_state_dict({**families.hf_model("qwen2", **FUSED_SHAPE).state_dict(),
+                         **{f"{n}.weight": w for n, w in got.items()}})
+    return ref, load(str(folder), f"int4-checkpoint-g{GS}", "cpu")
+
+
+def test_an_act_order_checkpoint_is_reordered_at_load_and_gathers_its_input(tmp_path):
+    from engine.quant.layers import Int4Linear
+
+    ref, lm = _act_order_pair(tmp_path, odd_k=True)
     int4 = [m for m in lm.model.modules() if isinstance(m, Int4Linear)]
     assert all(m.in_perm is not None for m in int4)
     layers = len(lm.model.model.layers)
     assert len(int4) == 4 * layers + 2  # layer 1's q/k/v do not fuse: k's order differs
-    # the int4 kernels' int8 activation rounding, as the tests above (measured: 1.4e-6; without the gather 2.6e-2).
-    # Bound 3e-5.
-    assert families.max_kl(ref, lm) < 3e-5
+    with ops.count_steps() as steps:
+        kl = families.max_kl(ref, lm)
+    # the int4 kernels' int8 activation rounding, as the tests above (measured: 4.0e-6; with the families' head_dim
+    # 16, 1.4e-6, and 2.6e-2 without the gather). Bound 3e-5.
+    assert kl < 3e-5
+    if ops.fused_info()["fused"].startswith("on"):  # three orders for one input: the fused step declines, by name
+        assert steps.fused == 0 and any("one order" in r for r in steps.reasons), steps.as_dict()
+
+
+def test_an_act_order_checkpoint_runs_the_fused_step_as_the_pytorch_path(tmp_path):
+    """Orders shared as GPTQ makes them (one Hessian per input): q/k/v and gate/up fuse, and the fused C++ step
+    gathers each input in its consumers' order, as Int4Linear does: the same logits as the PyTorch path."""
+    from engine.infer.model import Rows
+
+    if not ops.fused_info()["fused"].startswith("on"):
+        pytest.skip(f"the fused step is {ops.fused_info()['fused']}")
+    ref, lm = _act_order_pair(tmp_path, odd_k=False)
+    ids = torch.tensor(families.PROBE_IDS)
+    runs = {}
+    for fused in (False, True):
+        with ops.using(fused=fused, act_int8=False), ops.count_steps() as steps, torch.no_grad():
+            cache = lm.model.new_cache(2, len(ids) + 8)
+            prefill = lm.model.forward_rows(ids, Rows.of([(0, 0, len(ids))], "cpu"), cache)
+            step = lm.model.forward_rows(ids[:2], Rows.of([(0, len(ids), 1), (1, 0, 1)], "cpu"), cache)
+        runs[fused] = (prefill, step, steps)
+    (a0, a1, _), (b0, b1, steps) = runs[False], runs[True]
+    assert steps.reference == 0 and steps.fused == 2, steps.as_dict()
+    for a, b in ((a0, b0), (a1, b1)):  # fp32 activations: the same weight-only arithmetic. Measured: 9.8e-7 and
+        assert float((a - b).abs().max() / a.abs().max()) < 1e-5  # 6.4e-7 of the largest logit; 1.7 ungathered
+    with ops.count_steps() as steps:  # the default int8 activations, fused, against transformers: measured 3.0e-6
+        assert families.max_kl(ref, lm) < 3e-5  # (5.5e-2 ungathered)
+    assert steps.fused == 1, steps.as_dict()
 
 
 def test_an_uneven_g_idx_and_a_missing_tensor_are_named(checkpoint, tmp_path):

@@ -157,9 +157,10 @@ def reset_fused_stats() -> None:
 
 
 def _lin_spec(mod, what: str, optional: bool = False):
-    """(kind, w, s, bias, N, K, gs) of one of our quantized linears in the tiled CPU layout."""
-    if getattr(mod, "in_perm", None) is not None:
-        raise _Unsupported(f"{what} gathers its input (an act-order checkpoint's order)")
+    """(kind, w, s, bias, N, K, gs, input order) of one of our quantized linears in the tiled CPU layout; the order
+    (an act-order checkpoint's, int32 [K]) is an empty tensor for none."""
+    perm = getattr(mod, "in_perm", None)
+    perm = torch.empty(0, dtype=torch.int32) if perm is None else perm
     p = getattr(mod, "prepared", None)
     if isinstance(p, (PreparedInt4, PreparedInt8)) and p.layout == "cpu_tiled":
         b = getattr(mod, "bias", None)
@@ -167,13 +168,13 @@ def _lin_spec(mod, what: str, optional: bool = False):
         if b is not None and (b.dtype != torch.float32 or not b.is_contiguous()):
             raise _Unsupported(f"{what} bias is not contiguous fp32")
         if isinstance(p, PreparedInt4):
-            return (4, p.w, p.sm, b, p.N, p.K, p.group_size)
-        return (8, p.w, p.scale, b, p.N, p.K, 0)
+            return (4, p.w, p.sm, b, p.N, p.K, p.group_size, perm)
+        return (8, p.w, p.scale, b, p.N, p.K, 0, perm)
     held = isinstance(mod, DenseLinear) and mod.weight.dtype in HALF_WEIGHTS  # a checkpoint's head as stored
     float_head = isinstance(mod, torch.nn.Linear) and mod.bias is None and (mod.weight.dtype == torch.float32 or held)
     if optional and float_head:
         e = torch.empty(0)
-        return (0, e, e, None, 0, 0, 0)
+        return (0, e, e, None, 0, 0, 0, e)
     raise _Unsupported(f"{what} is not an int4/int8 linear in the tiled CPU layout ({type(mod).__name__})")
 
 
@@ -216,7 +217,7 @@ def _build_plan(model, ext):
         raise _Unsupported(f"activation {cfg.act}")
     norms, lins = [], []
     e = torch.empty(0)
-    absent = (0, e, e, None, 0, 0, 0)
+    absent = (0, e, e, None, 0, 0, 0, e)
     for i, blk in enumerate(model.model.layers):
         a, m = blk.self_attn, blk.mlp
         norms += _layer_norms(i, blk)
@@ -242,7 +243,8 @@ def _build_plan(model, ext):
         return ext.make_fused_plan(dims, float(cfg.rms_eps), float(cfg.attn_scale), float(cfg.attn_softcap),
                                    _ACTIVATIONS[cfg.act], [s.inv_freq().float().contiguous() for s in specs],
                                    [float(s.scale()) for s in specs], [specs.index(r) for r in cfg.ropes],
-                                   [cfg.window(i) for i in range(cfg.num_layers)], norms, lins)
+                                   [cfg.window(i) for i in range(cfg.num_layers)], norms, [t[:7] for t in lins],
+                                   [t[7] for t in lins])
     except RuntimeError as e:  # a shape or layout the C++ side refuses
         raise _Unsupported(str(e).splitlines()[0][:200]) from None
 

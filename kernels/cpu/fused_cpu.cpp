@@ -42,6 +42,17 @@ void prep_rows(const IsaFns& F, bool q8, const float* x, int64_t M, int64_t K, A
   }
 }
 
+// Row m of x (K wide) gathered in the order `perm` into xg, prepared as row m of a.
+void gather_prep_row(const IsaFns& F, bool q8, const float* xrow, const int32_t* perm, int64_t K, int64_t m,
+                     float* xg, Act& a) {
+  for (int64_t k = 0; k < K; ++k) xg[k] = xrow[perm[k]];
+  if (q8)
+    F.prep_q8(xg, K, 0, a.Kp, a.xq.data() + m * a.Kp, a.sx.data() + m * a.nb, a.bsum.data() + m * a.nb,
+              a.fsum.data() + m * a.nb);
+  else
+    F.prep_xp(xg, K, 0, a.Kp, a.xp.data() + m * a.Kp, a.fsum.data() + m * a.nb);
+}
+
 // Prepare columns [k0, k1) (multiples of 32, k1 <= K) of row m of x.
 void prep_cols(const IsaFns& F, bool q8, const float* xrow, int64_t K, int64_t k0, int64_t k1, int64_t m,
                Act& a) {
@@ -378,18 +389,36 @@ torch::Tensor fused_step(FusedPlan& P, torch::Tensor x_in, std::vector<int64_t> 
       }
     };
     // int4 consumers read the prepared rows, int8 ones the normed rows: prepare when any consumer is int4
-    auto norm_prep = [&](const float* w, bool int4_consumer, int64_t rows, const int64_t* which) {
+    // (in the consumers' input order when they have one: then all of them are int4, make_fused_plan checked)
+    auto norm_prep = [&](const float* w, bool int4_consumer, int64_t rows, const int64_t* which,
+                         const int32_t* perm) {
       for (int64_t m = 0; m < rows; ++m) {
         const int64_t src = which ? which[m] : m;
         F.rmsnorm(P.x.data() + src * P.hidden, w, P.eps, P.hidden, me.xn.data() + m * P.hidden);
       }
-      if (int4_consumer) prep_rows(F, act_int8, me.xn.data(), rows, P.hidden, me.act);
+      if (perm)
+        for (int64_t m = 0; m < rows; ++m)
+          gather_prep_row(F, act_int8, me.xn.data() + m * P.hidden, perm, P.hidden, m, me.xg.data(), me.act);
+      else if (int4_consumer)
+        prep_rows(F, act_int8, me.xn.data(), rows, P.hidden, me.act);
+    };
+    // an input whose consumer gathers it (act-order) is prepared once whole, row by row, behind a barrier
+    auto gather_phase = [&](const float* src, int64_t K, const Lin& lin, Act& a, int cat) {
+      std::atomic<int64_t>& ctr = P.ctr[phase++];
+      for (;;) {
+        const int64_t m = ctr.fetch_add(1, std::memory_order_relaxed);
+        if (m >= M) break;
+        gather_prep_row(F, act_int8, src + m * K, lin.perm, K, m, me.xg.data(), a);
+      }
+      mark(cat);
+#pragma omp barrier
+      mark(P_WAIT);
     };
 
     for (int64_t l = 0; l < P.L; ++l) {
       const LayerW& lw = P.layers[(size_t)l];
       // ---- A: norm, qkv
-      norm_prep(lw.ln1, lw.qkv.kind == 4 || lw.k.kind == 4 || lw.v.kind == 4, M, nullptr);
+      norm_prep(lw.ln1, lw.qkv.kind == 4 || lw.k.kind == 4 || lw.v.kind == 4, M, nullptr, lw.qkv.perm);
       mark(P_NORM1);
       const QKV qx = qkv_views(P, lw, M);
       project(LinCall{&lw.qkv, M, me.xn.data(), &me.act, const_cast<float*>(qx.q)}, [](int64_t, int64_t) {});
@@ -447,13 +476,14 @@ torch::Tensor fused_step(FusedPlan& P, torch::Tensor x_in, std::vector<int64_t> 
           for (int64_t i = 0; i < n; ++i) {
             float* arow = P.attn.data() + (r0 + i) * HD;
             std::memcpy(arow + c0, me.out.data() + i * P.G * P.D, sizeof(float) * (size_t)(P.G * P.D));
-            if (lw.o.kind == 4) prep_cols(F, oq8, arow, HD, c0, c1, r0 + i, P.act_o);
+            if (lw.o.kind == 4 && !lw.o.perm) prep_cols(F, oq8, arow, HD, c0, c1, r0 + i, P.act_o);
           }
         }
       }
       mark(P_ATT);
 #pragma omp barrier
       mark(P_WAIT);
+      if (lw.o.perm) gather_phase(P.attn.data(), HD, lw.o, P.act_o, P_ATT);
       // ---- C: o projection + residual (Gemma: the residual adds the normed projection, once it is whole)
       if (lw.post_attn) {
         project(LinCall{&lw.o, M, P.attn.data(), &P.act_o, P.tmp.data()}, [](int64_t, int64_t) {});
@@ -465,7 +495,7 @@ torch::Tensor fused_step(FusedPlan& P, torch::Tensor x_in, std::vector<int64_t> 
 #pragma omp barrier
       mark(P_WAIT);
       // ---- D: norm, gate/up pairs, silu * up, prep of the down input
-      norm_prep(lw.ln2, lw.gu.kind == 4 || lw.up.kind == 4, M, nullptr);
+      norm_prep(lw.ln2, lw.gu.kind == 4 || lw.up.kind == 4, M, nullptr, lw.gu.perm);
       mark(P_NORM2);
       {
         // fused: tiles t and t + I/64 of one weight into [M][2I]; separate: tile t of each into [M][I] twice
@@ -491,13 +521,14 @@ torch::Tensor fused_step(FusedPlan& P, torch::Tensor x_in, std::vector<int64_t> 
           for (int64_t m = 0; m < M; ++m) {
             float* hrow = P.h.data() + m * P.I;
             (P.act ? F.gelu_tanh_mul : F.silu_mul)(gbuf + m * ld + c0, ubuf + m * ld + c0, hrow + c0, c1 - c0);
-            if (lw.down.kind == 4) prep_cols(F, dq8, hrow, P.I, c0, c1, m, P.act_d);
+            if (lw.down.kind == 4 && !lw.down.perm) prep_cols(F, dq8, hrow, P.I, c0, c1, m, P.act_d);
           }
         }
       }
       mark(P_GU);
 #pragma omp barrier
       mark(P_WAIT);
+      if (lw.down.perm) gather_phase(P.h.data(), P.I, lw.down, P.act_d, P_GU);
       // ---- E: down + residual
       if (lw.post_mlp) {
         project(LinCall{&lw.down, M, P.h.data(), &P.act_d, P.tmp.data()}, [](int64_t, int64_t) {});
@@ -512,7 +543,7 @@ torch::Tensor fused_step(FusedPlan& P, torch::Tensor x_in, std::vector<int64_t> 
     // ---- final norm of the wanted rows, head
     if (R > 0) {
       if (has_head) {
-        norm_prep(P.norm_w, P.head.kind == 4, R, out_rows.data());
+        norm_prep(P.norm_w, P.head.kind == 4, R, out_rows.data(), P.head.perm);
         project(LinCall{&P.head, R, me.xn.data(), &me.act, outp}, [](int64_t, int64_t) {});
       } else if (tid == 0) {
         for (int64_t m = 0; m < R; ++m)

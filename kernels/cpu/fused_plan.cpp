@@ -80,6 +80,7 @@ void ensure_threads(FusedPlan& P, int64_t nt) {
   for (size_t i = old; i < P.th.size(); ++i) {
     Thread& t = P.th[i];
     t.xn.assign((size_t)(FUSED_MAX_ROWS * P.hidden), 0.f);
+    t.xg.assign((size_t)std::max(FUSED_MAX_ROWS * P.hidden, std::max(P.H * P.D, P.I)), 0.f);
     t.act.init(std::max<int64_t>(32, (kph + 31) / 32 * 32));
     t.xsum.assign((size_t)(FUSED_MAX_ROWS * gmax), 0.f);
     t.q.assign((size_t)(nq * P.D), 0.f);
@@ -94,7 +95,7 @@ std::shared_ptr<FusedPlan> make_fused_plan(std::vector<int64_t> dims, double eps
                                            double attn_softcap, int64_t act, std::vector<torch::Tensor> inv_freqs,
                                            std::vector<double> rope_scales, std::vector<int64_t> layer_rope,
                                            std::vector<int64_t> windows, std::vector<torch::Tensor> norms,
-                                           std::vector<LinSpec> lins) {
+                                           std::vector<LinSpec> lins, std::vector<torch::Tensor> perms) {
   TORCH_CHECK(dims.size() == 7, "dims = [layers, hidden, heads, kv_heads, head_dim, intermediate, vocab]");
   auto P = std::make_shared<FusedPlan>();
   P->L = dims[0];
@@ -147,9 +148,26 @@ std::shared_ptr<FusedPlan> make_fused_plan(std::vector<int64_t> dims, double eps
               "linears: qkv (or q), k, v, o, gate_up (or gate), up, down per layer (k, v, up absent when "
               "fused), then the head");
   const int64_t Nqkv = (P->H + 2 * P->KV) * P->D;
+  TORCH_CHECK(perms.empty() || perms.size() == lins.size(), "perms: none, or one per linear (empty for none)");
   auto mk = [&](const LinSpec& s) {
-    return make_lin(std::get<0>(s), std::get<1>(s), std::get<2>(s), std::get<3>(s), std::get<4>(s),
-                    std::get<5>(s), std::get<6>(s), P->keep);
+    Lin l = make_lin(std::get<0>(s), std::get<1>(s), std::get<2>(s), std::get<3>(s), std::get<4>(s),
+                     std::get<5>(s), std::get<6>(s), P->keep);
+    const size_t i = (size_t)(&s - lins.data());
+    if (!perms.empty() && perms[i].numel()) {
+      const torch::Tensor& p = perms[i];
+      TORCH_CHECK(l.kind == 4, "an input order (act-order) is for int4 linears only");
+      TORCH_CHECK(p.scalar_type() == torch::kInt32 && p.is_contiguous() && p.numel() == l.K,
+                  "an input order must be contiguous int32 [K]");
+      TORCH_CHECK(p.min().item<int32_t>() >= 0 && p.max().item<int32_t>() < l.K, "input order out of range");
+      l.perm = p.data_ptr<int32_t>();
+      P->keep.push_back(p);
+    }
+    return l;
+  };
+  // the linears reading one prepared input gather it in one order (or none)
+  auto same_order = [&](size_t a, size_t b) {
+    const bool pa = !perms.empty() && perms[a].numel(), pb = !perms.empty() && perms[b].numel();
+    return pa == pb && (!pa || torch::equal(perms[a], perms[b]));
   };
   P->layers.resize((size_t)P->L);
   for (int64_t l = 0; l < P->L; ++l) {
@@ -173,6 +191,10 @@ std::shared_ptr<FusedPlan> make_fused_plan(std::vector<int64_t> dims, double eps
     lw.gu = mk(ls[4]);
     lw.up = mk(ls[5]);
     lw.down = mk(ls[6]);
+    const size_t i0 = (size_t)(7 * l);
+    TORCH_CHECK(!lw.sep_qkv() || (same_order(i0, i0 + 1) && same_order(i0, i0 + 2)),
+                "q, k and v must read their input in one order");
+    TORCH_CHECK(!lw.sep_gu() || same_order(i0 + 4, i0 + 5), "gate and up must read their input in one order");
     const int64_t KVD = P->KV * P->D;
     const bool qkv_ok = lw.sep_qkv()
         ? (lw.qkv.kind && lw.qkv.N == P->H * P->D && lw.k.N == KVD && lw.v.kind && lw.v.N == KVD &&
@@ -212,7 +234,7 @@ std::shared_ptr<FusedPlan> make_fused_plan(std::vector<int64_t> dims, double eps
   auto padded = [&](int64_t k) { return P->gs > 0 ? (k + P->gs - 1) / P->gs * P->gs : (k + 31) / 32 * 32; };
   P->act_o.init(padded(P->H * P->D));
   P->act_d.init(padded(P->I));
-  P->nctr = 12 * P->L + 4;   // per layer at most 10 phases (q, k, v, K/V write, attention, o, its norm, ...)
+  P->nctr = 14 * P->L + 4;   // per layer at most 12 phases (q, k, v, K/V write, attention, o's gather, o, ...)
   P->ctr.reset(new std::atomic<int64_t>[(size_t)P->nctr]);
   ensure_threads(*P, std::max(1, omp_get_max_threads()));
   return P;
@@ -232,7 +254,7 @@ void register_fused(pybind11::module& m) {
         for (const Act* a : {&p.act_o, &p.act_d})
           b += 4 * (a->xp.size() + a->sx.size() + a->fsum.size() + a->bsum.size()) + a->xq.size();
         for (const auto& t : p.th)
-          b += 4 * (t.xn.size() + t.xsum.size() + t.q.size() + t.out.size() + t.scores.size() + t.act.xp.size() +
+          b += 4 * (t.xn.size() + t.xg.size() + t.xsum.size() + t.q.size() + t.out.size() + t.scores.size() + t.act.xp.size() +
                     t.act.sx.size() + t.act.fsum.size() + t.act.bsum.size()) + t.act.xq.size();
         return (int64_t)b;
       });
@@ -258,7 +280,7 @@ void register_fused(pybind11::module& m) {
   m.def("make_fused_plan", &make_fused_plan, "the fused step's model plan and workspaces (once per model)",
         py::arg("dims"), py::arg("eps"), py::arg("attn_scale"), py::arg("attn_softcap"), py::arg("act"),
         py::arg("inv_freqs"), py::arg("rope_scales"), py::arg("layer_rope"), py::arg("windows"), py::arg("norms"),
-        py::arg("linears"));
+        py::arg("linears"), py::arg("perms") = std::vector<torch::Tensor>());
   m.def("fused_step", &fused_step, "one fused forward pass of 1..64 rows", py::arg("plan"), py::arg("x"),
         py::arg("segments"), py::arg("k_cache"), py::arg("v_cache"), py::arg("block_table"), py::arg("k_scale"), py::arg("v_scale"), py::arg("out_rows"), py::arg("isa"),
         py::arg("vnni"), py::arg("act_int8"), py::arg("threads"), py::call_guard<py::gil_scoped_release>());

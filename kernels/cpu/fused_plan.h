@@ -42,6 +42,7 @@ struct Lin {
   const void* w = nullptr;   // int4: uint32 [NT][Kp/8][64]; int8: int8 [NT][K][64]
   const void* s = nullptr;   // int4: fp16 [NT][G][2][64];  int8: fp32 [NT*64]
   const float* bias = nullptr;
+  const int32_t* perm = nullptr;  // int4 only: its codes multiply x[perm[k]] (an act-order checkpoint's order)
   int64_t N = 0, K = 0, Kp = 0, G = 0, gs = 0, NT = 0;
 };
 
@@ -87,6 +88,7 @@ inline double now_s() {
 
 struct Thread {
   std::vector<float> xn;       // normed rows
+  std::vector<float> xg;       // rows gathered in a linear's input order (act-order), before their preparation
   Act act;                     // their prepared activations (hidden-wide consumers)
   std::vector<float> xsum;     // per-group sums for the current consumer
   std::vector<float> q, out, scores;
@@ -131,7 +133,7 @@ std::shared_ptr<FusedPlan> make_fused_plan(std::vector<int64_t> dims, double eps
                                            double attn_softcap, int64_t act, std::vector<torch::Tensor> inv_freqs,
                                            std::vector<double> rope_scales, std::vector<int64_t> layer_rope,
                                            std::vector<int64_t> windows, std::vector<torch::Tensor> norms,
-                                           std::vector<LinSpec> lins);
+                                           std::vector<LinSpec> lins, std::vector<torch::Tensor> perms);
 torch::Tensor fused_step(FusedPlan& P, torch::Tensor x_in, std::vector<int64_t> segs, torch::Tensor kc,
                          torch::Tensor vc, torch::Tensor table, torch::Tensor ks, torch::Tensor vs,
                          std::vector<int64_t> out_rows, int64_t isa, bool vnni, bool act_int8,
