@@ -17,6 +17,7 @@ written to a temporary folder and renamed into place, so an interrupted calibrat
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -60,17 +61,19 @@ def calibration_texts() -> list[tuple[str, str]]:
     return [doc for pair in zip(_chat_exchanges(), _code_exchanges()) for doc in pair]
 
 
-def _chat_exchanges() -> list[tuple[str, str]]:
+@functools.lru_cache(maxsize=1)  # the two scans read all of ShareGPT: once a process
+def _chat_exchanges() -> tuple[tuple[str, str], ...]:
     conv = datasets.sharegpt()
     out = []
     for pid in datasets.selection()["categories"]["chat"]["ids"][EVAL_HOLDOUT:]:
         turn = datasets.first_turn(conv[pid.partition(":")[2]])
         if turn:
             out.append((pid, turn[0] + "\n\n" + turn[1]))
-    return out
+    return tuple(out)
 
 
-def _code_exchanges() -> list[tuple[str, str]]:
+@functools.lru_cache(maxsize=1)
+def _code_exchanges() -> tuple[tuple[str, str], ...]:
     """ShareGPT exchanges whose answer holds a fenced code block, from conversations the workload selection
     does not hold, nor any part of one it holds (so no eval or workload text), in the order of their ids' SHA-256."""
     def whole(key: str) -> str:  # ShareGPT cuts a long conversation into parts: abc_0, abc_1, ...
@@ -82,7 +85,7 @@ def _code_exchanges() -> list[tuple[str, str]]:
         turn = None if whole(key) in taken else datasets.first_turn(conv)
         if turn and "```" in turn[1]:
             out.append((f"sharegpt:{key}", turn[0] + "\n\n" + turn[1]))
-    return sorted(out, key=lambda d: hashlib.sha256(d[0].encode()).hexdigest())
+    return tuple(sorted(out, key=lambda d: hashlib.sha256(d[0].encode()).hexdigest()))
 
 
 def calibration_docs(tokenizer, tokens: int = DEFAULT_TOKENS) -> list[list[int]]:

@@ -11,7 +11,7 @@ from engine.infer import catalog
 from engine.common.errors import UserError
 from engine.infer.model import Transformer, build_model
 from engine.common.setup import EngineSetup  # noqa: F401  (annotations)
-from engine.quant import (QuantSpec, check_supported, compute_dtype_for, hold_head_as_stored, make_spec,
+from engine.quant import (QuantSpec, check_supported, compute_dtype_for, hold_floats_as_stored, make_spec,
                           quantize_model, quantized_fraction, weight_breakdown)
 
 
@@ -118,7 +118,7 @@ def load(name: str = "default", spec: QuantSpec | str = "fp32", device: str | No
     model = quantize_model(model, spec, device, codes, keep_int8)
     if spec.method == "checkpoint" and not spec.quantize_head:
         stored = model.checkpoint_float_dtypes
-        for part in hold_head_as_stored(model, stored["head"], stored["embedding"]):
+        for part in hold_floats_as_stored(model, stored["head"], stored["embedding"]):
             say(f"the checkpoint's {part} held as it stores it ({str(stored[part]).removeprefix('torch.')}, exact)")
     if spec.precision != "fp32":
         _release_source(model)

@@ -17,7 +17,7 @@ from engine.common.vocab import (BNB_PRECISIONS, GROUP_SIZES, METHOD_GROUP, QUAN
 from engine.quant.layers import Fp8Linear, HalfEmbedding, Int4Linear, Int8Linear, QuantEmbedding, bnb_linear, is_bnb
 
 __all__ = ["FLOAT_DTYPES", "QuantSpec", "make_spec", "check_supported", "compute_dtype_for", "quantize_model",
-           "hold_head_as_stored", "fuse_projections"]
+           "hold_floats_as_stored", "fuse_projections"]
 
 FLOAT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -173,7 +173,7 @@ def _convert(model, spec: QuantSpec, device):
     return model
 
 
-def hold_head_as_stored(model, head_dtype: torch.dtype | None, embed_dtype: torch.dtype | None = None) -> list[str]:
+def hold_floats_as_stored(model, head_dtype: torch.dtype | None, embed_dtype: torch.dtype | None = None) -> list[str]:
     """A quantized checkpoint's dense fp32 head and embedding held in the half precision its checkpoint stores them
     in (bf16 or fp16) instead of fp32: half the bytes, the same values (they were widened from it; checked). The head
     runs as ops.dense_linear's fp32 linear of those values, a lookup widens the rows it reads. A tied pair stays one
