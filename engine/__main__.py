@@ -242,7 +242,7 @@ def _accuracy_setups(a) -> list:
 
 
 def cmd_accuracy(a) -> int:
-    """HumanEval pass@1 per precision (and llama-server's Q4_K_M), paired against the first configuration."""
+    """HumanEval pass@1 per precision (and llama-server at --llama's weights), paired against the first one."""
     from engine.measure import accuracy, sandbox
     from engine.measure.pool import ModelPool
     from engine.measure.runner import run_many
@@ -269,12 +269,12 @@ def cmd_accuracy(a) -> int:
     say = lambda s: print(f"  [{s}]", file=sys.stderr)  # noqa: E731
     common = dict(subset=a.subset, ids=a.ids, max_new_tokens=a.max_new_tokens, usd_per_hour=a.price, limits=limits)
     items: list = [accuracy.AccuracyItem(setup, {**common, "batch": a.batch}) for setup in setups]
-    if a.peers:
+    if a.peers:  # llama-server at each of llama.cpp's weights asked for (checked before anything runs)
         from engine.peers import servers
         from engine.peers.server_accuracy import ServerAccuracyItem
 
-        items.append(ServerAccuracyItem(servers.ServerSpec.of("llama-server", model=a.model, precision="Q4_K_M",
-                                                              slots=a.batch, max_model_len=2048), common))
+        items += [ServerAccuracyItem(servers.ServerSpec.of("llama-server", model=a.model, precision=t, slots=a.batch,
+                                                           max_model_len=2048).validate(), common) for t in a.llama]
     recs = run_many(items, ModelPool(keep=1), store, say=say, noun="configuration",
                     on_skip=lambda rec: print(f"{rec.label}: {rec.notes}", file=sys.stderr))
     if a.json:
@@ -397,7 +397,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=10.0, help="seconds one problem's tests may run in the sandbox")
     p.add_argument("--price", type=float, default=0.10, help="$/hour of this machine, for $/1,000 solved")
     p.add_argument("--peers", action=argparse.BooleanOptionalAction, default=True,
-                   help="also llama.cpp's Q4_K_M through llama-server on the same prompts (--no-peers skips it)")
+                   help="also llama.cpp through llama-server on the same prompts (--no-peers skips it)")
+    p.add_argument("--llama", type=_csv, default=["Q4_K_M"],
+                   help="llama.cpp's weights for the llama-server rows (engine.peers.gguf_tools.LLAMA_PRECISIONS), "
+                        "e.g. Q4_K_M,Q4_K_M-imatrix,IQ4_XS-imatrix (built once)")
     p.add_argument("--json", action="store_true", help="print the accuracy records as JSON")
     p.add_argument("--stored", action="store_true", help="only print the table of the stored accuracy runs")
     p.add_argument("--reference", type=int, default=1,

@@ -25,6 +25,17 @@ def test_subsets_and_ids_and_what_is_refused():
         accuracy.select(ids=["HumanEval/0", "HumanEval/999"])
 
 
+def test_the_llama_server_rows_take_llama_cpps_weights_by_name(capsys):
+    """`engine accuracy --llama` names llama.cpp's weights for the llama-server rows; an unknown one is refused
+    before anything loads, with the choices."""
+    from engine.__main__ import main
+
+    assert main(["accuracy", "--model", "default-draft", "--precisions", "fp32", "--subset", "quick20",
+                 "--llama", "Q4_K_M,Q3_K"]) == 2
+    err = capsys.readouterr().err
+    assert "'Q3_K'" in err and "Q4_K_M-imatrix" in err and "IQ4_XS-imatrix" in err
+
+
 def test_canonical_solutions_pass_and_wrong_ones_fail_in_the_sandbox():
     _, probs = accuracy.select("quick20")
     good = accuracy.judge(probs, [accuracy.Completion(p["canonical_solution"], 0) for p in probs])
