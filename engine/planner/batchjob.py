@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Mapping, Sequence
 
 from engine.planner import shapes
-from engine.planner.efficiency import compute_dtype
+from engine.planner.candidates import candidates, runnable
 from engine.planner.errors import PlanError
 from engine.planner.gpus import GPU, find_gpu
 from engine.planner.queueing import closed_loop_point
@@ -122,29 +122,24 @@ def plan_batch(job: BatchJob, gpus: Mapping[str, GPU], models: Mapping[str, Mode
     precs = list(job.precisions or ("bf16", "fp8", "int8", "int4"))
     window_s = job.deadline_hours * 3600
     options, refused = [], []
-    for g in sel:
-        for p in precs:
-            if compute_dtype(g, p)[0] is None:
+    for c in runnable(candidates(sel, precs, job.tp_options), m):
+        g, p, tp = c.gpu, c.precision, c.tp
+        dep = Deployment(m, g, p, tp, max_batch=max(job.batches))
+        for b in job.batches:
+            pt = closed_loop_point(dep, b, job.input_tokens, job.output_tokens)
+            if not pt.get("fits") or pt["effective_batch"] < b:
+                break  # larger batches do not fit either
+            latency = pt["prefill_s"] * b + job.output_tokens * pt["itl_s"]
+            if latency > window_s:
+                refused.append(f"{tp}x {g.name} {p} batch {b}: one request takes {latency / 3600:.2f} h, "
+                               f"longer than the {job.deadline_hours:g} h deadline")
                 continue
-            for tp in job.tp_options:
-                if tp > g.max_gpus_per_node or m.heads % tp or (m.kv_heads % tp and tp % m.kv_heads):
-                    continue
-                dep = Deployment(m, g, p, tp, max_batch=max(job.batches))
-                for b in job.batches:
-                    pt = closed_loop_point(dep, b, job.input_tokens, job.output_tokens)
-                    if not pt.get("fits") or pt["effective_batch"] < b:
-                        break  # larger batches do not fit either
-                    latency = pt["prefill_s"] * b + job.output_tokens * pt["itl_s"]
-                    if latency > window_s:
-                        refused.append(f"{tp}x {g.name} {p} batch {b}: one request takes {latency / 3600:.2f} h, "
-                                       f"longer than the {job.deadline_hours:g} h deadline")
-                        continue
-                    thr = pt["output_tok_s"]
-                    price = _price(g) * tp
-                    replicas = max(1, math.ceil(job.tokens_per_day / (thr * window_s) * (1 - 1e-12)))
-                    usd_day = replicas * price * job.deadline_hours
-                    options.append(BatchOption(g.name, p, tp, b, thr, latency, thr * 3600 / price, replicas,
-                                               usd_day, usd_day / job.tokens_per_day * 1e6))
+            thr = pt["output_tok_s"]
+            price = _price(g) * tp
+            replicas = max(1, math.ceil(job.tokens_per_day / (thr * window_s) * (1 - 1e-12)))
+            usd_day = replicas * price * job.deadline_hours
+            options.append(BatchOption(g.name, p, tp, b, thr, latency, thr * 3600 / price, replicas,
+                                       usd_day, usd_day / job.tokens_per_day * 1e6))
     if not options and refused:
         raise PlanError("deadline_hours", f"no configuration finishes one request within {job.deadline_hours:g} h "
                         f"({refused[0]}): give the job a longer deadline")

@@ -22,7 +22,7 @@ from typing import Mapping, Sequence
 
 from engine.common.formulas import HOURS_PER_MONTH
 from engine.planner import shapes
-from engine.planner.efficiency import compute_dtype
+from engine.planner.candidates import candidates, runnable
 from engine.planner.errors import PlanError
 from engine.planner.gpus import GPU, find_gpu
 from engine.planner.queueing import max_rate, serving_point
@@ -167,9 +167,7 @@ def plan_fleet(fleet: Sequence[FleetModel], gpu: str, gpus: Mapping[str, GPU], m
         raise PlanError(probs)
     price = float(g.price_usd_per_hr)
     options, refused = [], []
-    for p in precisions:
-        if compute_dtype(g, p)[0] is None:
-            continue
+    for p in (c.precision for c in runnable(candidates([g], precisions), shaped[0])):  # one GPU each: TP 1
         reps, why = [], None
         for fm, m in zip(fleet, shaped):
             r = _replicas(fm, m, g, p)

@@ -15,6 +15,7 @@ from engine.common.formulas import HOURS_PER_MONTH, SECONDS_PER_HOUR
 from engine.common.vocab import PRECISIONS
 from engine.planner import shapes
 from engine.planner.calibration import Calibration
+from engine.planner.candidates import cannot_run, candidates
 from engine.planner.efficiency import compute_dtype
 from engine.planner.errors import PlanError
 from engine.planner.gpus import GPU, CatalogError, find_gpu, load_gpus
@@ -156,16 +157,11 @@ def evaluate_plan(dep: Deployment, w: Workload) -> Plan:
     if "extrapolated:" in eff_src:
         # No published point covers this GPU generation x kernel family x precision (planner.fit).
         plan.assumptions.append(f"efficiency {eff_src}")
-    cdt, cnote = compute_dtype(g, dep.precision)
-    if cdt is None:
-        plan.reasons.append(cnote)
+    why = cannot_run(m, g, dep.precision, dep.tp)
+    if why:
+        plan.reasons.append(why)
         return plan
-    if m.heads % dep.tp or (m.kv_heads % dep.tp and dep.tp % m.kv_heads):
-        plan.reasons.append(f"TP {dep.tp} does not divide {m.name}'s {m.heads} attention / {m.kv_heads} KV heads")
-        return plan
-    if dep.tp > g.max_gpus_per_node:
-        plan.reasons.append(f"{g.name} has at most {g.max_gpus_per_node} GPU(s) per node for tensor parallelism")
-        return plan
+    cnote = compute_dtype(g, dep.precision)[1]
     mem = memory(dep)
     per_req = I + O
     maxc = min(dep.max_batch, mem.max_concurrency(per_req))
@@ -342,13 +338,8 @@ def plan(w: Workload, gpus: Mapping[str, GPU] | None = None, models: Mapping[str
         notes.append(f"speculation: {sc.draft_kind}" + (f" draft {sc.draft_model}" if sc.draft_model else "")
                      + f", gamma {sc.gamma}, {acceptance_words(sc)}; "
                      f"E = {sc.expected_tokens:.2f} tokens per target step")
-    plans = []
-    for g in sel:
-        for p in precs:
-            for sc, dm in spec_opts:
-                for tp in tps:
-                    dep = make_deployment(model, g, p, tp, w, sc, dm, calibration)
-                    plans.append(evaluate_plan(dep, w))
+    plans = [evaluate_plan(make_deployment(model, c.gpu, c.precision, c.tp, w, c.spec, c.draft, calibration), w)
+             for c in candidates(sel, precs, tps, spec_opts)]
     # Cheapest first; at equal cost, the plan with the most spare capacity at the SLOs.
     plans.sort(key=lambda x: (not x.feasible, x.usd_per_hr if x.feasible else math.inf,
                               x.utilization if x.feasible else 0, x.gpus_total))

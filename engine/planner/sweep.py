@@ -15,7 +15,7 @@ from engine.common.vocab import PRECISIONS
 from engine.planner import shapes
 from engine.planner.acceptance import acceptance_from_mean_length
 from engine.planner.calibration import Calibration
-from engine.planner.efficiency import compute_dtype
+from engine.planner.candidates import candidates, cannot_run, runnable
 from engine.planner.errors import PlanError
 from engine.planner.gpus import GPU
 from engine.planner.roofline import DEFAULT_MEM_UTIL, GIB, Deployment, decode_step, memory, spec_step
@@ -59,9 +59,7 @@ def batch_sweep(model: ModelShape, gpu: GPU, precisions: Sequence[str], batches:
     _check_count("context", context, 0, MAX_TOKENS)
     rows = []
     base: dict[int, float] = {}
-    for p in precisions:
-        if compute_dtype(gpu, p)[0] is None:
-            continue
+    for p in (c.precision for c in runnable(candidates([gpu], precisions, (tp,)), model)):
         dep = Deployment(model, gpu, p, tp, family=family, calibration=calibration)
         mem = memory(dep)
         for b in batches:
@@ -126,11 +124,11 @@ def packing(model: ModelShape, gpu: GPU, precisions: Sequence[str] = PRECISIONS,
     usable = gpu.memory_gb * GIB * util
     rows = []
     for p in precisions:
-        runnable = compute_dtype(gpu, p)[0] is not None
+        fits_gpu = cannot_run(model, gpu, p) is None
         wb = shapes.weight_bytes(model, p)
         kv = shapes.kv_cache_bytes(model, context_tokens, kv_dtype) * concurrency
         per = wb + kv + per_replica_overhead_gib * GIB
-        n = int(usable // per) if runnable else 0
-        rows.append({"precision": p, "replicas": n, "runnable": runnable, "weights_gb": wb / 1e9,
+        n = int(usable // per) if fits_gpu else 0
+        rows.append({"precision": p, "replicas": n, "runnable": fits_gpu, "weights_gb": wb / 1e9,
                      "kv_gb": kv / 1e9, "per_replica_gb": per / 1e9, "usable_gb": usable / 1e9})
     return rows
