@@ -138,9 +138,8 @@ if PLANNER:
                                               "max_replicas": int(max_rep) or None, "scale_up_min": float(up_min)}
             args = (inputs, model, max(rates) if rates else rate, inp, out, float(ttft) / 1e3, float(tpot) / 1e3,
                     sel_gpus, precs, spec, use_cal)
-            st.session_state["plan-result"] = planning.plan_workload(*args)
-            st.session_state["plan-savings"] = (planning.savings_workload(*args, day=day)
-                                                if st.session_state["plan-result"].get("best") else None)
+            res_d, sv_d = planning.plan_workload(*args, day=day)  # one search: the answer and the plans agree
+            st.session_state["plan-result"], st.session_state["plan-savings"] = res_d, sv_d
         except Exception as e:
             st.session_state.pop("plan-result", None)
             st.session_state.pop("plan-savings", None)

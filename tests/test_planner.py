@@ -828,3 +828,28 @@ def test_planner_imports_only_engine_common_and_shares_its_names():
         assert expected_tokens_per_step(a, 4) == formulas.expected_length(a, 4)
     with pytest.raises(PlanError, match="acceptance_rate"):
         expected_tokens_per_step(float("nan"), 4)
+
+
+@pytest.mark.parametrize("kw", [
+    dict(),  # every precision and GPU, speculation weighed both ways
+    dict(precisions=["int4", "int8"], spec="on", gpus=["L4", "H100 SXM"]),
+    dict(precisions=["fp32", "int4"], spec="off", gpus=["L40S", "H100 SXM"]),
+    dict(request_rate=5000.0, gpus=["T4"], precisions=["bf16"]),  # nothing meets the SLOs: no savings
+], ids=["all", "quantized-spec-on", "fp32-spec-off", "infeasible"])
+def test_one_search_answers_the_plan_and_its_savings(kw):
+    """The CLI and the Cost page draw the savings answer and the table of plans from one search (widened to the
+    waterfall's precisions, then narrowed to the user's): the same plans, order and notes as plan(w) alone, and the
+    same waterfall as savings(w) over the waterfall's own precisions only (the precisions the user added to the
+    search, fp32 here, change nothing in it)."""
+    from engine.planner.savings import BASELINE, _quantized, plan_with_savings, savings
+
+    w = Workload("llama-3.1-8b", kw.pop("request_rate", 6.0), 1024, 256, ttft_p90_s=1.0, tpot_p90_s=0.05, **kw)
+    res, sv = plan_with_savings(w, GPUS, MODELS)
+    assert res.to_dict() == plan(w, gpus=GPUS, models=MODELS).to_dict()
+    assert (sv is None) == (res.best is None)
+    if sv is not None:
+        own = replace(w, precisions=[BASELINE, "fp16", *_quantized(w)])
+        assert sv.to_dict() == savings(own, GPUS, MODELS).to_dict()
+    with pytest.raises(ValueError, match="did not weigh"):
+        narrow = plan(replace(w, precisions=["int4"], spec="off"), gpus=GPUS, models=MODELS).narrowed
+        narrow(replace(w, precisions=["int8"]))

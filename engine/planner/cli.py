@@ -28,7 +28,7 @@ from engine.common.errors import UserError
 from engine.planner import shapes
 from engine.planner.gpus import CatalogError, find_gpu, load_gpus, price_table
 from engine.planner import batchjob, fit, fleet, hf_config, selfcheck, traffic
-from engine.planner.savings import savings
+from engine.planner.savings import plan_with_savings
 
 StoreReader = Callable[[], list]      # () -> list of plain dicts read from the lab's store
 
@@ -434,9 +434,8 @@ def _run(a, stored_runs: StoreReader | None, stored_gpu_overrides: StoreReader |
         quantize_head=a.quantize_head, price_overrides=dict(a.price) or None,
         price_column={"reference": "price_usd_per_hr", "low": "price_low_usd_per_hr",
                       "high": "price_high_usd_per_hr"}[a.prices])
-    res = planner.plan(w, gpus=gpus, models=models, calibration=cal)
+    res, sv = plan_with_savings(w, gpus, models, cal)  # one search: the savings and the plans below agree
     model = res.model
-    sv = savings(w, gpus, models, cal) if res.best else None
     day = None
     if rates and sv is not None and sv.best is not None:
         day = traffic.day_for_plan(sv.best, rates, traffic.Autoscale(a.min_replicas, a.max_replicas, a.scale_up_min))

@@ -20,11 +20,12 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Mapping
 
+from engine.common.vocab import PRECISIONS
 from engine.planner.calibration import Calibration
 from engine.planner.errors import PlanError
 from engine.planner.gpus import GPU, find_gpu
 from engine.planner.roofline import decode_step
-from engine.planner.search import Plan, evaluate_plan, make_deployment, plan
+from engine.planner.search import Plan, PlanResult, evaluate_plan, make_deployment, plan
 from engine.planner.shapes import ModelShape
 from engine.planner.speculation import SpecConfig, choose_spec
 from engine.planner.sweep import break_even_acceptance
@@ -240,21 +241,48 @@ def _month(p: Plan | None) -> float | None:
     return p.usd_per_month if p is not None and p.feasible else None
 
 
+def _quantized(w: Workload) -> list[str]:
+    return [p for p in (w.precisions or QUANTIZED) if p not in (BASELINE, "fp16", "fp32")] or list(QUANTIZED)
+
+
+def widened(w: Workload) -> Workload:
+    """The workload whose one search answers both plan(w) (PlanResult.narrowed) and its savings: w's precisions,
+    the baseline's and fp16, and speculation weighed both ways unless w turns it off."""
+    precs = list(dict.fromkeys([*(w.precisions or PRECISIONS), BASELINE, "fp16", *_quantized(w)]))
+    return replace(w, precisions=precs, spec="off" if w.spec == "off" else "auto")
+
+
+def plan_with_savings(w: Workload, gpus: Mapping[str, GPU], models: Mapping[str, ModelShape],
+                      calibration: Calibration | None = None) -> tuple[PlanResult, "Savings | None"]:
+    """plan(w) and its savings from one search (None when no plan meets the SLOs): the answer and the table of
+    plans cannot disagree."""
+    searched = plan(widened(w), gpus=gpus, models=models, calibration=calibration)
+    res = searched.narrowed(w)
+    return res, (savings(w, gpus, models, calibration, result=searched) if res.best else None)
+
+
 def savings(w: Workload, gpus: Mapping[str, GPU], models: Mapping[str, ModelShape],
-            calibration: Calibration | None = None, gpu: str | None = None) -> Savings:
+            calibration: Calibration | None = None, gpu: str | None = None,
+            result: PlanResult | None = None) -> Savings:
     """The waterfall for the workload on `gpu` (default: the GPU of the cheapest plan that meets the SLOs).
+    `result`: plan(widened(w))'s, when the caller has it (plan_with_savings); else searched here.
     Raises PlanError for bad input, as `plan` does."""
-    quant = [p for p in (w.precisions or QUANTIZED) if p not in (BASELINE, "fp16", "fp32")] or list(QUANTIZED)
+    quant = _quantized(w)
     base_prec = BASELINE
-    wf = replace(w, precisions=[BASELINE, "fp16", *quant], spec="off" if w.spec == "off" else "auto")
+    wf = widened(w)
+    g = None
     if gpu is not None:
         g = find_gpu(str(gpu), gpus)
         if g is None:
             raise PlanError("gpu", f"unknown GPU '{gpu}'; known: {', '.join(gpus)}")
-        wf = replace(wf, gpus=[g.name])
-    res = plan(wf, gpus=gpus, models=models, calibration=calibration)
+    res = result
+    if res is None or res.workload != wf or (g is not None and all(p.gpu != g.name for p in res.plans)):
+        res = plan(replace(wf, gpus=[g.name]) if g is not None else wf, gpus=gpus, models=models,
+                   calibration=calibration)
     model = res.model
-    chosen = res.best.gpu if gpu is None and res.best else (find_gpu(str(gpu), gpus).name if gpu else None)
+    # the GPU of the cheapest plan at the waterfall's precisions (the search may hold others: w's own)
+    top = next((p for p in res.feasible if p.precision in (BASELINE, "fp16", *quant)), None)
+    chosen = g.name if g is not None else (top.gpu if top else None)
     notes = []
     if chosen is None:
         return Savings("", model.name, [SavingsStep("baseline", None, None, 0.0, "no plan meets the SLOs")],

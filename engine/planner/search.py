@@ -8,7 +8,7 @@ dashboard's expander and `python -m engine plan --why`.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Mapping
 
 from engine.common.formulas import HOURS_PER_MONTH, SECONDS_PER_HOUR
@@ -97,6 +97,15 @@ class PlanResult:
     model: ModelShape
     plans: list[Plan]
     notes: list[str] = field(default_factory=list)
+    narrow: object = field(default=None, repr=False, compare=False)  # plan()'s: see narrowed()
+
+    def narrowed(self, w: Workload) -> "PlanResult":
+        """The result plan(w) gives, from this one, for a workload that asks for no more than this one's (a subset
+        of its precisions and speculation, every other field the same): the same plans, sort and notes, with no
+        search of its own, so an answer and a table drawn from the two agree."""
+        if self.narrow is None:
+            raise ValueError("only a result of plan() can be narrowed")
+        return self.narrow(w)
 
     @property
     def feasible(self) -> list[Plan]:
@@ -338,15 +347,30 @@ def plan(w: Workload, gpus: Mapping[str, GPU] | None = None, models: Mapping[str
         notes.append(f"speculation: {sc.draft_kind}" + (f" draft {sc.draft_model}" if sc.draft_model else "")
                      + f", gamma {sc.gamma}, {acceptance_words(sc)}; "
                      f"E = {sc.expected_tokens:.2f} tokens per target step")
-    plans = [evaluate_plan(make_deployment(model, c.gpu, c.precision, c.tp, w, c.spec, c.draft, calibration), w)
-             for c in candidates(sel, precs, tps, spec_opts)]
-    # Cheapest first; at equal cost, the plan with the most spare capacity at the SLOs.
-    plans.sort(key=lambda x: (not x.feasible, x.usd_per_hr if x.feasible else math.inf,
-                              x.utilization if x.feasible else 0, x.gpus_total))
-    if not any(p.feasible for p in plans):
-        notes.append(_global_suggestion(model, w, sel, precs, tps, gpus, plans))
-    notes.append("p90s: M/D/1 prefill queue + normal approximation of per-request decode time (docs/PLANNER.md)")
-    return PlanResult(w, model, plans, notes)
+    searched = [evaluate_plan(make_deployment(model, c.gpu, c.precision, c.tp, w, c.spec, c.draft, calibration), w)
+                for c in candidates(sel, precs, tps, spec_opts)]
+
+    gpu_pos = {g.name: i for i, g in enumerate(sel)}
+
+    def result(asked: Workload) -> PlanResult:
+        if replace(asked, precisions=w.precisions, spec=w.spec) != w:
+            raise ValueError("a narrowed workload differs from the searched one beyond precisions and speculation")
+        a_precs = list(asked.precisions or PRECISIONS)
+        if not set(a_precs) <= set(precs) or (asked.spec != w.spec and w.spec != "auto"):
+            raise ValueError(f"the search did not weigh {asked.precisions} with speculation {asked.spec!r}")
+        with_spec = {"off": (False,), "on": (True,), "auto": (False, True)}[asked.spec]
+        plans = [x for x in searched if x.precision in a_precs and x.spec in with_spec]
+        plans.sort(key=lambda x: (gpu_pos[x.gpu], a_precs.index(x.precision)))  # the order plan(asked) weighs them
+        # Cheapest first; at equal cost, the plan with the most spare capacity at the SLOs.
+        plans.sort(key=lambda x: (not x.feasible, x.usd_per_hr if x.feasible else math.inf,
+                                  x.utilization if x.feasible else 0, x.gpus_total))
+        out = [n for n in notes if asked.spec != "off"]  # the speculation setting, when it is weighed
+        if not any(p.feasible for p in plans):
+            out.append(_global_suggestion(model, asked, sel, a_precs, tps, gpus, plans))
+        out.append("p90s: M/D/1 prefill queue + normal approximation of per-request decode time (docs/PLANNER.md)")
+        return PlanResult(asked, model, plans, out, result)
+
+    return result(w)
 
 
 def _need_gib(model: ModelShape, w: Workload, p: str, tp: int) -> float:

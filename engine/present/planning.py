@@ -34,23 +34,19 @@ def _workload(model, rate, input_tokens, output_tokens, ttft_p90_s, tpot_p90_s, 
 
 def plan_workload(inputs: dict, model: str, rate: float, input_tokens: int, output_tokens: int, ttft_p90_s: float,
                   tpot_p90_s: float, gpus: list[str] | None, precisions: list[str] | None, spec: str,
-                  use_calibration: bool) -> dict:
-    """The planner's answer for one workload, as a dict (PlanResult.to_dict())."""
-    w = _workload(model, rate, input_tokens, output_tokens, ttft_p90_s, tpot_p90_s, gpus, precisions, spec)
-    return planner.plan(w, gpus=inputs["gpus"], models=inputs["models"],
-                        calibration=inputs["calibration"] if use_calibration else None).to_dict()
-
-
-def savings_workload(inputs: dict, model: str, rate: float, input_tokens: int, output_tokens: int,
-                     ttft_p90_s: float, tpot_p90_s: float, gpus: list[str] | None, precisions: list[str] | None,
-                     spec: str, use_calibration: bool, gpu: str | None = None, day: dict | None = None) -> dict:
-    """The savings waterfall for the same workload (planner.savings.Savings.to_dict()); with `day`
-    ({"rates", "name", "min_replicas", "max_replicas", "scale_up_min"}) also the best plan's day of
-    traffic, sized for the peak and autoscaled, under "day"."""
-    from engine.planner.savings import savings
+                  use_calibration: bool, day: dict | None = None) -> tuple[dict, dict | None]:
+    """The planner's answer for one workload (PlanResult.to_dict()) and its savings waterfall
+    (planner.savings.Savings.to_dict(), None when no plan meets the SLOs), from one search, so the two agree;
+    with `day` ({"rates", "name", "min_replicas", "max_replicas", "scale_up_min"}) the savings also hold the best
+    plan's day of traffic, sized for the peak and autoscaled, under "day"."""
+    from engine.planner.savings import plan_with_savings
 
     w = _workload(model, rate, input_tokens, output_tokens, ttft_p90_s, tpot_p90_s, gpus, precisions, spec)
-    sv = savings(w, inputs["gpus"], inputs["models"], inputs["calibration"] if use_calibration else None, gpu)
+    res, sv = plan_with_savings(w, inputs["gpus"], inputs["models"], inputs["calibration"] if use_calibration else None)
+    return res.to_dict(), (None if sv is None else _with_day(sv, day))
+
+
+def _with_day(sv, day: dict | None) -> dict:
     out = sv.to_dict()
     if day is not None and sv.best is not None:
         from engine.planner import traffic
