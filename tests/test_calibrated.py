@@ -200,6 +200,14 @@ def test_a_tiny_qwen2_calibrates_caches_and_beats_round_to_nearest(tiny_qwen, qu
     assert k_cal < {"gptq": 0.8, "awq": 0.9}[method] * k_rtn
     again = load(str(tiny_qwen), f"int4-{method}-g32", "cpu")  # from the cache (AWQ: its folded norms too)
     assert torch.equal(lp(again), lp(cal))
+    # the same weights by another name (a link to the folder, as a catalog alias or a worker's path names them): the
+    # same entry, not a second calibration
+    alias = quant_cache.parent / f"alias-of-tiny-{method}"
+    alias.symlink_to(tiny_qwen, target_is_directory=True)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(calibrate, "calibrate", lambda *a, **k: pytest.fail("calibrated again under another name"))
+        assert torch.equal(lp(load(str(alias), f"int4-{method}-g32", "cpu")), lp(cal))
+    assert len(list(quant_cache.glob(f"*-{method}-g32-*"))) == 1
 
 
 def test_an_interrupted_calibration_leaves_no_entry(tiny_qwen, quant_cache):
@@ -213,7 +221,7 @@ def test_an_interrupted_calibration_leaves_no_entry(tiny_qwen, quant_cache):
         calls.append(1)
         return len(calls) > 1  # after the first layer
 
-    spec = make_spec("int4-gptq-g32")
+    spec = make_spec("int4-gptq-g64")  # not cached by the tests above (g32): these weights by any name would be read
     with pytest.raises(calibrate.Cancelled):
         calibrate.calibrated("tiny", tiny_qwen, model, spec, load_tokenizer(tiny_qwen), should_stop=stop)
     assert not calibrate.entry_dir("tiny", tiny_qwen, spec, 2048).exists()

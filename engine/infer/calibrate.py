@@ -160,6 +160,17 @@ def _read(path: Path) -> Calibrated | None:
                       json.loads((path / "manifest.json").read_text()))
 
 
+def _read_same_key(path: Path) -> Calibrated | None:
+    """The entry of the same key cached under another name: the same weights named by a catalog alias, or by the
+    folder's path as the peers' workers load it. The name only labels the folder; the key is what must match."""
+    tail = "-".join(path.name.split("-")[-3:])  # <method>-g<group>-<key>: the method has no dash (base_method)
+    for other in sorted(path.parent.glob(f"*-{tail}")) if path.parent.is_dir() else []:
+        cal = _read(other) if other != path and other.name.endswith(tail) else None
+        if cal is not None:
+            return cal
+    return None
+
+
 def _write(path: Path, cal: Calibrated) -> None:
     """Into a temporary folder, then renamed into place: an interrupted write leaves no entry."""
     from safetensors.torch import save_file
@@ -182,7 +193,7 @@ def calibrated(name: str, folder: Path, model, spec: QuantSpec, tokenizer, progr
     The int8 set is empty unless the method is mixed (mixed_selection)."""
     tokens = tokens or DEFAULT_TOKENS
     path = entry_dir(name, folder, spec, tokens)
-    cal = _read(path)
+    cal = _read(path) or _read_same_key(path)
     say = progress or (lambda s: None)
     if cal is None:
         docs = calibration_docs(tokenizer, tokens)
