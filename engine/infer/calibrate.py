@@ -164,8 +164,8 @@ def _read_same_key(path: Path) -> Calibrated | None:
     """The entry of the same key cached under another name: the same weights named by a catalog alias, or by the
     folder's path as the peers' workers load it. The name only labels the folder; the key is what must match."""
     tail = "-".join(path.name.split("-")[-3:])  # <method>-g<group>-<key>: the method has no dash (base_method)
-    for other in sorted(path.parent.glob(f"*-{tail}")) if path.parent.is_dir() else []:
-        cal = _read(other) if other != path and other.name.endswith(tail) else None
+    for other in sorted(path.parent.glob(f"*-{tail}")):
+        cal = _read(other) if other != path else None
         if cal is not None:
             return cal
     return None

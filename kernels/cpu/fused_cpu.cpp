@@ -31,26 +31,25 @@ namespace scl {
 namespace fused {
 namespace {
 
-// Prepare rows [0, M) of x (row stride K) for an int4 consumer, over the whole row.
+// Prepare row m of a from xrow (K wide) for an int4 consumer, over the whole row.
+void prep_row(const IsaFns& F, bool q8, const float* xrow, int64_t K, int64_t m, Act& a) {
+  if (q8)
+    F.prep_q8(xrow, K, 0, a.Kp, a.xq.data() + m * a.Kp, a.sx.data() + m * a.nb, a.bsum.data() + m * a.nb,
+              a.fsum.data() + m * a.nb);
+  else
+    F.prep_xp(xrow, K, 0, a.Kp, a.xp.data() + m * a.Kp, a.fsum.data() + m * a.nb);
+}
+
+// Prepare rows [0, M) of x (row stride K).
 void prep_rows(const IsaFns& F, bool q8, const float* x, int64_t M, int64_t K, Act& a) {
-  for (int64_t m = 0; m < M; ++m) {
-    if (q8)
-      F.prep_q8(x + m * K, K, 0, a.Kp, a.xq.data() + m * a.Kp, a.sx.data() + m * a.nb,
-                a.bsum.data() + m * a.nb, a.fsum.data() + m * a.nb);
-    else
-      F.prep_xp(x + m * K, K, 0, a.Kp, a.xp.data() + m * a.Kp, a.fsum.data() + m * a.nb);
-  }
+  for (int64_t m = 0; m < M; ++m) prep_row(F, q8, x + m * K, K, m, a);
 }
 
 // Row m of x (K wide) gathered in the order `perm` into xg, prepared as row m of a.
 void gather_prep_row(const IsaFns& F, bool q8, const float* xrow, const int32_t* perm, int64_t K, int64_t m,
                      float* xg, Act& a) {
   for (int64_t k = 0; k < K; ++k) xg[k] = xrow[perm[k]];
-  if (q8)
-    F.prep_q8(xg, K, 0, a.Kp, a.xq.data() + m * a.Kp, a.sx.data() + m * a.nb, a.bsum.data() + m * a.nb,
-              a.fsum.data() + m * a.nb);
-  else
-    F.prep_xp(xg, K, 0, a.Kp, a.xp.data() + m * a.Kp, a.fsum.data() + m * a.nb);
+  prep_row(F, q8, xg, K, m, a);
 }
 
 // Prepare columns [k0, k1) (multiples of 32, k1 <= K) of row m of x.

@@ -254,8 +254,8 @@ void register_fused(pybind11::module& m) {
         for (const Act* a : {&p.act_o, &p.act_d})
           b += 4 * (a->xp.size() + a->sx.size() + a->fsum.size() + a->bsum.size()) + a->xq.size();
         for (const auto& t : p.th)
-          b += 4 * (t.xn.size() + t.xg.size() + t.xsum.size() + t.q.size() + t.out.size() + t.scores.size() + t.act.xp.size() +
-                    t.act.sx.size() + t.act.fsum.size() + t.act.bsum.size()) + t.act.xq.size();
+          b += 4 * (t.xn.size() + t.xg.size() + t.xsum.size() + t.q.size() + t.out.size() + t.scores.size() +
+                    t.act.xp.size() + t.act.sx.size() + t.act.fsum.size() + t.act.bsum.size()) + t.act.xq.size();
         return (int64_t)b;
       });
   m.def("fused_profile", [](FusedPlan& p, bool on, bool reset) {
