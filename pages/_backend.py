@@ -302,11 +302,17 @@ def run_here(key: str, title: str, work: dict, say=None, every_s: float = 0.5) -
     return job
 
 
+def work(items: list[dict], record_kind: str = "bench", stream: bool = False) -> dict:
+    """A job as the backend takes it: work items run in order, each {"kind": run | peer | quality | llama-quality |
+    load | load-sweep, its fields}; `record_kind` is what our runs are stored as, `stream` streams the first."""
+    return {"items": list(items), "record_kind": record_kind, "stream": bool(stream)}
+
+
 def runs_work(configs: list[dict], record_kind: str = "bench", stream: bool = False,
               peers: list[dict] | None = None) -> dict:
-    """A runs job: our RunConfigs, then any PeerConfigs beside them (each peer in a fresh process)."""
-    work = {"kind": "runs", "configs": list(configs), "record_kind": record_kind, "stream": bool(stream)}
-    return {**work, "peers": list(peers)} if peers else work
+    """Our RunConfigs, then any PeerConfigs beside them (each peer in a fresh process), as one job."""
+    return work([{"kind": "run", **c} for c in configs] + [{"kind": "peer", **p} for p in peers or []],
+                record_kind, stream)
 
 
 def job_running(key: str) -> bool:

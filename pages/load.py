@@ -103,7 +103,7 @@ def _plan_and_specs():
 
 def _work(specs, plan) -> dict:
     """The sweep as the backend takes it: it starts, loads and stops every server on its own machine."""
-    return {"kind": "load-sweep", "specs": [x.to_dict() for x in specs], "plan": plan.to_dict()}
+    return _backend.work([{"kind": "load-sweep", "spec": x.to_dict(), "plan": plan.to_dict()} for x in specs])
 
 
 running = _backend.job_running(JOB)

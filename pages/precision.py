@@ -55,7 +55,8 @@ if st.button("Load", type="primary", key="prec-load", disabled=_backend.job_runn
                             group_size=int(group), quantize_embeddings=q_emb, quantize_head=q_head,
                             method=method if precision == "int4" else "rtn")
         with st.status(f"Loading {setup.label} on the backend…", expanded=False) as status:
-            job = _backend.run_here(JOB, f"load {setup.label}", {"kind": "load", "setup": setup.to_dict()},
+            job = _backend.run_here(JOB, f"load {setup.label}",
+                                    _backend.work([{"kind": "load", "setup": setup.to_dict()}]),
                                     say=lambda s: status.update(label=s))
             facts = job.result  # the model as the backend's pool holds it (sizes, shape, dtype)
             status.update(label=f"Loaded {facts['label']}", state="complete")
@@ -185,7 +186,8 @@ if run_q:
         setup = EngineSetup.from_dict(f["setup"])
         with st.spinner("Measuring quality against fp32 on the backend…"):
             job = _backend.run_here(JOB, f"quality of {setup.label}",
-                                    {"kind": "quality", "setup": setup.to_dict(), "tokens": int(q_tokens)})
+                                    _backend.work([{"kind": "quality", "setup": setup.to_dict(),
+                                                   "tokens": int(q_tokens)}]))
             qres = _ui.get_store().get_run(job.run_ids[0]).metrics["quality"]
         st.session_state["prec-qres"] = {"label": f["label"], **qres}
         for h in st.session_state.get("prec-history", []):
@@ -197,7 +199,8 @@ if run_llama:
     try:
         with st.spinner(f"Scoring llama.cpp Q4_K_M on {int(q_tokens):,} tokens on the backend (this takes a while)…"):
             job = _backend.run_here(JOB, f"llama.cpp Q4_K_M quality of {f['name']}",
-                                    {"kind": "llama-quality", "model": f["name"], "tokens": int(q_tokens)})
+                                    _backend.work([{"kind": "llama-quality", "model": f["name"],
+                                                   "tokens": int(q_tokens)}]))
         st.session_state["prec-qllama"] = job.result
     except Exception as e:
         _backend.show_problem(e)

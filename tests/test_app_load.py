@@ -43,7 +43,7 @@ def blocker(lab_backend) -> str:
     from engine.common.setup import EngineSetup
 
     cfg = {"setup": EngineSetup(model="tiny").to_dict(), "max_new_tokens": 2, "reps": 1, "warmup": False}
-    return Backend(lab_backend.url, timeout_s=30).submit("another tab's run", {"kind": "runs", "configs": [cfg]},
+    return Backend(lab_backend.url, timeout_s=30).submit("another tab's run", {"items": [{"kind": "run", **cfg}]},
                                                          client="another tab")
 
 

@@ -102,7 +102,8 @@ def test_a_load_left_running_shows_its_progress_and_cancel(lab_backend):
     at = AppTest.from_file(PAGE, default_timeout=TIMEOUT).run()
     b = Backend(lab_backend.url)
     with lab_backend.pool.lock:  # the load blocks on the pool, as a long calibration holds it
-        job_id = b.submit("load tiny@int8", {"kind": "load", "setup": {"model": "tiny", "precision": "int8"}})
+        item = {"kind": "load", "setup": {"model": "tiny", "precision": "int8"}}
+        job_id = b.submit("load tiny@int8", {"items": [item]})
         at.session_state["prec-job"] = RemoteJob(b, job_id, "load tiny@int8")
         at.run()
         assert at.button(key="prec-load").disabled and len(at.get("progress")) == 1

@@ -248,7 +248,7 @@ def test_cancelling_a_load_job_stops_its_calibration_and_caches_nothing(tiny_qwe
     monkeypatch.setattr(calibrate, "_check_calibratable", held)
     b = Backend(lab_backend.url)
     setup = {"model": str(tiny_qwen), "precision": "int4-gptq-g64"}  # g64: not the other tests' cached g32
-    job_id = b.submit("load", {"kind": "load", "setup": setup})
+    job_id = b.submit("load", {"items": [{"kind": "load", "setup": setup}]})
     assert started.wait(120), b.job(job_id)
     b.cancel(job_id)
     cancelled.set()

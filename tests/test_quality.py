@@ -302,16 +302,31 @@ def test_backend_loads_a_setup_as_a_load_job_without_storing_a_run(lab_backend):
 
     b = Backend(lab_backend.url)
     with pytest.raises(BackendRejected) as e:
-        b.submit("bad", {"kind": "load", "setup": {"model": "tiny", "precision": "int9"}})
-    assert e.value.field == "work.setup.precision"
+        b.submit("bad", {"items": [{"kind": "load", "setup": {"model": "tiny", "precision": "int9"}}]})
+    assert e.value.field == "work.items[0].setup.precision"
     runs_before = len(lab_backend.store.list_runs(limit=100_000))
-    j = b.wait(b.submit("load", {"kind": "load", "setup": {"model": "tiny", "precision": "int4", "group_size": 32}}),
-               timeout_s=300)
+    item = {"kind": "load", "setup": {"model": "tiny", "precision": "int4", "group_size": 32}}
+    j = b.wait(b.submit("load", {"items": [item]}), timeout_s=300)
     assert j["state"] == "finished" and j["error"] is None and j["run_ids"] == [] and j["done"] == 1, j
     facts = j["result"]
     assert facts["name"] == "tiny" and facts["precision"] == "int4-g32" and facts["weight_bytes"] > 0
     assert facts in [m["facts"] for m in b.info()["loaded"]]
     assert len(lab_backend.store.list_runs(limit=100_000)) == runs_before
+
+
+def test_one_job_loads_a_model_then_scores_it(lab_backend):
+    """Items of two kinds in one job, run in order by the one loop: the load counts as a step without a record,
+    the quality score lands one `quality` record and its statistics are the job's result."""
+    from engine.backend.client import Backend
+
+    b = Backend(lab_backend.url)
+    setup = {"model": "tiny", "precision": "int8"}
+    j = b.wait(b.submit("load, then score", {"items": [{"kind": "load", "setup": setup},
+                                                        {"kind": "quality", "setup": setup, "tokens": 256}]}),
+               timeout_s=300)
+    assert j["state"] == "finished" and j["kind"] == "load+quality" and j["done"] == j["total"] == 2, j
+    (rid,) = j["run_ids"]
+    assert lab_backend.store.get_run(rid).metrics["quality"]["kld_mean"] == j["result"]["kld_mean"] > 0
 
 
 def test_backend_scores_our_setup_as_a_quality_job_and_refuses_a_malformed_one(lab_backend):
@@ -321,16 +336,16 @@ def test_backend_scores_our_setup_as_a_quality_job_and_refuses_a_malformed_one(l
 
     b = Backend(lab_backend.url)
     good = {"kind": "quality", "setup": {"model": "tiny", "precision": "int8"}, "tokens": 256}
-    for work, field in [({"tokens": 257}, "work.tokens"), ({"setup": {"model": "tiny", "precision": "int9"}},
-                                                           "work.setup.precision"),
-                        ({"setup": {"model": "tiny", "bits": 4}}, "work.setup.bits"), ({"extra": 1}, "work.extra")]:
+    for bad, field in [({"tokens": 257}, "tokens"), ({"setup": {"model": "tiny", "precision": "int9"}},
+                                                     "setup.precision"),
+                       ({"setup": {"model": "tiny", "bits": 4}}, "setup.bits"), ({"extra": 1}, "extra")]:
         with pytest.raises(BackendRejected) as e:
-            b.submit("bad", {**good, **work})
-        assert e.value.field == field, (work, e.value.field)
+            b.submit("bad", {"items": [good, {**good, **bad}]})
+        assert e.value.field == f"work.items[1].{field}", (bad, e.value.field)
     with pytest.raises(BackendRejected) as e:
-        b.submit("bad", {"kind": "quality", "tokens": 256})
-    assert e.value.field == "work.setup"
-    j = b.wait(b.submit("quality", good), timeout_s=300)
+        b.submit("bad", {"items": [{"kind": "quality", "tokens": 256}]})
+    assert e.value.field == "work.items[0].setup"
+    j = b.wait(b.submit("quality", {"items": [good]}), timeout_s=300)
     assert j["state"] == "finished" and j["error"] is None and len(j["run_ids"]) == 1, j
     rec = lab_backend.store.get_run(j["run_ids"][0])
     assert rec.kind == "quality" and rec.config["system"] == "engine" and rec.config["precision"] == "int8"
@@ -345,20 +360,22 @@ def test_backend_scores_llama_cpp_q4km_and_refuses_a_malformed_job(lab_backend):
     from engine.backend.client import Backend, BackendRejected
 
     b = Backend(lab_backend.url)
-    for work, field in [({"tokens": 257}, "work.tokens"), ({"tokens": "256"}, "work.tokens"),
-                        ({"model": ""}, "work.model"), ({"gguf": "x"}, "work.gguf")]:
+    for bad, field in [({"tokens": 257}, "tokens"), ({"tokens": "256"}, "tokens"), ({"model": ""}, "model"),
+                       ({"gguf": "x"}, "gguf")]:
         with pytest.raises(BackendRejected) as e:
-            b.submit("bad", {"kind": "llama-quality", "model": "default-draft", "tokens": 256, **work})
-        assert e.value.field == field
+            b.submit("bad", {"items": [{"kind": "llama-quality", "model": "default-draft", "tokens": 256, **bad}]})
+        assert e.value.field == f"work.items[0].{field}"
     info = b.info()
     assert "not a catalog model" in next(m for m in info["models"] if m["name"] == "tiny")["llama_cpp"]
-    failed = b.wait(b.submit("tiny", {"kind": "llama-quality", "model": "tiny", "tokens": 256}), timeout_s=60)
+    tiny = {"kind": "llama-quality", "model": "tiny", "tokens": 256}
+    failed = b.wait(b.submit("tiny", {"items": [tiny]}), timeout_s=60)
     assert failed["state"] == "failed" and "not a catalog model" in failed["error"] and failed["result"] is None
 
     pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (`make peers`)")
     assert info["llama_cpp"] is None
     runs_before = len(lab_backend.store.list_runs(limit=100_000))
-    j = b.wait(b.submit("llama", {"kind": "llama-quality", "model": "default-draft", "tokens": 256}), timeout_s=900)
+    item = {"kind": "llama-quality", "model": "default-draft", "tokens": 256}
+    j = b.wait(b.submit("llama", {"items": [item]}), timeout_s=900)
     assert j["state"] == "finished" and j["error"] is None and len(j["run_ids"]) == 1, j
     q = j["result"]
     assert q["model"] == "default-draft" and q["precision"] == "Q4_K_M" and q["tokens"] == 256

@@ -1,7 +1,7 @@
 """The backend's jobs: a FIFO queue and ONE worker thread, so two measurements never share the cores.
 
-A job is a list of work items (our runs, then peers), a load sweep, a load or a quality score. The worker takes the
-oldest queued job, runs it to the end (or to a cancel, which stops before the next run), and the
+A job is a list of work items (our runs, peers, quality scores, model loads, load sweeps: validate.ITEMS). The
+worker takes the oldest queued job, runs it to the end (or to a cancel, which stops before the next run), and the
 next one starts only then. Every record is written to the backend's store the moment its run
 finishes, so a cancel, an error or a killed backend keeps every finished run.
 
@@ -23,7 +23,7 @@ from contextlib import closing
 from pathlib import Path
 
 from engine.backend.contract import ENDED
-from engine.backend.validate import LlamaQualityWork, LoadSweepWork, LoadWork, QualityWork, RunsWork, Submission
+from engine.backend.validate import Submission
 from engine.common.errors import UserError
 
 log = logging.getLogger("scl.backend")
@@ -49,7 +49,7 @@ class Job:
         self.store = store
         self.title = sub.title if sub else ""
         self.client = sub.client if sub else None
-        self.kind = sub.work.kind if sub else ""
+        self.kind = "+".join(dict.fromkeys(sub.work.kinds)) if sub else ""  # its items' kinds, e.g. "run+peer"
         self.state = "queued"
         self.done = 0
         self.total = sub.work.total if sub else 0
@@ -58,7 +58,7 @@ class Job:
         self.run_ids: list[str] = []
         self.skipped: list[str] = []
         self.error: str | None = None
-        self.result: dict | None = None  # a llama-quality job's statistics (also stored as a `quality` run)
+        self.result: dict | None = None  # the last item's result that has one: a quality score, a load's facts
         self.created_at = time.time()
         self.started_at: float | None = None
         self.finished_at: float | None = None
@@ -290,81 +290,30 @@ class JobQueue:
                     self._persist(job)
 
     def _run(self, job: Job) -> None:
-        """The work's own method: its kind's name ("load-sweep" -> _load_sweep; kinds: validate.WORK_KINDS)."""
-        work = job.sub.work
-        getattr(self, "_" + work.kind.replace("-", "_"))(job, work)
-
-    def _load_sweep(self, job: Job, work: LoadSweepWork) -> None:
-        from engine.peers.load_sweep import sweep_servers
-
-        res = sweep_servers(work.specs, work.plan, self.store, progress=job.say,
-                            on_record=lambda rec: job.add_run(rec.run_id), should_cancel=job.cancel_event.is_set,
-                            on_skip=lambda label, why, n: job.skip(f"{label}: {why}", n))
-        job.say(f"{len(res.records)} load point(s) stored")
-
-    def _runs(self, job: Job, work: RunsWork) -> None:
+        """The job's items through run_many, in order. On Ray (a streamed generation is interactive, so it runs
+        here) our runs go to the cluster first, one task each, and the other items follow here."""
         from engine.measure.runner import run_many
+        from engine.measure.run_config import RunConfig
 
-        items = work.configs + work.peers
-        if self.ray and not work.stream and work.configs:  # on Ray, one task each (a streamed generation is
-            from engine.cluster import sweep_job         # interactive: it runs here); peers after, here
+        work = job.sub.work
+        items = work.items
+        if self.ray and not work.stream and any(isinstance(i, RunConfig) for i in items):
+            from engine.cluster import sweep_job
 
-            sweep_job(work.configs, self.ray)(job)
-            items = work.peers
+            sweep_job([i for i in items if isinstance(i, RunConfig)], self.ray)(job)
+            items = [i for i in items if not isinstance(i, RunConfig)]
 
         def landed(rec) -> None:
             job.stream_done = True  # the streamed first run is over once any run has landed
             job.add_run(rec.run_id)
 
-        run_many(items, self.pool, self.store, say=job.say, should_cancel=lambda: job.cancelled,
-                 on_record=landed, on_token=job.token if work.stream else None, kind=work.record_kind,
-                 on_skip=lambda rec: job.skip(f"{rec.label}: {rec.notes}", runs=1))
+        def over(item, outcome) -> None:
+            if getattr(item, "result", None) is not None:  # a quality score's statistics, a load's facts
+                job.result = item.result
+            if outcome is None:  # done without a record (a model loaded): one step of the job
+                job.done += 1
+                job.on_change(job)
 
-    def _load(self, job: Job, work: LoadWork) -> None:
-        """The setup's target loaded into the pool (or found there): no measurement, so no record; its facts
-        (sizes, shape, dtype, the quantized layers' share, as /v1/info lists the pool) are the job's result."""
-        from engine.infer.calibrate import Cancelled
-        from engine.infer.loader import resolve_device, target_spec
-        from engine.measure.loaded import facts_json
-
-        s = work.setup
-        job.say(f"loading {s.label}")
-        try:  # a GPTQ/AWQ calibration (minutes the first time) stops at the next layer when the job is cancelled
-            lm = self.pool.get(s.model, target_spec(s), resolve_device(s.device), job.say,
-                               should_stop=lambda: job.cancelled)
-        except Cancelled:
-            return
-        job.result = facts_json(lm)
-        job.done = 1
-        job.on_change(job)
-
-    def _quality(self, job: Job, work: QualityWork) -> None:
-        """Our setup's target scored against fp32 (QualityItem, through the pool: the model and its fp32 copy stay
-        loaded for later runs), stored as a `quality` run; the statistics are kept on the job as `result`."""
-        from engine.infer.loader import target_spec
-        from engine.measure.quality import QualityItem
-        from engine.measure.runner import run_many
-
-        s = work.setup
-        item = QualityItem(s.model, target_spec(s), work.tokens, s.device)
-
-        def landed(rec) -> None:
-            job.result = item.result
-            job.add_run(rec.run_id)
-
-        run_many([item], self.pool, self.store, say=job.say, should_cancel=lambda: job.cancelled, on_record=landed)
-
-    def _llama_quality(self, job: Job, work: LlamaQualityWork) -> None:
-        """llama.cpp's Q4_K_M scored against the fp32 reference (LlamaQualityItem), kept on the job as `result` and
-        stored as a `quality` run; where it cannot run, the job fails with the reason."""
-        from engine.measure.runner import run_many
-        from engine.peers.quality_worker import LlamaQualityItem
-
-        item = LlamaQualityItem(work.model, work.tokens)
-
-        def landed(rec) -> None:
-            job.result = item.result
-            job.add_run(rec.run_id)
-
-        run_many([item], self.pool, self.store, say=job.say, should_cancel=lambda: job.cancelled, on_record=landed,
-                 on_skip=lambda rec: job.skip(f"{rec.label}: {rec.notes}", runs=1))
+        run_many(items, self.pool, self.store, say=job.say, should_cancel=lambda: job.cancelled, on_record=landed,
+                 on_skip=lambda rec: job.skip(f"{rec.label}: {rec.notes}", runs=getattr(rec, "runs", 1)),
+                 on_item=over, on_token=job.token if work.stream else None, kind=work.record_kind)

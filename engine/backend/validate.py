@@ -1,14 +1,13 @@
 """A submission checked in full before it is queued: each bad value refused by its path in the body.
 
 The path names the field the way a reader finds it in the JSON they sent, e.g.
-`work.configs[2].setup.precision`. Which field is at fault is found by building the object from
+`work.items[2].setup.precision`. Which field is at fault is found by building the object from
 its fields in declaration order: the first prefix of fields that no longer validates names it
 (so a self-draft equal to its target blames `draft_precision`, the field that made it so).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
-from typing import ClassVar
+from dataclasses import dataclass, fields
 
 from engine.backend.contract import QUALITY_TOKENS
 from engine.common.errors import UserError
@@ -27,70 +26,25 @@ class Rejected(UserError):
 
 
 @dataclass
-class RunsWork:
-    """Our runs, then peers beside them (each in a fresh process), in one job: one list of work items."""
-    configs: list  # measure.RunConfig
-    record_kind: str = "bench"
-    stream: bool = False
-    peers: list = field(default_factory=list)  # peers.PeerConfig
-    kind: ClassVar[str] = "runs"
+class Work:
+    """A job: work items run in order by engine.measure.runner.run_many (our runs, peers each in a fresh process,
+    quality scores, model loads, load sweeps). The backend has this one job kind; `kinds` names each item's."""
+    items: list
+    kinds: list[str]
+    record_kind: str = "bench"  # what our runs are stored as
+    stream: bool = False  # the first run's tokens streamed to the page
 
     @property
     def total(self) -> int:
-        return len(self.configs) + len(self.peers)
-
-
-@dataclass
-class LoadSweepWork:
-    specs: list  # peers.ServerSpec
-    plan: object  # peers.load_sweep.SweepPlan
-    kind: ClassVar[str] = "load-sweep"
-
-    @property
-    def total(self) -> int:
-        return len(self.specs) * self.plan.points_per_configuration()
-
-
-@dataclass
-class LoadWork:
-    """Load `setup`'s target into the backend's pool (kept for later jobs); its facts are the job's result."""
-    setup: object  # common.setup.EngineSetup
-    kind: ClassVar[str] = "load"
-
-    @property
-    def total(self) -> int:
-        return 1
-
-
-@dataclass
-class QualityWork:
-    """Our engine's `setup` (its target: model and precision) scored against fp32 on `tokens` eval tokens."""
-    setup: object  # common.setup.EngineSetup
-    tokens: int
-    kind: ClassVar[str] = "quality"
-
-    @property
-    def total(self) -> int:
-        return 1
-
-
-@dataclass
-class LlamaQualityWork:
-    """llama.cpp's own Q4_K_M of `model` scored against our fp32 reference on `tokens` eval tokens."""
-    model: str
-    tokens: int
-    kind: ClassVar[str] = "llama-quality"
-
-    @property
-    def total(self) -> int:
-        return 1
+        """The steps the job counts: a record per item (a load sweep's per point), or the load it makes."""
+        return sum(getattr(item, "steps", 1) for item in self.items)
 
 
 @dataclass
 class Submission:
     title: str
     client: str | None
-    work: RunsWork | LoadSweepWork | LoadWork | QualityWork | LlamaQualityWork
+    work: Work
 
 
 def _why(e: BaseException) -> tuple[str, str]:
@@ -236,97 +190,125 @@ def model_source(name: str, field: str) -> None:
         raise Rejected(f"unknown model '{name}'", field, folder_fix)
 
 
-def _check_models(cfgs: list, where: str) -> None:
-    """Each config's target and draft model exist for this backend (each name checked once per job)."""
-    seen: set = set()
-    for i, c in enumerate(cfgs):
-        names = [("model", c.setup.model)] + ([("draft_model", c.setup.draft_model)] if c.setup.draft == "model"
-                                             else [])
-        for key, name in names:
-            if name not in seen:
-                model_source(name, f"{where}[{i}].setup.{key}")
-                seen.add(name)
+def _check_models(cfg, where: str) -> None:
+    """The run's target and draft model exist for this backend."""
+    model_source(cfg.setup.model, f"{where}.setup.model")
+    if cfg.setup.draft == "model":
+        model_source(cfg.setup.draft_model, f"{where}.setup.draft_model")
 
 
-def _runs(w: dict) -> RunsWork:
-    _refuse_unknown(w, ["kind", "configs", "record_kind", "stream", "peers"], "work", "a runs job")
-    kind = w.get("record_kind", "bench")
-    if kind not in RUN_KINDS:
-        raise Rejected(f"unknown record kind {kind!r}", "work.record_kind", f"use one of: {', '.join(RUN_KINDS)}")
-    stream = w.get("stream", False)
-    if not isinstance(stream, bool):
-        raise Rejected(f"stream must be true or false, got {stream!r}", "work.stream", "send a JSON boolean")
-    peers = _peer_configs(w) if "peers" in w else []
-    if peers and w.get("configs", []) == []:  # peers alone: no runs of ours beside them
-        cfgs = []
-    else:
-        cfgs = [run_config(c, f"work.configs[{i}]") for i, c in enumerate(_list(w, "configs", "work", "RunConfigs"))]
-    _check_models(cfgs, "work.configs")
-    if stream and peers:
-        raise Rejected("a streamed run cannot have peers beside it", "work.peers", "send the peers as their own job")
-    return RunsWork(cfgs, kind, stream, peers)
-
-
-def _peer_configs(w: dict) -> list:
-    from engine.peers import PeerConfig
-
-    return [_checked(PeerConfig, c, f"work.peers[{i}]", "PeerConfig")
-            for i, c in enumerate(_list(w, "peers", "work", "PeerConfigs"))]
-
-
-def _load_sweep(w: dict) -> LoadSweepWork:
-    from engine.peers.load_sweep import SweepPlan
-    from engine.peers.servers import ServerSpec
-
-    _refuse_unknown(w, ["kind", "specs", "plan"], "work", "a load-sweep job")
-    specs = [_checked(ServerSpec, s, f"work.specs[{i}]", "ServerSpec", required=("system",), flat_setup=False)
-             for i, s in enumerate(_list(w, "specs", "work", "ServerSpecs"))]
-    plan = _dataclass_from(SweepPlan, w.get("plan", {}), "work.plan", "SweepPlan")
-    return LoadSweepWork(specs, plan)
-
-
-def _tokens(w: dict) -> int:
-    tokens = w.get("tokens")
+def _tokens(d: dict, where: str) -> int:
+    tokens = d.get("tokens")
     if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens not in QUALITY_TOKENS:
-        raise Rejected(f"tokens must be one of {', '.join(map(str, QUALITY_TOKENS))}, got {tokens!r}", "work.tokens",
-                       "send the number of eval tokens as a JSON integer from that list")
+        raise Rejected(f"tokens must be one of {', '.join(map(str, QUALITY_TOKENS))}, got {tokens!r}",
+                       f"{where}.tokens", "send the number of eval tokens as a JSON integer from that list")
     return tokens
 
 
-def _setup(w: dict, what: str):
+def _setup(d: dict, where: str, what: str):
     from engine.common.setup import EngineSetup
 
-    if "setup" not in w:
-        raise Rejected(f"a {what} job has no setup", "work.setup", "send the EngineSetup (model, precision, ...)")
-    setup = _dataclass_from(EngineSetup, w["setup"], "work.setup", "EngineSetup")
-    model_source(setup.model, "work.setup.model")
+    if "setup" not in d:
+        raise Rejected(f"a {what} item has no setup", f"{where}.setup", "send the EngineSetup (model, precision, ...)")
+    setup = _dataclass_from(EngineSetup, d["setup"], f"{where}.setup", "EngineSetup")
+    model_source(setup.model, f"{where}.setup.model")
     return setup
 
 
-def _load(w: dict) -> LoadWork:
-    _refuse_unknown(w, ["kind", "setup"], "work", "a load job")
-    return LoadWork(_setup(w, "load"))
+def _run_item(d: dict, where: str):
+    cfg = run_config(d, where)
+    _check_models(cfg, where)
+    return cfg
 
 
-def _quality(w: dict) -> QualityWork:
-    _refuse_unknown(w, ["kind", "setup", "tokens"], "work", "a quality job")
-    return QualityWork(_setup(w, "quality"), _tokens(w))
+def _peer_item(d: dict, where: str):
+    from engine.peers import PeerConfig
+
+    return _checked(PeerConfig, d, where, "PeerConfig")
 
 
-def _llama_quality(w: dict) -> LlamaQualityWork:
-    _refuse_unknown(w, ["kind", "model", "tokens"], "work", "a llama-quality job")
-    model = w.get("model")
+def _quality_item(d: dict, where: str):
+    from engine.infer.loader import target_spec
+    from engine.measure.quality import QualityItem
+
+    _refuse_unknown(d, ["setup", "tokens"], where, "a quality item")
+    s = _setup(d, where, "quality")
+    return QualityItem(s.model, target_spec(s), _tokens(d, where), s.device)
+
+
+def _llama_quality_item(d: dict, where: str):
+    from engine.peers.quality_worker import LlamaQualityItem
+
+    _refuse_unknown(d, ["model", "tokens"], where, "a llama-quality item")
+    model = d.get("model")
     if not isinstance(model, str) or not model.strip() or len(model) > MAX_TEXT:
-        raise Rejected(f"model must be a non-empty model name, got {model!r}", "work.model",
+        raise Rejected(f"model must be a non-empty model name, got {model!r}", f"{where}.model",
                        "send a catalog model's name, e.g. \"default\"")
-    return LlamaQualityWork(model.strip(), _tokens(w))
+    return LlamaQualityItem(model.strip(), _tokens(d, where))
 
 
-# Each work kind is declared once, on its class; the worker runs it with its JobQueue method of the same name
-# (engine/backend/jobs.py: "load-sweep" -> _load_sweep).
-PARSERS = {RunsWork: _runs, LoadSweepWork: _load_sweep, LoadWork: _load, QualityWork: _quality,
-           LlamaQualityWork: _llama_quality}
-WORK_KINDS = tuple(t.kind for t in PARSERS)
+def _load_item(d: dict, where: str):
+    from engine.measure.loaded import LoadItem
+
+    _refuse_unknown(d, ["setup"], where, "a load item")
+    return LoadItem(_setup(d, where, "load"))
+
+
+def _load_sweep_item(d: dict, where: str):
+    from engine.peers.load_sweep import LoadSweepItem, SweepPlan
+    from engine.peers.servers import ServerSpec
+
+    _refuse_unknown(d, ["spec", "plan"], where, "a load-sweep item")
+    if "spec" not in d:
+        raise Rejected("a load-sweep item has no spec", f"{where}.spec", "send the ServerSpec (system, model, ...)")
+    spec = _checked(ServerSpec, d["spec"], f"{where}.spec", "ServerSpec", required=("system",), flat_setup=False)
+    plan = _dataclass_from(SweepPlan, d.get("plan", {}), f"{where}.plan", "SweepPlan")
+    return LoadSweepItem(spec, plan)
+
+
+# Each kind of work item is declared here, once: its wire name and the parser that makes the item. The worker
+# runs every item through engine.measure.runner.run_many, whatever its kind.
+ITEMS = {"run": _run_item, "peer": _peer_item, "quality": _quality_item, "llama-quality": _llama_quality_item,
+         "load": _load_item, "load-sweep": _load_sweep_item}
+ITEM_KINDS = tuple(ITEMS)
+
+
+def _item(d, where: str):
+    """(kind, work item) from one entry of work.items; Rejected names the field."""
+    if not isinstance(d, dict):
+        raise Rejected(f"{where} must be an object, got {type(d).__name__}", where,
+                       f"send {{\"kind\": one of {', '.join(ITEM_KINDS)}, ...}}")
+    kind = d.get("kind")
+    if kind not in ITEMS:
+        raise Rejected(f"unknown work item kind {kind!r}", f"{where}.kind", f"use one of: {', '.join(ITEM_KINDS)}")
+    return kind, ITEMS[kind]({k: v for k, v in d.items() if k != "kind"}, where)
+
+
+def work(w) -> Work:
+    """The `work` of a submission: {"items": [{"kind": ..., ...}, ...], "record_kind": ..., "stream": ...}."""
+    if not isinstance(w, dict):
+        raise Rejected("work must be an object with a list of items", "work",
+                       "send {\"items\": [{\"kind\": \"run\", \"setup\": {...}}, ...]}")
+    if "kind" in w:  # the job kinds of old clients (runs, load-sweep, ...) are item kinds now
+        raise Rejected("work has no kind: a job is a list of work items", "work.kind",
+                       f"send {{\"items\": [...]}}, each item with its kind ({', '.join(ITEM_KINDS)})")
+    _refuse_unknown(w, ["items", "record_kind", "stream"], "work", "a job")
+    record_kind = w.get("record_kind", "bench")
+    if record_kind not in RUN_KINDS:
+        raise Rejected(f"unknown record kind {record_kind!r}", "work.record_kind",
+                       f"use one of: {', '.join(RUN_KINDS)}")
+    stream = w.get("stream", False)
+    if not isinstance(stream, bool):
+        raise Rejected(f"stream must be true or false, got {stream!r}", "work.stream", "send a JSON boolean")
+    parsed = [_item(d, f"work.items[{i}]") for i, d in enumerate(_list(w, "items", "work", "work items"))]
+    kinds = [k for k, _ in parsed]
+    if stream and kinds[0] != "run":
+        raise Rejected(f"only a run streams its tokens; the first item is a {kinds[0]}", "work.stream",
+                       "put the run to stream first, or send stream: false")
+    if stream and "peer" in kinds:
+        raise Rejected("a streamed run cannot have peers beside it", f"work.items[{kinds.index('peer')}]",
+                       "send the peers as their own job")
+    return Work([item for _, item in parsed], kinds, record_kind, stream)
 
 
 def submission(body) -> Submission:
@@ -339,13 +321,4 @@ def submission(body) -> Submission:
     if client is not None and (not isinstance(client, str) or len(client) > MAX_TEXT):
         raise Rejected("client must be a string (a tab or session id)", "client",
                        f"send 1 to {MAX_TEXT} characters or null")
-    w = body.get("work")
-    if not isinstance(w, dict):
-        raise Rejected("work must be an object with a kind", "work",
-                       f"send {{\"kind\": one of {', '.join(WORK_KINDS)}, ...}}")
-    kind = w.get("kind")
-    parse = next((f for t, f in PARSERS.items() if t.kind == kind), None)
-    if parse is None:
-        raise Rejected(f"unknown work kind {kind!r}", "work.kind", f"use one of: {', '.join(WORK_KINDS)}")
-    work = parse(w)
-    return Submission(title.strip(), client, work)
+    return Submission(title.strip(), client, work(body.get("work")))

@@ -4,6 +4,9 @@ Pages never touch the live engine; they call these with names and precisions and
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from typing import ClassVar
+
 import torch
 
 from engine.infer.catalog import list_models
@@ -57,4 +60,31 @@ def reference_in_pool(pool, facts: dict, tokens: int, progress=None) -> None:
                                                                                       "fp32" else None), progress)
 
 
-__all__ = ["list_models", "model_facts", "facts_json", "load_into_pool", "quality_in_pool", "reference_in_pool"]
+@dataclass
+class LoadItem:
+    """A work item (engine.measure.runner.run_many): `setup`'s target loaded into the pool (or found there) and
+    kept for later work. No measurement, so no record: its facts are the `result`. A GPTQ/AWQ calibration (minutes
+    the first time) stops at its next layer when should_cancel() turns true, so it owns its progress."""
+    setup: object  # engine.common.setup.EngineSetup
+    result: dict | None = field(default=None, compare=False, repr=False)
+    owns_progress: ClassVar[bool] = True
+
+    @property
+    def label(self) -> str:
+        return f"load {self.setup.label}"
+
+    def measure(self, pool, store=None, progress=None, *, should_cancel=None, on_record=None):
+        from engine.infer.calibrate import Cancelled
+        from engine.infer.loader import target_spec
+
+        try:
+            lm = pool.get(self.setup.model, target_spec(self.setup), resolve_device(self.setup.device), progress,
+                          should_stop=should_cancel or (lambda: False))
+        except Cancelled:
+            return []
+        self.result = facts_json(lm)
+        return None
+
+
+__all__ = ["LoadItem", "list_models", "model_facts", "facts_json", "load_into_pool", "quality_in_pool",
+           "reference_in_pool"]

@@ -1,8 +1,9 @@
 """A load sweep over configurations: each server started by the lab (or a URL someone else runs), every
 load point sent to it, then stopped by its PID. One `load` record per point.
 
-The Load test page's background job and bench/load.py both run `sweep_servers`, so a sweep started in
-the dashboard and one started from the shell measure the same way. Loads are a concurrency list
+The Load test page's job and bench/load.py both run LoadSweepItems through engine.measure.runner.run_many
+(`sweep_servers` for the scripts), so a sweep started in the dashboard and one started from the shell measure
+the same way. Loads are a concurrency list
 ("1,4,8": one closed-loop point per concurrency) or a rate sweep ("sweep:4": GuideLLM's, see
 engine.load.run_sweep_profile). Cancelling stops before the next point (the point in progress finishes and
 is stored) and stops the server; a server still starting finishes starting first.
@@ -12,6 +13,7 @@ from __future__ import annotations
 import atexit
 import threading
 from dataclasses import asdict, dataclass, field
+from typing import ClassVar
 
 from engine.common.errors import UserError
 from engine.load.profiles import MAX_CONCURRENCY, Profile, parse_profile
@@ -117,69 +119,94 @@ class _Recorder:
         return rid
 
 
-def sweep_servers(specs: list[ServerSpec], plan: SweepPlan, store=None, progress=None, on_record=None,
-              should_cancel=None, on_skip=None, log_dir=None) -> SweepResult:
-    """Every configuration in turn: start (or reach) its server, send every load point, stop it.
+@dataclass
+class LoadSweepItem:
+    """A work item (engine.measure.runner.run_many): one configuration's server started (or reached), every
+    load point of `plan` sent to it, then stopped by its PID. It lands a `load` record per point as each
+    finishes, so it owns its progress: the runner gives it should_cancel and on_record."""
+    spec: ServerSpec
+    plan: SweepPlan
+    log_dir: object = None  # where the server's log goes (None: the lab's log folder)
+    owns_progress: ClassVar[bool] = True
 
-    on_record(rec) after each stored point; on_skip(label, why, points not run) for a configuration
-    that could not run (not installed, did not start, failed mid-way)."""
-    plan.validate()
-    for s in specs:
-        s.validate()
-    say = progress or (lambda s: None)
-    cancel = should_cancel or (lambda: False)
-    res = SweepResult()
+    @property
+    def label(self) -> str:
+        return self.spec.label
 
-    def record(rec):
-        res.records.append(rec)
-        if on_record:
-            on_record(rec)
+    @property
+    def steps(self) -> int:
+        """The records it makes when every point runs (a job's total counts them)."""
+        return self.plan.points_per_configuration()
 
-    def say_or_stop(msg: str):
-        if cancel():
-            raise Cancelled()
-        say(msg)
+    def measure(self, pool=None, store=None, progress=None, *, should_cancel=None, on_record=None):
+        """The records of the points sent (a cancel stops before the next point), or Skipped saying why the
+        server could not start or failed part-way (its first points are landed already; `runs`: those left)."""
+        from engine.measure.runner import Skipped
 
-    def skip(label: str, why: str, done_before: int):
-        res.skipped.append((label, why))
-        if on_skip:
-            on_skip(label, why, plan.points_per_configuration() - (len(res.records) - done_before))
+        self.plan.validate()
+        self.spec.validate()
+        say = progress or (lambda s: None)
+        cancel = should_cancel or (lambda: False)
+        landed: list = []
 
-    sink = _Recorder(store, record)
-    for spec in specs:
-        if cancel():
-            res.cancelled = True
-            break
-        before = len(res.records)
+        def record(rec):
+            landed.append(rec)
+            if on_record:
+                on_record(rec)
+
+        def say_or_stop(msg: str):
+            if cancel():
+                raise Cancelled()
+            say(msg)
+
+        def skip(why: str) -> Skipped:
+            return Skipped(self.label, why, runs=self.steps - len(landed))
+
         try:
-            rs = servers.start(spec, log_dir=log_dir, progress=say)
+            rs = servers.start(self.spec, log_dir=self.log_dir, progress=say)
         except servers.ServerUnavailable as e:
-            skip(spec.label, str(e), before)
-            continue
+            return skip(str(e))
         except (servers.ServerFailed, UserError) as e:
-            skip(spec.label, f"did not start: {e}", before)
-            continue
+            return skip(f"did not start: {e}")
         with _LOCK:
             _RUNNING[id(rs)] = rs
+        sink = _Recorder(store, record)
         try:
-            cfg = plan.load_config(rs.url, rs.facts())
+            cfg = self.plan.load_config(rs.url, rs.facts())
             prepared = prepare(cfg, say_or_stop)
-            for p in plan.profiles():
+            for p in self.plan.profiles():
                 if p.kind == "sweep":
                     run_sweep_profile(cfg, p, prepared, sink, say_or_stop)
                 else:
-                    say_or_stop(f"{spec.label}: {p.label}")
+                    say_or_stop(f"{self.label}: {p.label}")
                     run_point(cfg, p, prepared, sink, progress=say)
         except Cancelled:
-            res.cancelled = True
+            pass
         except UserError as e:
-            skip(spec.label, f"load test failed: {e}", before)
+            return skip(f"load test failed: {e}")
         finally:
             rs.stop()
             with _LOCK:
                 _RUNNING.pop(id(rs), None)
-        if res.cancelled:
-            break
+        return landed
+
+
+def sweep_servers(specs: list[ServerSpec], plan: SweepPlan, store=None, progress=None, on_record=None,
+                  should_cancel=None, log_dir=None) -> SweepResult:
+    """Every configuration in turn (run_many over their LoadSweepItems): start or reach its server, send every
+    load point, stop it. on_record(rec) after each stored point; what could not run is in the result."""
+    from engine.measure.runner import run_many
+
+    res = SweepResult()
+
+    def landed(rec) -> None:  # every point, a configuration's first points too when it failed part-way
+        res.records.append(rec)
+        if on_record:
+            on_record(rec)
+
+    run_many([LoadSweepItem(s, plan, log_dir) for s in specs], None, store, say=progress, should_cancel=should_cancel,
+             on_record=landed, noun="configuration", on_skip=lambda sk: res.skipped.append((sk.label, sk.notes)))
+    res.cancelled = bool(should_cancel and should_cancel())
     return res
 
 
