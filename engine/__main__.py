@@ -9,20 +9,20 @@ import warnings
 warnings.filterwarnings("ignore", message="The pynvml package is deprecated")
 
 from engine.common.errors import UserError  # noqa: E402
-from engine.planner.cli import _csv, _ints  # noqa: E402  (one parser for comma lists)
+from engine.common.cli_args import csv_list, int_list  # noqa: E402
 
 
 def add_run_args(p: argparse.ArgumentParser, many: bool = False):
     p.add_argument("--model", default="default", help="catalog name (default, default-draft), folder or hub id")
     if many:
-        p.add_argument("--precisions", type=_csv, default=["fp32", "bf16", "int8", "int4"],
+        p.add_argument("--precisions", type=csv_list, default=["fp32", "bf16", "int8", "int4"],
                        help="comma-separated: fp32,bf16,fp16,int8,int4,llm.int8,nf4,fp8; int4 may name its method "
                             "and group: int4-gptq, int4-awq-g32, int4-gptq-mixed (int4 alone is round-to-nearest)")
-        p.add_argument("--drafts", type=_csv, default=["none"],
+        p.add_argument("--drafts", type=csv_list, default=["none"],
                        help="comma-separated draft kinds: none,model,self,ngram")
-        p.add_argument("--draft-precisions", type=_csv, default=["int4"])
-        p.add_argument("--gammas", type=_ints, default=[4])
-        p.add_argument("--batch-sizes", type=_ints, default=[1])
+        p.add_argument("--draft-precisions", type=csv_list, default=["int4"])
+        p.add_argument("--gammas", type=int_list, default=[4])
+        p.add_argument("--batch-sizes", type=int_list, default=[1])
     else:
         p.add_argument("--precision", default="fp32")
         p.add_argument("--draft", default="none", help="none, model, self or ngram")
@@ -366,7 +366,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("quality", help="llama.cpp-style KL divergence, same top-1, Δp and perplexity against fp32, "
                        "per category (chat, code), with llama.cpp's Q4_K_M beside them")
     p.add_argument("--model", default="default")
-    p.add_argument("--precisions", type=_csv, default=["int8", "int4"],
+    p.add_argument("--precisions", type=csv_list, default=["int8", "int4"],
                    help="comma-separated, e.g. int8,int4,nf4,int4-gptq-g32 (int4 alone is round-to-nearest)")
     p.add_argument("--group-size", type=int, default=64, help="int4 group size: 32, 64 or 128")
     p.add_argument("--quantize-embeddings", action="store_true")
@@ -381,11 +381,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("accuracy", help="HumanEval pass@1 (greedy) per precision, and llama-server's Q4_K_M, with "
                        "flips and McNemar's exact test against the first; generated code runs in a sandbox")
     p.add_argument("--model", default="default")
-    p.add_argument("--precisions", type=_csv, default=["bf16", "int8", "int4-g32", "int4-g64"],
+    p.add_argument("--precisions", type=csv_list, default=["bf16", "int8", "int4-g32", "int4-g64"],
                    help="comma-separated; int4-g32 is int4 at group size 32. The first is the reference")
     p.add_argument("--group-size", type=int, default=64, help="int4 group size where a precision names none")
     p.add_argument("--subset", default="quick20", help="full (all 164) or quick20 (every 8th task id, 0..152)")
-    p.add_argument("--ids", type=_csv, default=None, help="task ids instead of a subset: HumanEval/0,HumanEval/8")
+    p.add_argument("--ids", type=csv_list, default=None, help="task ids instead of a subset: HumanEval/0,HumanEval/8")
     p.add_argument("--max-new-tokens", type=int, default=384)
     p.add_argument("--batch", type=int, default=4,
                    help="problems in flight at once, batched continuously (ours; llama-server's slots)")
@@ -398,7 +398,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--price", type=float, default=0.10, help="$/hour of this machine, for $/1,000 solved")
     p.add_argument("--peers", action=argparse.BooleanOptionalAction, default=True,
                    help="also llama.cpp through llama-server on the same prompts (--no-peers skips it)")
-    p.add_argument("--llama", type=_csv, default=["Q4_K_M"],
+    p.add_argument("--llama", type=csv_list, default=["Q4_K_M"],
                    help="llama.cpp's weights for the llama-server rows (engine.peers.gguf_tools.LLAMA_PRECISIONS), "
                         "e.g. Q4_K_M,Q4_K_M-imatrix,IQ4_XS-imatrix (built once)")
     p.add_argument("--json", action="store_true", help="print the accuracy records as JSON")
@@ -413,8 +413,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=cmd_runs)
 
-    from engine.planner import cli as planner_cli
-    planner_cli.add_parser(sub, stored_runs=_stored_runs, stored_gpu_overrides=_stored_gpu_overrides)
+    from engine.present import plan_cli
+    plan_cli.add_parser(sub, stored_runs=_stored_runs, stored_gpu_overrides=_stored_gpu_overrides)
     from engine.load import cli as load_cli
     load_cli.add_parser(sub, ray_sender=_ray_load_sender)
     from engine.serve import cli as serve_cli

@@ -52,9 +52,9 @@ def test_impossible_deadlines_and_bad_input_are_refused_by_name(catalog):
 
 
 def test_plan_cli_batch_job(capsys):
-    from engine.planner.cli import main
+    from engine.present.plan_cli import main
 
-    assert main(["plan", "--model", "llama-3.1-8b", "--batch-job", "1e9", "--deadline", "8", "--no-store"]) == 0
+    assert main(["plan", "batch-job", "1e9", "--model", "llama-3.1-8b", "--deadline", "8", "--no-store"]) == 0
     out = capsys.readouterr().out
     assert "a batch job of 1,000,000,000 output tokens a day" in out and "the answer:" in out
     assert "tokens per $" in out

@@ -61,11 +61,11 @@ def test_a_model_that_fits_no_gpu_is_named(catalog):
 
 
 def test_plan_cli_fleet(capsys):
-    from engine.planner.cli import main
+    from engine.present.plan_cli import main
 
-    args = ["plan", "--fleet", "llama-3.1-8b:1,qwen2.5-7b:0.5,mistral-7b:0.5", "--gpus", "L40S", "--no-store"]
+    args = ["plan", "--gpus", "L40S", "fleet", "llama-3.1-8b:1,qwen2.5-7b:0.5,mistral-7b:0.5", "--no-store"]
     assert main(args) == 0
     out = capsys.readouterr().out
     assert "1 GPU(s) shared against 3 with one model per GPU" in out
-    assert main(["plan", "--fleet", "llama-3.1-8b:fast", "--gpus", "L40S", "--no-store"]) == 2
+    assert main(["plan", "fleet", "llama-3.1-8b:fast", "--gpus", "L40S", "--no-store"]) == 2
     assert "is not model:rate" in capsys.readouterr().err

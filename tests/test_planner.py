@@ -566,8 +566,8 @@ def test_published_predictions_are_reproducible_and_documented():
     errs = sorted(abs(r["error_pct"]) for r in kept)
     assert errs[len(errs) // 2] < 20                      # median error
     table = planner.published_table_markdown(rows)
-    assert table in doc, "docs/PLANNER.md is stale: python -m engine plan --check-published"
-    assert fit.summary_line(rows) in doc, "docs/PLANNER.md is stale: python -m engine plan --check-published"
+    assert table in doc, "docs/PLANNER.md is stale: python -m engine plan check published"
+    assert fit.summary_line(rows) in doc, "docs/PLANNER.md is stale: python -m engine plan check published"
 
 
 def test_efficiency_fit_is_reproducible_and_documented():
@@ -575,7 +575,7 @@ def test_efficiency_fit_is_reproducible_and_documented():
     from engine.planner import fit
     from engine.planner.efficiency import read_fit
     shipped, again = read_fit(), fit.refit()
-    assert shipped.cells.keys() == again.cells.keys(), "stale: python -m engine plan --refit"
+    assert shipped.cells.keys() == again.cells.keys(), "stale: python -m engine plan refit"
     assert shipped.per_layer_ms == pytest.approx(again.per_layer_ms)
     for k, c in again.cells.items():
         assert shipped.cells[k].ids == c.ids and shipped.cells[k].mem_bw == pytest.approx(c.mem_bw, abs=1e-4), k
@@ -670,10 +670,10 @@ def test_new_gpus_generation_and_fp4():
 # ---------------------------------------------------------------- CLI
 
 def _cli(argv):
-    from engine.planner import cli as planner_cli
+    from engine.present import plan_cli
     ap = argparse.ArgumentParser()
     sub = ap.add_subparsers(dest="cmd", required=True)
-    planner_cli.add_parser(sub)
+    plan_cli.add_parser(sub)
     a = ap.parse_args(argv)
     return a.fn(a)
 
@@ -691,11 +691,14 @@ def test_cli_table_json_and_errors(capsys, monkeypatch, tmp_path):
     rc = _cli(["plan", "--model", "nope", "--rate", "-2", "--gpus", "H300"])
     err = capsys.readouterr().err
     assert rc == 2 and "unknown model 'nope'" in err and "request_rate" in err and "unknown GPU 'H300'" in err
-    rc = _cli(["plan", "--model", "qwen2.5-7b", "--sweep", "L40S", "--precisions", "bf16,int4", "--batches", "1,64",
+    rc = _cli(["plan", "--model", "qwen2.5-7b", "sweep", "L40S", "--precisions", "bf16,int4", "--batches", "1,64",
                "--acceptance", "0.7"])
     assert rc == 0 and "spec speedup" in capsys.readouterr().out
-    rc = _cli(["plan", "--gpus-table"])
+    rc = _cli(["plan", "tables", "gpus"])
     assert rc == 0 and "spread" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as e:  # a mode that was a flag: refused with its subcommand
+        _cli(["plan", "--gpus-table"])
+    assert e.value.code == 2 and "python -m engine plan tables gpus" in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------- regressions
@@ -760,15 +763,15 @@ def test_absurd_inputs_are_refused_with_the_field_and_the_fix(capsys, monkeypatc
     assert _cli(["plan", "--model", "llama-3.1-8b", "--rate", "1e12"]) == 2
     err = capsys.readouterr().err
     assert "request_rate: 1e+12 requests/s is beyond any deployment" in err
-    assert _cli(["plan", "--model", "llama-3.1-8b", "--sweep", "L4", "--batches", "0,8"]) == 2
+    assert _cli(["plan", "--model", "llama-3.1-8b", "sweep", "L4", "--batches", "0,8"]) == 2
     assert "batches" in capsys.readouterr().err
-    assert _cli(["plan", "--model", "llama-3.1-8b", "--packing", "L4", "--input", "-5"]) == 2
+    assert _cli(["plan", "packing", "L4", "--model", "llama-3.1-8b", "--input", "-5"]) == 2
     assert "input_tokens" in capsys.readouterr().err
 
 
 def test_cli_gets_stored_runs_and_overrides_from_its_caller(capsys, monkeypatch, tmp_path):
     monkeypatch.setenv("SCL_DATA_DIR", str(tmp_path))
-    from engine.planner import cli as planner_cli
+    from engine.present import plan_cli
     pair = _spec_record("coder-pair", "qwen2.5-coder-1.5b", "int8", "qwen2.5-coder-0.5b", "int4-g64", 0.8)
     calls = []
 
@@ -782,7 +785,7 @@ def test_cli_gets_stored_runs_and_overrides_from_its_caller(capsys, monkeypatch,
 
     def cli(argv):
         ap = argparse.ArgumentParser()
-        planner_cli.add_parser(ap.add_subparsers(dest="cmd", required=True), runs, overrides)
+        plan_cli.add_parser(ap.add_subparsers(dest="cmd", required=True), runs, overrides)
         a = ap.parse_args(argv)
         return a.fn(a)
 
@@ -801,7 +804,7 @@ def test_cli_gets_stored_runs_and_overrides_from_its_caller(capsys, monkeypatch,
         raise OSError("disk gone")
 
     ap = argparse.ArgumentParser()
-    planner_cli.add_parser(ap.add_subparsers(dest="cmd", required=True), broken, broken)
+    plan_cli.add_parser(ap.add_subparsers(dest="cmd", required=True), broken, broken)
     a = ap.parse_args(argv)
     assert a.fn(a) == 0                                     # a broken store must not stop planning
 

@@ -12,7 +12,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine.planner import hf_config, shapes  # noqa: E402
-from engine.planner.cli import main  # noqa: E402
+from engine.present.plan_cli import main  # noqa: E402
 from engine.planner.gpus import load_gpus  # noqa: E402
 from engine.planner.roofline import Deployment, decode_step, memory  # noqa: E402
 

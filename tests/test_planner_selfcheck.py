@@ -1,6 +1,6 @@
 """Issue 24.7: the planner checks itself on this machine. The README's flow as a user runs it: our
 real server on 127.0.0.1 (`serve`), closed-loop load points at concurrency 1, 4 and 8 against its URL
-(`load --url`), then `plan --check-load --in-sample`: the plan for "this machine", calibrated from those records,
+(`load --url`), then `plan check load --in-sample`: the plan for "this machine", calibrated from those records,
 against the output tok/s they measured, within 25% at each point, or the row names the term that misses.
 """
 from __future__ import annotations
@@ -46,9 +46,9 @@ def _measure_and_check(url: str, data: Path):
         assert p.returncode == 0, p.stderr[-2000:]
     recs = Store(data / "lab.sqlite").list_runs(kind="load")
     assert len(recs) == 3 and all(r.config["system"] == "serving-cost-lab" for r in recs)
-    p = _engine("plan", "--check-load", "--in-sample", "--json", data=data)
+    p = _engine("plan", "check", "load", "--in-sample", "--json", data=data)
     assert p.returncode == 0, p.stderr[-2000:]
-    return recs, json.loads(p.stdout), _engine("plan", "--check-load", "--in-sample", data=data).stdout
+    return recs, json.loads(p.stdout), _engine("plan", "check", "load", "--in-sample", data=data).stdout
 
 
 def test_the_plan_for_this_machine_predicts_our_server_under_load(our_server, tmp_path):
@@ -70,11 +70,11 @@ def test_the_plan_for_this_machine_predicts_our_server_under_load(our_server, tm
     # the 25% (two runs 2026-12-03, AVX2-only EPYC: -45/+41/-11% and -64/-2/+35% at C=1/4/8; docs/PLANNER.md): two
     # points do not pin the decode line and the prefill rate. Asserted: it runs held out and says so per row.
     data = tmp_path / ("again" if (tmp_path / "again").exists() else "first")
-    held = json.loads(_engine("plan", "--check-load", "--json", data=data).stdout)
+    held = json.loads(_engine("plan", "check", "load", "--json", data=data).stdout)
     assert [r["concurrency"] for r in held] == [1, 4, 8] and all(r["sample"] == "held out" for r in held)
-    print(_engine("plan", "--check-load", data=data).stdout)
+    print(_engine("plan", "check", "load", data=data).stdout)
 
 
 def test_check_load_without_records_says_what_to_run(tmp_path):
-    p = _engine("plan", "--check-load", data=tmp_path)
+    p = _engine("plan", "check", "load", data=tmp_path)
     assert p.returncode == 2 and "no closed-loop load record" in p.stderr and "concurrent:C" in p.stderr

@@ -115,7 +115,7 @@ def test_a_measured_acceptance_is_banded_by_its_runs():
 
 
 def test_plan_cli_leads_with_the_answer(capsys):
-    from engine.planner.cli import main
+    from engine.present.plan_cli import main
 
     args = ["plan", "--model", "llama-3.1-70b", "--rate", "0.01", "--gpus", "H100 SXM", "--no-store"]
     assert main(args) == 0

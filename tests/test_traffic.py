@@ -84,7 +84,7 @@ def test_csv_profile_and_its_errors_name_the_row():
 def test_plan_cli_compares_the_peak_and_the_autoscaled_fleet(tmp_path, capsys):
     import json
 
-    from engine.planner.cli import main
+    from engine.present.plan_cli import main
 
     args = ["plan", "--model", "llama-3.1-8b", "--rate", "200", "--traffic", "diurnal", "--gpus", "H200", "--no-store"]
     assert main(args) == 0

@@ -17,7 +17,7 @@ from engine.common.paths import DATA
 from engine.planner.gpus import GPU
 
 # The bandwidth efficiencies fitted to data/published_measurements.csv (planner.fit computes them;
-# `python -m engine plan --refit` rewrites this file and a test fails when it is stale).
+# `python -m engine plan refit` rewrites this file and a test fails when it is stale).
 FIT_PATH = DATA / "efficiency_fit.csv"
 FITTED_FAMILIES = ("serving", "torch-compile", "llm-local", "hf-eager")   # stacks with published points
 ALL_GENERATIONS = "*"

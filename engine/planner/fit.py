@@ -11,7 +11,7 @@ For torch-compile (gpt-fast, torchao: 7B to 70B models of the same kernels) a pe
 is fitted too: the value on PER_LAYER_GRID that makes each cell's points agree best (the median
 |log(e_w / cell median)|), as long as every point stays fittable; small models, whose step has
 the same number of kernels per layer for far fewer bytes, otherwise look less efficient.
-The shipped table is data/efficiency_fit.csv (`python -m engine plan --refit` rewrites it; a test
+The shipped table is data/efficiency_fit.csv (`python -m engine plan refit` rewrites it; a test
 recomputes it); docs/PLANNER.md ("Fitted efficiencies") shows it and the leave-one-out errors.
 """
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The planner against published measurements: data/published_measurements.csv, recomputed with
-the same functions the plans use (`python -m engine plan --check-published`; docs/PLANNER.md holds
+the same functions the plans use (`python -m engine plan check published`; docs/PLANNER.md holds
 the table and a test keeps it current). A row's `excluded` cell, when not empty, says why the fit
 (planner.fit) does not use it; it is still predicted and shown.
 """

@@ -1,7 +1,7 @@
 """The planner against this machine's own load records: calibrate from them, then
 predict each closed-loop point (`load --profile concurrent:C` against the lab's server) with the
 same functions a plan uses, term by term, so a miss names the term that misses
-(`python -m engine plan --check-load`).
+(`python -m engine plan check load`).
 
 Held out: each point is predicted by a model calibrated on the other records (leave one out), so the
 check does not grade a fit on the very points that made it; with fewer than two other closed-loop points
