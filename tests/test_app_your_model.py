@@ -97,7 +97,7 @@ def test_a_bad_folder_is_refused_by_the_backend_naming_the_problem(tmp_path, kin
     errors = " ".join(e.value for e in at.error)
     for words in BAD[kind]:
         assert words in errors, (words, errors)
-    assert "field work.configs[0].setup.model" in errors and "Fix:" in errors  # the backend's 400, with its fix
+    assert "field work.items[0].setup.model" in errors and "Fix:" in errors  # the backend's 400, with its fix
     assert "pg-job" not in at.session_state  # refused before anything was queued
 
 
@@ -120,7 +120,7 @@ def test_compare_refuses_a_bad_folder_by_name(tmp_path):
     at.number_input(key="cmp-reps").set_value(1).run()
     at.button(key="cmp-run").click().run()
     assert not at.exception
-    assert any("has no config.json" in e.value and "field work.configs[0].setup.model" in e.value for e in at.error)
+    assert any("has no config.json" in e.value and "field work.items[0].setup.model" in e.value for e in at.error)
     assert "sweep-job" not in at.session_state
 
 

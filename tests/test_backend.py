@@ -232,8 +232,8 @@ def test_a_load_sweep_job_measures_an_endpoint_and_stores_its_load_records(backe
 
 
 def test_runs_and_peers_are_one_job_the_peer_in_a_fresh_process(backend):
-    """The Compare page's grid and its peer rows as one runs job: our run here, then the peer in a fresh process
-    (its record stored as a peer's), in that order. A streamed run takes no peers (400 naming work.peers)."""
+    """The Compare page's grid and its peer rows as one job: our run here, then the peer in a fresh process (its
+    record stored as a peer's), in that order. A streamed run takes no peers (400 naming the peer's item)."""
     from engine.peers import PeerConfig
 
     peer = PeerConfig.of(model="default-draft", precision="fp32", max_new_tokens=4, reps=1).to_dict()
