@@ -76,14 +76,14 @@ def gpu_configs(shape: str, max_new: int, reps: int, device: str) -> list[peers.
     """On a GPU with random weights: transformers fp16/bf16 and bitsandbytes, and our engine's precisions."""
     import random
 
-    from engine.planner import shapes
+    from engine.planner import counts, shapes
     vocab = shapes.get_model(shape).vocab
     rnd = random.Random(0)
     ids = [rnd.randrange(2, min(vocab, 150000)) for _ in range(128)]
     base = peers.PeerConfig.of(model=shape, random_init=shape, prompt_ids=ids, max_new_tokens=max_new, reps=reps,
                             device=device, timeout_s=900)
     hf, us = "transformers", peers.OURS
-    if shapes.param_count(shapes.get_model(shape)) > 3e9:
+    if counts.param_count(shapes.get_model(shape)) > 3e9:
         # Big shapes load for 30-60 s each: the essentials only, so one device call (10 min) holds both shapes.
         return ([base.with_fields(system=hf, precision=p) for p in ("bf16", "nf4")]
                 + [base.with_fields(system=us, precision=p) for p in ("bf16", "int8", "int4", "fp8")])

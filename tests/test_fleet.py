@@ -3,6 +3,7 @@ import pytest
 
 from engine import planner
 from engine.planner import fleet, shapes
+from engine.planner import counts
 from engine.planner.errors import PlanError
 from engine.planner.roofline import GIB, activation_reserve
 
@@ -31,8 +32,8 @@ def test_three_quantized_models_share_one_gpu_where_bf16_needs_two(catalog):
             for r in b:
                 m = models[r.model]
                 fm = next(f for f in FLEET if f.model == r.model)
-                kv = shapes.kv_cache_bytes(m, fm.input_tokens + fm.output_tokens, "bf16") * r.peak_concurrency
-                mem = (shapes.weight_bytes(m, prec) + activation_reserve(m, 1) + kv) / GIB
+                kv = counts.kv_cache_bytes(m, fm.input_tokens + fm.output_tokens, "bf16") * r.peak_concurrency
+                mem = (counts.weight_bytes(m, prec) + activation_reserve(m, 1) + kv) / GIB
                 assert r.memory_gib == pytest.approx(mem, rel=1e-9)
                 total += mem
             assert total <= usable and sum(r.share for r in b) <= 1

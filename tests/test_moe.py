@@ -13,7 +13,7 @@ from engine.infer.loader import load, make_spec
 from engine.infer.sampling import SamplingParams
 from engine.infer.speculative import ProposerSpec, generate_speculative, proposer_spec
 from engine.measure.quality import compare, eval_ids, logprobs
-from engine.planner.shapes import expected_experts_touched
+from engine.planner.counts import expected_experts_touched
 from engine.quant import Int4Linear, Int8Linear
 from tests import families
 from tests.test_speculative import N_SEEDS, SP, _spec_counts, _target_two_token_dist, _tv, _tv_bound

@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from engine import planner  # noqa: E402
-from engine.planner import shapes  # noqa: E402
+from engine.planner import counts, shapes  # noqa: E402
 from engine.planner import (Deployment, PlanError, SpecConfig, Workload, calibrate, decode_step,  # noqa: E402
                             evaluate_plan, expected_tokens_per_step, make_deployment, memory, plan, prefill_step,
                             serving_point, spec_speedup)
@@ -127,7 +127,7 @@ def test_decode_is_memory_bound_at_batch_1_and_compute_bound_at_large_batch():
     # of 3.35 TB/s, KV at 0.80, plus 0.5 ms overhead.
     e_w = d.efficiency()[0].mem_bw
     assert e_w == planner.efficiency.read_fit().cells[("Hopper", "serving", "bf16")].mem_bw
-    expected = (shapes.decode_read_bytes(MODELS["llama-3.1-8b"], "bf16", 1) / (e_w * 3.35e12)
+    expected = (counts.decode_read_bytes(MODELS["llama-3.1-8b"], "bf16", 1) / (e_w * 3.35e12)
                 + 512 * 131072 / (0.8 * 3.35e12) + 0.5e-3)
     assert s.total == pytest.approx(expected, rel=1e-9)
 
@@ -190,14 +190,14 @@ def test_speculation_and_quantization_stop_paying_as_batch_grows():
 def test_memory_and_kv_capacity():
     d = dep("qwen3-8b", "H100 SXM", "bf16", mem_util=0.9)
     m = memory(d)
-    assert m.weights == shapes.weight_bytes(MODELS["qwen3-8b"], "bf16")
+    assert m.weights == counts.weight_bytes(MODELS["qwen3-8b"], "bf16")
     assert m.kv_budget_tokens == pytest.approx((80 * 2 ** 30 * 0.9 - m.weights - m.reserve) / 147456)
     assert m.max_concurrency(4096) == int(m.kv_budget_tokens // 4096)
     big = dep("llama-3.1-405b", "L4", "int4", 8)
     assert not memory(big).fits
     # KV heads replicate past kv_heads: TP 8 on a 2-KV-head model stores 1 head per GPU (4x the ideal share).
     q = dep("qwen2.5-7b", "L4", "bf16", 4)
-    assert memory(q).kv_per_token == shapes.kv_bytes_per_token(MODELS["qwen2.5-7b"]) / 4
+    assert memory(q).kv_per_token == counts.kv_bytes_per_token(MODELS["qwen2.5-7b"]) / 4
 
 
 def test_packing():
@@ -374,7 +374,7 @@ def test_calibration_fits_prefill_compute_and_uses_it_on_this_machine():
     recs = []
     for i, prompt in enumerate((57, 200, 512)):
         r = _record("int8", 1.6e9, 20, 0.5, run_id=f"p{i}")
-        r["metrics"].update(prompt_tokens=prompt, prefill_s=shapes.prefill_flops(m, prompt) / 0.8e12)
+        r["metrics"].update(prompt_tokens=prompt, prefill_s=counts.prefill_flops(m, prompt) / 0.8e12)
         recs.append(r)
     cal = calibrate(recs)
     assert cal.prefill_tflops[("cpu", "int8")] == pytest.approx(0.8)
@@ -464,7 +464,7 @@ def _load_record(batch, step_s, system="serving-cost-lab", draft=None, run_id="L
 
 def test_load_records_calibrate_the_batch_model_and_plans_say_so():
     m = MODELS["qwen2.5-coder-0.5b"]
-    flops = 2.0 * shapes.matmul_params_per_token(m) + 4.0 * m.layers * m.q_dim * (200 + 32)
+    flops = 2.0 * counts.matmul_params_per_token(m) + 4.0 * m.layers * m.q_dim * (200 + 32)
     fam = planner.FAMILIES["cpu"]
     over = (fam.step_overhead_ms + fam.per_layer_overhead_ms * m.layers) / 1e3
     rate = 0.05e12  # the step's FLOP rate at batch > 1, as measured on this 2-core machine (~0.05 TFLOP/s)
@@ -491,7 +491,7 @@ def test_load_records_calibrate_the_batch_model_and_plans_say_so():
     # another model on this machine scales the line by its bytes (weights term) and FLOPs (per sequence)
     big = Deployment(MODELS["qwen2.5-coder-1.5b"], here, "int4", calibration=cal)
     weights_s, per_seq_s = bf.line
-    wb = lambda mm: shapes.weight_bytes_breakdown(mm, "int4")  # noqa: E731
+    wb = lambda mm: counts.weight_bytes_breakdown(mm, "int4")  # noqa: E731
     s1, s2 = decode_step(d, 1, 232), decode_step(big, 1, 232)
     assert s1.additive and s2.t_weights / s1.t_weights == pytest.approx(
         (wb(big.model).blocks + wb(big.model).embedding + wb(big.model).small)
@@ -524,7 +524,7 @@ def test_load_points_give_the_decode_step_less_the_prefills_other_requests_share
 
     cal = calibrate([rec(1, 0.02), rec(4, 0.08), rec(8, 0.16)])
     pf = cal.prefill_tflops[("cpu", "int4")]
-    assert pf == pytest.approx(shapes.prefill_flops(m, 200) / ttft1 / 1e12)
+    assert pf == pytest.approx(counts.prefill_flops(m, 200) / ttft1 / 1e12)
     steps = {b: t for b, t, _ in cal.batch[("cpu", "int4")].points}
     assert steps[1] == pytest.approx(0.02)  # alone: nothing to take out
     for c, itl in ((4, 0.08), (8, 0.16)):
@@ -629,7 +629,7 @@ def test_int4_mixed_plans_with_its_bytes_and_int4s_kernels():
     mixed, int4 = dep("llama-3.1-8b", "H100 SXM", "int4-mixed"), dep("llama-3.1-8b", "H100 SXM", "int4")
     assert mixed.efficiency() == int4.efficiency()
     m = MODELS["llama-3.1-8b"]
-    ratio = shapes.weight_bytes(m, "int4-mixed") / shapes.weight_bytes(m, "int4")
+    ratio = counts.weight_bytes(m, "int4-mixed") / counts.weight_bytes(m, "int4")
     assert 1.05 < ratio < 1.08  # 16 of 32 layers' v_proj and down_proj, and the head, at int8
     t_mixed, t_int4 = decode_step(mixed, 1, 512).total, decode_step(int4, 1, 512).total
     assert t_mixed / t_int4 == pytest.approx(ratio, rel=0.02)  # bandwidth-bound at batch 1
@@ -637,10 +637,10 @@ def test_int4_mixed_plans_with_its_bytes_and_int4s_kernels():
 
 def test_fp4_is_nvfp4_on_blackwell_and_refused_elsewhere_with_the_fix():
     m = MODELS["llama-3.1-8b"]
-    assert shapes.linear_bytes(4096, 4096, "fp4") == 4096 * 4096 // 2 + 4096 * 4096 // 16   # 4.5 bits a weight
+    assert counts.linear_bytes(4096, 4096, "fp4") == 4096 * 4096 // 2 + 4096 * 4096 // 16   # 4.5 bits a weight
     # 4.5 bits a weight, as the lab's int4 with 4 bytes of scale+min per 64
-    assert (shapes.weight_bytes(m, "fp4") == shapes.weight_bytes(m, "int4", group_size=64)
-            < shapes.weight_bytes(m, "fp8"))
+    assert (counts.weight_bytes(m, "fp4") == counts.weight_bytes(m, "int4", group_size=64)
+            < counts.weight_bytes(m, "fp8"))
     assert planner.compute_dtype(GPUS["B200"], "fp4")[0] == "fp4"
     dt, why = planner.compute_dtype(GPUS["H100 SXM"], "fp4")
     assert dt is None and "no FP4 tensor cores" in why and "use int4" in why
@@ -826,7 +826,7 @@ def test_planner_imports_only_engine_common_and_shares_its_names():
     assert shapes.PRECISIONS is vocab.PRECISIONS and gpus.HOURS_PER_MONTH is formulas.HOURS_PER_MONTH
     assert not hasattr(shapes, "ALIASES") and shapes.get_model("default-draft", MODELS).name == "qwen2.5-coder-0.5b"
     m = MODELS["llama-3.1-8b"]
-    assert shapes.kv_bytes_per_token(m, "bf16") == formulas.kv_bytes_per_token(m.layers, m.kv_heads, m.head_dim, 2)
+    assert counts.kv_bytes_per_token(m, "bf16") == formulas.kv_bytes_per_token(m.layers, m.kv_heads, m.head_dim, 2)
     for a in (0.0, 0.3, 0.77, 1.0):
         assert expected_tokens_per_step(a, 4) == formulas.expected_length(a, 4)
     with pytest.raises(PlanError, match="acceptance_rate"):

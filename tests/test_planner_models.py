@@ -12,6 +12,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine.planner import hf_config, shapes  # noqa: E402
+
+from engine.planner import counts
 from engine.present.plan_cli import main  # noqa: E402
 from engine.planner.gpus import load_gpus  # noqa: E402
 from engine.planner.roofline import Deployment, decode_step, memory  # noqa: E402
@@ -122,9 +124,9 @@ def test_catalog_entry_matches_published_parameter_counts(name):
     assert m.source.startswith("config.json of") or m.source.startswith("text_config of"), m.source
     assert m.hf_id.split("/")[-1].lower() in m.source.lower()
     total, active, with_embedding = PUBLISHED[name]
-    assert shapes.param_count(m) == pytest.approx(total, rel=TOLERANCE)
+    assert counts.param_count(m) == pytest.approx(total, rel=TOLERANCE)
     if active is not None:
-        got = shapes.param_count(m, active=True) - (0 if with_embedding else m.vocab * m.hidden)
+        got = counts.param_count(m, active=True) - (0 if with_embedding else m.vocab * m.hidden)
         assert got == pytest.approx(active, rel=TOLERANCE)
 
 
@@ -140,39 +142,39 @@ def test_catalog_entry_is_its_config_json_and_transformers_agrees(name):
               "sliding_window", "local_layers", "kv_lora_rank", "q_lora_rank", "qk_rope_head_dim",
               "qk_nope_head_dim", "v_head_dim", "norms_per_layer"):
         assert getattr(got, f) == getattr(want, f), f
-    assert shapes.param_count(want) == _hf_param_count(cfg)
+    assert counts.param_count(want) == _hf_param_count(cfg)
 
 
 @pytest.mark.parametrize("model_type", sorted(TINY_TYPES))
 def test_tiny_config_of_each_type_counts_as_transformers_builds_it(model_type):
     cfg = _hf_config(model_type, {**TINY, **TINY_TYPES[model_type]})
     shape = hf_config.shape_from_hf_config(cfg)
-    assert shapes.param_count(shape) == _hf_param_count(cfg)
+    assert counts.param_count(shape) == _hf_param_count(cfg)
 
 
 def test_kv_bytes_windowed_layers_are_bounded():
     ctx = 32768
     g = MODELS["gemma-3-27b"]       # 62 layers: every 6th global (10), 52 keep 1024 tokens; 16 KV heads x 128, bf16
     per_layer = 2 * 16 * 128 * 2
-    assert shapes.kv_cache_bytes(g, ctx) == per_layer * (10 * ctx + 52 * 1024)
-    assert shapes.kv_bytes_per_token(g, "bf16", ctx) == per_layer * (10 * ctx + 52 * 1024) / ctx
-    assert shapes.kv_bytes_per_token(g, "bf16", 512) == per_layer * 62          # inside the window: every layer
-    assert shapes.kv_bytes_per_token(g) == per_layer * 62                       # no context: the upper bound
+    assert counts.kv_cache_bytes(g, ctx) == per_layer * (10 * ctx + 52 * 1024)
+    assert counts.kv_bytes_per_token(g, "bf16", ctx) == per_layer * (10 * ctx + 52 * 1024) / ctx
+    assert counts.kv_bytes_per_token(g, "bf16", 512) == per_layer * 62          # inside the window: every layer
+    assert counts.kv_bytes_per_token(g) == per_layer * 62                       # no context: the upper bound
     o = MODELS["gpt-oss-120b"]      # 36 layers alternating: 18 full, 18 keep 128 tokens; 8 KV heads x 64
-    assert shapes.kv_cache_bytes(o, ctx, "fp8") == 2 * 8 * 64 * 1 * (18 * ctx + 18 * 128)
+    assert counts.kv_cache_bytes(o, ctx, "fp8") == 2 * 8 * 64 * 1 * (18 * ctx + 18 * 128)
     # int8 adds fp16 scales as the engine's paged cache keeps them: per 32 values of a K vector (2 for
     # head_dim 64) and one per V vector, per KV head (engine.common.formulas.kv_pair_bytes)
-    assert shapes.kv_cache_bytes(o, ctx, "int8") == (2 * 8 * 64 + 8 * (2 * 2 + 2)) * (18 * ctx + 18 * 128)
+    assert counts.kv_cache_bytes(o, ctx, "int8") == (2 * 8 * 64 + 8 * (2 * 2 + 2)) * (18 * ctx + 18 * 128)
 
 
 def test_kv_bytes_mla_latent():
     d = MODELS["deepseek-v3"]       # 61 layers x (kv_lora_rank 512 + qk_rope_head_dim 64) values, bf16
-    assert shapes.kv_bytes_per_token(d, "bf16") == 61 * (512 + 64) * 2
-    assert shapes.kv_cache_bytes(d, 100_000, "bf16") == 61 * (512 + 64) * 2 * 100_000
-    assert shapes.kv_bytes_per_token(d, "int8") == 61 * ((512 + 64) + 2)
+    assert counts.kv_bytes_per_token(d, "bf16") == 61 * (512 + 64) * 2
+    assert counts.kv_cache_bytes(d, 100_000, "bf16") == 61 * (512 + 64) * 2 * 100_000
+    assert counts.kv_bytes_per_token(d, "int8") == 61 * ((512 + 64) + 2)
     # The latent is one vector for all heads: each GPU of a TP group holds all of it.
     mem = memory(Deployment(d, GPUS["H200"] if "H200" in GPUS else next(iter(GPUS.values())), "fp8", tp=8))
-    assert mem.kv_per_token == shapes.kv_bytes_per_token(d, "bf16")
+    assert mem.kv_per_token == counts.kv_bytes_per_token(d, "bf16")
 
 
 def test_windowed_memory_holds_requests_by_their_window():
@@ -180,16 +182,16 @@ def test_windowed_memory_holds_requests_by_their_window():
     mem = memory(Deployment(g, GPUS["H100 SXM"], "bf16"))
     tokens = 65536
     free = mem.kv_budget_tokens * mem.kv_per_token
-    assert mem.kv_bytes(tokens) == pytest.approx(shapes.kv_cache_bytes(g, tokens))
-    assert mem.max_concurrency(tokens) == int(free // shapes.kv_cache_bytes(g, tokens))
-    assert mem.max_concurrency(tokens) > int(free // (shapes.kv_bytes_per_token(g) * tokens))
+    assert mem.kv_bytes(tokens) == pytest.approx(counts.kv_cache_bytes(g, tokens))
+    assert mem.max_concurrency(tokens) == int(free // counts.kv_cache_bytes(g, tokens))
+    assert mem.max_concurrency(tokens) > int(free // (counts.kv_bytes_per_token(g) * tokens))
     # Decode reads the held KV only: the step at 64K reads kv_cache_bytes, not 62 full layers.
     st = decode_step(Deployment(g, GPUS["H100 SXM"], "bf16"), 4, tokens)
-    assert st.kv_bytes == pytest.approx(4 * shapes.kv_cache_bytes(g, tokens))
+    assert st.kv_bytes == pytest.approx(4 * counts.kv_cache_bytes(g, tokens))
 
 
 def test_expected_experts_touched():
-    f = shapes.expected_experts_touched
+    f = counts.expected_experts_touched
     assert f(128, 8, 1) == pytest.approx(8)
     assert f(128, 8, 5) == pytest.approx(128 * (1 - (1 - 8 / 128) ** 5))
     assert f(8, 2, 1000) == pytest.approx(8)
@@ -201,7 +203,7 @@ def test_expected_experts_touched():
     # The roofline reads the touched share of the expert bytes.
     m = MODELS["qwen3-30b-a3b"]
     dep = Deployment(m, GPUS["H100 SXM"], "bf16")
-    wb = shapes.weight_bytes_breakdown(m, "bf16")
+    wb = counts.weight_bytes_breakdown(m, "bf16")
     one, five = decode_step(dep, 1, 0), decode_step(dep, 5, 0)
     row = wb.embedding / m.vocab
     assert five.weight_bytes - one.weight_bytes == pytest.approx(
@@ -279,4 +281,4 @@ def test_moe_default_draft_is_cheaper_per_token():
     assert default_draft(MODELS["qwen3-30b-a3b"], MODELS) is None
     assert default_draft(MODELS["qwen3-32b"], MODELS).name == "qwen3-8b"
     assert default_draft(MODELS["llama-3.3-70b"], MODELS).name == "llama-3.2-1b"
-    assert math.isfinite(shapes.param_count(MODELS["mixtral-8x22b"], True))
+    assert math.isfinite(counts.param_count(MODELS["mixtral-8x22b"], True))

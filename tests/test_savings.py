@@ -8,7 +8,7 @@ import pytest
 
 from engine import planner
 from engine.common.formulas import HOURS_PER_MONTH
-from engine.planner import shapes
+from engine.planner import counts, shapes
 from engine.planner.roofline import GIB, activation_reserve, kv_shard
 from engine.planner.savings import acceptance_band, efficiency_error, savings
 
@@ -21,8 +21,8 @@ def catalog():
 def _smallest_tp(model, gpu, precision, tokens, mem_util=0.9):
     """The memory check by hand: weights / TP + activation reserve + one request's KV <= mem_util of the GPU."""
     for tp in (1, 2, 4, 8):
-        need = (shapes.weight_bytes(model, precision) / tp + activation_reserve(model, tp)
-                + shapes.kv_cache_bytes(model, tokens, "bf16") * kv_shard(model, tp))
+        need = (counts.weight_bytes(model, precision) / tp + activation_reserve(model, tp)
+                + counts.kv_cache_bytes(model, tokens, "bf16") * kv_shard(model, tp))
         if need <= gpu.memory_gb * GIB * mem_util:
             return tp
     return None

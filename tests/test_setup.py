@@ -80,7 +80,8 @@ def test_a_playground_run_is_stored_with_its_kind_and_typed_config(pool, tmp_pat
 
 
 def test_calibration_reads_group_size_and_embedding_quantization_from_a_stored_bench_record(pool, tmp_path):
-    from engine.planner import hf_config, shapes
+    from engine.planner import hf_config
+    from engine.planner import counts
     from engine.planner.calibration import record_bytes_per_token
     from engine.quant import make_spec
 
@@ -97,8 +98,8 @@ def test_calibration_reads_group_size_and_embedding_quantization_from_a_stored_b
     for k in ("bytes_per_token", "weight_bytes", "kv_bytes"):  # what a record without measured bytes lacks
         d["metrics"].pop(k, None)
     got = record_bytes_per_token(d, {"tiny": tiny})
-    assert got == shapes.decode_read_bytes(tiny, "int4", 1, True, True, 32, base_dtype="fp32")
-    assert got != shapes.decode_read_bytes(tiny, "int4", 1, False, True, 64, base_dtype="fp32")  # the old fallback
+    assert got == counts.decode_read_bytes(tiny, "int4", 1, True, True, 32, base_dtype="fp32")
+    assert got != counts.decode_read_bytes(tiny, "int4", 1, False, True, 64, base_dtype="fp32")  # the old fallback
 
 
 def test_the_pool_evicts_least_recently_used_past_its_byte_budget():

@@ -11,9 +11,10 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine.planner import shapes  # noqa: E402
-from engine.planner.shapes import (decode_read_bytes, get_model, kv_bytes_per_token, linear_bytes,  # noqa: E402
-                           load_models, param_count, weight_bytes, weight_bytes_breakdown)
+from engine.planner import counts, shapes  # noqa: E402
+from engine.planner.counts import (decode_read_bytes, kv_bytes_per_token, linear_bytes, param_count,  # noqa: E402
+                                   weight_bytes, weight_bytes_breakdown)
+from engine.planner.shapes import get_model, load_models  # noqa: E402
 from engine.quant.accounting import state_dict_bytes, state_dict_param_count  # noqa: E402
 from engine.peers.gguf_tools import gguf_tensor_shapes  # noqa: E402
 from engine.planner.hf_config import shape_from_hf_config  # noqa: E402
@@ -121,7 +122,7 @@ def test_moe_active_params():
     m = MODELS["mixtral-8x7b"]
     # 12.9B active (Mixtral paper): attention + 2 of 8 experts + router + embeddings.
     assert param_count(m, active=True) == 12_879_925_248
-    assert shapes.matmul_params_per_token(m) < param_count(m, active=True)
+    assert counts.matmul_params_per_token(m) < param_count(m, active=True)
 
 
 def test_aliases_and_unknown_model():
@@ -152,7 +153,7 @@ def test_linear_byte_formats():
 
 def test_weight_bytes_qwen_05b_by_hand():
     m = MODELS["qwen2.5-0.5b"]
-    pb = shapes.param_breakdown(m)
+    pb = counts.param_breakdown(m)
     assert weight_bytes(m, "fp32") == 4 * pb.total
     assert weight_bytes(m, "bf16") == 2 * pb.total
     # int8: block linears int8 + fp32 row scales; embedding (tied head) + norms + biases in bf16.
@@ -178,7 +179,7 @@ def test_quantized_tied_head_gets_its_own_copy():
 
 def test_base_and_bias_dtype():
     m = MODELS["qwen2.5-coder-0.5b"]
-    pb = shapes.param_breakdown(m)
+    pb = counts.param_breakdown(m)
     cpu = weight_bytes(m, "int4", base_dtype="fp32")
     gpu = weight_bytes(m, "int4")
     assert cpu - gpu == 2 * (pb.embedding + pb.norms + pb.biases)
@@ -226,8 +227,8 @@ def test_kv_bytes_per_token():
 
 def test_flops():
     m = MODELS["llama-3.1-8b"]
-    assert shapes.flops_per_token(m, 0) == 2 * shapes.matmul_params_per_token(m)
-    assert shapes.prefill_flops(m, 1) == pytest.approx(shapes.flops_per_token(m, 1))
+    assert counts.flops_per_token(m, 0) == 2 * counts.matmul_params_per_token(m)
+    assert counts.prefill_flops(m, 1) == pytest.approx(counts.flops_per_token(m, 1))
 
 
 # ---------------------------------------------------------------- real checkpoints
@@ -338,8 +339,8 @@ def test_int4_mixed_holds_at_int8_exactly_the_tensors_the_shipped_q4_k_m_gives_m
     linears = {t.name: t.tensor_type.name for t in r.tensors if t.name.startswith("blk.") and len(t.shape) == 2}
     assert len(linears) == 7 * m.layers
     more = [n.split(".")[2] for n, t in linears.items() if t != "Q4_K"]
-    assert sorted(more) == ["attn_v"] * 14 + ["ffn_down"] * 14 and shapes.more_bits_layers(m.layers) == 14
-    assert [shapes.more_bits_layers(n) for n in (24, 28, 32, 80)] == [12, 14, 16, 40]
+    assert sorted(more) == ["attn_v"] * 14 + ["ffn_down"] * 14 and counts.more_bits_layers(m.layers) == 14
+    assert [counts.more_bits_layers(n) for n in (24, 28, 32, 80)] == [12, 14, 16, 40]
     # 2 x 14 linears and the head at int8 instead of int4 g32: the bytes grow by exactly their difference
     kv, h, inter = m.kv_dim, m.hidden, m.intermediate
     extra = sum(14 * (linear_bytes(o, i, "int8") - linear_bytes(o, i, "int4", 32)) for o, i in ((kv, h), (h, inter)))

@@ -1,7 +1,7 @@
 """Experts touched per step on an MoE target: what engine.infer.moe counted, beside the planner's formula.
 
 The planner prices an MoE decode step by the experts its tokens touch, E (1 - (1 - k/E)^T) for T rows
-routed uniformly and independently (engine.planner.shapes.expected_experts_touched). A measured run
+routed uniformly and independently (engine.planner.counts.expected_experts_touched). A measured run
 records the count itself, by step kind, with that expectation over the same passes beside it: a
 verification pass of gamma + 1 rows reads more experts than a decode pass of one, which is why
 speculation pays less on an MoE target than on a dense one of the same active size.
@@ -9,7 +9,7 @@ speculation pays less on an MoE target than on a dense one of the same active si
 from __future__ import annotations
 
 from engine.common.fields import M
-from engine.planner.shapes import expected_experts_touched
+from engine.planner.counts import expected_experts_touched
 
 
 def touches_metrics(touches) -> dict:

@@ -9,7 +9,7 @@ functions and dataclasses: the planner imports nothing of the engine except engi
 callers hand it records as plain dicts.
 docs/PLANNER.md states the formulas, defaults and sources.
 """
-from engine.planner import shapes
+from engine.planner import counts, shapes
 from engine.planner.acceptance import (acceptance_from_mean_length, expected_tokens_per_step, spec_speedup,
                                        tokens_per_step_variance)
 from engine.planner.calibration import AcceptanceObs, Calibration, Fit, calibrate, record_bytes_per_token
@@ -30,7 +30,7 @@ from engine.planner.sweep import batch_sweep, crossovers, packing
 from engine.planner.workload import MAX_REQUEST_RATE, MAX_TOKENS, MAX_USD_PER_GPU_HOUR, Workload
 
 __all__ = [
-    "shapes", "AcceptanceObs", "Calibration", "Fit", "calibrate", "record_bytes_per_token", "FAMILIES",
+    "counts", "shapes", "AcceptanceObs", "Calibration", "Fit", "calibrate", "record_bytes_per_token", "FAMILIES",
     "Efficiency", "KernelFamily", "compute_dtype", "PlanError", "GPU", "GPUS_PATH", "THIS_MACHINE", "CatalogError",
     "find_gpu", "load_gpus", "price_table", "probe_from_records", "check_published", "load_published",
     "predict_published", "published_table_markdown", "ServingPoint", "closed_loop_point", "max_rate",

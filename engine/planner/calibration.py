@@ -22,7 +22,7 @@ from engine.common.errors import UserError
 from engine.common.fields import L, M, S
 from engine.common.record_setup import base_precision, setup_from_record
 from engine.common.vocab import PRECISIONS, canonical_model_name
-from engine.planner import shapes
+from engine.planner import counts, shapes
 from engine.planner.acceptance import acceptance_from_mean_length, relation
 from engine.planner.efficiency import FAMILIES
 from engine.planner.shapes import ModelShape, ShapeError
@@ -272,7 +272,7 @@ def record_bytes_per_token(rec: Mapping, models: Mapping[str, ModelShape] | None
         base = "fp32" if _get(rec, "machine", "device", default="cpu") == "cpu" else None
         try:  # the quantization options as the record's setup states them, whichever schema stored it
             setup = setup_from_record(cfg)
-            wb = shapes.decode_read_bytes(shape, record_precision(cfg), 1, bool(setup.quantize_embeddings),
+            wb = counts.decode_read_bytes(shape, record_precision(cfg), 1, bool(setup.quantize_embeddings),
                                           bool(setup.quantize_head), int(setup.group_size), base_dtype=base)
         except (ShapeError, UserError, TypeError, ValueError):
             return None
@@ -398,7 +398,7 @@ def calibrate(records: Iterable[Mapping], fit_overhead: bool = False, overhead_s
     for (dev, prec, model, layers), got in loads.items():
         pf = pf_med.get((dev, prec))
         shape = shapes.get_model(model, models)
-        pts = [(pt.batch, pt.decode_step(shapes.prefill_flops(shape, pt.prompt) / (pf * 1e12) if pf else 0.0),
+        pts = [(pt.batch, pt.decode_step(counts.prefill_flops(shape, pt.prompt) / (pf * 1e12) if pf else 0.0),
                 rid, pt.flops) for pt, rid in got]
         bf = _batch_fit(dev, prec, model, layers, pts)
         if bf is None:
@@ -457,7 +457,7 @@ def _load_point(rec: Mapping, models) -> _LoadPoint | str:
     w = cfg.get("workload") or {}
     n = w.get("requests") or 0
     ctx = ((w.get("prompt_tokens_total") or 0) + 0.5 * (w.get("requested_output_tokens_total") or 0)) / n if n else 0
-    flops = shapes.flops_per_token(shape, ctx)  # the roofline's formula (sliding windows and MLA included)
+    flops = counts.flops_per_token(shape, ctx)  # the roofline's formula (sliding windows and MLA included)
     prof = cfg.get("profile") or {}
     streams = int(prof["streams"]) if prof.get("kind") == "concurrent" and prof.get("streams") else None
     return _LoadPoint(batch, float(step), flops, shape.name, shape.layers, streams, float(m.get(L.request_s) or 0.0),
@@ -471,7 +471,7 @@ def _load_prefill_tflops(rec: Mapping, pt: "_LoadPoint", models) -> float | None
     ttft = (_get(rec, "metrics", M.load) or {}).get(L.ttft_s_p50)
     if pt.batch > BATCHED or not _finite_pos(ttft) or pt.prompt < 1:
         return None
-    return shapes.prefill_flops(shapes.get_model(pt.model, models), pt.prompt) / float(ttft) / 1e12
+    return counts.prefill_flops(shapes.get_model(pt.model, models), pt.prompt) / float(ttft) / 1e12
 
 
 def _batch_fit(dev: str, prec: str, model: str, layers: int, pts) -> BatchFit | None:
@@ -502,4 +502,4 @@ def _record_prefill_tflops(rec: Mapping, models) -> float | None:
         return None
     batch = cfg.get("batch_size") or 1
     per_seq = max(1, int(round(pt / batch)))
-    return batch * shapes.prefill_flops(shape, per_seq) / ps / 1e12
+    return batch * counts.prefill_flops(shape, per_seq) / ps / 1e12

@@ -15,7 +15,7 @@ import math
 from dataclasses import asdict, dataclass, field
 
 from engine.common.vocab import BNB_PRECISIONS
-from engine.planner import shapes
+from engine.planner import counts, shapes
 from engine.planner.calibration import Calibration
 from engine.planner.efficiency import FAMILIES, Efficiency, FitTable, KernelFamily, compute_dtype, shipped_fit
 from engine.planner.errors import PlanError
@@ -243,7 +243,7 @@ class _Coef:
 def _fixed_weight_bytes(model: ModelShape, precision: str, dep: Deployment) -> float:
     """Bytes a decode step reads whatever its batch: dense blocks, the head (all of the embedding
     table when tied), norms; not MoE experts, nor an untied embedding table (only its tokens' rows)."""
-    wb = shapes.weight_bytes_breakdown(model, precision, dep.quantize_embeddings, dep.quantize_head, dep.group_size)
+    wb = counts.weight_bytes_breakdown(model, precision, dep.quantize_embeddings, dep.quantize_head, dep.group_size)
     head = wb.embedding if wb.head_shares_embedding else wb.head
     return wb.blocks - wb.experts + head + wb.small
 
@@ -256,12 +256,12 @@ def _coef(dep: Deployment, model: ModelShape, precision: str, layers_overhead: b
     gpu, tp = dep.gpu, dep.tp
     eff, _ = dep.efficiency(precision)
     fam = dep.family_obj()
-    wb = shapes.weight_bytes_breakdown(model, precision, dep.quantize_embeddings, dep.quantize_head, dep.group_size)
+    wb = counts.weight_bytes_breakdown(model, precision, dep.quantize_embeddings, dep.quantize_head, dep.group_size)
     cdt, _ = compute_dtype(gpu, precision)
     peak = (gpu.peak_tflops(cdt) if cdt else None) or 1e-9
     bw = gpu.mem_bw_tbs * 1e12
-    kv_layer = shapes.kv_layer_bytes(model, dep.kv_dtype) * kv_shard(model, tp)
-    pair = shapes.attention_pair_flops(model) / tp
+    kv_layer = counts.kv_layer_bytes(model, dep.kv_dtype) * kv_shard(model, tp)
+    pair = counts.attention_pair_flops(model) / tp
     if tp > 1:
         link_bw = max(gpu.interconnect_gbs, 1e-3) * 1e9 * ALLREDUCE_BW_FRACTION
         lat = ALLREDUCE_LATENCY_US["nvlink" if gpu.nvlink else "pcie"] * 1e-6
@@ -278,7 +278,7 @@ def _coef(dep: Deployment, model: ModelShape, precision: str, layers_overhead: b
         kv_tok=kv_layer * model.global_layers,
         kv_local=kv_layer * model.local_layers,
         window=model.sliding_window,
-        f_lin=2.0 * shapes.matmul_params_per_token(model) / tp,
+        f_lin=2.0 * counts.matmul_params_per_token(model) / tp,
         f_attn=pair * model.global_layers,
         f_attn_local=pair * model.local_layers,
         inv_bw_w=1.0 / (eff.mem_bw * bw),
@@ -297,7 +297,7 @@ def _step_parts(c: _Coef, batch: float, context: float, tokens_per_seq: float):
     tokens = batch * tokens_per_seq
     w = c.w_fixed + c.row * tokens
     if c.w_experts:
-        w += c.w_experts * shapes.expected_experts_touched(c.experts, c.active, max(1.0, tokens)) / c.experts
+        w += c.w_experts * counts.expected_experts_touched(c.experts, c.active, max(1.0, tokens)) / c.experts
     held = min(context, c.window) if c.window else 0.0
     kv = batch * (context * c.kv_tok + held * c.kv_local)
     flops = tokens * (c.f_lin + c.f_attn * context + c.f_attn_local * held)
@@ -336,9 +336,9 @@ def prefill_step(dep: Deployment, tokens: int, batch: int = 1) -> Step:
     gpu, tp, m = dep.gpu, dep.tp, dep.model
     eff, _ = dep.efficiency()
     fam = dep.family_obj()
-    wbytes = shapes.weight_bytes(m, dep.precision, dep.quantize_embeddings, dep.quantize_head, dep.group_size) / tp
-    kvw = batch * shapes.kv_cache_bytes(m, tokens, dep.kv_dtype) * kv_shard(m, tp)
-    flops = batch * shapes.prefill_flops(m, tokens) / tp
+    wbytes = counts.weight_bytes(m, dep.precision, dep.quantize_embeddings, dep.quantize_head, dep.group_size) / tp
+    kvw = batch * counts.kv_cache_bytes(m, tokens, dep.kv_dtype) * kv_shard(m, tp)
+    flops = batch * counts.prefill_flops(m, tokens) / tp
     cdt, _ = compute_dtype(gpu, dep.precision)
     peak = (gpu.peak_tflops(cdt) if cdt else None) or 1e-9
     # The lab's measured prefill rate where it has one: prefill GEMMs run at another rate than the
@@ -447,15 +447,15 @@ def memory(dep: Deployment) -> Memory:
     g, m, tp = dep.gpu, dep.model, dep.tp
     util = dep.mem_util if dep.mem_util is not None else DEFAULT_MEM_UTIL.get(g.kind, 0.9)
     usable = g.memory_gb * GIB * util
-    w = shapes.weight_bytes(m, dep.precision, dep.quantize_embeddings, dep.quantize_head, dep.group_size) / tp
-    kvpt = shapes.kv_bytes_per_token(m, dep.kv_dtype) * kv_shard(m, tp)
+    w = counts.weight_bytes(m, dep.precision, dep.quantize_embeddings, dep.quantize_head, dep.group_size) / tp
+    kvpt = counts.kv_bytes_per_token(m, dep.kv_dtype) * kv_shard(m, tp)
     windowed = _windowed(m, dep.kv_dtype, tp)
     dw = 0.0
     if dep.spec is not None and dep.spec.draft_kind in ("model", "self") and dep.spec.draft_cost_ratio is None:
         dm = dep.draft or m
         dp = dep.spec.draft_precision or ("int4" if dep.spec.draft_kind == "self" else dep.precision)
-        dw = shapes.weight_bytes(dm, dp, dep.quantize_embeddings, dep.quantize_head, dep.group_size) / tp
-        kvpt += shapes.kv_bytes_per_token(dm, dep.kv_dtype) * kv_shard(dm, tp)
+        dw = counts.weight_bytes(dm, dp, dep.quantize_embeddings, dep.quantize_head, dep.group_size) / tp
+        kvpt += counts.kv_bytes_per_token(dm, dep.kv_dtype) * kv_shard(dm, tp)
         windowed += _windowed(dm, dep.kv_dtype, tp)
     reserve = dep.reserve_gib * GIB if dep.reserve_gib is not None else activation_reserve(m, tp)
     free = usable - w - dw - reserve
@@ -465,4 +465,4 @@ def memory(dep: Deployment) -> Memory:
 def _windowed(m: ModelShape, kv_dtype: str, tp: int) -> tuple:
     if not m.local_layers:
         return ()
-    return ((shapes.kv_layer_bytes(m, kv_dtype) * m.local_layers * kv_shard(m, tp), m.sliding_window),)
+    return ((counts.kv_layer_bytes(m, kv_dtype) * m.local_layers * kv_shard(m, tp), m.sliding_window),)

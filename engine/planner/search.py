@@ -13,7 +13,7 @@ from typing import Mapping
 
 from engine.common.formulas import HOURS_PER_MONTH, SECONDS_PER_HOUR
 from engine.common.vocab import PRECISIONS
-from engine.planner import shapes
+from engine.planner import counts, shapes
 from engine.planner.calibration import Calibration
 from engine.planner.candidates import cannot_run, candidates
 from engine.planner.efficiency import compute_dtype
@@ -375,8 +375,8 @@ def plan(w: Workload, gpus: Mapping[str, GPU] | None = None, models: Mapping[str
 
 def _need_gib(model: ModelShape, w: Workload, p: str, tp: int) -> float:
     """GiB one GPU needs at TP `tp`: weights/tp + reserve + KV for one request, over mem_util 0.9."""
-    wb = shapes.weight_bytes(model, p, w.quantize_embeddings, w.quantize_head, w.group_size)
-    kv = shapes.kv_cache_bytes(model, w.input_tokens + w.output_tokens, w.kv_dtype) * kv_shard(model, tp)
+    wb = counts.weight_bytes(model, p, w.quantize_embeddings, w.quantize_head, w.group_size)
+    kv = counts.kv_cache_bytes(model, w.input_tokens + w.output_tokens, w.kv_dtype) * kv_shard(model, tp)
     return (wb / tp + kv + activation_reserve(model, tp)) / (w.mem_util or 0.9) / GIB
 
 

@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Mapping
 
 from engine.common.vocab import PRECISIONS
-from engine.planner import shapes
+from engine.planner import counts, shapes
 from engine.planner.acceptance import expected_tokens_per_step, relation
 from engine.planner.errors import PlanError
 from engine.planner.shapes import ModelShape
@@ -74,11 +74,11 @@ def default_draft(model: ModelShape, models: Mapping[str, ModelShape]) -> ModelS
     prefix = model.name.rsplit("-", 1)[0]
     # Same tokenizer: vocab sizes may differ by padding (Qwen2.5: 151936 small, 152064 large).
     same = [m for m in models.values() if m.family == model.family and abs(m.vocab - model.vocab) <= 0.01 * model.vocab
-            and m.name != model.name and shapes.param_count(m, True) * 2 <= shapes.param_count(model, True)
+            and m.name != model.name and counts.param_count(m, True) * 2 <= counts.param_count(model, True)
             and m.extra_linear_params == 0]
     if not same:
         return None
-    return min(same, key=lambda m: (m.name.rsplit("-", 1)[0] != prefix, shapes.param_count(m)))
+    return min(same, key=lambda m: (m.name.rsplit("-", 1)[0] != prefix, counts.param_count(m)))
 
 
 def choose_spec(w, model: ModelShape, models: Mapping[str, ModelShape], calibration: Calibration | None = None

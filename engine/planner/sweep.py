@@ -12,7 +12,7 @@ from dataclasses import replace
 from typing import Sequence
 
 from engine.common.vocab import PRECISIONS
-from engine.planner import shapes
+from engine.planner import counts
 from engine.planner.acceptance import acceptance_from_mean_length
 from engine.planner.calibration import Calibration
 from engine.planner.candidates import candidates, cannot_run, runnable
@@ -125,8 +125,8 @@ def packing(model: ModelShape, gpu: GPU, precisions: Sequence[str] = PRECISIONS,
     rows = []
     for p in precisions:
         fits_gpu = cannot_run(model, gpu, p) is None
-        wb = shapes.weight_bytes(model, p)
-        kv = shapes.kv_cache_bytes(model, context_tokens, kv_dtype) * concurrency
+        wb = counts.weight_bytes(model, p)
+        kv = counts.kv_cache_bytes(model, context_tokens, kv_dtype) * concurrency
         per = wb + kv + per_replica_overhead_gib * GIB
         n = int(usable // per) if fits_gpu else 0
         rows.append({"precision": p, "replicas": n, "runnable": fits_gpu, "weights_gb": wb / 1e9,

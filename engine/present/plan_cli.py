@@ -393,7 +393,7 @@ def refit_mode(a, x: Inputs) -> int:
 
 def tables_mode(a, x: Inputs) -> int:
     if a.table == "models":
-        rows = text.models_rows(x.models, shapes)
+        rows = text.models_rows(x.models)
         print(json.dumps(rows, indent=1) if a.json else text.table(rows, [(k, k) for k in rows[0]]))
         return 0
     if a.table == "gpus":

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import math
 
+from engine.planner import counts
+
 
 def num(x, nd=2, scale=1.0) -> str:
     """A number with thousands separators, or "" when there is none (None, inf, nan)."""
@@ -174,14 +176,14 @@ def packing_text(rows: list[dict], model, gpu, context: int) -> str:
                                     ("runnable", "runnable")])])
 
 
-def models_rows(models, shapes) -> list[dict]:
-    """The catalog's shapes and sizes (`shapes`: engine.planner.shapes, which computes them)."""
-    return [{"model": m.name, "params": f"{shapes.param_count(m) / 1e9:.2f}B",
-             "active": f"{shapes.param_count(m, True) / 1e9:.2f}B",
-             "bf16_GB": f"{shapes.weight_bytes(m, 'bf16') / 1e9:.2f}",
-             "int8_GB": f"{shapes.weight_bytes(m, 'int8') / 1e9:.2f}",
-             "int4_GB": f"{shapes.weight_bytes(m, 'int4') / 1e9:.2f}",
-             "kv_KB_tok": f"{shapes.kv_bytes_per_token(m) / 1024:.0f}", "context": m.max_context,
+def models_rows(models) -> list[dict]:
+    """The catalog's shapes and their sizes (engine.planner.counts computes them)."""
+    return [{"model": m.name, "params": f"{counts.param_count(m) / 1e9:.2f}B",
+             "active": f"{counts.param_count(m, True) / 1e9:.2f}B",
+             "bf16_GB": f"{counts.weight_bytes(m, 'bf16') / 1e9:.2f}",
+             "int8_GB": f"{counts.weight_bytes(m, 'int8') / 1e9:.2f}",
+             "int4_GB": f"{counts.weight_bytes(m, 'int4') / 1e9:.2f}",
+             "kv_KB_tok": f"{counts.kv_bytes_per_token(m) / 1024:.0f}", "context": m.max_context,
              "hf_id": m.hf_id} for m in models.values()]
 
 

@@ -210,7 +210,7 @@ def kv_fit_rows(inputs: dict, model: str, budget_gib: float, context_tokens: int
     """Sequences of `context_tokens` that a KV budget holds at each KV precision (the planner's byte formula,
     engine.common.formulas.kv_pair_bytes, which the engine's paged cache allocates by), against bf16."""
     m = inputs["models"][model]
-    per_seq = {kv: planner.shapes.kv_cache_bytes(m, context_tokens, kv) for kv in planner.shapes.KV_DTYPES}
+    per_seq = {kv: planner.counts.kv_cache_bytes(m, context_tokens, kv) for kv in planner.shapes.KV_DTYPES}
     fits = {kv: int(budget_gib * 2 ** 30 // b) for kv, b in per_seq.items()}
     return [{"kv_dtype": kv, "kib_per_token": per_seq[kv] / context_tokens / 1024, "sequences": fits[kv],
              "vs_bf16": fits[kv] / fits["bf16"] if fits["bf16"] else None,
