@@ -1,7 +1,9 @@
-"""Rules of the suite itself: where a skip is a failure, and what no test may do to the import path."""
+"""Rules of the suite itself (where a skip is a failure, what no test may do to the import path) and of the code
+(no module past 600 lines)."""
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 from tests import conftest
@@ -31,3 +33,13 @@ def test_bench_is_not_on_the_import_path():
     """Every test module is imported by now: none put bench/ on sys.path, where `kernel_speed`, `load` or `peers`
     would shadow an installed package (bench/kernels.py once shadowed `kernels`, which transformers imports)."""
     assert str(BENCH) not in sys.path and str(BENCH) + "/" not in sys.path
+
+
+MAX_MODULE_LINES = 600  # one module, one idea: past this it is two (docs/ARCHITECTURE.md)
+
+
+def test_no_module_is_longer_than_600_lines():
+    root = Path(__file__).resolve().parents[1]
+    files = [root / "app.py"] + [f for d in ("engine", "pages", "bench", "tests") for f in (root / d).rglob("*.py")]
+    long = {str(f.relative_to(root)): n for f in files if (n := len(f.read_text().splitlines())) > MAX_MODULE_LINES}
+    assert files and not long, f"split by idea: {long}"
