@@ -22,11 +22,12 @@ from engine.planner.queueing import ServingPoint, closed_loop_point, max_rate, s
 from engine.planner.roofline import (ALLREDUCE_BW_FRACTION, DEFAULT_MAX_BATCH, DEFAULT_MEM_UTIL, Deployment, Memory,
                                      SpecStep, Step, activation_reserve, allreduce_time, decode_step, forward_cost,
                                      memory, per_token_step, prefill_step, spec_step)
-from engine.planner.search import (MAX_GPUS_PER_PLAN, TP_OPTIONS, Plan, PlanResult, Why, evaluate_plan, make_deployment,
+from engine.planner.search import (MAX_GPUS_PER_PLAN, TP_OPTIONS, Plan, PlanResult, evaluate_plan, make_deployment,
                                    plan)
 from engine.planner.shapes import ModelShape, ShapeError
 from engine.planner.speculation import ASSUMED_ACCEPTANCE, ASSUMED_GAMMA, SpecConfig, choose_spec, default_draft
 from engine.planner.sweep import batch_sweep, crossovers, packing
+from engine.planner.why import Why
 from engine.planner.workload import MAX_REQUEST_RATE, MAX_TOKENS, MAX_USD_PER_GPU_HOUR, Workload
 
 __all__ = [

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass
 
 from engine.planner.roofline import Deployment, memory, per_token_step, prefill_step
 from engine.planner.acceptance import tokens_per_step_variance
+from engine.planner.why import Why, ms
 
 Z90 = 1.2816            # standard normal 90th percentile
 
@@ -35,6 +36,21 @@ class ServingPoint:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    def batch_why(self, output_tokens: int) -> Why:
+        return Why("decode batch", f"Little's law: B = rate {self.rate:.3g}/s * {output_tokens} tokens * TPOT",
+                   self.batch, "sequences")
+
+    def latency_why(self, speculative: bool) -> list[Why]:
+        """The prefill share and the latencies it leads to (serving_point's model, in its words)."""
+        return [
+            Why("prefill share of GPU time", f"rho = rate * prefill = {self.rate:.3g} * {ms(self.prefill_s):.1f} ms",
+                self.prefill_util, "fraction"),
+            Why("TPOT mean", "round / (E * (1 - rho))", ms(self.tpot_mean_s), "ms"),
+            Why("TPOT p90", "mean + 1.2816 sd of a request's decode time (prefill interruptions ~ Poisson"
+                + (", rounds ~ acceptance" if speculative else "") + ") / output tokens", ms(self.tpot_p90_s), "ms"),
+            Why("TTFT p90", "prefill + one decode round + M/D/1 wait p90 = (W/rho) ln(10 rho)", ms(self.ttft_p90_s),
+                "ms")]
 
 
 def _unstable(rate, why, prefill_s=math.inf) -> ServingPoint:

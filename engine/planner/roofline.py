@@ -22,6 +22,7 @@ from engine.planner.errors import PlanError
 from engine.planner.gpus import GPU
 from engine.planner.shapes import ModelShape
 from engine.planner.speculation import SpecConfig
+from engine.planner.why import Why, ms
 
 GIB = 2 ** 30
 # Tensor-parallel all-reduce. NVLink/PCIe datasheet figures are bidirectional per GPU; NCCL ring
@@ -198,6 +199,34 @@ class Step:
         d.update(t_memory=self.t_memory, total=self.total, bound=self.bound)
         return d
 
+    def decode_why(self, dep: "Deployment", eff: Efficiency) -> list[Why]:
+        """The decode step's roofline terms, at the efficiencies `eff` it was computed with."""
+        g, m = dep.gpu, dep.model
+        cdt, _ = compute_dtype(g, dep.precision)
+        return [
+            Why("decode step: weights",
+                f"{self.weight_bytes / 1e9:.2f} GB / ({eff.mem_bw:.2f} * {g.mem_bw_tbs:g} TB/s)", ms(self.t_weights),
+                "ms"),
+            Why("decode step: KV read",
+                f"{self.kv_bytes / 1e9:.2f} GB / ({dep.family_obj().kv_mem_bw:.2f} * bandwidth)", ms(self.t_kv), "ms"),
+            Why("decode step: compute", f"{self.flops / 1e12:.2f} TFLOP / ({eff.compute:.2f} * {g.peak_tflops(cdt):g} "
+                "TFLOPS)", ms(self.t_compute), "ms"),
+            Why("decode step: all-reduce",
+                f"2 * {m.layers} layers * ring all-reduce over {g.interconnect or 'n/a'} (TP {dep.tp})",
+                ms(self.t_comm), "ms"),
+            Why("decode step: overhead", f"{dep.family_obj().name}: fixed per step + per layer", ms(self.t_overhead),
+                "ms"),
+            Why("decode step", f"max(memory, compute) + all-reduce + overhead = {self.bound}-bound", ms(self.total),
+                "ms")]
+
+    def prefill_why(self, dep: "Deployment", eff: Efficiency, tokens: int) -> Why:
+        """A prefill of `tokens` tokens as one term."""
+        g = dep.gpu
+        cdt, _ = compute_dtype(g, dep.precision)
+        return Why("prefill time", f"max({self.flops / 1e12:.2f} TFLOP / ({eff.compute:.2f} * {g.peak_tflops(cdt):g} "
+                   f"TFLOPS), weights / bandwidth) + all-reduces + overhead, {tokens} tokens ({self.bound}-bound)",
+                   ms(self.total), "ms")
+
 
 def allreduce_time(nbytes: float, tp: int, gpu: GPU) -> float:
     """Ring all-reduce: latency + 2*(tp-1)/tp * bytes / (ALLREDUCE_BW_FRACTION * interconnect)."""
@@ -368,6 +397,17 @@ class SpecStep:
     def total(self) -> float:
         return self.verify.total + self.draft_time
 
+    def why(self, spec: SpecConfig, plain: Step) -> list[Why]:
+        """The round's terms, and its speedup against the `plain` step at the same batch."""
+        return [
+            Why("speculation: tokens per round", f"E = (1 - a^(g+1)) / (1 - a), g={spec.gamma}, {spec.words()}",
+                self.expected_tokens, "tokens"),
+            Why("speculation: verify pass", f"target scores {spec.verify_tokens or spec.gamma + 1} tokens per sequence",
+                ms(self.verify.total), "ms"),
+            Why("speculation: drafting", f"{spec.gamma} x draft step ({spec.draft_kind})", ms(self.draft_time), "ms"),
+            Why("speculation: speedup at this batch", "E * plain step / (verify + drafting)",
+                self.expected_tokens * plain.total / self.total, "x")]
+
 
 def spec_step(dep: Deployment, batch: float, context: float) -> SpecStep:
     """verify(g+1 tokens per sequence, or `verify_tokens`) + g * draft step (draft kinds: SpecConfig)."""
@@ -429,6 +469,22 @@ class Memory:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    def why(self, dep: "Deployment", input_tokens: int, output_tokens: int) -> list[Why]:
+        """Weights, KV per token, the KV budget and the concurrency it allows."""
+        g, m = dep.gpu, dep.model
+        kv = ((f"{m.layers} layers * ({m.kv_lora_rank} + {m.qk_rope_head_dim}) MLA latent" if m.is_mla
+               else f"2 * {m.layers} layers * {m.kv_heads} KV heads * {m.head_dim}") + f" * bytes({dep.kv_dtype})"
+              + (f"; {m.local_layers} layers keep only {m.sliding_window} tokens" if m.local_layers else "")
+              + " (x draft, / TP shard)")
+        return [
+            Why("weights per GPU", f"weight_bytes({m.name}, {dep.precision}) / TP {dep.tp}", self.weights / 1e9, "GB"),
+            Why("KV per token per GPU", kv, self.kv_per_token, "B"),
+            Why("KV budget", f"({g.memory_gb:g} GiB * mem_util {self.usable / (g.memory_gb * GIB):.2f} - weights - "
+                f"reserve {self.reserve / GIB:.1f} GiB) / KV per token", self.kv_budget_tokens, "tokens"),
+            Why("max concurrency", f"KV budget / ({input_tokens} + {output_tokens}) tokens per request, capped at "
+                f"max_batch {dep.max_batch}", min(dep.max_batch, self.max_concurrency(input_tokens + output_tokens)),
+                "requests")]
 
 
 def activation_reserve(model: ModelShape, tp: int) -> float:

@@ -24,24 +24,12 @@ from engine.planner.roofline import (GIB, Deployment, Memory, activation_reserve
                                      prefill_step, spec_step)
 from engine.planner.shapes import ModelShape
 from engine.planner.speculation import SpecConfig, choose_spec
+from engine.planner.why import Why, ms
 from engine.planner.workload import Workload
 
 TP_OPTIONS = (1, 2, 4, 8)
 # A plan needing more GPUs than any fleet holds is refused as infeasible rather than priced.
 MAX_GPUS_PER_PLAN = 1_000_000
-
-
-@dataclass(frozen=True)
-class Why:
-    """One term of a plan's explanation: what, the formula, its value."""
-
-    term: str
-    formula: str
-    value: float | str
-    unit: str = ""
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 @dataclass
@@ -123,17 +111,8 @@ class PlanResult:
                 "plans": [p.to_dict() for p in self.plans]}
 
 
-def _ms(x: float) -> float:
-    return x * 1e3
-
-
 def _count(x: float) -> str:
     return f"{x:,.0f}" if math.isfinite(x) else "infinitely many"
-
-
-def acceptance_words(sc: SpecConfig) -> str:
-    """'acceptance 0.72: measured by the lab (...)': the rate a plan uses and where it comes from."""
-    return f"acceptance {sc.acceptance_rate:.3g}: {sc.source}"
 
 
 def _price(gpu: GPU, w: Workload) -> float:
@@ -162,7 +141,7 @@ def evaluate_plan(dep: Deployment, w: Workload) -> Plan:
     if g.placeholder:
         plan.assumptions.append(f"{g.name}: figures are PLACEHOLDERS until a measured probe is given")
     if dep.spec is not None and dep.spec.assumed:
-        plan.assumptions.append(f"speculation {acceptance_words(dep.spec)}")
+        plan.assumptions.append(f"speculation {dep.spec.words()}")
     if "extrapolated:" in eff_src:
         # No published point covers this GPU generation x kernel family x precision (planner.fit).
         plan.assumptions.append(f"efficiency {eff_src}")
@@ -187,13 +166,13 @@ def evaluate_plan(dep: Deployment, w: Workload) -> Plan:
             return plan
         ftp, fttft = sp.tpot_p90_s, sp.ttft_p90_s
         if ftp > w.tpot_p90_s:
-            plan.reasons.append(f"per-token latency floor is {_ms(ftp):.1f} ms on {dep.tp}x {g.name} at "
-                                f"{dep.precision} (batch 1); the SLO is {_ms(w.tpot_p90_s):.1f} ms")
+            plan.reasons.append(f"per-token latency floor is {ms(ftp):.1f} ms on {dep.tp}x {g.name} at "
+                                f"{dep.precision} (batch 1); the SLO is {ms(w.tpot_p90_s):.1f} ms")
             plan.suggestions.append("more tensor parallelism, a GPU with more memory bandwidth, a smaller "
                                     "precision" + ("" if dep.spec else ", or speculative decoding"))
         if fttft > w.ttft_p90_s:
-            plan.reasons.append(f"time-to-first-token floor is {_ms(fttft):.0f} ms for {I} prompt tokens on "
-                                f"{dep.tp}x {g.name}; the SLO is {_ms(w.ttft_p90_s):.0f} ms")
+            plan.reasons.append(f"time-to-first-token floor is {ms(fttft):.0f} ms for {I} prompt tokens on "
+                                f"{dep.tp}x {g.name}; the SLO is {ms(w.ttft_p90_s):.0f} ms")
             plan.suggestions.append("more tensor parallelism or a GPU with more compute (prefill is compute-bound)")
         if not plan.reasons:
             plan.reasons.append(f"no load meets both SLOs ({sp.limit if sp else ''})")
@@ -238,68 +217,24 @@ def evaluate_plan(dep: Deployment, w: Workload) -> Plan:
 
 
 def _why(dep, w, mem, at, step, rmax, replicas, price, eff, eff_src, cnote) -> list[Why]:
-    g, m = dep.gpu, dep.model
+    """The plan's terms, each written by the function that computed it; the search's own last."""
+    g = dep.gpu
     I, O = w.input_tokens, w.output_tokens
     cdt, _ = compute_dtype(g, dep.precision)
-    pf = prefill_step(dep, I)
-    ys = [
-        Why("weights per GPU", f"weight_bytes({m.name}, {dep.precision}) / TP {dep.tp}", mem.weights / 1e9, "GB"),
-        Why("KV per token per GPU", (f"{m.layers} layers * ({m.kv_lora_rank} + {m.qk_rope_head_dim}) MLA latent"
-            if m.is_mla else f"2 * {m.layers} layers * {m.kv_heads} KV heads * {m.head_dim}")
-            + f" * bytes({dep.kv_dtype})"
-            + (f"; {m.local_layers} layers keep only {m.sliding_window} tokens" if m.local_layers else "")
-            + " (x draft, / TP shard)", mem.kv_per_token, "B"),
-        Why("KV budget", f"({g.memory_gb:g} GiB * mem_util {mem.usable / (g.memory_gb * GIB):.2f} - weights - "
-            f"reserve {mem.reserve / GIB:.1f} GiB) / KV per token", mem.kv_budget_tokens, "tokens"),
-        Why("max concurrency", f"KV budget / ({I} + {O}) tokens per request, capped at max_batch {dep.max_batch}",
-            min(dep.max_batch, mem.max_concurrency(I + O)), "requests"),
+    ys = mem.why(dep, I, O) + [
         Why("efficiency", f"{eff_src}: weights at {eff.mem_bw:.2f} of {g.mem_bw_tbs:g} TB/s, GEMMs at "
             f"{eff.compute:.2f} of {g.peak_tflops(cdt):g} {cdt} TFLOPS ({cnote})", eff.mem_bw, "fraction"),
-        Why("prefill time", f"max({pf.flops / 1e12:.2f} TFLOP / ({eff.compute:.2f} * {g.peak_tflops(cdt):g} TFLOPS), "
-            f"weights / bandwidth) + all-reduces + overhead, {I} tokens ({pf.bound}-bound)", _ms(pf.total), "ms"),
-        Why("decode batch", f"Little's law: B = rate {at.rate:.3g}/s * {O} tokens * TPOT", at.batch, "sequences"),
-        Why("decode step: weights", f"{step.weight_bytes / 1e9:.2f} GB / ({eff.mem_bw:.2f} * {g.mem_bw_tbs:g} TB/s)",
-            _ms(step.t_weights), "ms"),
-        Why("decode step: KV read", f"{step.kv_bytes / 1e9:.2f} GB / ({dep.family_obj().kv_mem_bw:.2f} * bandwidth)",
-            _ms(step.t_kv), "ms"),
-        Why("decode step: compute",
-            f"{step.flops / 1e12:.2f} TFLOP / ({eff.compute:.2f} * {g.peak_tflops(cdt):g} TFLOPS)",
-            _ms(step.t_compute), "ms"),
-        Why("decode step: all-reduce",
-            f"2 * {m.layers} layers * ring all-reduce over {g.interconnect or 'n/a'} (TP {dep.tp})",
-            _ms(step.t_comm), "ms"),
-        Why("decode step: overhead", f"{dep.family_obj().name}: fixed per step + per layer",
-            _ms(step.t_overhead), "ms"),
-        Why("decode step", f"max(memory, compute) + all-reduce + overhead = {step.bound}-bound", _ms(step.total), "ms"),
-    ]
+        prefill_step(dep, I).prefill_why(dep, eff, I), at.batch_why(O)] + step.decode_why(dep, eff)
     if dep.spec is not None:
-        ss = spec_step(dep, max(at.batch, 1.0), I + O / 2)
-        sp = dep.spec
-        ys += [
-            Why("speculation: tokens per round", f"E = (1 - a^(g+1)) / (1 - a), g={sp.gamma}, {acceptance_words(sp)}",
-                ss.expected_tokens, "tokens"),
-            Why("speculation: verify pass", f"target scores {sp.verify_tokens or sp.gamma + 1} tokens per sequence",
-                _ms(ss.verify.total), "ms"),
-            Why("speculation: drafting", f"{sp.gamma} x draft step ({sp.draft_kind})", _ms(ss.draft_time), "ms"),
-            Why("speculation: speedup at this batch", "E * plain step / (verify + drafting)",
-                ss.expected_tokens * step.total / ss.total, "x"),
-        ]
-    ys += [
-        Why("prefill share of GPU time", f"rho = rate * prefill = {at.rate:.3g} * {_ms(at.prefill_s):.1f} ms",
-            at.prefill_util, "fraction"),
-        Why("TPOT mean", "round / (E * (1 - rho))", _ms(at.tpot_mean_s), "ms"),
-        Why("TPOT p90", "mean + 1.2816 sd of a request's decode time (prefill interruptions ~ Poisson"
-            + (", rounds ~ acceptance" if dep.spec else "") + ") / output tokens", _ms(at.tpot_p90_s), "ms"),
-        Why("TTFT p90", "prefill + one decode round + M/D/1 wait p90 = (W/rho) ln(10 rho)", _ms(at.ttft_p90_s), "ms"),
-        Why("capacity per replica", f"largest rate with TTFT p90 <= {_ms(w.ttft_p90_s):.0f} ms and TPOT p90 <= "
-            f"{_ms(w.tpot_p90_s):.1f} ms", rmax, "req/s"),
+        ys += spec_step(dep, max(at.batch, 1.0), I + O / 2).why(dep.spec, step)
+    return ys + at.latency_why(dep.spec is not None) + [
+        Why("capacity per replica", f"largest rate with TTFT p90 <= {ms(w.ttft_p90_s):.0f} ms and TPOT p90 <= "
+            f"{ms(w.tpot_p90_s):.1f} ms", rmax, "req/s"),
         Why("replicas", f"ceil({w.request_rate:g} req/s / {rmax:.3g})", replicas, ""),
         Why("GPUs", f"{replicas} replicas * TP {dep.tp}", replicas * dep.tp, ""),
         Why("price", f"{g.name}: {g.price_source[:120]}", price, "$/GPU-hr"),
         Why("$/month", f"{replicas * dep.tp} GPUs * ${price:g}/hr * {HOURS_PER_MONTH:g} h",
-            replicas * dep.tp * price * HOURS_PER_MONTH, "$"),
-    ]
-    return ys
+            replicas * dep.tp * price * HOURS_PER_MONTH, "$")]
 
 
 def make_deployment(model: ModelShape, gpu: GPU, precision: str, tp: int = 1, w: Workload | None = None,
@@ -345,7 +280,7 @@ def plan(w: Workload, gpus: Mapping[str, GPU] | None = None, models: Mapping[str
         sc, dm = choose_spec(w, model, models, calibration)
         spec_opts.append((sc, dm))
         notes.append(f"speculation: {sc.draft_kind}" + (f" draft {sc.draft_model}" if sc.draft_model else "")
-                     + f", gamma {sc.gamma}, {acceptance_words(sc)}; "
+                     + f", gamma {sc.gamma}, {sc.words()}; "
                      f"E = {sc.expected_tokens:.2f} tokens per target step")
     searched = [evaluate_plan(make_deployment(model, c.gpu, c.precision, c.tp, w, c.spec, c.draft, calibration), w)
                 for c in candidates(sel, precs, tps, spec_opts)]

@@ -49,6 +49,10 @@ class SpecConfig:
     def expected_tokens(self) -> float:
         return expected_tokens_per_step(self.acceptance_rate, self.gamma)
 
+    def words(self) -> str:
+        """'acceptance 0.72: measured by the lab (...)': the rate a plan uses and where it comes from."""
+        return f"acceptance {self.acceptance_rate:.3g}: {self.source}"
+
     @property
     def assumed(self) -> bool:
         return self.source.startswith(ASSUMED_SOURCE)

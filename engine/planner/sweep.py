@@ -21,13 +21,10 @@ from engine.planner.gpus import GPU
 from engine.planner.roofline import DEFAULT_MEM_UTIL, GIB, Deployment, decode_step, memory, spec_step
 from engine.planner.shapes import ModelShape
 from engine.planner.speculation import SpecConfig
+from engine.planner.why import ms
 from engine.planner.workload import MAX_TOKENS
 
 MAX_SWEEP_BATCH = 1_000_000     # sequences in one decode step; beyond this a batch is a typing mistake
-
-
-def _ms(x: float) -> float:
-    return x * 1e3
 
 
 def _check_count(field: str, v, lo: int, hi: float) -> None:
@@ -64,14 +61,14 @@ def batch_sweep(model: ModelShape, gpu: GPU, precisions: Sequence[str], batches:
         mem = memory(dep)
         for b in batches:
             st = decode_step(dep, b, context)
-            row = {"batch": b, "precision": p, "step_ms": _ms(st.total), "tpot_ms": _ms(st.total),
+            row = {"batch": b, "precision": p, "step_ms": ms(st.total), "tpot_ms": ms(st.total),
                    "tok_s": b / st.total, "bound": st.bound,
                    "kv_share": st.t_kv / st.t_memory if st.t_memory else 0.0,
                    "fits": mem.max_concurrency(context) >= b}
             if spec is not None:
                 sdep = replace(dep, spec=spec, draft=draft)
                 ss = spec_step(sdep, b, context)
-                row["spec_tpot_ms"] = _ms(ss.total / ss.expected_tokens)
+                row["spec_tpot_ms"] = ms(ss.total / ss.expected_tokens)
                 row["spec_speedup"] = st.total * ss.expected_tokens / ss.total
                 row["spec_bound"] = ss.verify.bound
                 row["break_even_acceptance"] = break_even_acceptance(sdep, b, context)
