@@ -1,4 +1,4 @@
-"""Our quality-matched int4 against llama-server at its best, under load, through vLLM's client (issue 36).
+"""Our quality-matched int4 against llama-server at its best, under load, through vLLM's client.
 
     .venv/bin/python bench/under_load.py                       # the 1.5B: ours int4-gguf; llama-server Q4_K_M, Q8_0
     .venv/bin/python bench/under_load.py --ours int4-gguf,int4-g32 --llama Q4_K_M,Q4_K_M-imatrix,BF16
@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 from engine.peers import servers  # noqa: E402
 
 VLLM_PY = ROOT / ".venv-vllm" / "bin" / "python"
-TARGET = 2.5  # issue 36: the quality-matched int4 >= 2.5x llama-server at its best, concurrency 8
+TARGET = 2.5  # the quality-matched int4 >= 2.5x llama-server at its best, concurrency 8 (BENCHMARKS.md)
 
 
 def vllm_client(url: str, served: str, tokenizer: Path, a, seed: int) -> dict:

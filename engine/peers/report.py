@@ -63,7 +63,8 @@ def peer_rows(records) -> list[dict]:
 
 
 def targets(records) -> list[dict]:
-    """Issue 7's targets as measured ratios: ours vs llama.cpp Q4_K_M and vs transformers fp32."""
+    """The single-stream targets as measured ratios: ours vs llama.cpp Q4_K_M and vs transformers fp32
+    (docs/BENCHMARKS.md, "targets")."""
     ours = [r for r in records if _is(r, OURS)]
     plain, _ = _best([r for r in ours if _is(r, OURS, draft="none")])
     spec, _ = _best([r for r in ours if not _is(r, OURS, draft="none")])
