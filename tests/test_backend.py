@@ -219,7 +219,7 @@ def test_a_load_sweep_job_measures_an_endpoint_and_stores_its_load_records(backe
     spec = ServerSpec.of("url", url=stub_endpoint, model=None).to_dict()
     plan = SweepPlan(loads="1,2", workload="chat:2", requests=2, max_output_len=4, slo="ttft=5,itl=1",
                      max_seconds=60, request_timeout_s=30).to_dict()
-    dead = ServerSpec.of("url", url=f"http://127.0.0.1:{free_port()}", model=None).to_dict()
+    dead = ServerSpec.of("url", url=f"http://127.0.0.1:{free_port()}", model=None, startup_timeout_s=1).to_dict()
     c = backend.client()
     items = [{"kind": "load-sweep", "spec": s, "plan": plan} for s in (dead, spec)]
     job = c.wait(c.submit("load", {"items": items}, client="tab-l"), 300)
