@@ -77,10 +77,12 @@ def default_budget_bytes(device: str) -> int:
 
 def machine(device: str) -> dict:
     """This machine's facts as the Home page shows them, the bandwidth probed once now."""
+    from engine.common.threads import on_a_passing_thread
     from engine.measure import bandwidth_gbs, machine_facts, nvml_gpus
 
     try:
-        bw = round(bandwidth_gbs(device, refresh=True), 1)
+        # probed on a thread that ends, so the worker thread's OpenMP team is the process's only one
+        bw = round(on_a_passing_thread(bandwidth_gbs, device, refresh=True), 1)
     except Exception as e:  # the facts still stand
         bw, bw_error = None, f"{type(e).__name__}: {e}"
     else:

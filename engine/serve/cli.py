@@ -104,7 +104,9 @@ def run(a) -> int:
         print(f"WARNING: serving on {a.host}: anyone who can reach this machine can send requests to this model.",
               file=sys.stderr, flush=True)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
-    loop, name, facts = build(a)
+    from engine.common.threads import on_a_passing_thread
+
+    loop, name, facts = on_a_passing_thread(build, a)  # the engine thread then holds the only OpenMP team
     loop.start()
     app = create_app(loop, name, facts, a.max_tokens_default)
 
