@@ -20,7 +20,8 @@ _ui.page_header("Speculative playground", "A draft proposes gamma tokens, the ta
                 "target alone would produce; only the speed changes.")
 
 DRAFTS = {"none": "none (target only)", "model": "another model (draft model)",
-          "self": "self-draft (the target's own weights at lower precision)", "ngram": "n-gram prompt lookup"}
+          "self": "self-draft (the target's own weights at lower precision)", "ngram": "n-gram prompt lookup",
+          "suffix": "suffix decoding (a suffix tree of the request and earlier outputs)"}
 PREC = [p for p in PRECISIONS]
 
 with st.form("pg-form"):

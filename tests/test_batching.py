@@ -63,7 +63,7 @@ def _together(lm, ids, spec=None, gamma=0, stagger=2, sp=None):
     return [list(seqs[i].out) for i in range(len(ids))], sched, [seqs[i] for i in range(len(ids))]
 
 
-@pytest.mark.parametrize("kind", ["none", "ngram", "model", "self"])
+@pytest.mark.parametrize("kind", ["none", "ngram", "suffix", "model", "self"])
 def test_greedy_batch_is_token_identical_to_each_request_alone(kind, small_int4, small_int8):
     """8 requests joining a running batch two steps apart, prefilled in chunks beside the others' decodes
     and verified per sequence, give exactly the tokens each gives alone (int4 rows are batch-invariant)."""

@@ -57,12 +57,15 @@ CALIBRATED_METHODS = ("gptq", "awq", "gptq-mixed")  # methods that read calibrat
 
 MODEL_ALIASES = {"default": "qwen2.5-coder-1.5b", "default-draft": "qwen2.5-coder-0.5b"}
 
-DRAFT_KINDS = ("none", "model", "self", "ngram")
+DRAFT_KINDS = ("none", "model", "self", "ngram", "suffix")
 # What a stored record is (engine.measure.records), and the kinds a measured generation (a RunConfig's run) is stored
 # as: a benchmark run, `python -m engine generate`, a run of the Speculative playground.
 RECORD_KINDS = ("generate", "bench", "quality", "peer", "load", "playground", "accuracy")
 RUN_KINDS = ("bench", "generate", "playground")
 MAX_GAMMA = 16  # draft tokens per round, at most
+# How a server picks each step's draft length (engine/infer/step_cost.py): always gamma, the best by the
+# step-cost model and the running acceptance (0 included), or no speculation at all.
+SPEC_POLICIES = ("fixed", "adaptive", "off")
 KV_CACHES = ("slots", "paged")  # max_model_len reserved per sequence up front | blocks admitted as needed
 # The engine's KV-cache precisions (auto: the compute dtype); fp8 needs a GPU of compute capability 8.9+.
 KV_DTYPES = ("auto", "fp32", "bf16", "fp16", "int8", "fp8")

@@ -2,6 +2,8 @@
 
 A proposer drafts up to g tokens for each decoding sequence from that sequence's committed tokens.
 - NgramProposer (prompt lookup): continue the latest earlier match of the last n tokens; no model.
+- SuffixProposer (engine/infer/suffix.py): suffix decoding, a suffix tree of the request's own tokens and of
+  earlier outputs; no model.
 - ModelProposer: a draft model (another model of the family, or the target's own weights at a lower
   precision) with its own KV cache, slot for slot the target's. It mirrors the target's prefill
   chunks, drafts with batched one-row steps, and rolls back per sequence after verification.
@@ -173,14 +175,18 @@ class ProposerSpec:
     def build(self, slots: int, capacity: int):
         if self.kind == "ngram":
             return NgramProposer(self.ngram_max)
+        if self.kind == "suffix":
+            from engine.infer.suffix import SuffixProposer
+
+            return SuffixProposer(slots)
         return ModelProposer(self.draft_lm, self.kind, slots, capacity)
 
 
 def proposer_spec(kind: str, draft_lm=None, target_lm=None, ngram_max: int = 3) -> ProposerSpec:
     """Check a draft configuration and return its spec; the proposer itself is built per batch
     (`ProposerSpec.build`), since a model draft needs a cache of the batch's slots."""
-    if kind == "ngram":
-        return ProposerSpec("ngram", ngram_max=ngram_max)
+    if kind in ("ngram", "suffix"):
+        return ProposerSpec(kind, ngram_max=ngram_max)
     if kind in ("model", "self"):
         if draft_lm is None:
             raise UserError(f"draft kind '{kind}' needs a draft model", "load a draft model or use ngram")

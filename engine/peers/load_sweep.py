@@ -211,7 +211,7 @@ def sweep_servers(specs: list[ServerSpec], plan: SweepPlan, store=None, progress
 
 
 DRAFT_LABELS = {"none": "no draft", "ngram": "n-gram (prompt lookup)", "model": "0.5B draft model (default-draft)",
-                "self": "self-draft (its own int4 weights)"}
+                "self": "self-draft (its own int4 weights)", "suffix": "suffix decoding (suffix tree)"}
 
 
 def engine_specs(model: str, precisions: list[str], drafts: list[str], slots: int = 8, max_model_len: int = 2048,

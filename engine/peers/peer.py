@@ -34,7 +34,7 @@ OURS = "serving-cost-lab"
 HF_PRECISIONS = ("fp32", "bf16", "fp16", "llm.int8", "nf4")  # the last two through bitsandbytes
 LLAMA_PRECISIONS = tuple(gguf_tools.LLAMA_PRECISIONS)  # the catalog GGUF as shipped, or llama.cpp's own quantization
 DRAFTS = {"transformers": ("none", "model", "ngram"), "llama.cpp": ("none", "ngram"),
-          OURS: ("none", "model", "self", "ngram")}
+          OURS: ("none", "model", "self", "ngram", "suffix")}
 RESULT_TAG = "SCL_PEER_RESULT "
 # Peer defaults, as their docs suggest (recorded in each result).
 HF_PROMPT_LOOKUP_TOKENS = 10

@@ -21,7 +21,7 @@ ASSUMED_ACCEPTANCE = 0.6         # used only when nothing is typed in or measure
 ASSUMED_GAMMA = 4
 ASSUMED_SOURCE = "assumed default"
 HEADS_DRAFT_COST_RATIO = 0.06
-SPEC_DRAFT_KINDS = ("model", "self", "ngram", "heads")
+SPEC_DRAFT_KINDS = ("model", "self", "ngram", "suffix", "heads")
 
 
 @dataclass(frozen=True)
@@ -29,8 +29,9 @@ class SpecConfig:
     """Speculative decoding settings for a plan.
 
     draft_kind: model (a smaller model, `draft_model`), self (the target's own weights at
-    `draft_precision`), ngram (prompt lookup: no model cost), heads (Medusa/EAGLE-style: cost
-    `draft_cost_ratio` of a plain step). draft_precision None = the target's precision (self: int4).
+    `draft_precision`), ngram (prompt lookup) and suffix (suffix decoding): no model cost, heads
+    (Medusa/EAGLE-style: cost `draft_cost_ratio` of a plain step). draft_precision None = the target's
+    precision (self: int4).
     verify_tokens: tokens per sequence the target scores per step (default gamma + 1; a tree is more).
     source: where acceptance_rate comes from, in words ("typed in", "measured by the lab (...)",
     "assumed default, no matching measurement (...)").

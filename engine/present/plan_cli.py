@@ -29,6 +29,7 @@ from engine.common.errors import UserError
 from engine.planner import batchjob, fit, fleet, hf_config, selfcheck, shapes, traffic
 from engine.planner.gpus import CatalogError, find_gpu, load_gpus, price_table
 from engine.planner.savings import plan_with_savings
+from engine.planner.speculation import SPEC_DRAFT_KINDS
 from engine.present import plan_text as text
 
 StoreReader = Callable[[], list]  # () -> list of plain dicts read from the lab's store
@@ -78,7 +79,7 @@ def _model_options(p, default) -> None:
     p.add_argument("--spec", choices=["auto", "on", "off"], default=d("auto"), help="speculative decoding plans")
     p.add_argument("--acceptance", type=float, default=d(None), help="draft acceptance rate (default: measured)")
     p.add_argument("--gamma", type=int, default=d(None), help="draft tokens per round (default 4 or measured)")
-    p.add_argument("--draft-kind", choices=["model", "self", "ngram", "heads"], default=d(None))
+    p.add_argument("--draft-kind", choices=list(SPEC_DRAFT_KINDS), default=d(None))
     p.add_argument("--draft-model", default=d(None), help="draft model (default: the family's smallest)")
     p.add_argument("--family", default=d("serving"), choices=list(planner.FAMILIES), help="kernel family")
     p.add_argument("--kv-dtype", default=d("bf16"), choices=list(shapes.KV_DTYPES))
