@@ -183,6 +183,17 @@ def test_speculation_and_quantization_stop_paying_as_batch_grows():
     assert by[("int4", 1024)]["speedup_vs_first_precision"] < by[("int4", 1)]["speedup_vs_first_precision"]
     text = " ".join(planner.crossovers(rows))
     assert "speculation stops paying at batch" in text
+    # the best gamma shrinks as the batch grows: at 1024, where gamma 4 loses, gamma 1 still pays (each verify
+    # reads the KV cache once for two tokens)
+    gammas = [by[("bf16", b)]["best_gamma"] for b in (1, 8, 64, 256, 1024)]
+    assert gammas == sorted(gammas, reverse=True) and gammas[0] > gammas[-1] >= 1
+    assert by[("bf16", 1)]["best_gamma_speedup"] >= by[("bf16", 1)]["spec_speedup"]
+    assert by[("bf16", 1024)]["spec_speedup"] < 1.0 < by[("bf16", 1024)]["best_gamma_speedup"]
+    assert "the best gamma by batch is 3 at 1, 3 at 8" in text and "some gamma pays at every batch" in text
+    low = planner.batch_sweep(MODELS["llama-3.1-8b"], g, ["bf16"], [1, 1024], 1024, replace(sc, acceptance_rate=0.1),
+                              MODELS["llama-3.2-1b"])
+    assert [r["best_gamma"] for r in low][-1] == 0 and low[-1]["best_gamma_speedup"] == 1.0
+    assert "no gamma pays (an adaptive server drafts nothing there)" in " ".join(planner.crossovers(low))
 
 
 def test_memory_and_kv_capacity():

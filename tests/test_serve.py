@@ -202,6 +202,10 @@ def test_metrics_use_vllm_names_and_count_speculation(server):
     drafts = next(float(line.split()[-1]) for line in m.splitlines()
                   if line.startswith("vllm:spec_decode_num_draft_tokens_total"))
     assert drafts > 0
+    # the default policy, adaptive, counts its steps by the draft length it chose; it drafted on this prompt
+    steps = {line.split('gamma="')[1].split('"')[0]: float(line.split()[-1]) for line in m.splitlines()
+             if line.startswith("scl:spec_decode_steps_total{") and 'policy="adaptive"' in line}
+    assert set(steps) == {"0", "1", "2", "3"} and sum(n for g, n in steps.items() if g != "0") > 0
 
 
 def _counter(m: str, name: str) -> float:

@@ -264,3 +264,42 @@ def test_a_step_that_commits_tokens_past_the_stop_drops_them(server):
         assert "".join(pieces) + seq.stream.flush() == want_text
         assert seq.out == want_ids and seq.tokens == [1, 2, *want_ids] and len(pieces) == len(want_ids)
         assert seq.finish == ("stop" if min_tokens == 0 else None) and not seq.pending
+
+
+def _counter(server, name: str) -> float:
+    text = httpx.get(server.url + "/metrics").text
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + "{"))
+
+
+def test_per_request_speculative_stats_are_vllms_and_add_up_to_the_servers(server, monkeypatch):
+    """--per-request-spec-decode-metrics summary (vLLM's): each response carries its own rounds, drafts and
+    acceptance histogram, equal to what the server's counters grew by; streamed, on the last chunk."""
+    monkeypatch.setattr(server.loop, "per_request_spec", "summary")  # what the CLI flag sets
+    drafts0 = _counter(server, "vllm:spec_decode_num_draft_tokens_total")
+    rounds0 = _counter(server, "vllm:spec_decode_num_drafts_total")
+    r = _post(server, "/v1/completions", prompt="a b c d a b c d a b c d a b c d a b", max_tokens=24)
+    assert r.status_code == 200, r.text
+    m = r.json()["metrics"]["speculative_decoding"]
+    assert m["policy"] == "adaptive" and m["num_spec_tokens"] == 3 and len(m["acceptance_histogram"]) == 4
+    assert m["num_draft_tokens"] == _counter(server, "vllm:spec_decode_num_draft_tokens_total") - drafts0 > 0
+    assert m["num_spec_steps"] == _counter(server, "vllm:spec_decode_num_drafts_total") - rounds0
+    assert sum(m["acceptance_histogram"]) == m["num_spec_steps"]
+    assert sum(j * n for j, n in enumerate(m["acceptance_histogram"])) == m["num_accepted_draft_tokens"]
+    assert m["mean_acceptance_length"] == pytest.approx(1 + m["num_accepted_draft_tokens"] / m["num_spec_steps"])
+    last = None
+    with httpx.stream("POST", server.url + "/v1/completions", timeout=120,
+                      json={"model": server.model, "prompt": "a b c d a b c d a b", "max_tokens": 12,
+                            "temperature": 0, "stream": True}) as s:
+        for line in s.iter_lines():
+            if line.startswith("data: {"):
+                last = json.loads(line[6:])
+    assert last["choices"] == [] and "usage" not in last and last["metrics"]["speculative_decoding"]["policy"]
+
+
+def test_speculative_stats_from_a_server_not_speculating_are_zeros_naming_the_policy():
+    from engine.serve.protocol import spec_metrics
+
+    m = spec_metrics([{"prompt_tokens": 3, "completion_tokens": 5}], "off", 0)
+    assert m == {"mean_acceptance_length": 0.0, "draft_acceptance_rate": 0.0, "acceptance_histogram": [0],
+                 "num_spec_steps": 0, "num_accepted_draft_tokens": 0, "num_draft_tokens": 0, "num_spec_tokens": 0,
+                 "policy": "off"}

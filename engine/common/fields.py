@@ -145,6 +145,8 @@ SPEC: tuple[Field, ...] = (
        "list"),
     _f("position_drafted", "", "rounds that proposed draft position i", "list"),
     _f("position_accepted", "", "rounds that accepted draft position i", "list"),
+    _f("accepted_hist", "", "rounds that accepted exactly j drafts, j = 0..gamma (vLLM's acceptance_histogram)",
+       "list"),
     _f("draft_s", "s", "per generation: wall time spent drafting"),
     _f("verify_s", "s", "per generation: wall time spent in target verification passes"),
     _f("baseline_tok_s", "tokens/s", "decode tokens/s of the same target without speculation, in the same run "

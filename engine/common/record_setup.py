@@ -13,7 +13,7 @@ from dataclasses import fields
 from typing import Mapping
 
 from engine.common.setup import NO_DRAFT, EngineSetup
-from engine.common.vocab import QUANT_METHODS
+from engine.common.vocab import QUANT_METHODS, SPEC_POLICIES
 
 SETUP_FIELDS = tuple(f.name for f in fields(EngineSetup))
 
@@ -80,4 +80,6 @@ def setup_from_record(config: Mapping) -> EngineSetup:
             d["gamma"] = draft["gamma"]
         if isinstance(draft.get("adaptive"), bool):
             d["adaptive_gamma"] = draft["adaptive"]
+        if draft.get("policy") in SPEC_POLICIES:
+            d["spec_policy"] = draft["policy"]
     return EngineSetup(**d)

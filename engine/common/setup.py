@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields, replace
 
 from engine.common.errors import UserError, read_object
-from engine.common.vocab import (DRAFT_KINDS, GROUP_SIZES, MAX_GAMMA, QUANT_METHODS, WEIGHT_BITS, method_words,
-                                 parse_precision, parse_precision_spec, precision_token)
+from engine.common.vocab import (DRAFT_KINDS, GROUP_SIZES, MAX_GAMMA, QUANT_METHODS, SPEC_POLICIES, WEIGHT_BITS,
+                                 method_words, parse_precision, parse_precision_spec, precision_token)
 
 NO_DRAFT = "none"
 LOADED_DRAFTS = ("model", "self")  # draft kinds that load a second model
@@ -30,8 +30,9 @@ class EngineSetup:
     draft: str = NO_DRAFT  # none | model | self | ngram
     draft_model: str = "default-draft"  # draft == "model" only
     draft_precision: str = "int4"  # draft in ("model", "self")
-    gamma: int = 4  # draft tokens per round
-    adaptive_gamma: bool = False
+    gamma: int = 4  # draft tokens per round (the most, under the adaptive policy)
+    adaptive_gamma: bool = False  # the static benchmarks' heuristic: +2 after a fully accepted round, -1 otherwise
+    spec_policy: str = "fixed"  # a server's draft length per step: fixed | adaptive (by step cost) | off (no draft)
 
     def validate(self) -> "EngineSetup":
         """This setup with canonical precision names; a UserError names the first bad field and the fix."""
@@ -51,6 +52,16 @@ class EngineSetup:
             method = self.method
         if self.draft not in DRAFT_KINDS:
             raise UserError(f"unknown draft kind '{self.draft}'", f"use one of: {', '.join(DRAFT_KINDS)}")
+        if self.spec_policy not in SPEC_POLICIES:
+            raise UserError(f"unknown speculation policy {self.spec_policy!r}",
+                            f"use one of: {', '.join(SPEC_POLICIES)}")
+        if self.spec_policy == "off" and self.draft != NO_DRAFT:  # nothing drafts: the label and record say so
+            return replace(self, draft=NO_DRAFT, spec_policy="fixed", adaptive_gamma=False).validate()
+        if self.draft == NO_DRAFT and self.spec_policy != "fixed":  # no draft: no policy to name
+            return replace(self, spec_policy="fixed").validate()
+        if self.adaptive_gamma and self.spec_policy == "adaptive":
+            raise UserError("adaptive_gamma (the benchmarks' +2/-1 heuristic) and the adaptive speculation policy "
+                            "both pick gamma", "use one: spec_policy adaptive for a server, adaptive_gamma for bench")
         draft_precision = parse_precision(self.draft_precision) if self.draft in LOADED_DRAFTS else self.draft_precision
         if self.draft != NO_DRAFT and (isinstance(self.gamma, bool) or not isinstance(self.gamma, int)
                                        or not 1 <= self.gamma <= MAX_GAMMA):
@@ -95,7 +106,8 @@ class EngineSetup:
         if not self.speculative:
             return ""
         who = {"model": f"{self.draft_model}@{self.draft_precision}", "self": f"self@{self.draft_precision}"}
-        return f" + {who.get(self.draft, self.draft)} g={self.gamma}" + (" adaptive" if self.adaptive_gamma else "")
+        g = f"g<={self.gamma} cost-adaptive" if self.spec_policy == "adaptive" else f"g={self.gamma}"
+        return f" + {who.get(self.draft, self.draft)} {g}" + (" adaptive" if self.adaptive_gamma else "")
 
     @property
     def label(self) -> str:
@@ -116,7 +128,7 @@ class EngineSetup:
         if self.speculative:
             draft = {"kind": self.draft, "model": self.draft_model_name if self.draft == "model" else None,
                      "precision": self.draft_precision if self.draft in LOADED_DRAFTS else None,
-                     "gamma": self.gamma, "adaptive": self.adaptive_gamma}
+                     "gamma": self.gamma, "adaptive": self.adaptive_gamma, "policy": self.spec_policy}
         return {"model": self.model, "precision": self.precision, "method": self.method, "group_size": self.group_size,
                 "quantize_embeddings": self.quantize_embeddings, "quantize_head": self.quantize_head,
                 "draft": draft}

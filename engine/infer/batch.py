@@ -138,6 +138,8 @@ class StepStats:
     decode_seqs: int = 0
     emitted: int = 0  # tokens committed by decoding sequences this step (prefill first tokens excluded)
     first_tokens: int = 0
+    draft_passes: int = 0  # batched draft passes (the longest draft asked for), 0 when nothing was drafted
+    rounds: list[tuple[int, int]] = field(default_factory=list)  # (drafted, accepted) per verified round
 
 
 class Batch:
@@ -153,11 +155,13 @@ class Batch:
         # Tests only, off by default: called with None before each forward (raise: the step fails) and with
         # each sequence after its sampling (raise: that sequence fails, the others go on).
         self.fault_injection: Callable[[Sequence | None], None] | None = None
+        self.pad_drafts = False  # the step-cost profile: a lookup draft padded to its full length
 
     def new_sequence(self, req: Request, slot: int) -> Sequence:
         g = self.gamma_max if not self.adaptive else min(2, self.gamma_max)
         stats = SpecStats(self.proposer.kind if self.proposer else "none", self.gamma_max, self.adaptive,
-                          position_drafted=[0] * self.gamma_max, position_accepted=[0] * self.gamma_max)
+                          position_drafted=[0] * self.gamma_max, position_accepted=[0] * self.gamma_max,
+                          accepted_hist=[0] * (self.gamma_max + 1))
         return Sequence(req, slot, self.vocab, list(req.prompt_ids), len(req.prompt_ids), gamma=g,
                         gen=make_generator(req.sampling, self.target.device),
                         stream=StopText(StreamDecoder(self.target.tokenizer), req.stop),
@@ -200,6 +204,9 @@ class Batch:
         drafts, dprobs = [[] for _ in decode], None
         if self.proposer is not None and decode and any(gs):
             drafts, dprobs = self.proposer.propose(decode, gs)
+            st.draft_passes = max(gs)
+            if self.pad_drafts and dprobs is None:  # the profile times full rows; any draft verifies losslessly
+                drafts = [d + [s.tokens[-1]] * (g - len(d)) for s, d, g in zip(decode, drafts, gs)]
             _sync(dev)
         chunks = [(s, s.prefilled, n) for s, n in prefill]
         if self.proposer is not None and chunks:
@@ -237,7 +244,7 @@ class Batch:
                 s.lp_rows, s.lp_next = logprob_rows(lg), 0
             q = dprobs[i] if (dprobs is not None and d) else None
             try:  # sampling and verification are one sequence's: a failure there ends that sequence only
-                st.emitted += self._verify_and_commit(s, lg, d, q)
+                st.emitted += self._verify_and_commit(s, lg, d, q, st)
                 self._inject(s)
             except Exception as e:  # noqa: BLE001
                 fail(s, e)
@@ -287,7 +294,7 @@ class Batch:
         if self.fault_injection is not None:
             self.fault_injection(s)
 
-    def _verify_and_commit(self, s: Sequence, logits: torch.Tensor, d: list[int], q) -> int:
+    def _verify_and_commit(self, s: Sequence, logits: torch.Tensor, d: list[int], q, st: StepStats) -> int:
         """Accept a prefix of the drafts d and add the target's token; returns the tokens committed."""
         g = len(d)
         # Row j is the target's distribution after drafts[:j]: penalties count those drafts as committed.
@@ -306,6 +313,7 @@ class Batch:
             self._emit(s, nxt, "bonus" if acc == g else "resample")
         committed = len(s.out) - before
         s.spec_stats.count_round(g, acc, committed)
+        st.rounds.append((g, acc))
         if self.proposer is not None:
             self.proposer.rollback(s)
         if self.adaptive:

@@ -52,6 +52,11 @@ class BlockManager:
         self.stats = PrefixStats()
         self.evictions = 0
 
+    def reset(self) -> None:
+        """Empty, as built: every block free, nothing cached, counters zero (no sequence may hold a block)."""
+        assert not any(self.tables.values()), "reset with blocks held"
+        self.__init__(self.num_blocks, self.block_size, self.prefix_caching)
+
     # ------------------------------------------------------------ capacity
 
     def blocks_for(self, positions: int) -> int:

@@ -95,7 +95,8 @@ def run_static(lm, ids: list[list[int]], max_new_tokens: int, sp: SamplingParams
                            kv_bytes=sched.batch.kv_bytes(), settings=settings.to_dict())
     if proposer_spec is not None:
         stats = SpecStats(proposer_spec.kind, gamma, adaptive, position_drafted=[0] * gamma,
-                          position_accepted=[0] * gamma, draft_s=draft_s, verify_s=verify_s)
+                          position_accepted=[0] * gamma, accepted_hist=[0] * (gamma + 1), draft_s=draft_s,
+                          verify_s=verify_s)
         for s in seqs:
             stats.add(s.spec_stats)
         res.spec, res.spec_stats = stats.to_dict(), stats

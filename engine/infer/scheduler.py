@@ -111,7 +111,8 @@ class Scheduler:
     """Queues, slots and steps. submit() and cancel() may be called from other threads than step()."""
 
     def __init__(self, target, settings: BatchSettings, proposer_spec=None, gamma: int = 0, adaptive: bool = False,
-                 eos: set[int] | None = None):
+                 eos: set[int] | None = None, spec_policy: str = "fixed"):
+        from engine.infer.step_cost import SpecPolicy, StepCost
         from engine.infer.tokens import eos_ids
 
         self.settings = settings.validate(gamma if proposer_spec else 0)
@@ -131,6 +132,24 @@ class Scheduler:
         self._seq_of: dict[int, Sequence] = {}  # Request.uid -> its running sequence
         self.step_s_ewma = 0.05  # recent step time, for Retry-After
         self.shared_prompt_tokens = 0  # prompt positions copied from another choice, not prefilled
+        # Each step's draft length (engine/infer/step_cost.py); adaptive measures its step-cost model in prepare().
+        self.policy = SpecPolicy(spec_policy, gamma, StepCost({}, {}) if spec_policy == "adaptive" else None) \
+            if proposer is not None else None
+
+    def prepare(self) -> None:
+        """Before the first request: an adaptive policy's step-cost model, measured on this step path."""
+        from engine.infer.step_cost import profile
+
+        if self.policy is not None and self.policy.cost is not None and not self.policy.cost.target_s:
+            self.policy.cost = profile(self)
+
+    def forget(self) -> None:
+        """Empty and as built again (after the profile): no cached prefix, counters at zero."""
+        assert not self.has_work(), "forget() with requests in flight"
+        if self.blocks is not None:
+            self.blocks.reset()
+        self.preemptions = self.shared_prompt_tokens = 0
+        self.step_s_ewma = 0.05
 
     def _paged_cache(self, target):
         from engine.infer.paged import PagedKVCache, block_bytes, blocks_in_budget, check_kv_dtype, kv_dtype_name
@@ -354,6 +373,10 @@ class Scheduler:
         """Admit, run one step, retire; returns the step's stats (None if nothing ran) and the finished."""
         done = self._retire()
         self._admit()
+        if self.policy is not None:  # this step's draft length, before blocks are reserved for it
+            g = self.policy.choose(sum(1 for s in self.running if s.decoding))
+            for s in self.running:
+                s.gamma = g
         if self.blocks is not None:
             self._reserve()
         decode, chunks = self.plan()
@@ -361,6 +384,8 @@ class Scheduler:
             return None, done + self._retire()
         # A chunk list may name a sequence more than once (prefill-first): the batch runs them in order.
         st = self._run(decode, chunks)
+        if self.policy is not None:
+            self.policy.observe(st)
         for s in self.running:
             try:  # detokenizing and the request's callback are that request's own
                 stream(s)

@@ -34,6 +34,7 @@ class SpecStats:
     position_drafted: list[int] = field(default_factory=list)
     position_accepted: list[int] = field(default_factory=list)
     gamma_history: list[int] = field(default_factory=list)
+    accepted_hist: list[int] = field(default_factory=list)  # [j]: rounds that accepted exactly j drafts (vLLM's)
     draft_s: float = 0.0
     verify_s: float = 0.0
     baseline_tok_s: float | None = None
@@ -50,6 +51,8 @@ class SpecStats:
         for j in range(drafted):
             self.position_drafted[j] += 1
             self.position_accepted[j] += int(j < accepted)
+        if accepted < len(self.accepted_hist):
+            self.accepted_hist[accepted] += 1
 
     def add(self, counts: "SpecStats") -> "SpecStats":
         """Add another stats object's counters (one sequence's, infer.batch.Sequence.spec_stats): vLLM's
@@ -62,6 +65,8 @@ class SpecStats:
         for j, (d, a) in enumerate(zip(counts.position_drafted, counts.position_accepted)):
             self.position_drafted[j] += d
             self.position_accepted[j] += a
+        for j, n in enumerate(counts.accepted_hist[:len(self.accepted_hist)]):
+            self.accepted_hist[j] += n
         return self
 
     def to_dict(self) -> dict:

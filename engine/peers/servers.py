@@ -159,8 +159,8 @@ class ServerSpec:
         if self.system == OURS:
             self.setup = self.setup.validate()
             if self.setup.adaptive_gamma:
-                raise UserError("our server drafts a fixed gamma; adaptive gamma is a benchmark setting",
-                                "set adaptive_gamma=False for a server")
+                raise UserError("adaptive_gamma is the static benchmarks' heuristic; our server picks gamma by "
+                                "its speculation policy", "set adaptive_gamma=False and spec_policy='adaptive'")
         if not isinstance(self.slots, int) or not 1 <= self.slots <= 256:
             raise UserError(f"{self.slots} slots is out of range", "use 1 to 256")
         if not isinstance(self.max_model_len, int) or not 16 <= self.max_model_len <= 131072:
@@ -251,7 +251,7 @@ class ServerSpec:
                 cmd.append("--no-quantize-head")
             if st.speculative:
                 cmd += ["--draft-model", st.draft_model, "--draft-precision", st.draft_precision,
-                        "--gamma", str(st.gamma)]
+                        "--gamma", str(st.gamma), "--spec-policy", st.spec_policy]
             cmd += ["--host", HOST, "--port", str(port), "--max-seqs", n, "--max-model-len", ctx,
                     "--served-model-name", self.served_name]
             if "--prefix-caching" not in self.extra_args:  # off unless asked: like-for-like with the peers

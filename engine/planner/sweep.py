@@ -25,6 +25,7 @@ from engine.planner.why import ms
 from engine.planner.workload import MAX_TOKENS
 
 MAX_SWEEP_BATCH = 1_000_000     # sequences in one decode step; beyond this a batch is a typing mistake
+BEST_GAMMAS = range(1, 9)       # the draft lengths a sweep tries for the best gamma at each batch
 
 
 def _check_count(field: str, v, lo: int, hi: float) -> None:
@@ -45,12 +46,26 @@ def break_even_acceptance(dep: Deployment, batch: float, context: float) -> floa
     return acceptance_from_mean_length(need, sp.gamma)
 
 
+def best_gamma(dep: Deployment, batch: float, context: float) -> tuple[int, float]:
+    """(gamma, speedup against plain decoding) of the draft length that pays best at this batch: what our
+    server's adaptive policy picks by its measured step costs (engine/infer/step_cost.py), here from the
+    roofline's. (0, 1.0) when no gamma pays."""
+    plain = decode_step(replace(dep, spec=None, draft=None), batch, context).total
+    best = (0, 1.0)
+    for g in BEST_GAMMAS:
+        ss = spec_step(replace(dep, spec=replace(dep.spec, gamma=g)), batch, context)
+        x = plain * ss.expected_tokens / ss.total
+        if x > best[1]:
+            best = (g, x)
+    return best
+
+
 def batch_sweep(model: ModelShape, gpu: GPU, precisions: Sequence[str], batches: Sequence[int], context: int,
                 spec: SpecConfig | None = None, draft: ModelShape | None = None, tp: int = 1,
                 family: str = "serving", calibration: Calibration | None = None) -> list[dict]:
     """Decode cost vs batch, per precision, with and without speculation: where quantization and
     speculation stop paying. Rows: batch, precision, step_ms, tpot_ms, tok_s, bound, fits,
-    spec_tpot_ms, spec_speedup, speedup_vs_first_precision."""
+    spec_tpot_ms, spec_speedup, best_gamma, best_gamma_speedup, speedup_vs_first_precision."""
     for b in batches:
         _check_count("batches", b, 1, MAX_SWEEP_BATCH)
     _check_count("context", context, 0, MAX_TOKENS)
@@ -72,6 +87,7 @@ def batch_sweep(model: ModelShape, gpu: GPU, precisions: Sequence[str], batches:
                 row["spec_speedup"] = st.total * ss.expected_tokens / ss.total
                 row["spec_bound"] = ss.verify.bound
                 row["break_even_acceptance"] = break_even_acceptance(sdep, b, context)
+                row["best_gamma"], row["best_gamma_speedup"] = best_gamma(sdep, b, context)
             base.setdefault(b, row["tok_s"])
             row["speedup_vs_first_precision"] = row["tok_s"] / base[b]
             rows.append(row)
@@ -93,6 +109,12 @@ def crossovers(rows: Sequence[dict], threshold: float = 1.05) -> list[str]:
             out.append(f"{p}: speculation " + (f"stops paying at batch {lose} (the verify pass of gamma+1 "
                                                f"tokens per sequence costs more than the tokens it saves)"
                                                if lose else "still pays at the largest batch swept"))
+            if "best_gamma" in rs[0]:
+                none = next((r["batch"] for r in rs if r["best_gamma"] == 0), None)
+                out.append(f"{p}: the best gamma by batch is " + ", ".join(f"{r['best_gamma']} at {r['batch']}"
+                                                                           for r in rs)
+                           + (f"; from batch {none} no gamma pays (an adaptive server drafts nothing there)"
+                              if none else "; some gamma pays at every batch swept"))
             need = [(r["batch"], r.get("break_even_acceptance")) for r in rs]
             out.append(f"{p}: speculation needs an acceptance above "
                        + ", ".join(f"{a:.2f} at batch {b}" if a is not None else f"1 (never pays) at batch {b}"

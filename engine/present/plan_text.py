@@ -152,7 +152,7 @@ def sweep_text(rows: list[dict], summary: list[str], model, gpu, context: int, p
             if k in r:
                 r[k] = num(r[k], 2)
         r["tok_s"] = num(r["tok_s"], 0)
-        for k in ("spec_speedup", "speedup_vs_first_precision"):
+        for k in ("spec_speedup", "best_gamma_speedup", "speedup_vs_first_precision"):
             if k in r:
                 r[k] = f"{r[k]:.2f}x"
         shown.append(r)
@@ -160,7 +160,8 @@ def sweep_text(rows: list[dict], summary: list[str], model, gpu, context: int, p
             ("bound", "bound"), ("vs " + precisions[0], "speedup_vs_first_precision"), ("fits KV", "fits")]
     out = []
     if spec is not None:
-        cols += [("spec TPOT ms", "spec_tpot_ms"), ("spec speedup", "spec_speedup")]
+        cols += [("spec TPOT ms", "spec_tpot_ms"), ("spec speedup", "spec_speedup"), ("best g", "best_gamma"),
+                 ("at best g", "best_gamma_speedup")]
         out.append(f"speculation: {spec.draft_kind} {spec.draft_model or ''} g={spec.gamma} "
                    f"a={spec.acceptance_rate:.2f} ({spec.source})")
     out += [f"{model.name} decode on {gpu.name}, context {context} tokens:", table(shown, cols)]

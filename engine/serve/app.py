@@ -64,7 +64,8 @@ def create_app(engine: EngineLoop, served_name: str, facts: dict | None = None,
     async def metrics():
         g = engine.gauges()
         return PlainTextResponse(prometheus_text(engine.stats, g["running"], g["waiting"], g["slots_used"], g["slots"],
-                                                 served_name, kv=g["kv"]), media_type="text/plain; version=0.0.4")
+                                                 served_name, kv=g["kv"], spec=g["spec"]),
+                                 media_type="text/plain; version=0.0.4")
 
     async def run(kind: str, request: Request):
         try:
@@ -115,7 +116,10 @@ def create_app(engine: EngineLoop, served_name: str, facts: dict | None = None,
             if not finished:  # a disconnect, a failed choice: the other choices stop too
                 for h in handles:
                     engine.cancel(h)
-        return P.full_response(kind, rid, p.model, [c.result() for c in choices], _usage(choices))
+        out = P.full_response(kind, rid, p.model, [c.result() for c in choices], _usage(choices))
+        if engine.per_request_spec != "off":
+            out["metrics"] = _spec_metrics(engine, choices)
+        return out
 
     @app.post("/v1/completions")
     async def completions(request: Request):
@@ -156,6 +160,12 @@ class _Choice:
         text = "".join(self.parts)
         return {"text": text, "finish": self.info["finish_reason"],
                 "logprobs": self.lp.render(len(text)) if self.lp is not None else None}
+
+
+def _spec_metrics(engine: EngineLoop, choices: list[_Choice]) -> dict:
+    pol = engine.scheduler.policy
+    return {"speculative_decoding": P.spec_metrics([c.info for c in choices], pol.name if pol else "off",
+                                                   pol.gamma_max if pol else 0)}
 
 
 def _usage(choices: list[_Choice]) -> dict:
@@ -224,8 +234,12 @@ async def _stream(kind: str, rid: str, p, handles, choices: list[_Choice], engin
                 elif ev == "done":
                     yield text_chunk(i, None if kind == "chat" else "", val["finish_reason"])
         finished = True
-        if p.include_usage:
-            yield sse(P.chunk(kind, rid, p.model, None, u=_usage(choices)))
+        metrics = _spec_metrics(engine, choices) if engine.per_request_spec != "off" else None
+        if p.include_usage or metrics:  # vLLM's per-request metrics ride on the last chunk, choices empty
+            last = P.chunk(kind, rid, p.model, None, u=_usage(choices))
+            if not p.include_usage:
+                del last["usage"]
+            yield sse({**last, **({"metrics": metrics} if metrics else {})})
         yield "data: [DONE]\n\n"
     finally:
         if not finished:  # a client that went away, a failed choice: every choice stops

@@ -24,7 +24,14 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--draft", default="none", help="none, model, self or ngram")
     p.add_argument("--draft-model", default="default-draft")
     p.add_argument("--draft-precision", default="int4")
-    p.add_argument("--gamma", type=int, default=4, help="draft tokens per round")
+    p.add_argument("--gamma", type=int, default=4, help="draft tokens per round (the most, under --spec-policy "
+                   "adaptive)")
+    p.add_argument("--spec-policy", default="adaptive",
+                   help="each step's draft length: adaptive (0 to --gamma, the most tokens per second by a step-cost "
+                        "model measured at start and the running acceptance), fixed (always --gamma), off (no draft)")
+    p.add_argument("--per-request-spec-decode-metrics", default="off", choices=("off", "summary"),
+                   help="vLLM's: each response carries its speculative stats in metrics.speculative_decoding "
+                        "(zeros and policy 'off' when the server is not speculating)")
     p.add_argument("--device", default="auto", help="cpu, cuda or auto")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback; 0.0.0.0 serves the LAN)")
     p.add_argument("--port", type=int, default=DEFAULT_PORT)
@@ -61,7 +68,7 @@ def setup_from(a):
     return EngineSetup(model=a.model, precision=a.precision, group_size=a.group_size,
                        quantize_embeddings=a.quantize_embeddings, quantize_head=not a.no_quantize_head,
                        device=a.device, draft=a.draft, draft_model=a.draft_model, draft_precision=a.draft_precision,
-                       gamma=a.gamma).validate()
+                       gamma=a.gamma, spec_policy=a.spec_policy).validate()
 
 
 def build(a):
@@ -82,7 +89,9 @@ def build(a):
                              prefill_chunk=chunk, max_waiting=a.max_waiting, policy="decode-first",
                              kv_cache=a.kv_cache, kv_cache_gib=a.kv_cache_gib, block_size=a.block_size,
                              prefix_caching=paged and a.prefix_caching, kv_dtype=a.kv_dtype).validate()
-    loop = EngineLoop(target, settings, loaded.proposer, gamma, log_text=a.log_requests_text)
+    loop = EngineLoop(target, settings, loaded.proposer, gamma, log_text=a.log_requests_text,
+                      spec_policy=setup.spec_policy)
+    loop.per_request_spec = a.per_request_spec_decode_metrics
     facts = {"model": target.name, "precision": target.spec.label, "device": target.device,
              "draft": setup.to_record()["draft"], "setup": setup.to_dict(), "settings": settings.to_dict(),
              "kv": {k: v for k, v in loop.scheduler.kv_facts().items() if k in KV_FACTS}}

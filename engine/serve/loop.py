@@ -74,21 +74,29 @@ def _with_logprobs(h: Handle):
 class EngineLoop:
     """Owns the Scheduler; thread-safe submit/cancel, one background thread running steps."""
 
-    def __init__(self, target, settings: BatchSettings, proposer_spec=None, gamma: int = 0, log_text: bool = False):
-        self.scheduler = Scheduler(target, settings, proposer_spec, gamma)
+    def __init__(self, target, settings: BatchSettings, proposer_spec=None, gamma: int = 0, log_text: bool = False,
+                 spec_policy: str = "fixed"):
+        self.scheduler = Scheduler(target, settings, proposer_spec, gamma, spec_policy=spec_policy)
         self.settings = settings
         self.tokenizer = target.tokenizer
         self.stats = ServerStats(gamma=gamma if proposer_spec else 0)
         self.log_text = log_text
+        self.per_request_spec = "off"  # vLLM's --per-request-spec-decode-metrics: off | summary
         self._handles: dict[int, Handle] = {}  # Request.uid -> handle
         self._cv = threading.Condition()
         self._stop = False
         self._thread = threading.Thread(target=self._run, name="scl-engine", daemon=True)
         self.error: BaseException | None = None
         self.on_death: Callable[[BaseException], None] | None = None  # called once, on the engine thread
+        self._ready = threading.Event()
 
     def start(self) -> "EngineLoop":
+        """Start the engine thread; returns once it is ready to serve (an adaptive policy has measured its
+        step costs), or raises what stopped it."""
         self._thread.start()
+        self._ready.wait()
+        if self.error is not None:
+            raise self.error
         return self
 
     def stop(self) -> None:
@@ -151,11 +159,19 @@ class EngineLoop:
     def gauges(self) -> dict:
         s = self.scheduler
         return {"running": len(s.running), "waiting": len(s.waiting) + len(s.preempted),
-                "slots_used": len(s.running), "slots": self.settings.max_seqs, "kv": s.kv_facts()}
+                "slots_used": len(s.running), "slots": self.settings.max_seqs, "kv": s.kv_facts(),
+                "spec": s.policy.facts() if s.policy is not None else None}
 
     # ------------------------------------------------------------ the engine thread
 
     def _run(self) -> None:
+        try:
+            self.scheduler.prepare()  # on this thread: its OpenMP team is the one that serves
+        except BaseException as e:  # noqa: BLE001  start() raises it
+            self.error = e
+            return
+        finally:
+            self._ready.set()
         try:
             while True:
                 with self._cv:
@@ -203,7 +219,8 @@ class EngineLoop:
             return
         info = {"finish_reason": reason, "prompt_tokens": seq.n_prompt, "completion_tokens": len(seq.out),
                 "ttft_s": None if seq.t_first is None else seq.t_first - h.t_arrival, "e2e_s": now - h.t_arrival,
-                "accepted": seq.spec_stats.accepted, "drafted": seq.spec_stats.drafted}
+                "accepted": seq.spec_stats.accepted, "drafted": seq.spec_stats.drafted,
+                "spec_rounds": seq.spec_stats.rounds, "accepted_hist": list(seq.spec_stats.accepted_hist)}
         if seq.req.prompt_logprobs is not None and not h.sent_prompt:  # max_tokens 0: no token came
             h.put(("prompt_logprobs", seq.prompt_logprobs))
         if tail:  # held text released at the end: text without a token of its own

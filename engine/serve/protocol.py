@@ -396,6 +396,21 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict:
             "total_tokens": prompt_tokens + completion_tokens}
 
 
+def spec_metrics(infos: list[dict], policy: str, num_spec_tokens: int) -> dict:
+    """vLLM's per-request speculative stats (its --per-request-spec-decode-metrics summary), summed over a
+    request's choices, with the policy that ran. A server that is not speculating gives zeros and policy 'off'."""
+    rounds = sum(i.get("spec_rounds", 0) for i in infos)
+    drafted, accepted = sum(i.get("drafted", 0) for i in infos), sum(i.get("accepted", 0) for i in infos)
+    hist = [0] * (num_spec_tokens + 1)
+    for i in infos:
+        for j, n in enumerate(i.get("accepted_hist", [])[:len(hist)]):
+            hist[j] += n
+    return {"mean_acceptance_length": 1 + accepted / rounds if rounds else 0.0,
+            "draft_acceptance_rate": accepted / drafted if drafted else 0.0, "acceptance_histogram": hist,
+            "num_spec_steps": rounds, "num_accepted_draft_tokens": accepted, "num_draft_tokens": drafted,
+            "num_spec_tokens": num_spec_tokens, "policy": policy}
+
+
 def full_response(kind: str, rid: str, model: str, choices: list[dict], u: dict) -> dict:
     """choices: {"text", "finish", "logprobs"} per choice, in index order."""
     created = int(time.time())

@@ -14,6 +14,8 @@ test that reads a vLLM server reads ours the same way:
 - vllm:spec_decode_num_accepted_tokens_per_pos_total{position}: rounds whose draft token at 0-based
   position i was accepted. Acceptance rate = accepted / draft tokens; mean acceptance length =
   1 + accepted / drafts (the bonus token counted);
+- scl:spec_decode_steps_total{policy, gamma}: decode steps by the draft length the speculation policy chose
+  (the lab's own: vLLM has no per-step count), 0 included;
 - histograms (seconds): vllm:time_to_first_token_seconds (arrival to first token),
   vllm:inter_token_latency_seconds (gaps between a request's consecutive tokens),
   vllm:e2e_request_latency_seconds (arrival to finish), vllm:request_queue_time_seconds (arrival to
@@ -103,8 +105,9 @@ def _hist(name: str, h: Histogram, help_: str) -> list[str]:
 
 
 def prometheus_text(stats: ServerStats, running: int, waiting: int, slots_used: int, slots: int,
-                    model: str, kv: dict | None = None) -> str:
-    """The Prometheus text exposition of the stats (the /metrics sink); kv: Scheduler.kv_facts()."""
+                    model: str, kv: dict | None = None, spec: dict | None = None) -> str:
+    """The Prometheus text exposition of the stats (the /metrics sink); kv: Scheduler.kv_facts(), spec:
+    SpecPolicy.facts()."""
     lbl = f'model_name="{model}"'
     kv = kv or {}
     usage = kv["blocks_used"] / kv["num_blocks"] if kv.get("num_blocks") else (slots_used / slots if slots else 0.0)
@@ -152,6 +155,11 @@ def prometheus_text(stats: ServerStats, running: int, waiting: int, slots_used: 
             ]
             lines += [f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{{lbl},position="{i}"}} {a}'
                       for i, a in enumerate(stats.accepted_per_pos)]
+        if spec:
+            lines += ["# HELP scl:spec_decode_steps Decode steps by the draft length the policy chose.",
+                      "# TYPE scl:spec_decode_steps counter"]
+            lines += [f'scl:spec_decode_steps_total{{{lbl},policy="{spec["policy"]}",gamma="{g}"}} {n}'
+                      for g, n in spec["steps_by_gamma"].items()]
         lines += _hist("vllm:time_to_first_token_seconds", stats.ttft, "Arrival to first token.")
         lines += _hist("vllm:inter_token_latency_seconds", stats.itl, "Gaps between a request's tokens.")
         lines += _hist("vllm:e2e_request_latency_seconds", stats.e2e, "Arrival to finish.")

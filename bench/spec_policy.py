@@ -1,0 +1,137 @@
+"""The adaptive speculation policy against fixed gamma and no draft, at each concurrency, through vLLM's client.
+
+    .venv/bin/python bench/spec_policy.py --model default --precision int4 --draft model      # the 1.5B + 0.5B
+    .venv/bin/python bench/spec_policy.py --model default-draft --precision int4 --draft ngram
+
+Three servers of the same setup, one at a time, started by the lab on 127.0.0.1 (engine/peers/servers.py):
+no draft, --spec-policy fixed and --spec-policy adaptive (both at --gamma). Each is warmed with one request,
+then at each --concurrency level sent max(4, 2 x concurrency) requests by vLLM's `bench serve`
+(bench/vllm_bench_client.py, from .venv-vllm): random prompts of --input-len tokens, --output-len tokens forced,
+greedy, a fresh seed per server and level (no prompt is seen twice), prompt caches off. Each level also reads
+the server's /metrics before and after, so the table says which draft lengths the adaptive policy chose there.
+Writes <out>/spec_policy.{md,json}; the .md checks issue 39's target: adaptive >= 0.97x the better of fixed
+and no draft at every level.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from under_load import VLLM_PY, vllm_client  # noqa: E402
+
+from engine.peers import servers  # noqa: E402
+
+TARGET = 0.97
+ARMS = (("no draft", "none", "fixed"), ("fixed", None, "fixed"), ("adaptive", None, "adaptive"))
+
+
+def steps_by_gamma(url: str) -> dict[str, float]:
+    """scl:spec_decode_steps_total by gamma, from the server's /metrics (empty without a draft)."""
+    import httpx
+
+    out = {}
+    for line in httpx.get(url + "/metrics", timeout=30).text.splitlines():
+        if line.startswith("scl:spec_decode_steps_total{"):
+            g = line.split('gamma="')[1].split('"')[0]
+            out[g] = out.get(g, 0.0) + float(line.split()[-1])
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="default-draft")
+    ap.add_argument("--precision", default="int4")
+    ap.add_argument("--draft", default="ngram", help="model, self or ngram")
+    ap.add_argument("--draft-model", default="default-draft")
+    ap.add_argument("--draft-precision", default="int4")
+    ap.add_argument("--gamma", type=int, default=4)
+    ap.add_argument("--concurrency", default="1,2,4,8,16")
+    ap.add_argument("--input-len", type=int, default=128)
+    ap.add_argument("--output-len", type=int, default=64)
+    ap.add_argument("--out", default=str(ROOT / "docs" / "runs" / time.strftime("%Y-%m-%d")))
+    ap.add_argument("--render", metavar="JSON", help="only rewrite the .md of a saved spec_policy.json")
+    a = ap.parse_args(argv)
+    if a.render:
+        print(markdown(json.loads(Path(a.render).read_text())))
+        return 0
+    from engine.infer import catalog
+
+    if not VLLM_PY.exists():
+        print("vLLM's client is not installed (.venv-vllm): run `make peers-vllm`", file=sys.stderr)
+        return 2
+    say = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
+    levels = [int(c) for c in a.concurrency.split(",")]
+    tokenizer = catalog.resolve(a.model)
+    rows, t0 = [], time.time()
+    for i, (arm, draft, policy) in enumerate(ARMS):
+        spec = servers.ServerSpec.of(servers.OURS, model=a.model, precision=a.precision, draft=draft or a.draft,
+                                     draft_model=a.draft_model, draft_precision=a.draft_precision, gamma=a.gamma,
+                                     spec_policy=policy, slots=max(levels), max_model_len=1024,
+                                     startup_timeout_s=900).validate()
+        with servers.start(spec, progress=say) as rs:
+            vllm_client(rs.url, spec.served_name, tokenizer, _client_args(a, 1, 1), 1)
+            for c in levels:
+                before = steps_by_gamma(rs.url)
+                v = vllm_client(rs.url, spec.served_name, tokenizer, _client_args(a, c, max(4, 2 * c)),
+                                int(t0) + 100 * i + c)
+                after = steps_by_gamma(rs.url)
+                rows.append({"arm": arm, "label": spec.label, "concurrency": c, "out_tok_s": v["output_throughput"],
+                             "tpot_p50_ms": v["median_tpot_ms"], "ttft_p50_ms": v["median_ttft_ms"],
+                             "completed": v["completed"], "failed": v["failed"],
+                             "steps_by_gamma": {g: after[g] - before.get(g, 0) for g in after}})
+                say(f"[{time.time() - t0:5.0f}s] {spec.label} at {c}: {v['output_throughput']:.1f} tok/s")
+    rep = {"command": "python bench/spec_policy.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+           "rows": rows, "levels": levels, "target": TARGET, "input_len": a.input_len, "output_len": a.output_len,
+           "wall_s": time.time() - t0}
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "spec_policy.json").write_text(json.dumps(rep, indent=1))
+    md = markdown(rep)
+    (out / "spec_policy.md").write_text(md)
+    print(md)
+    return 0
+
+
+def _client_args(a, concurrency: int, prompts: int) -> argparse.Namespace:
+    return argparse.Namespace(input_len=a.input_len, output_len=a.output_len, prompts=prompts,
+                              concurrency=concurrency)
+
+
+def markdown(rep: dict) -> str:
+    """One row per concurrency: each arm's output tok/s, adaptive against the better of the other two, and the
+    draft lengths adaptive chose (steps by gamma)."""
+    by = {(r["arm"], r["concurrency"]): r for r in rep["rows"]}
+    labels = {r["arm"]: r["label"] for r in rep["rows"]}
+    md = ["# The speculation policy under load: vLLM's client", "", f"Command: `{rep['command'].strip()}`", "",
+          f"Random prompts of {rep['input_len']} tokens, {rep['output_len']} output tokens forced (ignore_eos), "
+          f"greedy, max(4, 2 x concurrency) requests per level, a fresh seed per server and level, caches off, "
+          f"{rep['wall_s'] / 60:.0f} min. Servers: " + "; ".join(f"{k}: {v}" for k, v in labels.items()) + ".", "",
+          "| concurrency | no draft tok/s | fixed tok/s | adaptive tok/s | adaptive / better of the two | "
+          "adaptive's steps by gamma |", "| ---: | ---: | ---: | ---: | ---: | --- |"]
+    worst = None
+    for c in rep["levels"]:
+        none, fixed, ad = (by.get((arm, c)) for arm, _, _ in ARMS)
+        if not (none and fixed and ad):
+            continue
+        x = ad["out_tok_s"] / max(none["out_tok_s"], fixed["out_tok_s"])
+        worst = x if worst is None else min(worst, x)
+        steps = ", ".join(f"{g}: {n:.0f}" for g, n in sorted(ad["steps_by_gamma"].items(), key=lambda t: int(t[0]))
+                          if n)
+        md.append(f"| {c} | {none['out_tok_s']:.1f} | {fixed['out_tok_s']:.1f} | {ad['out_tok_s']:.1f} | "
+                  f"{x:.2f}x | {steps} |")
+    failed = sum(r["failed"] for r in rep["rows"])
+    md += ["", f"Failed requests: {failed}.",
+           (f"Adaptive's worst ratio: **{worst:.2f}x** (target >= {rep['target']}x at every level: "
+            f"{'met' if worst >= rep['target'] else 'missed'})." if worst is not None else "No level ran all three.")]
+    return "\n".join(md) + "\n"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

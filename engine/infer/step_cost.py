@@ -1,0 +1,203 @@
+"""The step-cost model, and the draft length it says pays best.
+
+A decode step of `batch` sequences, each verifying gamma drafts, costs
+    T(batch, gamma) = target(batch * (1 + gamma)) + gamma * draft(batch)
+where target(rows) is the target's forward over that many rows (sampling and verification included) and
+draft(batch) one batched draft pass. A round of gamma drafts commits, per sequence,
+    E(gamma) = 1 + sum over k = 1..gamma of prod over j < k of c_j
+tokens, c_j the chance that draft position j is accepted once the positions before it were. The policy picks
+the gamma (0 included) with the most tokens per second, batch * E(gamma) / T(batch, gamma).
+
+target() and draft() are tables: measured when the server starts (`profile`, on the real step path), then kept
+current from every step's own timings (`StepCost.observe`). The c_j are counted as the server runs, decayed so
+they follow the traffic (`Acceptance`). One home for the model: the server's policy and its record use it.
+"""
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+
+from engine.common.errors import UserError
+from engine.common.vocab import SPEC_POLICIES
+
+EWMA = 0.2  # weight of a new timing in a table point
+PROBE_EVERY = 32  # steps at gamma 0 before one step drafts a token, so acceptance is still measured
+PRIOR_RATE, PRIOR_WEIGHT = 0.6, 2.0  # acceptance before any round is counted: 1.2 of 2 pseudo-rounds
+DECAY = 0.995  # per counted round: the last few hundred rounds carry the estimate
+
+
+def _interpolate(table: dict[int, float], x: int) -> float:
+    """Piecewise linear through the points; beyond the ends, the nearest segment's slope (never below 0)."""
+    xs = sorted(table)
+    if len(xs) == 1:
+        return table[xs[0]] * x / xs[0]  # one point: proportional, the only shape it can say
+    if x <= xs[0]:
+        lo, hi = xs[0], xs[1]
+    elif x >= xs[-1]:
+        lo, hi = xs[-2], xs[-1]
+    else:
+        hi = next(v for v in xs if v >= x)
+        lo = xs[xs.index(hi) - 1]
+    slope = max(0.0, (table[hi] - table[lo]) / (hi - lo))
+    return max(0.0, table[lo] + slope * (x - lo))
+
+
+@dataclass
+class StepCost:
+    """Seconds of a step: the target's forward by rows, one draft pass by batch (empty: no draft)."""
+
+    target_s: dict[int, float]
+    draft_s: dict[int, float] = field(default_factory=dict)
+
+    def target(self, rows: int) -> float:
+        return _interpolate(self.target_s, rows)
+
+    def draft(self, batch: int) -> float:
+        return _interpolate(self.draft_s, batch) if self.draft_s else 0.0
+
+    def step_s(self, batch: int, gamma: int) -> float:
+        return self.target(batch * (1 + gamma)) + gamma * self.draft(batch)
+
+    def observe(self, rows: int, verify_s: float, batch: int = 0, passes: int = 0, draft_s: float = 0.0) -> None:
+        """One step's timings: its rows' forward, and (when it drafted) `passes` draft passes over `batch`."""
+        if rows > 0 and verify_s > 0:
+            _update(self.target_s, rows, verify_s)
+        if batch > 0 and passes > 0 and draft_s > 0:
+            _update(self.draft_s, batch, draft_s / passes)
+
+    def to_dict(self) -> dict:
+        return {"target_ms": {str(k): round(v * 1e3, 4) for k, v in sorted(self.target_s.items())},
+                "draft_pass_ms": {str(k): round(v * 1e3, 4) for k, v in sorted(self.draft_s.items())}}
+
+
+def _update(table: dict[int, float], x: int, y: float) -> None:
+    table[x] = y if x not in table else (1 - EWMA) * table[x] + EWMA * y
+
+
+@dataclass
+class Acceptance:
+    """c_j for each draft position, from rounds counted as they finish (decayed), with a prior."""
+
+    gamma_max: int
+    reached: list[float] = field(default_factory=list)  # rounds that drafted position j with 0..j-1 accepted
+    accepted: list[float] = field(default_factory=list)  # of those, rounds that accepted j
+
+    def __post_init__(self):
+        self.reached = self.reached or [0.0] * self.gamma_max
+        self.accepted = self.accepted or [0.0] * self.gamma_max
+
+    def count(self, drafted: int, accepted: int) -> None:
+        for j in range(min(drafted, accepted + 1, self.gamma_max)):
+            self.reached[j] = DECAY * self.reached[j] + 1
+            self.accepted[j] = DECAY * self.accepted[j] + (j < accepted)
+
+    def rate(self, j: int) -> float:
+        return (self.accepted[j] + PRIOR_RATE * PRIOR_WEIGHT) / (self.reached[j] + PRIOR_WEIGHT)
+
+    def expected_tokens(self, gamma: int) -> float:
+        """E(gamma): tokens a round commits per sequence, the target's own token included."""
+        total, reach = 1.0, 1.0
+        for j in range(gamma):
+            reach *= self.rate(j)
+            total += reach
+        return total
+
+
+class SpecPolicy:
+    """The draft length of each step: `fixed` always gamma_max; `adaptive` the best by the step-cost model."""
+
+    def __init__(self, name: str, gamma_max: int, cost: StepCost | None = None):
+        check_policy(name)
+        self.name, self.gamma_max, self.cost = name, gamma_max, cost
+        self.acceptance = Acceptance(gamma_max)
+        self.steps = {g: 0 for g in range(gamma_max + 1)}  # decode steps by the gamma chosen (/metrics)
+        self.force: int | None = None  # the profile sets each gamma in turn
+        self.chosen = gamma_max
+        self._since_draft = 0
+
+    def choose(self, batch: int) -> int:
+        if self.force is not None:
+            g = self.force
+        elif self.name == "fixed" or self.cost is None or batch == 0:
+            g = self.gamma_max
+        else:
+            g = best_gamma(self.cost, self.acceptance, batch, self.gamma_max)
+            if g == 0 and self._since_draft >= PROBE_EVERY:
+                g = 1
+        self.chosen = g
+        return g
+
+    def observe(self, st) -> None:
+        """A step's StepStats: its rounds' acceptance, and (adaptive) its timings into the cost model."""
+        if st.decode_seqs:
+            self.steps[self.chosen] += 1
+            self._since_draft = 0 if self.chosen else self._since_draft + 1
+        for drafted, accepted in st.rounds:
+            self.acceptance.count(drafted, accepted)
+        if self.cost is not None and self.force is None:
+            self.cost.observe(st.decode_rows + st.prefill_rows, st.verify_s, st.decode_seqs,
+                              st.draft_passes if not st.prefill_rows else 0, st.draft_s)
+
+    def facts(self) -> dict:
+        out = {"policy": self.name, "steps_by_gamma": {str(g): n for g, n in self.steps.items()}}
+        if self.cost is not None:
+            out["step_cost"] = self.cost.to_dict()
+        return out
+
+
+def best_gamma(cost: StepCost, acceptance: Acceptance, batch: int, gamma_max: int) -> int:
+    """The gamma in 0..gamma_max with the most tokens per second (the smaller one on a tie)."""
+    rate = [batch * acceptance.expected_tokens(g) / max(cost.step_s(batch, g), 1e-9) for g in range(gamma_max + 1)]
+    return max(range(gamma_max + 1), key=lambda g: (rate[g], -g))
+
+
+def check_policy(name: str) -> str:
+    if name not in SPEC_POLICIES:
+        raise UserError(f"unknown speculation policy {name!r}", f"use one of: {', '.join(SPEC_POLICIES)}")
+    return name
+
+
+def profile(sched, steps: int = 2, prompt_len: int = 8) -> StepCost:
+    """Measure the target's forward and the draft's pass on the scheduler's own step path, before it serves:
+    `steps` decode steps (after one warm-up) at each gamma 0..gamma_max, for one sequence and for every slot.
+    Leaves the scheduler empty, as built (`Scheduler.forget`)."""
+    from engine.infer.batch import Request
+
+    policy = sched.policy
+    cost = StepCost({}, {})
+    room = sched.settings.max_model_len - prompt_len - sched.headroom
+    per_request = (policy.gamma_max + 1) * (steps + 1) * (policy.gamma_max + 1)
+    batches = sorted({1, sched.settings.max_seqs})
+    sched.batch.pad_drafts = True
+    for batch in batches:
+        reqs = [Request([(7 + 13 * i + 31 * b) % 1000 + 10 for i in range(prompt_len)], min(room, per_request),
+                        stop_at_eos=False) for b in range(batch)]
+        for r in reqs:
+            sched.submit(r)
+        policy.force = 0
+        for _ in range(prompt_len + 2):  # the prompts' prefill (one chunk each, a few steps at most)
+            if all((s := sched.sequence(r)) is not None and s.decoding for r in reqs):
+                break
+            sched.step()
+        timings: dict[int, list] = {}
+        for g in range(policy.gamma_max + 1):
+            policy.force = g
+            for i in range(steps + 1):
+                st, _ = sched.step()
+                if i and st is not None and st.decode_seqs == batch and not st.prefill_rows:
+                    timings.setdefault(g, []).append(st)
+        for g, sts in timings.items():
+            rows = statistics.median(s.decode_rows for s in sts)
+            cost.target_s[int(rows)] = statistics.median(s.verify_s for s in sts)
+            if g and any(s.draft_passes for s in sts):
+                cost.draft_s.setdefault(batch, statistics.median(s.draft_s / s.draft_passes for s in sts
+                                                                 if s.draft_passes))
+        for r in reqs:
+            sched.cancel(r)
+        while sched.has_work():
+            sched.step()
+    policy.force, sched.batch.pad_drafts = None, False
+    policy.steps = {g: 0 for g in policy.steps}
+    policy.acceptance = Acceptance(policy.gamma_max)  # made-up prompts say nothing about the traffic's acceptance
+    sched.forget()
+    return cost

@@ -1,0 +1,120 @@
+"""The speculation policy (engine/infer/step_cost.py): the step-cost model, the draft length it picks, and
+the server's adaptive policy on the real 0.5B, lossless and measured on the real step path."""
+import time
+
+import pytest
+
+from engine.common.errors import UserError
+from engine.common.setup import EngineSetup
+from engine.infer.batch import Request
+from engine.infer.proposers import NgramProposer, proposer_spec
+from engine.infer.scheduler import BatchSettings, Scheduler
+from engine.infer.step_cost import Acceptance, StepCost, best_gamma
+from engine.infer.tokens import encode_prompts
+
+PROMPTS = ["Repeat exactly: alpha beta gamma delta epsilon zeta eta theta alpha beta gamma delta epsilon",
+           "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef mul(a, b):\n",
+           "Name a colour.", "x = [1, 2, 3]\ny = [a * 2 for a in x]\nprint(y)\n# prints"]
+SETTINGS = BatchSettings(max_seqs=4, max_model_len=256, max_batched_tokens=4 * 5 + 16, prefill_chunk=16)
+
+
+def test_the_cost_model_interpolates_and_extrapolates_its_points():
+    c = StepCost({1: 0.010, 5: 0.014, 20: 0.040}, {1: 0.002, 4: 0.005})
+    assert c.target(3) == pytest.approx(0.012) and c.target(40) == pytest.approx(0.040 + 20 * 0.026 / 15)
+    assert c.draft(2) == pytest.approx(0.003) and StepCost({1: 0.01}).draft(4) == 0.0
+    assert c.step_s(4, 4) == pytest.approx(c.target(20) + 4 * 0.005)
+    c.observe(5, 0.024, batch=4, passes=2, draft_s=0.012)  # a new timing moves its point by a fifth
+    assert c.target_s[5] == pytest.approx(0.8 * 0.014 + 0.2 * 0.024) and c.draft_s[4] == pytest.approx(0.0052)
+
+
+def test_acceptance_is_counted_per_position_once_the_positions_before_were_accepted():
+    a = Acceptance(4)
+    for _ in range(200):
+        a.count(4, 2)  # positions 0 and 1 accepted, 2 rejected, 3 never reached
+    assert a.rate(0) > 0.99 and a.rate(1) > 0.99 and a.rate(2) < 0.02
+    assert a.rate(3) == pytest.approx(0.6)  # only the prior: no round reached it
+    assert a.expected_tokens(0) == 1 and a.expected_tokens(2) == pytest.approx(3, abs=0.03)
+    assert a.expected_tokens(4) < a.expected_tokens(2) + 0.02
+
+
+def test_the_best_gamma_follows_the_costs_and_the_acceptance():
+    flat = StepCost({1: 0.020, 40: 0.024}, {1: 0.0005, 8: 0.0006})  # memory-bound target, cheap draft
+    high, low = Acceptance(4), Acceptance(4)
+    for _ in range(300):
+        high.count(4, 4)
+        low.count(1, 0)
+    assert best_gamma(flat, high, 1, 4) == 4
+    assert best_gamma(flat, low, 1, 4) == 0  # nothing accepted: a draft cannot pay
+    compute = StepCost({1: 0.02, 8: 0.05, 40: 0.25}, {1: 0.0005, 8: 0.0006})  # rows cost at batch 8
+    assert best_gamma(compute, high, 1, 4) == 4 and best_gamma(compute, high, 8, 4) < 4
+    slow = StepCost({1: 0.020, 40: 0.024}, {1: 0.050, 8: 0.060})  # a draft pass dearer than a target step
+    assert best_gamma(slow, high, 1, 4) == 0
+
+
+def test_a_policy_is_refused_by_name_and_off_means_no_draft():
+    with pytest.raises(UserError, match="unknown speculation policy 'sometimes'") as e:
+        EngineSetup(draft="ngram", spec_policy="sometimes").validate()
+    assert "adaptive" in e.value.fix
+    off = EngineSetup(draft="ngram", spec_policy="off").validate()
+    assert not off.speculative and off.label == "default@fp32"
+    adaptive = EngineSetup(draft="ngram", gamma=4, spec_policy="adaptive").validate()
+    assert adaptive.label == "default@fp32 + ngram g<=4 cost-adaptive"
+    assert adaptive.to_record()["draft"]["policy"] == "adaptive"
+    with pytest.raises(UserError, match="both pick gamma"):
+        EngineSetup(draft="ngram", spec_policy="adaptive", adaptive_gamma=True).validate()
+
+
+def _generate(lm, ids, spec, gamma, policy, n=24, settings=SETTINGS):
+    sched = Scheduler(lm, settings, spec, gamma, spec_policy=policy)
+    sched.prepare()
+    seqs = {}
+    for i, x in enumerate(ids):
+        r = Request(list(x), n, stop_at_eos=False)
+        r.on_token = lambda s, *a, i=i: seqs.setdefault(i, s)
+        sched.submit(r)
+    while sched.has_work():
+        sched.step()
+    return [list(seqs[i].out) for i in range(len(ids))], sched
+
+
+class SlowNgram(NgramProposer):
+    """n-gram drafts that take 200 ms a pass: no draft length pays unless a target step takes longer than that
+    (g drafts commit at most g + 1 tokens for g x 200 ms more), and the 0.5B's takes 20-80 ms on two cores."""
+
+    def propose(self, seqs, gs):
+        time.sleep(0.2 * max(gs))
+        return super().propose(seqs, gs)
+
+
+class SlowSpec:
+    kind = "ngram"
+
+    def build(self, slots, capacity):
+        return SlowNgram()
+
+
+def test_the_adaptive_policy_is_lossless_and_measures_its_costs_first(small_int4):
+    lm = small_int4
+    ids = encode_prompts(lm.tokenizer, PROMPTS, chat=True)
+    plain, _ = _generate(lm, ids, None, 0, "fixed")
+    adaptive, sched = _generate(lm, ids, proposer_spec("ngram"), 4, "adaptive")
+    assert adaptive == plain
+    cost = sched.policy.cost
+    assert {1, 2, 3, 4, 5} <= set(cost.target_s) and {4, 8, 12, 16, 20} & set(cost.target_s)  # batch 1 and 4
+    assert sum(sched.policy.steps.values()) > 0 and sched.blocks is None and not sched.preemptions
+    assert sum(n for g, n in sched.policy.steps.items() if g) > 0  # copy-heavy prompts: drafting paid
+
+
+def test_the_policy_picks_gamma_0_when_the_draft_cannot_pay(small_int4):
+    lm = small_int4
+    ids = encode_prompts(lm.tokenizer, PROMPTS[:2], chat=True)
+    one = BatchSettings(max_seqs=1, max_model_len=256, max_batched_tokens=5 + 64, prefill_chunk=64)
+    plain, _ = _generate(lm, ids, None, 0, "fixed", settings=one)
+    got, sched = _generate(lm, ids, SlowSpec(), 4, "adaptive", settings=one)
+    assert got == plain
+    steps, cost = sched.policy.steps, sched.policy.cost
+    assert cost.draft(1) > 0.19, cost.to_dict()  # the profile saw the slow draft
+    assert best_gamma(cost, sched.policy.acceptance, 1, 4) == 0, cost.to_dict()  # and its model says: never pays
+    assert steps[0] > 0 and sum(n for g, n in steps.items() if g) <= steps[0] // 32 + 1, steps  # probes only
+    fixed, sched = _generate(lm, ids[:1], SlowSpec(), 4, "fixed", n=8, settings=one)
+    assert fixed[0] == plain[0][:8] and set(g for g, n in sched.policy.steps.items() if n) == {4}
