@@ -5,9 +5,10 @@
 
 Three servers of the same setup, one at a time, started by the lab on 127.0.0.1 (engine/peers/servers.py):
 no draft, --spec-policy fixed and --spec-policy adaptive (both at --gamma). Each is warmed with one request,
-then at each --concurrency level sent max(4, 2 x concurrency) requests by vLLM's `bench serve`
+then at each --concurrency level sent max(8, 2 x concurrency) requests by vLLM's `bench serve`
 (bench/vllm_bench_client.py, from .venv-vllm): random prompts of --input-len tokens, --output-len tokens forced,
-greedy, a fresh seed per server and level (no prompt is seen twice), prompt caches off. Each level also reads
+greedy, the same prompts for every server at a level (a fresh seed per level; each server is a new process with
+its prompt cache off, so none has seen them), so the arms differ only in their policy. Each level also reads
 the server's /metrics before and after, so the table says which draft lengths the adaptive policy chose there.
 Writes <out>/spec_policy.{md,json}; the .md checks issue 39's target: adaptive >= 0.97x the better of fixed
 and no draft at every level.
@@ -69,8 +70,8 @@ def main(argv=None) -> int:
     say = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
     levels = [int(c) for c in a.concurrency.split(",")]
     tokenizer = catalog.resolve(a.model)
-    rows, t0 = [], time.time()
-    for i, (arm, draft, policy) in enumerate(ARMS):
+    rows, spec_facts, t0 = [], {}, time.time()
+    for arm, draft, policy in ARMS:
         spec = servers.ServerSpec.of(servers.OURS, model=a.model, precision=a.precision, draft=draft or a.draft,
                                      draft_model=a.draft_model, draft_precision=a.draft_precision, gamma=a.gamma,
                                      spec_policy=policy, slots=max(levels), max_model_len=1024,
@@ -79,16 +80,18 @@ def main(argv=None) -> int:
             vllm_client(rs.url, spec.served_name, tokenizer, _client_args(a, 1, 1), 1)
             for c in levels:
                 before = steps_by_gamma(rs.url)
-                v = vllm_client(rs.url, spec.served_name, tokenizer, _client_args(a, c, max(4, 2 * c)),
-                                int(t0) + 100 * i + c)
+                v = vllm_client(rs.url, spec.served_name, tokenizer, _client_args(a, c, max(8, 2 * c)),
+                                int(t0) + c)
                 after = steps_by_gamma(rs.url)
                 rows.append({"arm": arm, "label": spec.label, "concurrency": c, "out_tok_s": v["output_throughput"],
                              "tpot_p50_ms": v["median_tpot_ms"], "ttft_p50_ms": v["median_ttft_ms"],
                              "completed": v["completed"], "failed": v["failed"],
                              "steps_by_gamma": {g: after[g] - before.get(g, 0) for g in after}})
                 say(f"[{time.time() - t0:5.0f}s] {spec.label} at {c}: {v['output_throughput']:.1f} tok/s")
+            spec_facts[arm] = _health_spec(rs.url)  # the policy's step-cost tables as measured at start and kept
     rep = {"command": "python bench/spec_policy.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-           "rows": rows, "levels": levels, "target": TARGET, "input_len": a.input_len, "output_len": a.output_len,
+           "rows": rows, "spec_facts": spec_facts, "levels": levels, "target": TARGET, "input_len": a.input_len,
+           "output_len": a.output_len,
            "wall_s": time.time() - t0}
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -97,6 +100,12 @@ def main(argv=None) -> int:
     (out / "spec_policy.md").write_text(md)
     print(md)
     return 0
+
+
+def _health_spec(url: str) -> dict | None:
+    import httpx
+
+    return httpx.get(url + "/health", timeout=30).json().get("spec")
 
 
 def _client_args(a, concurrency: int, prompts: int) -> argparse.Namespace:
@@ -111,7 +120,8 @@ def markdown(rep: dict) -> str:
     labels = {r["arm"]: r["label"] for r in rep["rows"]}
     md = ["# The speculation policy under load: vLLM's client", "", f"Command: `{rep['command'].strip()}`", "",
           f"Random prompts of {rep['input_len']} tokens, {rep['output_len']} output tokens forced (ignore_eos), "
-          f"greedy, max(4, 2 x concurrency) requests per level, a fresh seed per server and level, caches off, "
+          f"greedy, max(8, 2 x concurrency) requests per level, the same prompts for every server at a level, "
+          f"caches off, "
           f"{rep['wall_s'] / 60:.0f} min. Servers: " + "; ".join(f"{k}: {v}" for k, v in labels.items()) + ".", "",
           "| concurrency | no draft tok/s | fixed tok/s | adaptive tok/s | adaptive / better of the two | "
           "adaptive's steps by gamma |", "| ---: | ---: | ---: | ---: | ---: | --- |"]

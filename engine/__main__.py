@@ -19,13 +19,13 @@ def add_run_args(p: argparse.ArgumentParser, many: bool = False):
                        help="comma-separated: fp32,bf16,fp16,int8,int4,llm.int8,nf4,fp8; int4 may name its method "
                             "and group: int4-gptq, int4-awq-g32, int4-gptq-mixed (int4 alone is round-to-nearest)")
         p.add_argument("--drafts", type=csv_list, default=["none"],
-                       help="comma-separated draft kinds: none,model,self,ngram")
+                       help="comma-separated draft kinds: none,model,self,ngram,suffix")
         p.add_argument("--draft-precisions", type=csv_list, default=["int4"])
         p.add_argument("--gammas", type=int_list, default=[4])
         p.add_argument("--batch-sizes", type=int_list, default=[1])
     else:
         p.add_argument("--precision", default="fp32")
-        p.add_argument("--draft", default="none", help="none, model, self or ngram")
+        p.add_argument("--draft", default="none", help="none, model, self, ngram or suffix")
         p.add_argument("--draft-precision", default="int4")
         p.add_argument("--gamma", type=int, default=4)
         p.add_argument("--batch", type=int, default=1)

@@ -118,3 +118,27 @@ def test_the_policy_picks_gamma_0_when_the_draft_cannot_pay(small_int4):
     assert steps[0] > 0 and sum(n for g, n in steps.items() if g) <= steps[0] // 32 + 1, steps  # probes only
     fixed, sched = _generate(lm, ids[:1], SlowSpec(), 4, "fixed", n=8, settings=one)
     assert fixed[0] == plain[0][:8] and set(g for g, n in sched.policy.steps.items() if n) == {4}
+
+
+def test_a_draft_model_that_skipped_the_prompts_catches_up_losslessly(small_int4):
+    """While a policy drafts nothing the draft model skips the prompts' chunks; when drafting resumes it
+    catches up. The target drafting for itself then accepts every token: its draft cache is right."""
+    lm = small_int4
+    ids = encode_prompts(lm.tokenizer, PROMPTS[:2], chat=True)
+    plain, _ = _generate(lm, ids, None, 0, "fixed")
+    sched = Scheduler(lm, SETTINGS, proposer_spec("model", lm, lm), 3)
+    sched.policy.force = 0
+    seqs = {}
+    for i, x in enumerate(ids):
+        r = Request(list(x), 24, stop_at_eos=False)
+        r.on_token = lambda s, *a, i=i: seqs.setdefault(i, s)
+        sched.submit(r)
+    for _ in range(8):
+        sched.step()
+    assert all(s.out for s in seqs.values()) and sched.batch.proposer.fed[:2] == [0, 0]  # nothing fed yet
+    sched.policy.force = 3
+    while sched.has_work():
+        sched.step()
+    assert [list(seqs[i].out) for i in range(len(ids))] == plain
+    st = [seqs[i].spec_stats for i in range(len(ids))]
+    assert sum(s.drafted for s in st) > 0 and sum(s.accepted for s in st) == sum(s.drafted for s in st)

@@ -139,6 +139,7 @@ class StepStats:
     emitted: int = 0  # tokens committed by decoding sequences this step (prefill first tokens excluded)
     first_tokens: int = 0
     draft_passes: int = 0  # batched draft passes (the longest draft asked for), 0 when nothing was drafted
+    draft_feed_rows: int = 0  # rows of a draft model's first pass: more than a round's when it caught up
     rounds: list[tuple[int, int]] = field(default_factory=list)  # (drafted, accepted) per verified round
 
 
@@ -156,6 +157,9 @@ class Batch:
         # each sequence after its sampling (raise: that sequence fails, the others go on).
         self.fault_injection: Callable[[Sequence | None], None] | None = None
         self.pad_drafts = False  # the step-cost profile: a lookup draft padded to its full length
+        # False while a speculation policy drafts nothing: a draft model skips the prompts' chunks then and
+        # catches up (ModelProposer.propose) if drafting resumes, so a policy at g = 0 costs no draft work
+        self.draft_prefill = True
 
     def new_sequence(self, req: Request, slot: int) -> Sequence:
         g = self.gamma_max if not self.adaptive else min(2, self.gamma_max)
@@ -204,12 +208,12 @@ class Batch:
         drafts, dprobs = [[] for _ in decode], None
         if self.proposer is not None and decode and any(gs):
             drafts, dprobs = self.proposer.propose(decode, gs)
-            st.draft_passes = max(gs)
+            st.draft_passes, st.draft_feed_rows = max(gs), getattr(self.proposer, "feed_rows", 0)
             if self.pad_drafts and dprobs is None:  # the profile times full rows; any draft verifies losslessly
                 drafts = [d + [s.tokens[-1]] * (g - len(d)) for s, d, g in zip(decode, drafts, gs)]
             _sync(dev)
         chunks = [(s, s.prefilled, n) for s, n in prefill]
-        if self.proposer is not None and chunks:
+        if self.proposer is not None and chunks and self.draft_prefill:
             self.proposer.prefill(chunks)
         t_draft = time.perf_counter()
         st.draft_s = t_draft - t0

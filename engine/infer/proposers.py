@@ -71,6 +71,7 @@ class ModelProposer:
         self.lm, self.kind = lm, kind
         self.cache = lm.model.new_cache(slots, capacity)
         self.fed = [0] * slots
+        self.feed_rows = 0  # rows of the last propose's first pass
 
     def prefill(self, chunks) -> None:
         """Feed the same prompt chunks the target prefills: (seq, first position, rows)."""
@@ -100,6 +101,8 @@ class ModelProposer:
                 segs.append((s.slot, self.fed[s.slot], len(feed)))
                 toks += feed
                 last.append(len(toks) - 1)
+            if step == 0:  # beyond one round's tokens per sequence: a catch-up on what it skipped (StepStats)
+                self.feed_rows = len(toks)
             logits = self.lm.model.forward_rows(torch.tensor(toks, device=dev), Rows.of(segs, dev), self.cache,
                                                 logits_at=torch.tensor(last, device=dev))
             for row, i in enumerate(live):
@@ -122,6 +125,7 @@ class ModelProposer:
         self.fed[slot] = 0
 
     def copy_prefix(self, src: int, dst: int, n: int) -> None:
+        n = min(n, self.fed[src])  # a draft that skipped its prefill (no drafting then) holds less
         self.cache.copy_prefix(src, dst, n)
         self.fed[dst] = n
 

@@ -377,6 +377,7 @@ class Scheduler:
             g = self.policy.choose(sum(1 for s in self.running if s.decoding))
             for s in self.running:
                 s.gamma = g
+            self.batch.draft_prefill = g > 0
         if self.blocks is not None:
             self._reserve()
         decode, chunks = self.plan()

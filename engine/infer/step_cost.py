@@ -122,7 +122,7 @@ class SpecPolicy:
             g = self.gamma_max
         else:
             g = best_gamma(self.cost, self.acceptance, batch, self.gamma_max)
-            if g == 0 and self._since_draft >= PROBE_EVERY:
+            if g == 0 and self._since_draft >= PROBE_EVERY and could_pay(self.cost, batch):
                 g = 1
         self.chosen = g
         return g
@@ -135,8 +135,10 @@ class SpecPolicy:
         for drafted, accepted in st.rounds:
             self.acceptance.count(drafted, accepted)
         if self.cost is not None and self.force is None:
+            # a draft pass is timed when it is one round's work: no prompt chunk, no catch-up on skipped tokens
+            clean = not st.prefill_rows and st.draft_feed_rows <= st.decode_seqs * (self.gamma_max + 1)
             self.cost.observe(st.decode_rows + st.prefill_rows, st.verify_s, st.decode_seqs,
-                              st.draft_passes if not st.prefill_rows else 0, st.draft_s)
+                              st.draft_passes if clean else 0, st.draft_s)
 
     def facts(self) -> dict:
         out = {"policy": self.name, "steps_by_gamma": {str(g): n for g, n in self.steps.items()}}
@@ -149,6 +151,12 @@ def best_gamma(cost: StepCost, acceptance: Acceptance, batch: int, gamma_max: in
     """The gamma in 0..gamma_max with the most tokens per second (the smaller one on a tie)."""
     rate = [batch * acceptance.expected_tokens(g) / max(cost.step_s(batch, g), 1e-9) for g in range(gamma_max + 1)]
     return max(range(gamma_max + 1), key=lambda g: (rate[g], -g))
+
+
+def could_pay(cost: StepCost, batch: int) -> bool:
+    """Whether one draft token could pay at this batch if it were always accepted: when not, no acceptance
+    measured by a probe would change the answer, so the policy does not probe."""
+    return 2 / cost.step_s(batch, 1) > 1 / max(cost.step_s(batch, 0), 1e-9)
 
 
 def check_policy(name: str) -> str:

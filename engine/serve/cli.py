@@ -21,7 +21,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--group-size", type=int, default=64, help="int4 group size: 32, 64 or 128")
     p.add_argument("--quantize-embeddings", action="store_true", help="also quantize the embedding table")
     p.add_argument("--no-quantize-head", action="store_true", help="keep the output head in float")
-    p.add_argument("--draft", default="none", help="none, model, self or ngram")
+    p.add_argument("--draft", default="none", help="none, model, self, ngram or suffix")
     p.add_argument("--draft-model", default="default-draft")
     p.add_argument("--draft-precision", default="int4")
     p.add_argument("--gamma", type=int, default=4, help="draft tokens per round (the most, under --spec-policy "
