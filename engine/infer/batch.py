@@ -140,6 +140,7 @@ class StepStats:
     first_tokens: int = 0
     draft_passes: int = 0  # batched draft passes (the longest draft asked for), 0 when nothing was drafted
     draft_feed_rows: int = 0  # rows of a draft model's first pass: more than a round's when it caught up
+    draft_prefill_s: float = 0.0  # the draft's share of the step's prompt chunks (part of draft_s)
     rounds: list[tuple[int, int]] = field(default_factory=list)  # (drafted, accepted) per verified round
 
 
@@ -214,7 +215,10 @@ class Batch:
             _sync(dev)
         chunks = [(s, s.prefilled, n) for s, n in prefill]
         if self.proposer is not None and chunks and self.draft_prefill:
+            t = time.perf_counter()
             self.proposer.prefill(chunks)
+            _sync(dev)
+            st.draft_prefill_s = time.perf_counter() - t
         t_draft = time.perf_counter()
         st.draft_s = t_draft - t0
 

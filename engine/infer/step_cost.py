@@ -1,9 +1,11 @@
 """The step-cost model, and the draft length it says pays best.
 
 A decode step of `batch` sequences, each verifying gamma drafts, costs
-    T(batch, gamma) = target(batch * (1 + gamma)) + gamma * draft(batch)
-where target(rows) is the target's forward over that many rows (sampling and verification included) and
-draft(batch) one batched draft pass. A round of gamma drafts commits, per sequence,
+    T(batch, gamma) = target(batch * (1 + gamma)) + gamma * draft(batch) + [gamma > 0] prompt_rows * draft_row
+where target(rows) is the target's forward over that many rows (sampling and verification included),
+draft(batch) one batched draft pass, and the last term the draft's share of the prompts: a draft model
+prefills every prompt too (prompt_rows: the prompt rows a step admits, on average; draft_row: the draft's
+time per prompt row), which a policy at gamma 0 does not pay. A round of gamma drafts commits, per sequence,
     E(gamma) = 1 + sum over k = 1..gamma of prod over j < k of c_j
 tokens, c_j the chance that draft position j is accepted once the positions before it were. The policy picks
 the gamma (0 included) with the most tokens per second, batch * E(gamma) / T(batch, gamma).
@@ -21,6 +23,7 @@ from engine.common.errors import UserError
 from engine.common.vocab import SPEC_POLICIES
 
 EWMA = 0.2  # weight of a new timing in a table point
+EWMA_PROMPTS = 0.05  # weight of a step's prompt rows in their average (prompts come in bursts)
 PROBE_EVERY = 32  # steps at gamma 0 before one step drafts a token, so acceptance is still measured
 PRIOR_RATE, PRIOR_WEIGHT = 0.6, 2.0  # acceptance before any round is counted: 1.2 of 2 pseudo-rounds
 DECAY = 0.995  # per counted round: the last few hundred rounds carry the estimate
@@ -48,6 +51,8 @@ class StepCost:
 
     target_s: dict[int, float]
     draft_s: dict[int, float] = field(default_factory=dict)
+    draft_row_s: float = 0.0  # the draft's prefill time per prompt row
+    prompt_rows: float = 0.0  # prompt rows a step admits, on average
 
     def target(self, rows: int) -> float:
         return _interpolate(self.target_s, rows)
@@ -56,18 +61,26 @@ class StepCost:
         return _interpolate(self.draft_s, batch) if self.draft_s else 0.0
 
     def step_s(self, batch: int, gamma: int) -> float:
-        return self.target(batch * (1 + gamma)) + gamma * self.draft(batch)
+        return self.target(batch * (1 + gamma)) + gamma * self.draft(batch) \
+            + (self.prompt_rows * self.draft_row_s if gamma else 0.0)
 
-    def observe(self, rows: int, verify_s: float, batch: int = 0, passes: int = 0, draft_s: float = 0.0) -> None:
-        """One step's timings: its rows' forward, and (when it drafted) `passes` draft passes over `batch`."""
+    def observe(self, rows: int, verify_s: float, batch: int = 0, passes: int = 0, draft_s: float = 0.0,
+                prompt_rows: int = 0, draft_prefill_s: float = 0.0) -> None:
+        """One step's timings: its rows' forward, (when it drafted) `passes` draft passes over `batch`, and
+        (when the draft prefilled) its time on the step's `prompt_rows`."""
         if rows > 0 and verify_s > 0:
             _update(self.target_s, rows, verify_s)
         if batch > 0 and passes > 0 and draft_s > 0:
             _update(self.draft_s, batch, draft_s / passes)
+        self.prompt_rows = (1 - EWMA_PROMPTS) * self.prompt_rows + EWMA_PROMPTS * prompt_rows
+        if prompt_rows and draft_prefill_s > 0:
+            self.draft_row_s = (1 - EWMA) * self.draft_row_s + EWMA * draft_prefill_s / prompt_rows \
+                if self.draft_row_s else draft_prefill_s / prompt_rows
 
     def to_dict(self) -> dict:
         return {"target_ms": {str(k): round(v * 1e3, 4) for k, v in sorted(self.target_s.items())},
-                "draft_pass_ms": {str(k): round(v * 1e3, 4) for k, v in sorted(self.draft_s.items())}}
+                "draft_pass_ms": {str(k): round(v * 1e3, 4) for k, v in sorted(self.draft_s.items())},
+                "draft_row_ms": round(self.draft_row_s * 1e3, 4), "prompt_rows_per_step": round(self.prompt_rows, 3)}
 
 
 def _update(table: dict[int, float], x: int, y: float) -> None:
@@ -92,7 +105,9 @@ class Acceptance:
             self.accepted[j] = DECAY * self.accepted[j] + (j < accepted)
 
     def rate(self, j: int) -> float:
-        return (self.accepted[j] + PRIOR_RATE * PRIOR_WEIGHT) / (self.reached[j] + PRIOR_WEIGHT)
+        """c_j; with few rounds reaching j, it leans on c_(j-1) (acceptance runs in streaks), c_0 on 0.6."""
+        prior = self.rate(j - 1) if j else PRIOR_RATE
+        return (self.accepted[j] + prior * PRIOR_WEIGHT) / (self.reached[j] + PRIOR_WEIGHT)
 
     def expected_tokens(self, gamma: int) -> float:
         """E(gamma): tokens a round commits per sequence, the target's own token included."""
@@ -138,7 +153,7 @@ class SpecPolicy:
             # a draft pass is timed when it is one round's work: no prompt chunk, no catch-up on skipped tokens
             clean = not st.prefill_rows and st.draft_feed_rows <= st.decode_seqs * (self.gamma_max + 1)
             self.cost.observe(st.decode_rows + st.prefill_rows, st.verify_s, st.decode_seqs,
-                              st.draft_passes if clean else 0, st.draft_s)
+                              st.draft_passes if clean else 0, st.draft_s, st.prefill_rows, st.draft_prefill_s)
 
     def facts(self) -> dict:
         out = {"policy": self.name, "steps_by_gamma": {str(g): n for g, n in self.steps.items()}}
@@ -182,11 +197,13 @@ def profile(sched, steps: int = 2, prompt_len: int = 8) -> StepCost:
                         stop_at_eos=False) for b in range(batch)]
         for r in reqs:
             sched.submit(r)
-        policy.force = 0
-        for _ in range(prompt_len + 2):  # the prompts' prefill (one chunk each, a few steps at most)
+        policy.force = 1  # the prompts' prefill (one chunk each, a few steps), the draft's included
+        for _ in range(prompt_len + 2):
             if all((s := sched.sequence(r)) is not None and s.decoding for r in reqs):
                 break
-            sched.step()
+            st, _ = sched.step()
+            if st is not None and st.prefill_rows and st.draft_prefill_s > 0:
+                cost.draft_row_s = max(cost.draft_row_s, st.draft_prefill_s / st.prefill_rows)
         timings: dict[int, list] = {}
         for g in range(policy.gamma_max + 1):
             policy.force = g
