@@ -65,6 +65,11 @@ def test_a_policy_is_refused_by_name_and_off_means_no_draft():
     assert adaptive.to_record()["draft"]["policy"] == "adaptive"
     with pytest.raises(UserError, match="both pick gamma"):
         EngineSetup(draft="ngram", spec_policy="adaptive", adaptive_gamma=True).validate()
+    from engine.infer.step_cost import SpecPolicy
+
+    assert SpecPolicy("off", 4).choose(3) == 0 and SpecPolicy("fixed", 4).choose(3) == 4
+    with pytest.raises(UserError, match="unknown speculation policy 'greedy'"):
+        SpecPolicy("greedy", 4)
 
 
 def _generate(lm, ids, spec, gamma, policy, n=24, settings=SETTINGS):
@@ -113,14 +118,14 @@ def test_the_policy_picks_gamma_0_when_the_draft_cannot_pay(small_int4):
     ids = encode_prompts(lm.tokenizer, PROMPTS[:2], chat=True)
     one = BatchSettings(max_seqs=1, max_model_len=256, max_batched_tokens=5 + 64, prefill_chunk=64)
     plain, _ = _generate(lm, ids, None, 0, "fixed", settings=one)
-    got, sched = _generate(lm, ids, SlowSpec(), 4, "adaptive", settings=one)
+    got, sched = _generate(lm, ids, SlowSpec(), 2, "adaptive", settings=one)  # gamma 2: the profile sleeps less
     assert got == plain
     steps, cost = sched.policy.steps, sched.policy.cost
     assert cost.draft(1) > 0.19, cost.to_dict()  # the profile saw the slow draft
-    assert best_gamma(cost, sched.policy.acceptance, 1, 4) == 0, cost.to_dict()  # and its model says: never pays
+    assert best_gamma(cost, sched.policy.acceptance, 1, 2) == 0, cost.to_dict()  # and its model says: never pays
     assert steps[0] > 0 and sum(n for g, n in steps.items() if g) <= steps[0] // 32 + 1, steps  # probes only
-    fixed, sched = _generate(lm, ids[:1], SlowSpec(), 4, "fixed", n=8, settings=one)
-    assert fixed[0] == plain[0][:8] and set(g for g, n in sched.policy.steps.items() if n) == {4}
+    fixed, sched = _generate(lm, ids[:1], SlowSpec(), 2, "fixed", n=8, settings=one)
+    assert fixed[0] == plain[0][:8] and set(g for g, n in sched.policy.steps.items() if n) == {2}
 
 
 def test_a_draft_model_that_skipped_the_prompts_catches_up_losslessly(small_int4):

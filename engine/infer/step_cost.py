@@ -119,7 +119,8 @@ class Acceptance:
 
 
 class SpecPolicy:
-    """The draft length of each step: `fixed` always gamma_max; `adaptive` the best by the step-cost model."""
+    """The draft length of each step: `fixed` always gamma_max, `off` 0 (a setup says no draft instead),
+    `adaptive` the best by the step-cost model."""
 
     def __init__(self, name: str, gamma_max: int, cost: StepCost | None = None):
         check_policy(name)
@@ -133,6 +134,8 @@ class SpecPolicy:
     def choose(self, batch: int) -> int:
         if self.force is not None:
             g = self.force
+        elif self.name == "off":
+            g = 0
         elif self.name == "fixed" or self.cost is None or batch == 0:
             g = self.gamma_max
         else:
