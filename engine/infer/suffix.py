@@ -16,10 +16,12 @@ from __future__ import annotations
 
 from collections import deque
 
-DEPTH = 24  # longest suffix kept (Arctic's max_tree_depth default)
+# Python nodes (about 100 bytes each), at most keep x output length x depth in the global tree: kept smaller than
+# Arctic's C++ tree's defaults (depth 24) so a server's trees stay in the tens of MB.
+DEPTH = 16  # longest suffix kept
 SPEC_FACTOR = 1.0  # draft at most spec_factor x the match length (Arctic's max_spec_factor)
 MIN_PROB = 0.1  # stop the draft once the path's estimated probability falls below this (min_token_prob)
-KEEP = 256  # earlier outputs the global tree holds
+KEEP = 64  # earlier outputs the global tree holds
 
 
 class Node:
