@@ -48,6 +48,7 @@ def test_adaptive_gamma_changes_and_stays_lossless(small_fp32, small_int4):
     assert out.new_tokens == ref.new_tokens
     hist = out.spec["gamma_history"]
     assert max(hist) > 2 and len(set(hist)) > 1
+    assert hist[0] == 2  # the heuristic's own start (min(2, gamma)): not overridden by the scheduler's policy
 
 
 def test_trace_marks_origins(small_fp32, small_int4):

@@ -11,8 +11,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields, replace
 
 from engine.common.errors import UserError, read_object
-from engine.common.vocab import (DRAFT_KINDS, GROUP_SIZES, MAX_GAMMA, QUANT_METHODS, SPEC_POLICIES, WEIGHT_BITS,
-                                 method_words, parse_precision, parse_precision_spec, precision_token)
+from engine.common.vocab import (GROUP_SIZES, MAX_GAMMA, QUANT_METHODS, WEIGHT_BITS, check_draft_kind,
+                                 check_spec_policy, method_words, parse_precision, parse_precision_spec,
+                                 precision_token)
 
 NO_DRAFT = "none"
 LOADED_DRAFTS = ("model", "self")  # draft kinds that load a second model
@@ -50,11 +51,8 @@ class EngineSetup:
                 raise UserError(f"quantization method {self.method!r} is for int4 only, not {precision}",
                                 f"use precision int4 with method {self.method}, or method rtn")
             method = self.method
-        if self.draft not in DRAFT_KINDS:
-            raise UserError(f"unknown draft kind '{self.draft}'", f"use one of: {', '.join(DRAFT_KINDS)}")
-        if self.spec_policy not in SPEC_POLICIES:
-            raise UserError(f"unknown speculation policy {self.spec_policy!r}",
-                            f"use one of: {', '.join(SPEC_POLICIES)}")
+        check_draft_kind(self.draft)
+        check_spec_policy(self.spec_policy)
         if self.spec_policy == "off" and self.draft != NO_DRAFT:  # nothing drafts: the label and record say so
             return replace(self, draft=NO_DRAFT, spec_policy="fixed", adaptive_gamma=False).validate()
         if self.draft == NO_DRAFT and self.spec_policy != "fixed":  # no draft: no policy to name

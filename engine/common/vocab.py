@@ -141,6 +141,12 @@ def canonical_model_name(name: str) -> str:
     return MODEL_ALIASES.get(n, n)
 
 
+def check_spec_policy(name: str) -> str:
+    if name not in SPEC_POLICIES:
+        raise UserError(f"unknown speculation policy {name!r}", f"use one of: {', '.join(SPEC_POLICIES)}")
+    return name
+
+
 def check_draft_kind(kind: str) -> str:
     if kind not in DRAFT_KINDS:
         raise UserError(f"unknown draft kind '{kind}'", f"use one of: {', '.join(DRAFT_KINDS)}")

@@ -375,9 +375,10 @@ class Scheduler:
         self._admit()
         if self.policy is not None:  # this step's draft length, before blocks are reserved for it
             g = self.policy.choose(sum(1 for s in self.running if s.decoding))
-            for s in self.running:
-                s.gamma = g
-            self.batch.draft_prefill = g > 0
+            if g is not None:
+                for s in self.running:
+                    s.gamma = g
+                self.batch.draft_prefill = g > 0
         if self.blocks is not None:
             self._reserve()
         decode, chunks = self.plan()

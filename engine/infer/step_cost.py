@@ -19,8 +19,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
-from engine.common.errors import UserError
-from engine.common.vocab import SPEC_POLICIES
+from engine.common.vocab import check_spec_policy
 
 EWMA = 0.2  # weight of a new timing in a table point
 EWMA_PROMPTS = 0.05  # weight of a step's prompt rows in their average (prompts come in bursts)
@@ -104,18 +103,28 @@ class Acceptance:
             self.reached[j] = DECAY * self.reached[j] + 1
             self.accepted[j] = DECAY * self.accepted[j] + (j < accepted)
 
+    def rates(self) -> list[float]:
+        """c_j for every position; with few rounds reaching j, c_j leans on c_(j-1) (acceptance runs in
+        streaks), c_0 on 0.6."""
+        out, prior = [], PRIOR_RATE
+        for a, n in zip(self.accepted, self.reached):
+            prior = (a + prior * PRIOR_WEIGHT) / (n + PRIOR_WEIGHT)
+            out.append(prior)
+        return out
+
     def rate(self, j: int) -> float:
-        """c_j; with few rounds reaching j, it leans on c_(j-1) (acceptance runs in streaks), c_0 on 0.6."""
-        prior = self.rate(j - 1) if j else PRIOR_RATE
-        return (self.accepted[j] + prior * PRIOR_WEIGHT) / (self.reached[j] + PRIOR_WEIGHT)
+        return self.rates()[j]
+
+    def expected_by_gamma(self) -> list[float]:
+        """E(g) for g = 0..gamma_max: tokens a round commits per sequence, the target's own token included."""
+        out, reach = [1.0], 1.0
+        for c in self.rates():
+            reach *= c
+            out.append(out[-1] + reach)
+        return out
 
     def expected_tokens(self, gamma: int) -> float:
-        """E(gamma): tokens a round commits per sequence, the target's own token included."""
-        total, reach = 1.0, 1.0
-        for j in range(gamma):
-            reach *= self.rate(j)
-            total += reach
-        return total
+        return self.expected_by_gamma()[gamma]
 
 
 class SpecPolicy:
@@ -123,7 +132,7 @@ class SpecPolicy:
     `adaptive` the best by the step-cost model."""
 
     def __init__(self, name: str, gamma_max: int, cost: StepCost | None = None):
-        check_policy(name)
+        check_spec_policy(name)
         self.name, self.gamma_max, self.cost = name, gamma_max, cost
         self.acceptance = Acceptance(gamma_max)
         self.steps = {g: 0 for g in range(gamma_max + 1)}  # decode steps by the gamma chosen (/metrics)
@@ -131,12 +140,17 @@ class SpecPolicy:
         self.chosen = gamma_max
         self._since_draft = 0
 
-    def choose(self, batch: int) -> int:
+    def choose(self, batch: int) -> int | None:
+        """This step's draft length for every sequence; None under `fixed`: each sequence keeps its own (gamma,
+        or what the benchmarks' +2/-1 heuristic made it), counted as gamma_max."""
         if self.force is not None:
             g = self.force
+        elif self.name == "fixed":
+            self.chosen = self.gamma_max
+            return None
         elif self.name == "off":
             g = 0
-        elif self.name == "fixed" or self.cost is None or batch == 0:
+        elif self.cost is None or batch == 0:
             g = self.gamma_max
         else:
             g = best_gamma(self.cost, self.acceptance, batch, self.gamma_max)
@@ -167,7 +181,8 @@ class SpecPolicy:
 
 def best_gamma(cost: StepCost, acceptance: Acceptance, batch: int, gamma_max: int) -> int:
     """The gamma in 0..gamma_max with the most tokens per second (the smaller one on a tie)."""
-    rate = [batch * acceptance.expected_tokens(g) / max(cost.step_s(batch, g), 1e-9) for g in range(gamma_max + 1)]
+    e = acceptance.expected_by_gamma()
+    rate = [batch * e[g] / max(cost.step_s(batch, g), 1e-9) for g in range(gamma_max + 1)]
     return max(range(gamma_max + 1), key=lambda g: (rate[g], -g))
 
 
@@ -175,12 +190,6 @@ def could_pay(cost: StepCost, batch: int) -> bool:
     """Whether one draft token could pay at this batch if it were always accepted: when not, no acceptance
     measured by a probe would change the answer, so the policy does not probe."""
     return 2 / cost.step_s(batch, 1) > 1 / max(cost.step_s(batch, 0), 1e-9)
-
-
-def check_policy(name: str) -> str:
-    if name not in SPEC_POLICIES:
-        raise UserError(f"unknown speculation policy {name!r}", f"use one of: {', '.join(SPEC_POLICIES)}")
-    return name
 
 
 def profile(sched, steps: int = 2, prompt_len: int = 8) -> StepCost:
