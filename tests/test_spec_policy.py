@@ -9,7 +9,7 @@ from engine.common.setup import EngineSetup
 from engine.infer.batch import Request
 from engine.infer.proposers import NgramProposer, proposer_spec
 from engine.infer.scheduler import BatchSettings, Scheduler
-from engine.infer.step_cost import Acceptance, StepCost, best_gamma
+from engine.infer.step_cost import Acceptance, Debt, StepCost, best_gamma, could_pay
 from engine.infer.tokens import encode_prompts
 
 PROMPTS = ["Repeat exactly: alpha beta gamma delta epsilon zeta eta theta alpha beta gamma delta epsilon",
@@ -52,6 +52,20 @@ def test_the_best_gamma_follows_the_costs_and_the_acceptance():
     assert best_gamma(compute, high, 1, 4) == 4 and best_gamma(compute, high, 8, 4) < 4
     slow = StepCost({1: 0.020, 40: 0.024}, {1: 0.050, 8: 0.060})  # a draft pass dearer than a target step
     assert best_gamma(slow, high, 1, 4) == 0
+
+
+def test_a_draft_that_skipped_tokens_drafts_again_only_if_the_rounds_left_repay_its_catch_up():
+    cost = StepCost({1: 0.020, 8: 0.022, 40: 0.030}, {1: 0.004, 8: 0.005}, draft_row_s=0.001)
+    mid = Acceptance(4)
+    for _ in range(300):
+        mid.count(2, 1)  # one of two drafts accepted: E(1) = 2, E(2) about 2
+    assert best_gamma(cost, mid, 8, 4) == 1  # no debt: 29 ms for two tokens a sequence beat 22 ms for one
+    e1 = mid.expected_tokens(1)
+    # 8 sequences owe 8 x 200 prompt rows (1.6 s of catch-up): with 1,000 tokens left that is 26 ms a round
+    # on top of 29, so plain decoding wins; with 20,000 left, 1.3 ms, and drafting still pays.
+    assert Debt(1600, 1000).per_step_s(cost, 8, e1) == pytest.approx(1.6 * 8 * e1 / 1000)
+    assert best_gamma(cost, mid, 8, 4, Debt(1600, 1000)) == 0 and not could_pay(cost, 8, Debt(1600, 1000))
+    assert best_gamma(cost, mid, 8, 4, Debt(1600, 20000)) == 1 and could_pay(cost, 8, Debt(1600, 20000))
 
 
 def test_a_policy_is_refused_by_name_and_off_means_no_draft():

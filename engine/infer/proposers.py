@@ -116,6 +116,10 @@ class ModelProposer:
             live = [i for i in live if len(drafts[i]) < gs[i]]
         return drafts, [torch.stack(p) if p else None for p in probs]
 
+    def owed(self, seq) -> int:
+        """Positions the target's cache holds and this draft's does not (skipped while drafting nothing)."""
+        return max(0, seq.cached_len - self.fed[seq.slot])
+
     def rollback(self, seq) -> None:
         # The cache holds what was fed; of that, only committed tokens are valid (the last committed
         # token is fed next round).

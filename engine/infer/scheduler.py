@@ -374,7 +374,10 @@ class Scheduler:
         done = self._retire()
         self._admit()
         if self.policy is not None:  # this step's draft length, before blocks are reserved for it
-            g = self.policy.choose(sum(1 for s in self.running if s.decoding))
+            owed = getattr(self.batch.proposer, "owed", None)  # lookup drafts keep no cache: they owe nothing
+            g = self.policy.choose(sum(1 for s in self.running if s.decoding),
+                                   sum(owed(s) for s in self.running) if owed else 0,
+                                   sum(s.room for s in self.running))
             if g is not None:
                 for s in self.running:
                     s.gamma = g

@@ -7,8 +7,12 @@ draft(batch) one batched draft pass, and the last term the draft's share of the 
 prefills every prompt too (prompt_rows: the prompt rows a step admits, on average; draft_row: the draft's
 time per prompt row), which a policy at gamma 0 does not pay. A round of gamma drafts commits, per sequence,
     E(gamma) = 1 + sum over k = 1..gamma of prod over j < k of c_j
-tokens, c_j the chance that draft position j is accepted once the positions before it were. The policy picks
-the gamma (0 included) with the most tokens per second, batch * E(gamma) / T(batch, gamma).
+tokens, c_j the chance that draft position j is accepted once the positions before it were. A draft model that
+drafted nothing for a while owes its cache the tokens it skipped (`owed_rows`, prompts included); drafting again
+pays them once, so a gamma > 0 step also carries its share of that debt over the rounds left,
+    catch_up(gamma) = owed_rows * draft_row * batch * E(gamma) / tokens_left
+(tokens_left: the tokens the batch's sequences may still make). The policy picks the gamma (0 included) with
+the most tokens per second, batch * E(gamma) / (T(batch, gamma) + catch_up(gamma)).
 
 target() and draft() are tables: measured when the server starts (`profile`, on the real step path), then kept
 current from every step's own timings (`StepCost.observe`). The c_j are counted as the server runs, decayed so
@@ -140,9 +144,10 @@ class SpecPolicy:
         self.chosen = gamma_max
         self._since_draft = 0
 
-    def choose(self, batch: int) -> int | None:
+    def choose(self, batch: int, owed_rows: int = 0, tokens_left: int = 0) -> int | None:
         """This step's draft length for every sequence; None under `fixed`: each sequence keeps its own (gamma,
-        or what the benchmarks' +2/-1 heuristic made it), counted as gamma_max."""
+        or what the benchmarks' +2/-1 heuristic made it), counted as gamma_max. `owed_rows`: tokens the draft's
+        cache lacks over the running sequences; `tokens_left`: the tokens they may still make."""
         if self.force is not None:
             g = self.force
         elif self.name == "fixed":
@@ -153,8 +158,9 @@ class SpecPolicy:
         elif self.cost is None or batch == 0:
             g = self.gamma_max
         else:
-            g = best_gamma(self.cost, self.acceptance, batch, self.gamma_max)
-            if g == 0 and self._since_draft >= PROBE_EVERY and could_pay(self.cost, batch):
+            debt = Debt(owed_rows, tokens_left)
+            g = best_gamma(self.cost, self.acceptance, batch, self.gamma_max, debt)
+            if g == 0 and self._since_draft >= PROBE_EVERY and could_pay(self.cost, batch, debt):
                 g = 1
         self.chosen = g
         return g
@@ -179,17 +185,32 @@ class SpecPolicy:
         return out
 
 
-def best_gamma(cost: StepCost, acceptance: Acceptance, batch: int, gamma_max: int) -> int:
+@dataclass(frozen=True)
+class Debt:
+    """What a draft model owes its cache: rows it skipped while drafting nothing, over the tokens left."""
+
+    owed_rows: int = 0
+    tokens_left: int = 0
+
+    def per_step_s(self, cost: StepCost, batch: int, expected: float) -> float:
+        """The catch-up's share of one round committing `expected` tokens per sequence."""
+        if not self.owed_rows:
+            return 0.0
+        return self.owed_rows * cost.draft_row_s * batch * expected / max(self.tokens_left, 1)
+
+
+def best_gamma(cost: StepCost, acceptance: Acceptance, batch: int, gamma_max: int, debt: Debt = Debt()) -> int:
     """The gamma in 0..gamma_max with the most tokens per second (the smaller one on a tie)."""
     e = acceptance.expected_by_gamma()
-    rate = [batch * e[g] / max(cost.step_s(batch, g), 1e-9) for g in range(gamma_max + 1)]
+    rate = [batch * e[g] / max(cost.step_s(batch, g) + (debt.per_step_s(cost, batch, e[g]) if g else 0.0), 1e-9)
+            for g in range(gamma_max + 1)]
     return max(range(gamma_max + 1), key=lambda g: (rate[g], -g))
 
 
-def could_pay(cost: StepCost, batch: int) -> bool:
-    """Whether one draft token could pay at this batch if it were always accepted: when not, no acceptance
-    measured by a probe would change the answer, so the policy does not probe."""
-    return 2 / cost.step_s(batch, 1) > 1 / max(cost.step_s(batch, 0), 1e-9)
+def could_pay(cost: StepCost, batch: int, debt: Debt = Debt()) -> bool:
+    """Whether one draft token could pay at this batch if it were always accepted (its catch-up included):
+    when not, no acceptance measured by a probe would change the answer, so the policy does not probe."""
+    return 2 / (cost.step_s(batch, 1) + debt.per_step_s(cost, batch, 2.0)) > 1 / max(cost.step_s(batch, 0), 1e-9)
 
 
 def profile(sched, steps: int = 2, prompt_len: int = 8) -> StepCost:
