@@ -142,6 +142,18 @@ try:
     st.plotly_chart(load_view.throughput_figure(recs), key="load-chart-latency", config={"displaylogo": False})
     st.plotly_chart(load_view.goodput_figure(recs), key="load-chart-goodput", config={"displaylogo": False})
 
+    spec_rows = load_view.spec_category_rows(recs)
+    if spec_rows:
+        st.markdown("**Acceptance per workload category under load**")
+        st.dataframe(pd.DataFrame(spec_rows).rename(columns=load_view.SPEC_CATEGORY_LABELS), hide_index=True,
+                     key="load-spec-categories", column_config={
+                         "acceptance": st.column_config.NumberColumn("acceptance", format="%.3f"),
+                         "acceptance length": st.column_config.NumberColumn("acceptance length", format="%.2f")})
+        st.caption("From each answer's own speculative stats (vLLM's per-request summary, which the lab's server "
+                   "sends while it drafts): acceptance = accepted ÷ draft tokens, acceptance length = 1 + accepted "
+                   "÷ drafting rounds, pooled over the category's requests at that load. Under an adaptive policy "
+                   "a request drafts only in the steps that pay.")
+
     st.markdown("**$ per 1M output tokens at the SLO**")
     costs = load_cost.costs_at_slo(recs, usd)
     st.dataframe(pd.DataFrame(load_cost.cost_rows(costs)), hide_index=True, key="load-costs", column_config={

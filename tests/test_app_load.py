@@ -136,6 +136,14 @@ def test_crossover_and_the_cost_page_from_stored_load_runs():
     recs = (curve("ours int4", {1: 10, 4: 30, 8: 50}) + curve("ours int4 + ngram", {1: 15, 4: 36, 8: 40},
                                                              draft="ngram")
             + [point("hopeless", 1, met=[], missed=[100])])
+    from engine.load.metrics import spec_by_category
+
+    def answer(category, drafted, accepted):  # an answer's own stats, as vLLM's per-request summary has them
+        return {"ok": True, "category": category, "spec": {"num_spec_steps": drafted // 4, "num_draft_tokens": drafted,
+                                                           "num_accepted_draft_tokens": accepted, "policy": "adaptive"}}
+    for r in recs[3:6]:  # the n-gram curve: code accepts more than chat
+        r.metrics["load"]["spec_by_category"] = spec_by_category(
+            [answer("code", 40, 30), answer("code", 40, 26), answer("chat", 40, 8)])
     ids = _stored(recs)
     at = AppTest.from_file(PAGE, default_timeout=TIMEOUT)
     at.session_state["load-runs"] = ids
@@ -146,6 +154,11 @@ def test_crossover_and_the_cost_page_from_stored_load_runs():
     assert "stops paying at 8" in verdicts
     costs = frame(at, "configuration", "usd_per_1m_out_at_slo")
     assert "infeasible at this SLO on this machine" in set(costs["at"])
+    acc = frame(at, "system", "load", "category", "acceptance", "acceptance length")
+    assert len(acc) == 9 and set(acc["system"]) == {"ours int4 + ngram"}  # 3 loads x (code, chat, all)
+    row = acc[(acc["load"] == "concurrent:4") & (acc["category"] == "code")].iloc[0]
+    assert row["acceptance"] == pytest.approx(56 / 80) and row["acceptance length"] == pytest.approx(1 + 56 / 20)
+    assert acc[acc["category"] == "all"]["acceptance"].iloc[0] == pytest.approx(64 / 120)
     # Cost & capacity: $/1M at the SLO beside the single-stream figure, from the same records
     cost = AppTest.from_file(str(ROOT / "pages/cost.py"), default_timeout=TIMEOUT)
     cost.session_state["comparison"] = ids

@@ -152,7 +152,7 @@ def test_multiturn_point_against_our_server():
         return client.run_point(ep, reqs, profile, limits, s)
 
     with _serve(ServerSpec.of("serving-cost-lab", model="default-draft", precision="int4", slots=2,
-                              max_model_len=1024)) as rs:
+                              max_model_len=1024, draft="ngram")) as rs:
         cfg.url = rs.url
         prepared = prepare(cfg)
         rec = run_point(cfg, cfg.parsed_profile(), prepared, send=send)
@@ -167,3 +167,10 @@ def test_multiturn_point_against_our_server():
     # the server counted the same prompts the client did (the chat template applied to the whole conversation)
     assert all(s["server_prompt_tokens"] == s["prompt_tokens"] for s in rec.output["samples"])
     assert len(by_conv) == w["conversations"]
+    # acceptance under load for the workload's category, from each answer's own stats: together they are the
+    # server's counters over the point (no warm-up, nothing else sent)
+    cat, spec = rec.metrics["load"]["spec_by_category"]["multiturn"], rec.metrics["spec"]
+    assert list(rec.metrics["load"]["spec_by_category"]) == ["multiturn"]
+    assert cat["requests"] == len(sent) and cat["policies"] == ["fixed"]
+    assert (cat["rounds"], cat["drafted"], cat["accepted"]) == (spec["rounds"], spec["drafted"], spec["accepted"])
+    assert cat["drafted"] > 0 and cat["acceptance_rate"] == pytest.approx(cat["accepted"] / cat["drafted"])

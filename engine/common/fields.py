@@ -320,6 +320,10 @@ LOAD: tuple[Field, ...] = (
     _f("prefix_cache", "", "the server's prefix cache over the point, from vLLM's counters (None where it counts "
        "neither): queries and hits (prompt tokens looked up, and found cached), hit_rate = hits / queries, "
        "and preemptions (sequences whose KV blocks were taken back)", "object"),
+    _f("spec_by_category", "", "acceptance per workload category under the load, from each answer's own "
+       "speculative stats (vLLM's per-request summary; None where no answer carried them): requests, rounds, "
+       "drafted, accepted, acceptance_rate = accepted / drafted, mean_acceptance_length = 1 + accepted / rounds, "
+       "the policies that ran; 'all' pools the categories", "object"),
 )
 
 # metrics.accuracy.<name>: task accuracy (engine/measure/accuracy.py): HumanEval pass@1, greedy, one

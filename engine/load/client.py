@@ -194,6 +194,8 @@ async def send(client, ep: Endpoint, req: Request, s: Sampling, t0: float) -> di
               "status": None, "error": None, "finish_reason": None, "usage": None}
     if req.conversation is not None:
         sample["conversation"], sample["turn"] = req.conversation, req.turn
+    if req.category is not None:
+        sample["category"] = req.category
     stamps, pieces = [], []
     start = time.perf_counter()
     sample["t_send_s"] = start - t0
@@ -219,6 +221,8 @@ async def send(client, ep: Endpoint, req: Request, s: Sampling, t0: float) -> di
                     continue
                 if chunk.get("usage"):
                     sample["usage"] = chunk["usage"]
+                if (chunk.get("metrics") or {}).get("speculative_decoding"):  # vLLM's per-request stats, when on
+                    sample["spec"] = chunk["metrics"]["speculative_decoding"]
                 if "error" in chunk:
                     sample["error"] = str(chunk["error"])[:300]
                     break

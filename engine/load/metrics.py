@@ -124,3 +124,28 @@ def meets_slo(load_metrics: dict, slo: SLO) -> bool:
     """A load point meets the SLO when `slo.attainment` of its requests met every bound."""
     a = load_metrics.get("slo_attainment")
     return a is not None and a >= slo.attainment
+
+
+def spec_by_category(done: list[dict]) -> dict | None:
+    """Acceptance per workload category from each answer's own speculative stats (vLLM's per-request summary,
+    `metrics.speculative_decoding`; the lab's server sends it while it drafts), with vLLM's definitions:
+    acceptance rate = accepted / draft tokens, mean acceptance length = 1 + accepted / drafting rounds.
+    None when no answer carried the stats; 'all' pools every category."""
+    carried = [s for s in done if s.get("spec")]
+    if not carried:
+        return None
+    groups: dict[str, list[dict]] = {}
+    for s in carried:
+        groups.setdefault(s.get("category") or "fixed-length", []).append(s["spec"])
+    if len(groups) > 1:
+        groups["all"] = [s["spec"] for s in carried]
+    out = {}
+    for cat, xs in groups.items():
+        rounds = sum(x.get("num_spec_steps", 0) for x in xs)
+        drafted = sum(x.get("num_draft_tokens", 0) for x in xs)
+        accepted = sum(x.get("num_accepted_draft_tokens", 0) for x in xs)
+        out[cat] = {"requests": len(xs), "rounds": rounds, "drafted": drafted, "accepted": accepted,
+                    "acceptance_rate": accepted / drafted if drafted else None,
+                    "mean_acceptance_length": 1 + accepted / rounds if rounds else None,
+                    "policies": sorted({x.get("policy") for x in xs if x.get("policy")})}
+    return out

@@ -34,6 +34,7 @@ class Request:
     reference_tokens: int | None = None  # the workload's paired answer, before the cap
     conversation: str | None = None  # multi-turn: the conversation this turn belongs to (None: single-turn)
     turn: int | None = None  # multi-turn: 0-based; turn k+1's messages begin with turn k's
+    category: str | None = None  # the workload's category (chat, code, edit, ..., multiturn); None: fixed lengths
 
     @property
     def api(self) -> str:
@@ -99,7 +100,7 @@ def from_workload(spec: str, tokenizer, max_output_len: int = 256, default_outpu
             if n_in + 1 > max_model_len:
                 continue  # vLLM's benchmark drops prompts that cannot fit, too
             want = min(want, max_model_len - n_in)
-        out.append(Request(p.id, n_in, want, messages=messages, reference_tokens=ref))
+        out.append(Request(p.id, n_in, want, messages=messages, reference_tokens=ref, category=p.category))
     if not out:
         raise UserError(f"no prompt of workload '{spec}' fits a context of {max_model_len} tokens",
                         "raise --max-model-len or choose another workload")
@@ -130,7 +131,7 @@ def from_conversations(spec: str, tokenizer, max_output_len: int = 256,
             if max_model_len is not None:
                 want = min(want, max_model_len - n_in)
             out.append(Request(f"{conv.id}.t{k}", n_in, want, messages=messages, reference_tokens=ref,
-                               conversation=conv.id, turn=k))
+                               conversation=conv.id, turn=k, category="multiturn"))
             sent += 1
         cut += turns - sent
         dropped += sent == 0

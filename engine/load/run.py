@@ -186,6 +186,7 @@ def run_point(cfg: LoadConfig, profile: Profile, prepared: Prepared, store=None,
     done = [s for s in samples if s.get("ok")]
     load["lengths_forced"] = M.lengths_forced(done, facts["accepts"])
     load["meets_slo"] = M.meets_slo(load, slo)
+    load["spec_by_category"] = M.spec_by_category(done)
     srv = server_metrics.summary(before, after)
     load["server_metrics"] = srv
     load["server_view"] = server_metrics.server_view(srv.get("delta") or {}, load.get("duration_s"))

@@ -251,7 +251,8 @@ class ServerSpec:
                 cmd.append("--no-quantize-head")
             if st.speculative:
                 cmd += ["--draft-model", st.draft_model, "--draft-precision", st.draft_precision,
-                        "--gamma", str(st.gamma), "--spec-policy", st.spec_policy]
+                        "--gamma", str(st.gamma), "--spec-policy", st.spec_policy,
+                        "--per-request-spec-decode-metrics", "summary"]  # acceptance per category under load
             cmd += ["--host", HOST, "--port", str(port), "--max-seqs", n, "--max-model-len", ctx,
                     "--served-model-name", self.served_name]
             if "--prefix-caching" not in self.extra_args:  # off unless asked: like-for-like with the peers

@@ -94,6 +94,25 @@ def load_columns(table: list[dict]) -> list[str]:
     return [c.name for c in LOAD_COLUMNS if any(r.get(c.name) is not None for r in table)]
 
 
+SPEC_CATEGORY_LABELS = {"system": "system", "load": "load", "category": "category", "requests": "requests",
+                        "acceptance_rate": "acceptance", "mean_acceptance_length": "acceptance length",
+                        "drafted": "draft tokens", "policies": "policy"}
+
+
+def spec_category_rows(records) -> list[dict]:
+    """Acceptance per workload category under load, one row per load point and category (metrics.load
+    .spec_by_category: each answer's own speculative stats, pooled with vLLM's definitions)."""
+    out = []
+    for r in records:
+        by_cat = ((r.metrics or {}).get(M.load) or {}).get(L.spec_by_category) or {}
+        for cat, b in by_cat.items():
+            out.append({"system": _cfg(r).get("label") or _cfg(r).get("system"), "load": _profile(r),
+                        "category": cat, "requests": b.get("requests"), "acceptance_rate": b.get("acceptance_rate"),
+                        "mean_acceptance_length": b.get("mean_acceptance_length"), "drafted": b.get("drafted"),
+                        "policies": ", ".join(b.get("policies") or [])})
+    return out
+
+
 def load_definitions(names) -> list[tuple[str, str]]:
     out = []
     for n in names:
