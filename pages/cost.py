@@ -108,6 +108,10 @@ if PLANNER:
             out = st.number_input("Output tokens per request", min_value=1, value=256, step=64, key="plan-out")
             spec = st.selectbox("Speculative decoding", ["auto", "off", "on"], key="plan-spec",
                                 help="auto plans with and without a draft.")
+            what_if = st.number_input("What-if acceptance rate (blank: measured, else assumed)", value=None,
+                                      step=0.05, format="%.2f", key="plan-acceptance",
+                                      help="A draft acceptance rate in [0, 1) to project through the same "
+                                           "speculation model: the plan says which rate it used and where from.")
         with c:
             ttft = st.number_input("TTFT p90 SLO (ms)", min_value=1.0, value=2000.0, step=100.0, key="plan-ttft")
             tpot = st.number_input("Time per output token p90 SLO (ms)", min_value=0.1, value=50.0, step=5.0,
@@ -138,7 +142,8 @@ if PLANNER:
                                               "max_replicas": int(max_rep) or None, "scale_up_min": float(up_min)}
             args = (inputs, model, max(rates) if rates else rate, inp, out, float(ttft) / 1e3, float(tpot) / 1e3,
                     sel_gpus, precs, spec, use_cal)
-            res_d, sv_d = planning.plan_workload(*args, day=day)  # one search: the answer and the plans agree
+            # one search: the answer and the plans agree
+            res_d, sv_d = planning.plan_workload(*args, day=day, acceptance=what_if)
             st.session_state["plan-result"], st.session_state["plan-savings"] = res_d, sv_d
         except Exception as e:
             st.session_state.pop("plan-result", None)

@@ -71,6 +71,15 @@ def test_planner_plans_a_workload():
     plans = frame(at, "plan", "feasible", "usd_per_month")
     assert plans["feasible"].all() and len(plans) >= 1
     assert all(("H100" in p or "A100" in p) for p in plans["plan"])
+    # a what-if acceptance goes through the same model, and the answer says it used it
+    at.number_input(key="plan-acceptance").set_value(0.85)
+    at.button(key="FormSubmitter:cost-plan-Plan").click().run()
+    assert not problems(at)
+    cause = frame(at, "step", "plan", "cause").set_index("step")["cause"]["+ speculation"]
+    assert "acceptance 0.85" in cause, cause
+    at.number_input(key="plan-acceptance").set_value(1.0)  # every draft token forever: refused by name
+    at.button(key="FormSubmitter:cost-plan-Plan").click().run()
+    assert any("acceptance_rate" in e.value and "[0, 1)" in e.value for e in at.error), [e.value for e in at.error]
 
 
 def test_planner_compares_a_peak_sized_fleet_with_an_autoscaled_one():

@@ -125,13 +125,14 @@ class Workload:
             probs.append(("spec", f"must be auto, on or off, got {self.spec!r}"))
         if self.acceptance_rate is not None:
             a = self.acceptance_rate
-            if isinstance(a, bool) or not isinstance(a, (int, float)) or math.isnan(a) or not 0 <= a <= 1:
-                probs.append(("acceptance_rate", f"must be in [0, 1], got {a!r}"))
+            if isinstance(a, bool) or not isinstance(a, (int, float)) or math.isnan(a) or not 0 <= a < 1:
+                probs.append(("acceptance_rate", f"must be in [0, 1) (at 1 every draft token would be accepted, "
+                              f"forever), got {a!r}"))
         if self.gamma is not None and (isinstance(self.gamma, bool) or not isinstance(self.gamma, int)
                                        or not 1 <= self.gamma <= MAX_GAMMA):
             probs.append(("gamma", f"must be an integer 1-{MAX_GAMMA}, got {self.gamma!r}"))
         if self.draft_kind is not None and self.draft_kind not in SPEC_DRAFT_KINDS:
-            probs.append(("draft_kind", f"must be model, self, ngram or heads, got {self.draft_kind!r}"))
+            probs.append(("draft_kind", f"must be one of {', '.join(SPEC_DRAFT_KINDS)}, got {self.draft_kind!r}"))
         if self.draft_model is not None:
             try:
                 shapes.get_model(self.draft_model, models)
