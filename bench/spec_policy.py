@@ -3,9 +3,11 @@
     .venv/bin/python bench/spec_policy.py --model default --precision int4 --draft model      # the 1.5B + 0.5B
     .venv/bin/python bench/spec_policy.py --model default-draft --precision int4 --draft ngram
 
-Three servers of the same setup, one at a time, started by the lab on 127.0.0.1 (engine/peers/servers.py):
-no draft, --spec-policy fixed and --spec-policy adaptive (both at --gamma). Each is warmed with one request,
-then at each --concurrency level sent max(8, 2 x concurrency) requests by vLLM's `bench serve`
+Three servers of the same setup, started together by the lab on 127.0.0.1 (engine/peers/servers.py): no
+draft, --spec-policy fixed and --spec-policy adaptive (both at --gamma). Each is warmed with one request; then
+at each --concurrency level the three take turns (in an order that rotates by level, so that none is always
+first while the host drifts; only one is ever sent work), each sent max(8, 2 x concurrency) requests by vLLM's
+`bench serve`
 (bench/vllm_bench_client.py, from .venv-vllm): random prompts of --input-len tokens, --output-len tokens forced,
 greedy, the same prompts for every server at a level (a fresh seed per level; each server is a new process with
 its prompt cache off, so none has seen them), so the arms differ only in their policy. Each level also reads
@@ -16,6 +18,7 @@ and no draft at every level.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
@@ -71,14 +74,18 @@ def main(argv=None) -> int:
     levels = [int(c) for c in a.concurrency.split(",")]
     tokenizer = catalog.resolve(a.model)
     rows, spec_facts, t0 = [], {}, time.time()
-    for arm, draft, policy in ARMS:
-        spec = servers.ServerSpec.of(servers.OURS, model=a.model, precision=a.precision, draft=draft or a.draft,
-                                     draft_model=a.draft_model, draft_precision=a.draft_precision, gamma=a.gamma,
-                                     spec_policy=policy, slots=max(levels), max_model_len=1024,
-                                     startup_timeout_s=900).validate()
-        with servers.start(spec, progress=say) as rs:
+    with contextlib.ExitStack() as stack:
+        running = []
+        for arm, draft, policy in ARMS:
+            spec = servers.ServerSpec.of(servers.OURS, model=a.model, precision=a.precision, draft=draft or a.draft,
+                                         draft_model=a.draft_model, draft_precision=a.draft_precision,
+                                         gamma=a.gamma, spec_policy=policy, slots=max(levels), max_model_len=1024,
+                                         startup_timeout_s=900).validate()
+            rs = stack.enter_context(servers.start(spec, progress=say))
             vllm_client(rs.url, spec.served_name, tokenizer, _client_args(a, 1, 1), 1)
-            for c in levels:
+            running.append((arm, spec, rs))
+        for i, c in enumerate(levels):
+            for arm, spec, rs in running[i % 3:] + running[:i % 3]:
                 before = steps_by_gamma(rs.url)
                 v = vllm_client(rs.url, spec.served_name, tokenizer, _client_args(a, c, max(8, 2 * c)),
                                 int(t0) + c)
@@ -88,10 +95,11 @@ def main(argv=None) -> int:
                              "completed": v["completed"], "failed": v["failed"],
                              "steps_by_gamma": {g: after[g] - before.get(g, 0) for g in after}})
                 say(f"[{time.time() - t0:5.0f}s] {spec.label} at {c}: {v['output_throughput']:.1f} tok/s")
+        for arm, _, rs in running:
             spec_facts[arm] = _health_spec(rs.url)  # the policy's step-cost tables as measured at start and kept
     rep = {"command": "python bench/spec_policy.py " + " ".join(argv if argv is not None else sys.argv[1:]),
            "rows": rows, "spec_facts": spec_facts, "levels": levels, "target": TARGET, "input_len": a.input_len,
-           "output_len": a.output_len,
+           "output_len": a.output_len, "interleaved": True,
            "wall_s": time.time() - t0}
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -121,7 +129,8 @@ def markdown(rep: dict) -> str:
     md = ["# The speculation policy under load: vLLM's client", "", f"Command: `{rep['command'].strip()}`", "",
           f"Random prompts of {rep['input_len']} tokens, {rep['output_len']} output tokens forced (ignore_eos), "
           f"greedy, max(8, 2 x concurrency) requests per level, the same prompts for every server at a level, "
-          f"caches off, "
+          + ("the three servers up together, taking turns at each level, " if rep.get("interleaved") else
+             "one server at a time, ") + f"caches off, "
           f"{rep['wall_s'] / 60:.0f} min. Servers: " + "; ".join(f"{k}: {v}" for k, v in labels.items()) + ".", "",
           "| concurrency | no draft tok/s | fixed tok/s | adaptive tok/s | adaptive / better of the two | "
           "adaptive's steps by gamma |", "| ---: | ---: | ---: | ---: | ---: | --- |"]
