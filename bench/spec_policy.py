@@ -36,15 +36,22 @@ TARGET = 0.97
 ARMS = (("no draft", "none", "fixed"), ("fixed", None, "fixed"), ("adaptive", None, "adaptive"))
 
 
-def steps_by_gamma(url: str) -> dict[str, float]:
-    """scl:spec_decode_steps_total by gamma, from the server's /metrics (empty without a draft)."""
+def spec_counters(url: str) -> dict[str, float]:
+    """From the server's /metrics (empty without a draft): scl:spec_decode_steps_total by gamma ('g<gamma>'),
+    vLLM's drafts ('drafts') and accepted tokens per draft position ('pos<j>')."""
     import httpx
 
-    out = {}
+    out: dict[str, float] = {}
     for line in httpx.get(url + "/metrics", timeout=30).text.splitlines():
         if line.startswith("scl:spec_decode_steps_total{"):
-            g = line.split('gamma="')[1].split('"')[0]
-            out[g] = out.get(g, 0.0) + float(line.split()[-1])
+            key = "g" + line.split('gamma="')[1].split('"')[0]
+        elif line.startswith("vllm:spec_decode_num_drafts_total"):
+            key = "drafts"
+        elif line.startswith("vllm:spec_decode_num_accepted_tokens_per_pos_total{"):
+            key = "pos" + line.split('position="')[1].split('"')[0]
+        else:
+            continue
+        out[key] = out.get(key, 0.0) + float(line.split()[-1])
     return out
 
 
@@ -86,20 +93,22 @@ def main(argv=None) -> int:
             running.append((arm, spec, rs))
         for i, c in enumerate(levels):
             for arm, spec, rs in running[i % 3:] + running[:i % 3]:
-                before = steps_by_gamma(rs.url)
+                before = spec_counters(rs.url)
                 v = vllm_client(rs.url, spec.served_name, tokenizer, _client_args(a, c, max(8, 2 * c)),
                                 int(t0) + c)
-                after = steps_by_gamma(rs.url)
+                after = spec_counters(rs.url)
+                delta = {k: after[k] - before.get(k, 0) for k in after}
                 rows.append({"arm": arm, "label": spec.label, "concurrency": c, "out_tok_s": v["output_throughput"],
                              "tpot_p50_ms": v["median_tpot_ms"], "ttft_p50_ms": v["median_ttft_ms"],
                              "completed": v["completed"], "failed": v["failed"],
-                             "steps_by_gamma": {g: after[g] - before.get(g, 0) for g in after}})
+                             "steps_by_gamma": {k[1:]: v for k, v in delta.items() if k.startswith("g")},
+                             "counters": delta})
                 say(f"[{time.time() - t0:5.0f}s] {spec.label} at {c}: {v['output_throughput']:.1f} tok/s")
         for arm, _, rs in running:
             spec_facts[arm] = _health_spec(rs.url)  # the policy's step-cost tables as measured at start and kept
     rep = {"command": "python bench/spec_policy.py " + " ".join(argv if argv is not None else sys.argv[1:]),
            "rows": rows, "spec_facts": spec_facts, "levels": levels, "target": TARGET, "input_len": a.input_len,
-           "output_len": a.output_len, "interleaved": True,
+           "output_len": a.output_len, "interleaved": True, "gamma": a.gamma,
            "wall_s": time.time() - t0}
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -149,7 +158,42 @@ def markdown(rep: dict) -> str:
     md += ["", f"Failed requests: {failed}.",
            (f"Adaptive's worst ratio: **{worst:.2f}x** (target >= {rep['target']}x at every level: "
             f"{'met' if worst >= rep['target'] else 'missed'})." if worst is not None else "No level ran all three.")]
-    return "\n".join(md) + "\n"
+    return "\n".join(md + crossover(rep, by)) + "\n"
+
+
+def crossover(rep: dict, by: dict) -> list[str]:
+    """Where fixed gamma stops paying: measured (the first level where fixed <= no draft) against what the step-cost
+    model says (engine/infer/step_cost.py: the adaptive server's tables as it measured and kept them, and at each
+    level the acceptance per position the fixed server counted there): E(g) T(c, 0) / T(c, g) <= 1."""
+    from engine.infer.step_cost import Acceptance, speedup, step_cost_from
+
+    facts = ((rep.get("spec_facts") or {}).get("adaptive") or {}).get("step_cost")
+    if not facts:
+        return []
+    cost, g = step_cost_from(facts), rep.get("gamma", 4)
+    lines = ["", "**Where fixed gamma stops paying** (step-cost model: the adaptive server's tables, the fixed "
+             "server's acceptance per position at each level; batch taken as the concurrency):", "",
+             "| concurrency | fixed / no draft, measured | the model's E(g) T(c,0) / T(c,g) |",
+             "| ---: | ---: | ---: |"]
+    measured = model = None
+    for i, c in enumerate(rep["levels"]):
+        none, fixed = by.get(("no draft", c)), by.get(("fixed", c))
+        cnt = (fixed or {}).get("counters") or {}
+        if not (none and fixed and cnt.get("drafts")):
+            continue
+        acc = Acceptance.from_counters(g, cnt["drafts"], [cnt.get(f"pos{j}", 0.0) for j in range(g)])
+        pred = speedup(cost, acc, c, g)
+        meas = fixed["out_tok_s"] / none["out_tok_s"]
+        lines.append(f"| {c} | {meas:.2f} | {pred:.2f} |")
+        measured = i if measured is None and meas <= 1 else measured
+        model = i if model is None and pred <= 1 else model
+    name = lambda i: "none of the levels" if i is None else f"concurrency {rep['levels'][i]}"  # noqa: E731
+    if lines[-1].startswith("| ---"):
+        return []
+    ok = (measured is None) == (model is None) and (measured is None or abs(measured - model) <= 1)
+    lines += ["", f"Measured crossover: {name(measured)}; the model's: {name(model)} (within one level: "
+              f"{'yes' if ok else 'no'})."]
+    return lines
 
 
 if __name__ == "__main__":

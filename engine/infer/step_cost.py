@@ -86,6 +86,13 @@ class StepCost:
                 "draft_row_ms": round(self.draft_row_s * 1e3, 4), "prompt_rows_per_step": round(self.prompt_rows, 3)}
 
 
+def step_cost_from(facts: dict) -> StepCost:
+    """The model a server reported (StepCost.to_dict, in /health's spec facts) as a StepCost again."""
+    return StepCost({int(k): v / 1e3 for k, v in facts["target_ms"].items()},
+                    {int(k): v / 1e3 for k, v in facts["draft_pass_ms"].items()},
+                    facts.get("draft_row_ms", 0.0) / 1e3, facts.get("prompt_rows_per_step", 0.0))
+
+
 def _update(table: dict[int, float], x: int, y: float) -> None:
     table[x] = y if x not in table else (1 - EWMA) * table[x] + EWMA * y
 
@@ -115,6 +122,13 @@ class Acceptance:
             prior = (a + prior * PRIOR_WEIGHT) / (n + PRIOR_WEIGHT)
             out.append(prior)
         return out
+
+    @classmethod
+    def from_counters(cls, gamma_max: int, drafts: float, accepted_per_pos: list[float]) -> "Acceptance":
+        """From vLLM's counters over rounds that each drafted gamma_max tokens: draft position j was reached in
+        the rounds that accepted position j - 1 (position 0 in every round)."""
+        acc = [float(x) for x in accepted_per_pos[:gamma_max]] + [0.0] * max(0, gamma_max - len(accepted_per_pos))
+        return cls(gamma_max, [float(drafts)] + acc[:-1], acc)
 
     def rate(self, j: int) -> float:
         return self.rates()[j]
@@ -155,12 +169,14 @@ class SpecPolicy:
             return None
         elif self.name == "off":
             g = 0
-        elif self.cost is None or batch == 0:
+        elif self.cost is None:
             g = self.gamma_max
         else:
-            debt = Debt(owed_rows, tokens_left)
-            g = best_gamma(self.cost, self.acceptance, batch, self.gamma_max, debt)
-            if g == 0 and self._since_draft >= PROBE_EVERY and could_pay(self.cost, batch, debt):
+            # With nothing decoding, g only says whether the draft prefills the prompts: it should where the
+            # sequences will draft once they decode (batch 1 at least), and not pay a prefill it would skip.
+            debt, b = Debt(owed_rows, tokens_left), max(batch, 1)
+            g = best_gamma(self.cost, self.acceptance, b, self.gamma_max, debt)
+            if g == 0 and self._since_draft >= PROBE_EVERY and could_pay(self.cost, b, debt):
                 g = 1
         self.chosen = g
         return g
@@ -205,6 +221,11 @@ def best_gamma(cost: StepCost, acceptance: Acceptance, batch: int, gamma_max: in
     rate = [batch * e[g] / max(cost.step_s(batch, g) + (debt.per_step_s(cost, batch, e[g]) if g else 0.0), 1e-9)
             for g in range(gamma_max + 1)]
     return max(range(gamma_max + 1), key=lambda g: (rate[g], -g))
+
+
+def speedup(cost: StepCost, acceptance: Acceptance, batch: int, gamma: int) -> float:
+    """Tokens per second drafting `gamma` a round over drafting nothing, at this batch: E(g) T(b, 0) / T(b, g)."""
+    return acceptance.expected_tokens(gamma) * cost.step_s(batch, 0) / max(cost.step_s(batch, gamma), 1e-9)
 
 
 def could_pay(cost: StepCost, batch: int, debt: Debt = Debt()) -> bool:
