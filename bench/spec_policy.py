@@ -66,6 +66,8 @@ def main(argv=None) -> int:
     ap.add_argument("--concurrency", default="1,2,4,8,16")
     ap.add_argument("--input-len", type=int, default=128)
     ap.add_argument("--output-len", type=int, default=64)
+    ap.add_argument("--passes", type=int, default=1, help="passes per level, every other one in reverse order "
+                                                          "(fresh prompts each; tok/s is their mean)")
     ap.add_argument("--out", default=str(ROOT / "docs" / "runs" / time.strftime("%Y-%m-%d")))
     ap.add_argument("--render", metavar="JSON", help="only rewrite the .md of a saved spec_policy.json")
     a = ap.parse_args(argv)
@@ -92,13 +94,16 @@ def main(argv=None) -> int:
             vllm_client(rs.url, spec.served_name, tokenizer, _client_args(a, 1, 1), 1)
             running.append((arm, spec, rs))
         for i, c in enumerate(levels):
-            for arm, spec, rs in running[i % 3:] + running[:i % 3]:
+            turn = running[i % 3:] + running[:i % 3]
+            # every other pass in the reverse order, so that a drift of the host favours no arm
+            for p, (arm, spec, rs) in [(p, x) for p in range(a.passes) for x in (turn if p % 2 == 0 else turn[::-1])]:
                 before = spec_counters(rs.url)
                 v = vllm_client(rs.url, spec.served_name, tokenizer, _client_args(a, c, max(8, 2 * c)),
-                                int(t0) + c)
+                                int(t0) + c + 1000 * p)
                 after = spec_counters(rs.url)
                 delta = {k: after[k] - before.get(k, 0) for k in after}
-                rows.append({"arm": arm, "label": spec.label, "concurrency": c, "out_tok_s": v["output_throughput"],
+                rows.append({"arm": arm, "label": spec.label, "concurrency": c, "pass": p,
+                             "out_tok_s": v["output_throughput"],
                              "tpot_p50_ms": v["median_tpot_ms"], "ttft_p50_ms": v["median_ttft_ms"],
                              "completed": v["completed"], "failed": v["failed"],
                              "steps_by_gamma": {k[1:]: v for k, v in delta.items() if k.startswith("g")},
@@ -108,7 +113,7 @@ def main(argv=None) -> int:
             spec_facts[arm] = _health_spec(rs.url)  # the policy's step-cost tables as measured at start and kept
     rep = {"command": "python bench/spec_policy.py " + " ".join(argv if argv is not None else sys.argv[1:]),
            "rows": rows, "spec_facts": spec_facts, "levels": levels, "target": TARGET, "input_len": a.input_len,
-           "output_len": a.output_len, "interleaved": True, "gamma": a.gamma,
+           "output_len": a.output_len, "interleaved": True, "gamma": a.gamma, "passes": a.passes,
            "wall_s": time.time() - t0}
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -133,7 +138,7 @@ def _client_args(a, concurrency: int, prompts: int) -> argparse.Namespace:
 def markdown(rep: dict) -> str:
     """One row per concurrency: each arm's output tok/s, adaptive against the better of the other two, and the
     draft lengths adaptive chose (steps by gamma)."""
-    by = {(r["arm"], r["concurrency"]): r for r in rep["rows"]}
+    by = merged(rep["rows"])
     labels = {r["arm"]: r["label"] for r in rep["rows"]}
     md = ["# The speculation policy under load: vLLM's client", "", f"Command: `{rep['command'].strip()}`", "",
           f"Random prompts of {rep['input_len']} tokens, {rep['output_len']} output tokens forced (ignore_eos), "
@@ -159,6 +164,21 @@ def markdown(rep: dict) -> str:
            (f"Adaptive's worst ratio: **{worst:.2f}x** (target >= {rep['target']}x at every level: "
             f"{'met' if worst >= rep['target'] else 'missed'})." if worst is not None else "No level ran all three.")]
     return "\n".join(md + crossover(rep, by)) + "\n"
+
+
+def merged(rows: list[dict]) -> dict[tuple, dict]:
+    """(arm, concurrency) -> its passes as one row: tok/s their mean, steps and counters summed."""
+    out: dict[tuple, dict] = {}
+    for r in rows:
+        m = out.setdefault((r["arm"], r["concurrency"]), {**r, "tok_s_passes": [], "steps_by_gamma": {},
+                                                          "counters": {}, "failed": 0})
+        m["tok_s_passes"].append(r["out_tok_s"])
+        m["out_tok_s"] = sum(m["tok_s_passes"]) / len(m["tok_s_passes"])
+        m["failed"] += r["failed"]
+        for k in ("steps_by_gamma", "counters"):
+            for g, n in (r.get(k) or {}).items():
+                m[k][g] = m[k].get(g, 0) + n
+    return out
 
 
 def crossover(rep: dict, by: dict) -> list[str]:
