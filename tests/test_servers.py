@@ -84,6 +84,7 @@ def test_commands_name_the_model_slots_and_context():
     assert cmd[1:4] == ["-m", "engine", "serve"] and cmd[cmd.index("--max-seqs") + 1] == "4"
     assert cmd[cmd.index("--gamma") + 1] == "3" and cmd[cmd.index("--port") + 1] == "8123"
     assert cmd[cmd.index("--spec-policy") + 1] == "fixed"  # the setup's, not the serve CLI's default (adaptive)
+    assert cmd[cmd.index("--per-request-spec-decode-metrics") + 1] == "summary"  # acceptance per category
     assert spec.setup.to_record()["draft"] == {"kind": "model", "model": "default-draft", "precision": "int4",
                                                "gamma": 3, "adaptive": False, "policy": "fixed"}
     assert spec.label == "serving-cost-lab int4 + default-draft@int4 g=3 (4 seqs)"
