@@ -40,6 +40,16 @@ def usd_per_thousand_solved(tokens_per_s: float | None, tokens: int, solved: int
     return per_m * tokens / 1e6 / solved * 1000
 
 
+def acceptance_rate(accepted: float, drafted: float) -> float | None:
+    """vLLM's acceptance rate: accepted / draft tokens (None when nothing was drafted)."""
+    return accepted / drafted if drafted else None
+
+
+def mean_acceptance_length(accepted: float, rounds: float) -> float | None:
+    """vLLM's mean acceptance length: 1 + accepted / drafting rounds, the bonus token counted (None: no round)."""
+    return 1 + accepted / rounds if rounds else None
+
+
 def expected_length(a: float | None, gamma: float | None) -> float | None:
     """(1 - a^(g+1)) / (1 - a): tokens one verification pass emits when each of g draft tokens is
     accepted independently with probability a, counting the bonus/resample token (g + 1 at a = 1).

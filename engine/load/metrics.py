@@ -17,6 +17,7 @@ concatenates their samples (`merge`), never their percentiles.
 """
 from __future__ import annotations
 
+from engine.common.formulas import acceptance_rate, mean_acceptance_length
 from engine.load.profiles import SLO
 from engine.measure.stats import percentile
 
@@ -145,7 +146,7 @@ def spec_by_category(done: list[dict]) -> dict | None:
         drafted = sum(x.get("num_draft_tokens", 0) for x in xs)
         accepted = sum(x.get("num_accepted_draft_tokens", 0) for x in xs)
         out[cat] = {"requests": len(xs), "rounds": rounds, "drafted": drafted, "accepted": accepted,
-                    "acceptance_rate": accepted / drafted if drafted else None,
-                    "mean_acceptance_length": 1 + accepted / rounds if rounds else None,
+                    "acceptance_rate": acceptance_rate(accepted, drafted),
+                    "mean_acceptance_length": mean_acceptance_length(accepted, rounds),
                     "policies": sorted({x.get("policy") for x in xs if x.get("policy")})}
     return out

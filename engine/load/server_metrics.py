@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import re
 
+from engine.common.formulas import acceptance_rate, mean_acceptance_length
+
 _LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+([-+0-9.eEinfINFNa]+)(\s+\d+)?$")
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 SPEC = "vllm:spec_decode_"
@@ -94,8 +96,8 @@ def spec_from(delta: dict[str, float]) -> dict | None:
                 per_pos[int(m.group(1))] = per_pos.get(int(m.group(1)), 0.0) + v
     rates = [per_pos.get(i, 0.0) / drafts for i in range(max(per_pos) + 1)] if per_pos else None
     return {"rounds": int(drafts), "drafted": int(drafted), "accepted": int(accepted),
-            "acceptance_rate": accepted / drafted if drafted else None,
-            "mean_acceptance_length": 1 + accepted / drafts, "mean_gamma": drafted / drafts,
+            "acceptance_rate": acceptance_rate(accepted, drafted),
+            "mean_acceptance_length": mean_acceptance_length(accepted, drafts), "mean_gamma": drafted / drafts,
             "position_rate": rates, "source": "server /metrics, difference over the load point"}
 
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from engine.common.formulas import acceptance_rate, mean_acceptance_length
 from engine.common.sampling import MAX_REPETITION_PENALTY
 
 
@@ -405,8 +406,8 @@ def spec_metrics(infos: list[dict], policy: str, num_spec_tokens: int) -> dict:
     for i in infos:
         for j, n in enumerate(i.get("accepted_hist", [])[:len(hist)]):
             hist[j] += n
-    return {"mean_acceptance_length": 1 + accepted / rounds if rounds else 0.0,
-            "draft_acceptance_rate": accepted / drafted if drafted else 0.0, "acceptance_histogram": hist,
+    return {"mean_acceptance_length": mean_acceptance_length(accepted, rounds) or 0.0,  # vLLM's zeros, not None
+            "draft_acceptance_rate": acceptance_rate(accepted, drafted) or 0.0, "acceptance_histogram": hist,
             "num_spec_steps": rounds, "num_accepted_draft_tokens": accepted, "num_draft_tokens": drafted,
             "num_spec_tokens": num_spec_tokens, "policy": policy}
 
