@@ -19,7 +19,7 @@ from engine.planner.gpus import GPU
 # The bandwidth efficiencies fitted to data/published_measurements.csv (planner.fit computes them;
 # `python -m engine plan refit` rewrites this file and a test fails when it is stale).
 FIT_PATH = DATA / "efficiency_fit.csv"
-FITTED_FAMILIES = ("serving", "torch-compile", "llm-local", "hf-eager")   # stacks with published points
+FITTED_FAMILIES = ("serving", "torch-compile", "llm-local", "llama.cpp", "hf-eager")   # stacks with published points
 ALL_GENERATIONS = "*"
 MIN_POOLED_POINTS = 2   # a fallback over all generations needs two points: one stack on one GPU is not a trend
 
@@ -48,6 +48,9 @@ class KernelFamily:
     step_overhead_ms: float       # per forward pass: scheduling, sampling, (graph) launch
     per_layer_overhead_ms: float  # per layer per forward: kernel launches when not graph-captured
     source: str
+    # Eager frameworks launch kernels from Python while the GPU runs earlier ones: a step takes the
+    # larger of the launches and the GPU work, not their sum (graph-captured stacks: no overlap to credit).
+    launch_overlaps: bool = False
 
 
 _SRC_BF16 = ("decode GEMV at batch 1 reaches ~0.7-0.85 of datasheet bandwidth in tuned stacks "
@@ -91,13 +94,18 @@ FAMILIES: dict[str, KernelFamily] = {
         "torch-compile", "PyTorch-native compiled decode (gpt-fast style): CUDA graphs, no scheduler",
         _SERVING_EFF, 0.80, 0.15, 0.0, "per-step overhead 0.15 ms: one graph replay and argmax (assumption)"),
     "llm-local": KernelFamily(
-        "llm-local", "single-user local engines with their own CUDA kernels (MLC-LLM, ExLlamaV2, llama.cpp)",
+        "llm-local", "single-user local engines with their own compiled CUDA kernels (MLC-LLM, ExLlamaV2)",
         _SERVING_EFF, 0.80, 0.15, 0.0, "per-step overhead 0.15 ms: as torch-compile (assumption)"),
+    "llama.cpp": KernelFamily(
+        "llama.cpp", "llama.cpp's CUDA backend (ggml: its own quantized mat-vec kernels, one graph per token)",
+        _SERVING_EFF, 0.80, 0.15, 0.0, "per-step overhead 0.15 ms: as torch-compile (assumption); its bandwidth "
+        "efficiency is fitted per GPU generation"),
     "hf-eager": KernelFamily(
         "hf-eager", "Hugging Face transformers in eager mode (research code: Spec-Bench, Medusa, EAGLE)",
-        _SERVING_EFF, 0.80, 1.0, 0.43,
-        "per-layer overhead 0.43 ms: Medusa reports ~45 tok/s for Vicuna-7B on an A100 in eager HF (22 ms/token) "
-        "vs an 8.3 ms bandwidth floor; the 14 ms difference over 32 layers"),
+        _SERVING_EFF, 0.80, 1.0, 0.66,
+        "per-layer launches 0.66 ms, overlapping the GPU's work: Medusa reports ~45 tok/s for Vicuna-7B on an A100 "
+        "in eager HF (22 ms/token) against an 8.3 ms bandwidth floor, so the launches (21 ms over 32 layers, "
+        "less the 1 ms fixed) set the step", launch_overlaps=True),
     "cpu": KernelFamily(
         "cpu", "the lab's CPU kernels on this machine (replace with `calibrate`)", _CPU_EFF, 0.60, 1.0, 0.05,
         "placeholders; calibrate from the lab's run records"),
@@ -119,6 +127,33 @@ class FitCell:
     ids: tuple[str, ...]
 
 
+# The step model's scalar terms fitted to published points (planner.fit), with what a plan uses
+# where a term has fewer than MIN_TERM_POINTS: the assumption it had before it was fitted.
+TERM_DEFAULTS: dict[str, dict[str, float]] = {
+    # all-reduce latency per call, by link (2 calls per layer under TP): NCCL small-message latency
+    "allreduce_us": {"nvlink": 10.0, "pcie": 25.0, "xgmi": 25.0},
+    # per sequence per step: sampling, scheduling, the batch's small matmuls (0: not modelled)
+    "per_seq_us": {},
+    # per layer per prefill: launches and small-GEMM tails of a pass outside the decode graph (0: not modelled)
+    "prefill_layer_us": {},
+}
+TERM_WORDS = {"allreduce_us": ("all-reduce latency", "us per call"),
+              "per_seq_us": ("per-sequence cost", "us per sequence per step"),
+              "prefill_layer_us": ("per-prefill cost", "us per layer per prefill")}
+MIN_TERM_POINTS = 2
+
+
+@dataclass(frozen=True)
+class FitTerm:
+    """One scalar term of the step model for one key (a link kind or a family): the median of
+    what each of its published points implies, given the terms fitted before it."""
+
+    kind: str
+    key: str
+    value: float
+    ids: tuple[str, ...]
+
+
 @dataclass(frozen=True)
 class FitTable:
     """Fitted bandwidth efficiencies by (generation, family, precision), with the fallbacks:
@@ -127,6 +162,21 @@ class FitTable:
     cells: Mapping[tuple[str, str, str], FitCell] = field(default_factory=dict)
     # family -> fitted per-layer fixed cost (ms per layer per forward), added to the family's own
     per_layer_ms: Mapping[str, float] = field(default_factory=dict)
+    # (kind, key) -> the step model's other fitted terms (TERM_DEFAULTS names them)
+    terms: Mapping[tuple[str, str], FitTerm] = field(default_factory=dict)
+
+    def term(self, kind: str, key: str) -> tuple[float, str]:
+        """(value, where it comes from) of one term: fitted, or its default, said to be extrapolated."""
+        words, unit = TERM_WORDS[kind]
+        t = self.terms.get((kind, key))
+        if t is not None and len(t.ids) >= MIN_TERM_POINTS:
+            ids = ", ".join(t.ids[:3]) + (f" and {len(t.ids) - 3} more" if len(t.ids) > 3 else "")
+            return t.value, (f"fitted: {words} {t.value:.3g} {unit} for {key} = median of {len(t.ids)} published "
+                             f"points ({ids})")
+        default = TERM_DEFAULTS[kind].get(key, 0.0)
+        few = f" (only {len(t.ids)})" if t is not None else ""
+        return default, (f"extrapolated: no published point{few} fits the {words} of {key}; "
+                         f"{default:g} {unit} (assumption)")
 
     def layer_overhead_ms(self, family: KernelFamily) -> float:
         """The family's per-layer cost per forward pass, with the fitted part."""
@@ -162,16 +212,20 @@ def read_fit(path: str | Path | None = None) -> FitTable:
     p = Path(path) if path else FIT_PATH
     if not p.exists():
         return EMPTY_FIT
-    cells, per_layer = {}, {}
+    cells, per_layer, terms = {}, {}, {}
     with open(p, newline="") as f:
         for r in csv.DictReader(f):
             if r["kind"] == "per_layer_ms":
                 per_layer[r["family"]] = float(r["value"])
                 continue
+            if r["kind"] in TERM_DEFAULTS:
+                t = FitTerm(r["kind"], r["precision"], float(r["value"]), tuple(x for x in r["ids"].split() if x))
+                terms[(t.kind, t.key)] = t
+                continue
             c = FitCell(r["generation"], r["family"], r["precision"], float(r["value"]),
                         tuple(x for x in r["ids"].split() if x))
             cells[(c.generation, c.family, c.precision)] = c
-    return FitTable(cells, per_layer)
+    return FitTable(cells, per_layer, terms)
 
 
 @lru_cache(maxsize=1)

@@ -1,11 +1,14 @@
 """The roofline of one replica: a model on `tp` GPUs at one precision, maybe speculating.
 
 Times per GPU of a tensor-parallel group of `tp` GPUs:
-  decode step = max(W/(e_w*BW) + K/(e_kv*BW), F/(e_c*PEAK)) + 2*layers*allreduce(tp) + overhead
+  gpu work    = max(W/(e_w*BW) + K/(e_kv*BW), F/(e_c*PEAK)) + 2*layers*allreduce(tp)
                 W weight bytes read (all but the embedding table), K KV bytes read, F FLOPs
-  prefill     = max(F_prefill/(e_c*PEAK), W/(e_w*BW)) + allreduces + overhead
-  allreduce   = latency + 2*(tp-1)/tp * bytes / (f_link * interconnect)        (ring)
-  speculation = verify(g+1 tokens per sequence) + g * draft step
+  decode step = gpu work + launches + fixed + per_seq*batch      (eager stacks: max(gpu work, launches))
+  prefill     = max(F_prefill/(e_c*PEAK), W/(e_w*BW)) + allreduces + launches + fixed + per-prefill cost
+  allreduce   = latency(link) + 2*(tp-1)/tp * bytes / (f_link * interconnect)        (ring)
+  speculation = verify(g+1 tokens per sequence) + g * draft step        (the same forward pass)
+launches = layers * per-layer cost. e_w, the all-reduce latency per link, the per-sequence and
+per-prefill costs are fitted to published points (planner.fit); each says where it comes from.
 and the per-GPU memory budget (weights, reserve, KV). Efficiencies e_* come from efficiency.py
 or the lab's calibration.
 """
@@ -17,7 +20,8 @@ from dataclasses import asdict, dataclass, field
 from engine.common.vocab import BNB_PRECISIONS
 from engine.planner import counts, shapes
 from engine.planner.calibration import Calibration
-from engine.planner.efficiency import FAMILIES, Efficiency, FitTable, KernelFamily, compute_dtype, shipped_fit
+from engine.planner.efficiency import (FAMILIES, TERM_DEFAULTS, Efficiency, FitTable, KernelFamily, compute_dtype,
+                                      shipped_fit)
 from engine.planner.errors import PlanError
 from engine.planner.gpus import GPU
 from engine.planner.shapes import ModelShape
@@ -26,14 +30,16 @@ from engine.planner.why import Why, ms
 
 GIB = 2 ** 30
 # Tensor-parallel all-reduce. NVLink/PCIe datasheet figures are bidirectional per GPU; NCCL ring
-# all-reduce bus bandwidth reaches ~40% of that (e.g. ~360 GB/s of H100's 900 GB/s) and small
-# messages cost a fixed latency of ~10 us over NVLink, ~25 us over PCIe (assumptions; see docs).
+# all-reduce bus bandwidth reaches ~40% of that (e.g. ~360 GB/s of H100's 900 GB/s: assumption).
+# Its small-message latency per link is a fitted term (efficiency.TERM_DEFAULTS holds the defaults).
 ALLREDUCE_BW_FRACTION = 0.40
-ALLREDUCE_LATENCY_US = {"nvlink": 10.0, "pcie": 25.0}
 DEFAULT_MEM_UTIL = {"gpu": 0.90, "cpu": 0.75}   # vLLM's gpu_memory_utilization default is 0.90
 DEFAULT_MAX_BATCH = 256                          # vLLM's default max_num_seqs
 PREFILL_CHUNK_TOKENS = 8192                      # activation memory reserved for one prefill chunk
 MEASURED_LINE = "measured under load"            # Efficiency.source of a step taken from a load-record line
+# No published decode point is compute-bound (the largest, 256 users of an 8B, still reads more than it
+# computes), so a compute-bound step's e_c is the family's default at every batch: said where it is shown.
+EC_WORDS = "; e_c is the family default (extrapolated: no published decode step is compute-bound)"
 
 
 @dataclass(frozen=True)
@@ -92,6 +98,14 @@ class Deployment:
 
     def fit_table(self) -> FitTable:
         return self.fit if self.fit is not None else shipped_fit()
+
+    def term(self, kind: str, key: str | None = None) -> tuple[float, str]:
+        """A fitted step term (efficiency.TERM_DEFAULTS) for this replica: keyed by its link or family.
+        The lab's CPU has its own calibration: no published term applies to it."""
+        key = key or (link_kind(self.gpu) if kind == "allreduce_us" else self.family_obj().name)
+        if self.gpu.kind == "cpu":
+            return 0.0, "not modelled on this machine (its calibration holds its costs)"
+        return self.fit_table().term(kind, key)
 
     def layer_overhead_ms(self) -> float:
         """Per-layer cost per forward pass: the family's, plus the part fitted to published points."""
@@ -176,19 +190,26 @@ class Step:
     t_kv: float
     t_compute: float
     t_comm: float
-    t_overhead: float
+    t_overhead: float            # fixed per step, per sequence, per prefill: never overlapped
     # True where the step is a line measured under load (Deployment.measured_line): on that device
     # streaming the weights and computing do not overlap, so their times add instead of max().
     additive: bool = False
+    t_launch: float = 0.0        # per-layer launches
+    overlap: bool = False        # launches overlap the GPU's work (eager stacks): max, not sum
 
     @property
     def t_memory(self) -> float:
         return self.t_weights + self.t_kv
 
     @property
-    def total(self) -> float:
+    def t_gpu(self) -> float:
         core = self.t_memory + self.t_compute if self.additive else max(self.t_memory, self.t_compute)
-        return core + self.t_comm + self.t_overhead
+        return core + self.t_comm
+
+    @property
+    def total(self) -> float:
+        g = self.t_gpu
+        return (max(g, self.t_launch) if self.overlap else g + self.t_launch) + self.t_overhead
 
     @property
     def bound(self) -> str:
@@ -210,14 +231,18 @@ class Step:
             Why("decode step: KV read",
                 f"{self.kv_bytes / 1e9:.2f} GB / ({dep.family_obj().kv_mem_bw:.2f} * bandwidth)", ms(self.t_kv), "ms"),
             Why("decode step: compute", f"{self.flops / 1e12:.2f} TFLOP / ({eff.compute:.2f} * {g.peak_tflops(cdt):g} "
-                "TFLOPS)", ms(self.t_compute), "ms"),
+                f"TFLOPS){EC_WORDS if eff.source not in ('calibrated', MEASURED_LINE) else ''}",
+                ms(self.t_compute), "ms"),
             Why("decode step: all-reduce",
-                f"2 * {m.layers} layers * ring all-reduce over {g.interconnect or 'n/a'} (TP {dep.tp})",
-                ms(self.t_comm), "ms"),
-            Why("decode step: overhead", f"{dep.family_obj().name}: fixed per step + per layer", ms(self.t_overhead),
-                "ms"),
-            Why("decode step", f"max(memory, compute) + all-reduce + overhead = {self.bound}-bound", ms(self.total),
-                "ms")]
+                f"2 * {m.layers} layers * ring all-reduce over {g.interconnect or 'n/a'} (TP {dep.tp})"
+                + (f"; {dep.term('allreduce_us')[1]}" if dep.tp > 1 else ""), ms(self.t_comm), "ms"),
+            Why("decode step: launches", f"{dep.family_obj().name}: {m.layers} layers * per-layer cost"
+                + (" (overlaps the GPU's work: the larger counts)" if self.overlap else ""), ms(self.t_launch), "ms"),
+            Why("decode step: overhead", f"{dep.family_obj().name}: fixed per step + {dep.term('per_seq_us')[1]} "
+                "* sequences", ms(self.t_overhead), "ms"),
+            Why("decode step", ("max(max(memory, compute) + all-reduce, launches)" if self.overlap else
+                                "max(memory, compute) + all-reduce + launches") + f" + overhead = {self.bound}-bound",
+                ms(self.total), "ms")]
 
     def prefill_why(self, dep: "Deployment", eff: Efficiency, tokens: int) -> Why:
         """A prefill of `tokens` tokens as one term."""
@@ -228,13 +253,23 @@ class Step:
                    ms(self.total), "ms")
 
 
-def allreduce_time(nbytes: float, tp: int, gpu: GPU) -> float:
-    """Ring all-reduce: latency + 2*(tp-1)/tp * bytes / (ALLREDUCE_BW_FRACTION * interconnect)."""
+def link_kind(gpu: GPU) -> str:
+    """The all-reduce link a fitted latency is keyed by: nvlink, xgmi (AMD Infinity Fabric) or pcie."""
+    if gpu.nvlink:
+        return "nvlink"
+    ic = gpu.interconnect.lower()
+    return "xgmi" if "xgmi" in ic or "infinity fabric" in ic else "pcie"
+
+
+def allreduce_time(nbytes: float, tp: int, gpu: GPU, latency_us: float | None = None) -> float:
+    """Ring all-reduce: latency + 2*(tp-1)/tp * bytes / (ALLREDUCE_BW_FRACTION * interconnect);
+    latency_us None: the link's default (efficiency.TERM_DEFAULTS)."""
     if tp <= 1:
         return 0.0
-    link = "nvlink" if gpu.nvlink else "pcie"
+    if latency_us is None:
+        latency_us = TERM_DEFAULTS["allreduce_us"][link_kind(gpu)]
     bw = max(gpu.interconnect_gbs, 1e-3) * 1e9 * ALLREDUCE_BW_FRACTION
-    return ALLREDUCE_LATENCY_US[link] * 1e-6 + 2.0 * (tp - 1) / tp * nbytes / bw
+    return latency_us * 1e-6 + 2.0 * (tp - 1) / tp * nbytes / bw
 
 
 def kv_shard(model: ModelShape, tp: int) -> float:
@@ -265,7 +300,10 @@ class _Coef:
     inv_flops: float      # s/FLOP
     comm_lat: float       # s per step of all-reduce latency (2 per layer)
     comm_tok: float       # s per token of all-reduce transfer
-    overhead: float       # s per forward pass
+    overhead: float       # s per forward pass, fixed
+    per_seq: float        # s per sequence per forward pass
+    launch: float         # s per forward pass of per-layer launches
+    overlap: bool         # launches overlap the GPU's work (max), else they add
     additive: bool        # memory and compute times add (a step measured under load), else max()
 
 
@@ -293,7 +331,7 @@ def _coef(dep: Deployment, model: ModelShape, precision: str, layers_overhead: b
     pair = counts.attention_pair_flops(model) / tp
     if tp > 1:
         link_bw = max(gpu.interconnect_gbs, 1e-3) * 1e9 * ALLREDUCE_BW_FRACTION
-        lat = ALLREDUCE_LATENCY_US["nvlink" if gpu.nvlink else "pcie"] * 1e-6
+        lat = dep.term("allreduce_us")[0] * 1e-6
         comm_lat = 2 * model.layers * lat
         comm_tok = 2 * model.layers * 2.0 * (tp - 1) / tp * model.hidden * 2 / link_bw
     else:
@@ -315,7 +353,10 @@ def _coef(dep: Deployment, model: ModelShape, precision: str, layers_overhead: b
         inv_flops=1.0 / (eff.compute * peak * 1e12),
         comm_lat=comm_lat,
         comm_tok=comm_tok,
-        overhead=(fam.step_overhead_ms + (dep.layer_overhead_ms() * model.layers if layers_overhead else 0)) / 1e3,
+        overhead=fam.step_overhead_ms / 1e3,
+        per_seq=dep.term("per_seq_us")[0] * 1e-6,
+        launch=(dep.layer_overhead_ms() * model.layers if layers_overhead else 0) / 1e3,
+        overlap=fam.launch_overlaps,
         additive=dep.measured_line(precision) is not None,
     )
     dep._memo[key] = c
@@ -337,7 +378,8 @@ def _step_parts(c: _Coef, batch: float, context: float, tokens_per_seq: float):
 def _step_time(c: _Coef, batch: float, context: float, tokens_per_seq: float = 1.0) -> float:
     tokens, w, kv, flops, t_comm = _step_parts(c, batch, context, tokens_per_seq)
     mem, comp = w * c.inv_bw_w + kv * c.inv_bw_kv, flops * c.inv_flops
-    return (mem + comp if c.additive else max(mem, comp)) + t_comm + c.overhead
+    gpu = (mem + comp if c.additive else max(mem, comp)) + t_comm
+    return (max(gpu, c.launch) if c.overlap else gpu + c.launch) + c.overhead + c.per_seq * batch
 
 
 def forward_cost(dep: Deployment, model: ModelShape, precision: str, batch: float, context: float,
@@ -347,8 +389,8 @@ def forward_cost(dep: Deployment, model: ModelShape, precision: str, batch: floa
     Weight bytes are all but the embedding table (its rows only), MoE experts as touched."""
     c = _coef(dep, model, precision, layers_overhead)
     tokens, w, kv, flops, t_comm = _step_parts(c, batch, context, tokens_per_seq)
-    return Step(tokens, w, kv, flops, w * c.inv_bw_w, kv * c.inv_bw_kv, flops * c.inv_flops, t_comm, c.overhead,
-                c.additive)
+    return Step(tokens, w, kv, flops, w * c.inv_bw_w, kv * c.inv_bw_kv, flops * c.inv_flops, t_comm,
+                c.overhead + c.per_seq * batch, c.additive, c.launch, c.overlap)
 
 
 def decode_step(dep: Deployment, batch: float, context: float, tokens_per_seq: float = 1.0) -> Step:
@@ -375,10 +417,10 @@ def prefill_step(dep: Deployment, tokens: int, batch: int = 1) -> Step:
     measured = dep.prefill_tflops()
     rate = measured[0] * 1e12 if measured else eff.compute * peak * 1e12
     bw = gpu.mem_bw_tbs * 1e12
-    t_comm = 2 * m.layers * allreduce_time(batch * tokens * m.hidden * 2, tp, gpu)
-    t_over = (fam.step_overhead_ms + dep.layer_overhead_ms() * m.layers) / 1e3
+    t_comm = 2 * m.layers * allreduce_time(batch * tokens * m.hidden * 2, tp, gpu, dep.term("allreduce_us")[0])
+    t_over = fam.step_overhead_ms / 1e3 + m.layers * dep.term("prefill_layer_us")[0] * 1e-6   # once per pass
     st = Step(batch * tokens, wbytes, kvw, flops, wbytes / (eff.mem_bw * bw), kvw / (fam.kv_mem_bw * bw),
-              flops / rate, t_comm, t_over)
+              flops / rate, t_comm, t_over, False, dep.layer_overhead_ms() * m.layers / 1e3, fam.launch_overlaps)
     dep._memo[key] = st
     return st
 

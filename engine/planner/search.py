@@ -145,6 +145,12 @@ def evaluate_plan(dep: Deployment, w: Workload) -> Plan:
     if "extrapolated:" in eff_src:
         # No published point covers this GPU generation x kernel family x precision (planner.fit).
         plan.assumptions.append(f"efficiency {eff_src}")
+    for kind in ("allreduce_us", "prefill_layer_us", "per_seq_us"):
+        if kind == "allreduce_us" and dep.tp == 1:
+            continue
+        src = dep.term(kind)[1]
+        if src.startswith("extrapolated:"):
+            plan.assumptions.append(src)
     why = cannot_run(m, g, dep.precision, dep.tp)
     if why:
         plan.reasons.append(why)

@@ -26,7 +26,8 @@ from typing import Callable
 from engine import planner
 from engine.common.cli_args import csv_list, int_list
 from engine.common.errors import UserError
-from engine.planner import batchjob, fit, fleet, hf_config, selfcheck, shapes, traffic
+from engine.common.paths import REPO_ROOT
+from engine.planner import batchjob, efficiency, fit, fleet, hf_config, selfcheck, shapes, traffic
 from engine.planner.gpus import CatalogError, find_gpu, load_gpus, price_table
 from engine.planner.savings import plan_with_savings
 from engine.planner.speculation import SPEC_DRAFT_KINDS
@@ -146,8 +147,8 @@ def add_parser(subparsers, stored_runs: StoreReader | None = None,
     m.add_argument("--in-sample", action="store_true",
                    help="load: calibrate on every record, the predicted point included (the default holds each point "
                         "out of its own fit)")
-    mode("refit", "rewrite data/efficiency_fit.csv from the published measurements (developers; then update "
-                  "docs/PLANNER.md from `plan check published`)")
+    mode("refit", "rewrite data/efficiency_fit.csv from the published measurements and docs/PLANNER.md's "
+                  "generated tables (developers)")
     m = mode("tables", "the GPU catalog and prices, the catalog models' shapes, or the calibration fit")
     m.add_argument("table", choices=["gpus", "models", "calibration"])
     return p
@@ -387,7 +388,9 @@ def check_mode(a, x: Inputs) -> int:
 
 def refit_mode(a, x: Inputs) -> int:
     table = fit.refit()
-    print(f"wrote {fit.write_fit(table)}\n")
+    print(f"wrote {fit.write_fit(table)}")
+    efficiency.shipped_fit.cache_clear()
+    print(f"wrote {fit.write_docs(table, fit.check_with_loo(), REPO_ROOT / 'docs' / 'PLANNER.md')}\n")
     print(fit.fit_table_markdown(table))
     return 0
 
