@@ -183,9 +183,9 @@ def merged(rows: list[dict]) -> dict[tuple, dict]:
 
 def crossover(rep: dict, by: dict) -> list[str]:
     """Where fixed gamma stops paying: measured (the first level where fixed <= no draft) against what the step-cost
-    model says (engine/infer/step_cost.py: the adaptive server's tables as it measured and kept them, and at each
+    model says (engine/common/step_model.py: the adaptive server's tables as it measured and kept them, and at each
     level the acceptance per position the fixed server counted there): E(g) T(c, 0) / T(c, g) <= 1."""
-    from engine.infer.step_cost import Acceptance, speedup, step_cost_from
+    from engine.common.step_model import Acceptance, speedup, step_cost_from
 
     facts = ((rep.get("spec_facts") or {}).get("adaptive") or {}).get("step_cost")
     if not facts:
@@ -202,7 +202,7 @@ def crossover(rep: dict, by: dict) -> list[str]:
         if not (none and fixed and cnt.get("drafts")):
             continue
         acc = Acceptance.from_counters(g, cnt["drafts"], [cnt.get(f"pos{j}", 0.0) for j in range(g)])
-        pred = speedup(cost, acc, c, g)
+        pred = speedup(cost, acc.expected_by_gamma(), c, g)
         meas = fixed["out_tok_s"] / none["out_tok_s"]
         lines.append(f"| {c} | {meas:.2f} | {pred:.2f} |")
         measured = i if measured is None and meas <= 1 else measured

@@ -1,5 +1,6 @@
-"""The speculation policy (engine/infer/step_cost.py): the step-cost model, the draft length it picks, and
-the server's adaptive policy on the real 0.5B, lossless and measured on the real step path."""
+"""The step-cost model (engine/common/step_model.py), the draft length it picks, the speculation policy
+(engine/infer/spec_policy.py), and the server's adaptive policy on the real 0.5B, lossless and measured on the
+real step path."""
 import time
 
 import pytest
@@ -9,8 +10,8 @@ from engine.common.setup import EngineSetup
 from engine.infer.batch import Request
 from engine.infer.proposers import NgramProposer, proposer_spec
 from engine.infer.scheduler import BatchSettings, Scheduler
-from engine.infer.step_cost import (Acceptance, Debt, SpecPolicy, StepCost, best_gamma, could_pay, speedup,
-                                    step_cost_from)
+from engine.common.step_model import Acceptance, Debt, StepCost, best_gamma, could_pay, speedup, step_cost_from
+from engine.infer.spec_policy import SpecPolicy
 from engine.infer.tokens import encode_prompts
 
 PROMPTS = ["Repeat exactly: alpha beta gamma delta epsilon zeta eta theta alpha beta gamma delta epsilon",
@@ -45,7 +46,8 @@ def test_acceptance_is_counted_per_position_once_the_positions_before_were_accep
     assert b.rate(1) == pytest.approx((40 + 2 * b.rate(0)) / 82)  # 40 of the 80 rounds that reached it, the prior
     cost = StepCost({1: 0.02, 5: 0.03}, {1: 0.004}, 0.001, 2.0)
     assert step_cost_from(cost.to_dict()) == cost  # what /health reports reads back as the same model
-    assert speedup(cost, b, 1, 4) == pytest.approx(b.expected_tokens(4) * 0.02 / (0.03 + 4 * 0.004 + 2 * 0.001))
+    assert speedup(cost, b.expected_by_gamma(), 1, 4) == pytest.approx(
+        b.expected_tokens(4) * 0.02 / (0.03 + 4 * 0.004 + 2 * 0.001))
 
 
 def test_the_best_gamma_follows_the_costs_and_the_acceptance():
@@ -54,12 +56,13 @@ def test_the_best_gamma_follows_the_costs_and_the_acceptance():
     for _ in range(300):
         high.count(4, 4)
         low.count(1, 0)
-    assert best_gamma(flat, high, 1, 4) == 4
-    assert best_gamma(flat, low, 1, 4) == 0  # nothing accepted: a draft cannot pay
+    e_high = high.expected_by_gamma()
+    assert best_gamma(flat, e_high, 1) == 4
+    assert best_gamma(flat, low.expected_by_gamma(), 1) == 0  # nothing accepted: a draft cannot pay
     compute = StepCost({1: 0.02, 8: 0.05, 40: 0.25}, {1: 0.0005, 8: 0.0006})  # rows cost at batch 8
-    assert best_gamma(compute, high, 1, 4) == 4 and best_gamma(compute, high, 8, 4) < 4
+    assert best_gamma(compute, e_high, 1) == 4 and best_gamma(compute, e_high, 8) < 4
     slow = StepCost({1: 0.020, 40: 0.024}, {1: 0.050, 8: 0.060})  # a draft pass dearer than a target step
-    assert best_gamma(slow, high, 1, 4) == 0
+    assert best_gamma(slow, e_high, 1) == 0
     # with only prompts in the step (nothing decoding) the choice says whether the draft prefills them: as at
     # batch 1, so a draft that cannot pay skips the prompts (it cost a whole prompt's draft prefill per request)
     policy = SpecPolicy("adaptive", 4, slow)
@@ -72,13 +75,14 @@ def test_a_draft_that_skipped_tokens_drafts_again_only_if_the_rounds_left_repay_
     mid = Acceptance(4)
     for _ in range(300):
         mid.count(2, 1)  # one of two drafts accepted: E(1) = 2, E(2) about 2
-    assert best_gamma(cost, mid, 8, 4) == 1  # no debt: 29 ms for two tokens a sequence beat 22 ms for one
+    e = mid.expected_by_gamma()
+    assert best_gamma(cost, e, 8) == 1  # no debt: 29 ms for two tokens a sequence beat 22 ms for one
     e1 = mid.expected_tokens(1)
     # 8 sequences owe 8 x 200 prompt rows (1.6 s of catch-up): with 1,000 tokens left that is 26 ms a round
     # on top of 29, so plain decoding wins; with 20,000 left, 1.3 ms, and drafting still pays.
     assert Debt(1600, 1000).per_step_s(cost, 8, e1) == pytest.approx(1.6 * 8 * e1 / 1000)
-    assert best_gamma(cost, mid, 8, 4, Debt(1600, 1000)) == 0 and not could_pay(cost, 8, Debt(1600, 1000))
-    assert best_gamma(cost, mid, 8, 4, Debt(1600, 20000)) == 1 and could_pay(cost, 8, Debt(1600, 20000))
+    assert best_gamma(cost, e, 8, Debt(1600, 1000)) == 0 and not could_pay(cost, 8, Debt(1600, 1000))
+    assert best_gamma(cost, e, 8, Debt(1600, 20000)) == 1 and could_pay(cost, 8, Debt(1600, 20000))
 
 
 def test_a_policy_is_refused_by_name_and_off_means_no_draft():
@@ -92,7 +96,6 @@ def test_a_policy_is_refused_by_name_and_off_means_no_draft():
     assert adaptive.to_record()["draft"]["policy"] == "adaptive"
     with pytest.raises(UserError, match="both pick gamma"):
         EngineSetup(draft="ngram", spec_policy="adaptive", adaptive_gamma=True).validate()
-    from engine.infer.step_cost import SpecPolicy
 
     assert SpecPolicy("off", 4).choose(3) == 0 and SpecPolicy("fixed", 4).choose(3) is None  # fixed: each its own
     with pytest.raises(UserError, match="unknown speculation policy 'greedy'"):
@@ -149,7 +152,8 @@ def test_the_policy_picks_gamma_0_when_the_draft_cannot_pay(small_int4):
     assert got == plain
     steps, cost = sched.policy.steps, sched.policy.cost
     assert cost.draft(1) > 0.19, cost.to_dict()  # the profile saw the slow draft
-    assert best_gamma(cost, sched.policy.acceptance, 1, 2) == 0, cost.to_dict()  # and its model says: never pays
+    # and its model says: never pays
+    assert best_gamma(cost, sched.policy.acceptance.expected_by_gamma(), 1) == 0, cost.to_dict()
     assert steps[0] > 0 and sum(n for g, n in steps.items() if g) <= steps[0] // 32 + 1, steps  # probes only
     fixed, sched = _generate(lm, ids[:1], SlowSpec(), 2, "fixed", n=8, settings=one)
     assert fixed[0] == plain[0][:8] and set(g for g, n in sched.policy.steps.items() if n) == {2}

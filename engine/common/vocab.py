@@ -63,7 +63,7 @@ DRAFT_KINDS = ("none", "model", "self", "ngram", "suffix")
 RECORD_KINDS = ("generate", "bench", "quality", "peer", "load", "playground", "accuracy")
 RUN_KINDS = ("bench", "generate", "playground")
 MAX_GAMMA = 16  # draft tokens per round, at most
-# How a server picks each step's draft length (engine/infer/step_cost.py): always gamma, the best by the
+# How a server picks each step's draft length (engine/infer/spec_policy.py): always gamma, the best by the
 # step-cost model and the running acceptance (0 included), or no speculation at all.
 SPEC_POLICIES = ("fixed", "adaptive", "off")
 KV_CACHES = ("slots", "paged")  # max_model_len reserved per sequence up front | blocks admitted as needed

@@ -112,7 +112,8 @@ class Scheduler:
 
     def __init__(self, target, settings: BatchSettings, proposer_spec=None, gamma: int = 0, adaptive: bool = False,
                  eos: set[int] | None = None, spec_policy: str = "fixed"):
-        from engine.infer.step_cost import SpecPolicy, StepCost
+        from engine.common.step_model import StepCost
+        from engine.infer.spec_policy import SpecPolicy
         from engine.infer.tokens import eos_ids
 
         self.settings = settings.validate(gamma if proposer_spec else 0)
@@ -132,13 +133,13 @@ class Scheduler:
         self._seq_of: dict[int, Sequence] = {}  # Request.uid -> its running sequence
         self.step_s_ewma = 0.05  # recent step time, for Retry-After
         self.shared_prompt_tokens = 0  # prompt positions copied from another choice, not prefilled
-        # Each step's draft length (engine/infer/step_cost.py); adaptive measures its step-cost model in prepare().
+        # Each step's draft length (engine/infer/spec_policy.py); adaptive measures its step-cost model in prepare().
         self.policy = SpecPolicy(spec_policy, gamma, StepCost({}, {}) if spec_policy == "adaptive" else None) \
             if proposer is not None else None
 
     def prepare(self) -> None:
         """Before the first request: an adaptive policy's step-cost model, measured on this step path."""
-        from engine.infer.step_cost import profile
+        from engine.infer.spec_policy import profile
 
         if self.policy is not None and self.policy.cost is not None and not self.policy.cost.target_s:
             self.policy.cost = profile(self)

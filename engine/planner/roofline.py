@@ -15,7 +15,7 @@ or the lab's calibration.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from engine.common.vocab import BNB_PRECISIONS
 from engine.planner import counts, shapes
@@ -466,6 +466,21 @@ def spec_step(dep: Deployment, batch: float, context: float) -> SpecStep:
         draft = forward_cost(dep, dm, dp, batch, context, 1.0)
         dtime = sp.gamma * draft.total
     return SpecStep(verify, draft, sp.gamma if draft else 0, dtime, sp.expected_tokens)
+
+
+@dataclass(frozen=True)
+class RooflineSteps:
+    """T(batch, gamma) of engine.common.step_model from this roofline: plain decode at gamma 0, else a
+    speculative round of `gamma` drafts (spec_step). The server prices the same T from measured tables."""
+
+    dep: Deployment
+    context: float
+    draft_row_s: float = 0.0   # the planner charges a draft's prefill in prefill_step, not in decode rounds
+
+    def step_s(self, batch: int, gamma: int) -> float:
+        if gamma == 0 or self.dep.spec is None:
+            return decode_step(self.dep, batch, self.context).total
+        return spec_step(replace(self.dep, spec=replace(self.dep.spec, gamma=gamma)), batch, self.context).total
 
 
 def per_token_step(dep: Deployment, batch: float, context: float) -> tuple[float, float]:

@@ -11,6 +11,7 @@ import math
 from dataclasses import replace
 from typing import Sequence
 
+from engine.common import step_model
 from engine.common.vocab import PRECISIONS
 from engine.planner import counts
 from engine.planner.acceptance import acceptance_from_mean_length
@@ -18,14 +19,14 @@ from engine.planner.calibration import Calibration
 from engine.planner.candidates import candidates, cannot_run, runnable
 from engine.planner.errors import PlanError
 from engine.planner.gpus import GPU
-from engine.planner.roofline import DEFAULT_MEM_UTIL, GIB, Deployment, decode_step, memory, spec_step
+from engine.planner.roofline import DEFAULT_MEM_UTIL, GIB, Deployment, RooflineSteps, decode_step, memory, spec_step
 from engine.planner.shapes import ModelShape
 from engine.planner.speculation import SpecConfig
 from engine.planner.why import ms
 from engine.planner.workload import MAX_TOKENS
 
 MAX_SWEEP_BATCH = 1_000_000     # sequences in one decode step; beyond this a batch is a typing mistake
-BEST_GAMMAS = range(1, 9)       # the draft lengths a sweep tries for the best gamma at each batch
+BEST_GAMMAS = range(1, 9)       # the draft lengths a sweep tries for the best gamma at each batch (0 too)
 
 
 def _check_count(field: str, v, lo: int, hi: float) -> None:
@@ -47,17 +48,15 @@ def break_even_acceptance(dep: Deployment, batch: float, context: float) -> floa
 
 
 def best_gamma(dep: Deployment, batch: float, context: float) -> tuple[int, float]:
-    """(gamma, speedup against plain decoding) of the draft length that pays best at this batch: what our
-    server's adaptive policy picks by its measured step costs (engine/infer/step_cost.py), here from the
-    roofline's. (0, 1.0) when no gamma pays."""
-    plain = decode_step(replace(dep, spec=None, draft=None), batch, context).total
-    best = (0, 1.0)
-    for g in BEST_GAMMAS:
-        ss = spec_step(replace(dep, spec=replace(dep.spec, gamma=g)), batch, context)
-        x = plain * ss.expected_tokens / ss.total
-        if x > best[1]:
-            best = (g, x)
-    return best
+    """(gamma, speedup against plain decoding) of the draft length that pays best at this batch, up to
+    max(BEST_GAMMAS): the rule of our server's adaptive policy (engine.common.step_model.best_gamma), with T
+    from this roofline instead of the server's measured tables. (0, 1.0) when no gamma pays."""
+    sp = dep.spec
+    assert sp is not None
+    steps = RooflineSteps(dep, context)
+    expected = [1.0] + [replace(sp, gamma=g).expected_tokens for g in BEST_GAMMAS]
+    g = step_model.best_gamma(steps, expected, batch)
+    return g, step_model.speedup(steps, expected, batch, g)
 
 
 def batch_sweep(model: ModelShape, gpu: GPU, precisions: Sequence[str], batches: Sequence[int], context: int,

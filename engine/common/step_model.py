@@ -14,20 +14,19 @@ pays them once, so a gamma > 0 step also carries its share of that debt over the
 (tokens_left: the tokens the batch's sequences may still make). The policy picks the gamma (0 included) with
 the most tokens per second, batch * E(gamma) / (T(batch, gamma) + catch_up(gamma)).
 
-target() and draft() are tables: measured when the server starts (`profile`, on the real step path), then kept
-current from every step's own timings (`StepCost.observe`). The c_j are counted as the server runs, decayed so
-they follow the traffic (`Acceptance`). One home for the model: the server's policy and its record use it.
+One model, two sources of T: the server's StepCost holds tables, measured when it starts (engine/infer/
+spec_policy.py `profile`, on the real step path) and kept current from every step's own timings (`observe`); the
+planner's RooflineSteps (engine/planner/roofline.py) prices the same T(batch, gamma) from a GPU's roofline. The
+c_j are counted as the server runs, decayed so they follow the traffic (`Acceptance`); the planner's are one
+acceptance rate. Both choose gamma with best_gamma below.
 """
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass, field
-
-from engine.common.vocab import check_spec_policy
+from typing import Protocol, Sequence
 
 EWMA = 0.2  # weight of a new timing in a table point
 EWMA_PROMPTS = 0.05  # weight of a step's prompt rows in their average (prompts come in bursts)
-PROBE_EVERY = 32  # steps at gamma 0 before one step drafts a token, so acceptance is still measured
 PRIOR_RATE, PRIOR_WEIGHT = 0.6, 2.0  # acceptance before any round is counted: 1.2 of 2 pseudo-rounds
 DECAY = 0.995  # per counted round: the last few hundred rounds carry the estimate
 
@@ -145,62 +144,6 @@ class Acceptance:
         return self.expected_by_gamma()[gamma]
 
 
-class SpecPolicy:
-    """The draft length of each step: `fixed` always gamma_max, `off` 0 (a setup says no draft instead),
-    `adaptive` the best by the step-cost model."""
-
-    def __init__(self, name: str, gamma_max: int, cost: StepCost | None = None):
-        check_spec_policy(name)
-        self.name, self.gamma_max, self.cost = name, gamma_max, cost
-        self.acceptance = Acceptance(gamma_max)
-        self.steps = {g: 0 for g in range(gamma_max + 1)}  # decode steps by the gamma chosen (/metrics)
-        self.force: int | None = None  # the profile sets each gamma in turn
-        self.chosen = gamma_max
-        self._since_draft = 0
-
-    def choose(self, batch: int, owed_rows: int = 0, tokens_left: int = 0) -> int | None:
-        """This step's draft length for every sequence; None under `fixed`: each sequence keeps its own (gamma,
-        or what the benchmarks' +2/-1 heuristic made it), counted as gamma_max. `owed_rows`: tokens the draft's
-        cache lacks over the running sequences; `tokens_left`: the tokens they may still make."""
-        if self.force is not None:
-            g = self.force
-        elif self.name == "fixed":
-            self.chosen = self.gamma_max
-            return None
-        elif self.name == "off":
-            g = 0
-        elif self.cost is None:
-            g = self.gamma_max
-        else:
-            # With nothing decoding, g only says whether the draft prefills the prompts: it should where the
-            # sequences will draft once they decode (batch 1 at least), and not pay a prefill it would skip.
-            debt, b = Debt(owed_rows, tokens_left), max(batch, 1)
-            g = best_gamma(self.cost, self.acceptance, b, self.gamma_max, debt)
-            if g == 0 and self._since_draft >= PROBE_EVERY and could_pay(self.cost, b, debt):
-                g = 1
-        self.chosen = g
-        return g
-
-    def observe(self, st) -> None:
-        """A step's StepStats: its rounds' acceptance, and (adaptive) its timings into the cost model."""
-        if st.decode_seqs:
-            self.steps[self.chosen] += 1
-            self._since_draft = 0 if self.chosen else self._since_draft + 1
-        for drafted, accepted in st.rounds:
-            self.acceptance.count(drafted, accepted)
-        if self.cost is not None and self.force is None:
-            # a draft pass is timed when it is one round's work: no prompt chunk, no catch-up on skipped tokens
-            clean = not st.prefill_rows and st.draft_feed_rows <= st.decode_seqs * (self.gamma_max + 1)
-            self.cost.observe(st.decode_rows + st.prefill_rows, st.verify_s, st.decode_seqs,
-                              st.draft_passes if clean else 0, st.draft_s, st.prefill_rows, st.draft_prefill_s)
-
-    def facts(self) -> dict:
-        out = {"policy": self.name, "steps_by_gamma": {str(g): n for g, n in self.steps.items()}}
-        if self.cost is not None:
-            out["step_cost"] = self.cost.to_dict()
-        return out
-
-
 @dataclass(frozen=True)
 class Debt:
     """What a draft model owes its cache: rows it skipped while drafting nothing, over the tokens left."""
@@ -208,75 +151,35 @@ class Debt:
     owed_rows: int = 0
     tokens_left: int = 0
 
-    def per_step_s(self, cost: StepCost, batch: int, expected: float) -> float:
+    def per_step_s(self, cost: "Steps", batch: int, expected: float) -> float:
         """The catch-up's share of one round committing `expected` tokens per sequence."""
         if not self.owed_rows:
             return 0.0
         return self.owed_rows * cost.draft_row_s * batch * expected / max(self.tokens_left, 1)
 
 
-def best_gamma(cost: StepCost, acceptance: Acceptance, batch: int, gamma_max: int, debt: Debt = Debt()) -> int:
-    """The gamma in 0..gamma_max with the most tokens per second (the smaller one on a tie)."""
-    e = acceptance.expected_by_gamma()
-    rate = [batch * e[g] / max(cost.step_s(batch, g) + (debt.per_step_s(cost, batch, e[g]) if g else 0.0), 1e-9)
-            for g in range(gamma_max + 1)]
-    return max(range(gamma_max + 1), key=lambda g: (rate[g], -g))
+class Steps(Protocol):
+    """What prices a step: StepCost (measured tables) or the planner's RooflineSteps (a GPU's roofline)."""
+
+    draft_row_s: float
+
+    def step_s(self, batch: int, gamma: int) -> float: ...
 
 
-def speedup(cost: StepCost, acceptance: Acceptance, batch: int, gamma: int) -> float:
+def best_gamma(cost: Steps, expected: Sequence[float], batch: int, debt: Debt = Debt()) -> int:
+    """The gamma in 0..len(expected)-1 with the most tokens per second (the smaller one on a tie); expected[g]:
+    E(g), the tokens a round of g drafts commits per sequence (Acceptance.expected_by_gamma)."""
+    rate = [batch * e / max(cost.step_s(batch, g) + (debt.per_step_s(cost, batch, e) if g else 0.0), 1e-9)
+            for g, e in enumerate(expected)]
+    return max(range(len(expected)), key=lambda g: (rate[g], -g))
+
+
+def speedup(cost: Steps, expected: Sequence[float], batch: int, gamma: int) -> float:
     """Tokens per second drafting `gamma` a round over drafting nothing, at this batch: E(g) T(b, 0) / T(b, g)."""
-    return acceptance.expected_tokens(gamma) * cost.step_s(batch, 0) / max(cost.step_s(batch, gamma), 1e-9)
+    return expected[gamma] * cost.step_s(batch, 0) / max(cost.step_s(batch, gamma), 1e-9)
 
 
-def could_pay(cost: StepCost, batch: int, debt: Debt = Debt()) -> bool:
+def could_pay(cost: Steps, batch: int, debt: Debt = Debt()) -> bool:
     """Whether one draft token could pay at this batch if it were always accepted (its catch-up included):
     when not, no acceptance measured by a probe would change the answer, so the policy does not probe."""
     return 2 / (cost.step_s(batch, 1) + debt.per_step_s(cost, batch, 2.0)) > 1 / max(cost.step_s(batch, 0), 1e-9)
-
-
-def profile(sched, steps: int = 2, prompt_len: int = 8) -> StepCost:
-    """Measure the target's forward and the draft's pass on the scheduler's own step path, before it serves:
-    `steps` decode steps (after one warm-up) at each gamma 0..gamma_max, for one sequence and for every slot.
-    Leaves the scheduler empty, as built (`Scheduler.forget`)."""
-    from engine.infer.batch import Request
-
-    policy = sched.policy
-    cost = StepCost({}, {})
-    room = sched.settings.max_model_len - prompt_len - sched.headroom
-    per_request = (policy.gamma_max + 1) * (steps + 1) * (policy.gamma_max + 1)
-    batches = sorted({1, sched.settings.max_seqs})
-    sched.batch.pad_drafts = True
-    for batch in batches:
-        reqs = [Request([(7 + 13 * i + 31 * b) % 1000 + 10 for i in range(prompt_len)], min(room, per_request),
-                        stop_at_eos=False) for b in range(batch)]
-        for r in reqs:
-            sched.submit(r)
-        policy.force = 1  # the prompts' prefill (one chunk each, a few steps), the draft's included
-        for _ in range(prompt_len + 2):
-            if all((s := sched.sequence(r)) is not None and s.decoding for r in reqs):
-                break
-            st, _ = sched.step()
-            if st is not None and st.prefill_rows and st.draft_prefill_s > 0:
-                cost.draft_row_s = max(cost.draft_row_s, st.draft_prefill_s / st.prefill_rows)
-        timings: dict[int, list] = {}
-        for g in range(policy.gamma_max + 1):
-            policy.force = g
-            for i in range(steps + 1):
-                st, _ = sched.step()
-                if i and st is not None and st.decode_seqs == batch and not st.prefill_rows:
-                    timings.setdefault(g, []).append(st)
-        for g, sts in timings.items():
-            rows = statistics.median(s.decode_rows for s in sts)
-            cost.target_s[int(rows)] = statistics.median(s.verify_s for s in sts)
-            if g and any(s.draft_passes for s in sts):
-                cost.draft_s.setdefault(batch, statistics.median(s.draft_s / s.draft_passes for s in sts
-                                                                 if s.draft_passes))
-        for r in reqs:
-            sched.cancel(r)
-        while sched.has_work():
-            sched.step()
-    policy.force, sched.batch.pad_drafts = None, False
-    policy.steps = {g: 0 for g in policy.steps}
-    policy.acceptance = Acceptance(policy.gamma_max)  # made-up prompts say nothing about the traffic's acceptance
-    sched.forget()
-    return cost
