@@ -37,21 +37,27 @@ ARMS = (("no draft", "none", "fixed"), ("fixed", None, "fixed"), ("adaptive", No
 
 
 def spec_counters(url: str) -> dict[str, float]:
-    """From the server's /metrics (empty without a draft): scl:spec_decode_steps_total by gamma ('g<gamma>'),
-    vLLM's drafts ('drafts') and accepted tokens per draft position ('pos<j>')."""
+    """From the server's /metrics (engine.load.server_metrics.parse; empty without a draft): steps by gamma
+    ('g<gamma>', scl:spec_decode_steps_total), vLLM's drafts ('drafts'), draft tokens ('draft_tokens') and accepted
+    tokens per draft position ('pos<j>')."""
+    import re
+
     import httpx
 
+    from engine.load.server_metrics import SPEC, parse
+
+    names = {"scl:spec_decode_steps_total": ("g", "gamma"), SPEC + "num_drafts_total": ("drafts", None),
+             SPEC + "num_draft_tokens_total": ("draft_tokens", None),
+             SPEC + "num_accepted_tokens_per_pos_total": ("pos", "position")}
     out: dict[str, float] = {}
-    for line in httpx.get(url + "/metrics", timeout=30).text.splitlines():
-        if line.startswith("scl:spec_decode_steps_total{"):
-            key = "g" + line.split('gamma="')[1].split('"')[0]
-        elif line.startswith("vllm:spec_decode_num_drafts_total"):
-            key = "drafts"
-        elif line.startswith("vllm:spec_decode_num_accepted_tokens_per_pos_total{"):
-            key = "pos" + line.split('position="')[1].split('"')[0]
-        else:
+    for k, v in parse(httpx.get(url + "/metrics", timeout=30).text).items():
+        name, _, labels = k.partition("{")
+        if name not in names:
             continue
-        out[key] = out.get(key, 0.0) + float(line.split()[-1])
+        key, label = names[name]
+        if label:
+            key += re.search(rf'{label}="(\d+)"', labels).group(1)
+        out[key] = out.get(key, 0.0) + v
     return out
 
 
@@ -184,7 +190,8 @@ def merged(rows: list[dict]) -> dict[tuple, dict]:
 def crossover(rep: dict, by: dict) -> list[str]:
     """Where fixed gamma stops paying: measured (the first level where fixed <= no draft) against what the step-cost
     model says (engine/common/step_model.py: the adaptive server's tables as it measured and kept them, and at each
-    level the acceptance per position the fixed server counted there): E(g) T(c, 0) / T(c, g) <= 1."""
+    level the acceptance per position and the draft tokens per round the fixed server counted there):
+    E(g) T(c, 0) / T(c, g, rows) <= 1."""
     from engine.common.step_model import Acceptance, speedup, step_cost_from
 
     facts = ((rep.get("spec_facts") or {}).get("adaptive") or {}).get("step_cost")
@@ -202,7 +209,9 @@ def crossover(rep: dict, by: dict) -> list[str]:
         if not (none and fixed and cnt.get("drafts")):
             continue
         acc = Acceptance.from_counters(g, cnt["drafts"], [cnt.get(f"pos{j}", 0.0) for j in range(g)])
-        pred = speedup(cost, acc.expected_by_gamma(), c, g)
+        # rows verified per round: a lookup proposes fewer than g (its draft tokens per draft); a model, g
+        rows = [1.0 + j for j in range(g)] + [1.0 + cnt.get("draft_tokens", g * cnt["drafts"]) / cnt["drafts"]]
+        pred = speedup(cost, acc.expected_by_gamma(), c, g, rows)
         meas = fixed["out_tok_s"] / none["out_tok_s"]
         lines.append(f"| {c} | {meas:.2f} | {pred:.2f} |")
         measured = i if measured is None and meas <= 1 else measured

@@ -85,6 +85,28 @@ def test_a_draft_that_skipped_tokens_drafts_again_only_if_the_rounds_left_repay_
     assert best_gamma(cost, e, 8, Debt(1600, 20000)) == 1 and could_pay(cost, 8, Debt(1600, 20000))
 
 
+def test_a_lookup_that_proposes_fewer_than_asked_is_priced_by_the_rows_it_proposes():
+    """A lookup (n-gram, suffix) often finds fewer than gamma tokens: a round asking for 4 that proposes 1 verifies
+    2 rows, not 5. The model counts q_j, the chance position j is proposed, beside c_j (session 22's 0.5B n-gram
+    crossover missed by pricing every round at 1 + gamma rows)."""
+    look, model = Acceptance(4), Acceptance(4)
+    for i in range(400):
+        look.count(1 if i % 4 else 0, 1 if i % 4 else 0, asked=4)  # one token proposed in 3 of 4 rounds, all kept
+        model.count(4, 1)  # a draft model proposes all 4; one kept
+    assert look.proposal_rates()[0] == pytest.approx(0.75, abs=0.01) and look.proposal_rates()[1] < 0.02
+    assert model.proposal_rates() == [1.0] * 4 and model.rows_by_gamma() == [1, 2, 3, 4, 5]
+    assert look.rows_by_gamma()[4] == pytest.approx(1.75, abs=0.02)
+    assert look.expected_by_gamma()[4] == pytest.approx(1.75, abs=0.02)  # each proposed token kept
+    assert look.rates()[0] == pytest.approx(1.0, abs=0.01)
+    # compute-bound rows at batch 8: 5 rows a sequence cost 2.5x a plain step, 1.75 rows about 1.2x
+    cost = StepCost({1: 0.010, 8: 0.020, 14: 0.024, 40: 0.050})
+    e, rows = look.expected_by_gamma(), look.rows_by_gamma()
+    assert speedup(cost, e, 8, 4) < 1 < speedup(cost, e, 8, 4, rows)  # fixed g = 4 pays: its rounds verify 1.75 rows
+    assert speedup(cost, e, 8, 4, rows) == pytest.approx(e[4] * 0.020 / cost.target(8 * rows[4]))
+    # asking for more than the lookup finds costs (almost) nothing once priced by its rows: the policy may ask for 4
+    assert best_gamma(cost, e, 8) == 1 and best_gamma(cost, e, 8, rows=rows) == 4
+
+
 def test_a_policy_is_refused_by_name_and_off_means_no_draft():
     with pytest.raises(UserError, match="unknown speculation policy 'sometimes'") as e:
         EngineSetup(draft="ngram", spec_policy="sometimes").validate()
@@ -141,6 +163,8 @@ def test_the_adaptive_policy_is_lossless_and_measures_its_costs_first(small_int4
     assert {1, 2, 3, 4, 5} <= set(cost.target_s) and {4, 8, 12, 16, 20} & set(cost.target_s)  # batch 1 and 4
     assert sum(sched.policy.steps.values()) > 0 and sched.blocks is None and not sched.preemptions
     assert sum(n for g, n in sched.policy.steps.items() if g) > 0  # copy-heavy prompts: drafting paid
+    acc = sched.policy.acceptance  # the lookup found fewer tokens than asked in some rounds, and it was counted
+    assert sum(acc.asked) > sum(acc.proposed) > 0 and min(acc.proposal_rates()) < 1
 
 
 def test_the_policy_picks_gamma_0_when_the_draft_cannot_pay(small_int4):

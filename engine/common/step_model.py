@@ -5,9 +5,14 @@ A decode step of `batch` sequences, each verifying gamma drafts, costs
 where target(rows) is the target's forward over that many rows (sampling and verification included),
 draft(batch) one batched draft pass, and the last term the draft's share of the prompts: a draft model
 prefills every prompt too (prompt_rows: the prompt rows a step admits, on average; draft_row: the draft's
-time per prompt row), which a policy at gamma 0 does not pay. A round of gamma drafts commits, per sequence,
-    E(gamma) = 1 + sum over k = 1..gamma of prod over j < k of c_j
-tokens, c_j the chance that draft position j is accepted once the positions before it were. A draft model that
+time per prompt row), which a policy at gamma 0 does not pay. A round asking for gamma drafts commits, per
+sequence,
+    E(gamma) = 1 + sum over k = 1..gamma of prod over j < k of q_j c_j
+tokens, q_j the chance that the proposer proposes position j once it proposed the ones before (1 for a draft
+model; a lookup, n-gram or suffix, often finds fewer than gamma), c_j the chance that position j is accepted
+once it was proposed and the positions before it were accepted. The target then verifies, per sequence,
+    rows(gamma) = 1 + sum over k = 1..gamma of prod over j < k of q_j
+rows, not 1 + gamma, so T(batch, gamma) reads target(batch * rows(gamma)). A draft model that
 drafted nothing for a while owes its cache the tokens it skipped (`owed_rows`, prompts included); drafting again
 pays them once, so a gamma > 0 step also carries its share of that debt over the rounds left,
     catch_up(gamma) = owed_rows * draft_row * batch * E(gamma) / tokens_left
@@ -31,7 +36,7 @@ PRIOR_RATE, PRIOR_WEIGHT = 0.6, 2.0  # acceptance before any round is counted: 1
 DECAY = 0.995  # per counted round: the last few hundred rounds carry the estimate
 
 
-def _interpolate(table: dict[int, float], x: int) -> float:
+def _interpolate(table: dict[int, float], x: float) -> float:
     """Piecewise linear through the points; beyond the ends, the nearest segment's slope (never below 0)."""
     xs = sorted(table)
     if len(xs) == 1:
@@ -56,14 +61,15 @@ class StepCost:
     draft_row_s: float = 0.0  # the draft's prefill time per prompt row
     prompt_rows: float = 0.0  # prompt rows a step admits, on average
 
-    def target(self, rows: int) -> float:
+    def target(self, rows: float) -> float:
         return _interpolate(self.target_s, rows)
 
     def draft(self, batch: int) -> float:
         return _interpolate(self.draft_s, batch) if self.draft_s else 0.0
 
-    def step_s(self, batch: int, gamma: int) -> float:
-        return self.target(batch * (1 + gamma)) + gamma * self.draft(batch) \
+    def step_s(self, batch: int, gamma: int, rows: float | None = None) -> float:
+        """T(batch, gamma); rows: the rows verified per sequence (default 1 + gamma: every draft proposed)."""
+        return self.target(batch * (1 + gamma if rows is None else rows)) + gamma * self.draft(batch) \
             + (self.prompt_rows * self.draft_row_s if gamma else 0.0)
 
     def observe(self, rows: int, verify_s: float, batch: int = 0, passes: int = 0, draft_s: float = 0.0,
@@ -96,19 +102,36 @@ def _update(table: dict[int, float], x: int, y: float) -> None:
     table[x] = y if x not in table else (1 - EWMA) * table[x] + EWMA * y
 
 
+def _chained(hits: list[float], tries: list[float], first_prior: float) -> list[float]:
+    """Per-position rates hits/tries, each with PRIOR_WEIGHT pseudo-tries at the rate before it."""
+    out, prior = [], first_prior
+    for a, n in zip(hits, tries):
+        prior = (a + prior * PRIOR_WEIGHT) / (n + PRIOR_WEIGHT)
+        out.append(prior)
+    return out
+
+
 @dataclass
 class Acceptance:
-    """c_j for each draft position, from rounds counted as they finish (decayed), with a prior."""
+    """q_j and c_j for each draft position (module docstring), from rounds counted as they finish (decayed),
+    with priors."""
 
     gamma_max: int
     reached: list[float] = field(default_factory=list)  # rounds that drafted position j with 0..j-1 accepted
     accepted: list[float] = field(default_factory=list)  # of those, rounds that accepted j
+    asked: list[float] = field(default_factory=list)  # rounds that asked for position j and proposed 0..j-1
+    proposed: list[float] = field(default_factory=list)  # of those, rounds that proposed j
 
     def __post_init__(self):
-        self.reached = self.reached or [0.0] * self.gamma_max
-        self.accepted = self.accepted or [0.0] * self.gamma_max
+        for name in ("reached", "accepted", "asked", "proposed"):
+            setattr(self, name, getattr(self, name) or [0.0] * self.gamma_max)
 
-    def count(self, drafted: int, accepted: int) -> None:
+    def count(self, drafted: int, accepted: int, asked: int | None = None) -> None:
+        """One round: `asked` drafts requested (default: `drafted`, as a draft model always proposes them all),
+        `drafted` proposed, `accepted` of them kept."""
+        for j in range(min(drafted if asked is None else asked, drafted + 1, self.gamma_max)):
+            self.asked[j] = DECAY * self.asked[j] + 1
+            self.proposed[j] = DECAY * self.proposed[j] + (j < drafted)
         for j in range(min(drafted, accepted + 1, self.gamma_max)):
             self.reached[j] = DECAY * self.reached[j] + 1
             self.accepted[j] = DECAY * self.accepted[j] + (j < accepted)
@@ -116,10 +139,18 @@ class Acceptance:
     def rates(self) -> list[float]:
         """c_j for every position; with few rounds reaching j, c_j leans on c_(j-1) (acceptance runs in
         streaks), c_0 on 0.6."""
-        out, prior = [], PRIOR_RATE
-        for a, n in zip(self.accepted, self.reached):
-            prior = (a + prior * PRIOR_WEIGHT) / (n + PRIOR_WEIGHT)
-            out.append(prior)
+        return _chained(self.accepted, self.reached, PRIOR_RATE)
+
+    def proposal_rates(self) -> list[float]:
+        """q_j for every position; with few rounds asking for j, q_j leans on q_(j-1), q_0 on 1 (a draft model's)."""
+        return _chained(self.proposed, self.asked, 1.0)
+
+    def rows_by_gamma(self) -> list[float]:
+        """rows(g) for g = 0..gamma_max: rows the target verifies per sequence when a round asks for g drafts."""
+        out, reach = [1.0], 1.0
+        for q in self.proposal_rates():
+            reach *= q
+            out.append(out[-1] + reach)
         return out
 
     @classmethod
@@ -133,10 +164,11 @@ class Acceptance:
         return self.rates()[j]
 
     def expected_by_gamma(self) -> list[float]:
-        """E(g) for g = 0..gamma_max: tokens a round commits per sequence, the target's own token included."""
+        """E(g) for g = 0..gamma_max: tokens a round asking for g drafts commits per sequence, the target's own
+        token included."""
         out, reach = [1.0], 1.0
-        for c in self.rates():
-            reach *= c
+        for q, c in zip(self.proposal_rates(), self.rates()):
+            reach *= q * c
             out.append(out[-1] + reach)
         return out
 
@@ -163,20 +195,25 @@ class Steps(Protocol):
 
     draft_row_s: float
 
-    def step_s(self, batch: int, gamma: int) -> float: ...
+    def step_s(self, batch: int, gamma: int, rows: float | None = None) -> float: ...
 
 
-def best_gamma(cost: Steps, expected: Sequence[float], batch: int, debt: Debt = Debt()) -> int:
+def best_gamma(cost: Steps, expected: Sequence[float], batch: int, debt: Debt = Debt(),
+               rows: Sequence[float] | None = None) -> int:
     """The gamma in 0..len(expected)-1 with the most tokens per second (the smaller one on a tie); expected[g]:
-    E(g), the tokens a round of g drafts commits per sequence (Acceptance.expected_by_gamma)."""
-    rate = [batch * e / max(cost.step_s(batch, g) + (debt.per_step_s(cost, batch, e) if g else 0.0), 1e-9)
+    E(g), the tokens a round asking for g drafts commits per sequence (Acceptance.expected_by_gamma); rows[g]:
+    the rows it verifies per sequence (Acceptance.rows_by_gamma; None: 1 + g)."""
+    rate = [batch * e / max(cost.step_s(batch, g, rows[g] if rows else None)
+                            + (debt.per_step_s(cost, batch, e) if g else 0.0), 1e-9)
             for g, e in enumerate(expected)]
     return max(range(len(expected)), key=lambda g: (rate[g], -g))
 
 
-def speedup(cost: Steps, expected: Sequence[float], batch: int, gamma: int) -> float:
+def speedup(cost: Steps, expected: Sequence[float], batch: int, gamma: int,
+            rows: Sequence[float] | None = None) -> float:
     """Tokens per second drafting `gamma` a round over drafting nothing, at this batch: E(g) T(b, 0) / T(b, g)."""
-    return expected[gamma] * cost.step_s(batch, 0) / max(cost.step_s(batch, gamma), 1e-9)
+    return expected[gamma] * cost.step_s(batch, 0) / max(cost.step_s(batch, gamma, rows[gamma] if rows else None),
+                                                         1e-9)
 
 
 def could_pay(cost: Steps, batch: int, debt: Debt = Debt()) -> bool:

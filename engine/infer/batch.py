@@ -141,7 +141,8 @@ class StepStats:
     draft_passes: int = 0  # batched draft passes (the longest draft asked for), 0 when nothing was drafted
     draft_feed_rows: int = 0  # rows of a draft model's first pass: more than a round's when it caught up
     draft_prefill_s: float = 0.0  # the draft's share of the step's prompt chunks (part of draft_s)
-    rounds: list[tuple[int, int]] = field(default_factory=list)  # (drafted, accepted) per verified round
+    # (asked, drafted, accepted) per decoding sequence that asked for drafts (a lookup may propose fewer, or none)
+    rounds: list[tuple[int, int, int]] = field(default_factory=list)
 
 
 class Batch:
@@ -252,7 +253,7 @@ class Batch:
                 s.lp_rows, s.lp_next = logprob_rows(lg), 0
             q = dprobs[i] if (dprobs is not None and d) else None
             try:  # sampling and verification are one sequence's: a failure there ends that sequence only
-                st.emitted += self._verify_and_commit(s, lg, d, q, st)
+                st.emitted += self._verify_and_commit(s, lg, d, q, st, gs[i])
                 self._inject(s)
             except Exception as e:  # noqa: BLE001
                 fail(s, e)
@@ -302,12 +303,16 @@ class Batch:
         if self.fault_injection is not None:
             self.fault_injection(s)
 
-    def _verify_and_commit(self, s: Sequence, logits: torch.Tensor, d: list[int], q, st: StepStats) -> int:
-        """Accept a prefix of the drafts d and add the target's token; returns the tokens committed."""
+    def _verify_and_commit(self, s: Sequence, logits: torch.Tensor, d: list[int], q, st: StepStats,
+                           asked: int = 0) -> int:
+        """Accept a prefix of the drafts d (of `asked` requested) and add the target's token; returns the tokens
+        committed."""
         g = len(d)
         # Row j is the target's distribution after drafts[:j]: penalties count those drafts as committed.
         logits = penalize(logits, s.sampling, s.tokens, s.n_prompt, d)
         if g == 0:
+            if asked:
+                st.rounds.append((asked, 0, 0))  # the proposer found nothing: the policy counts what it proposes
             self._emit(s, int(pick(logits[:1], s.sampling, s.gen)[0]), "target")
             return 1
         p = logits if s.sampling.greedy else probs_from_logits(logits, s.sampling)  # greedy reads the argmax only
@@ -321,7 +326,7 @@ class Batch:
             self._emit(s, nxt, "bonus" if acc == g else "resample")
         committed = len(s.out) - before
         s.spec_stats.count_round(g, acc, committed)
-        st.rounds.append((g, acc))
+        st.rounds.append((max(asked, g), g, acc))
         if self.proposer is not None:
             self.proposer.rollback(s)
         if self.adaptive:

@@ -42,7 +42,7 @@ class SpecPolicy:
             # With nothing decoding, g only says whether the draft prefills the prompts: it should where the
             # sequences will draft once they decode (batch 1 at least), and not pay a prefill it would skip.
             debt, b = Debt(owed_rows, tokens_left), max(batch, 1)
-            g = best_gamma(self.cost, self.acceptance.expected_by_gamma(), b, debt)
+            g = best_gamma(self.cost, self.acceptance.expected_by_gamma(), b, debt, self.acceptance.rows_by_gamma())
             if g == 0 and self._since_draft >= PROBE_EVERY and could_pay(self.cost, b, debt):
                 g = 1
         self.chosen = g
@@ -53,8 +53,8 @@ class SpecPolicy:
         if st.decode_seqs:
             self.steps[self.chosen] += 1
             self._since_draft = 0 if self.chosen else self._since_draft + 1
-        for drafted, accepted in st.rounds:
-            self.acceptance.count(drafted, accepted)
+        for asked, drafted, accepted in st.rounds:
+            self.acceptance.count(drafted, accepted, asked)
         if self.cost is not None and self.force is None:
             # a draft pass is timed when it is one round's work: no prompt chunk, no catch-up on skipped tokens
             clean = not st.prefill_rows and st.draft_feed_rows <= st.decode_seqs * (self.gamma_max + 1)

@@ -477,10 +477,12 @@ class RooflineSteps:
     context: float
     draft_row_s: float = 0.0   # the planner charges a draft's prefill in prefill_step, not in decode rounds
 
-    def step_s(self, batch: int, gamma: int) -> float:
+    def step_s(self, batch: int, gamma: int, rows: float | None = None) -> float:
+        """rows: verified rows per sequence (None: the spec's, gamma + 1 or its tree's)."""
         if gamma == 0 or self.dep.spec is None:
             return decode_step(self.dep, batch, self.context).total
-        return spec_step(replace(self.dep, spec=replace(self.dep.spec, gamma=gamma)), batch, self.context).total
+        spec = replace(self.dep.spec, gamma=gamma, **({} if rows is None else {"verify_tokens": rows}))
+        return spec_step(replace(self.dep, spec=spec), batch, self.context).total
 
 
 def per_token_step(dep: Deployment, batch: float, context: float) -> tuple[float, float]:
