@@ -38,15 +38,16 @@ ARMS = (("no draft", "none", "fixed"), ("fixed", None, "fixed"), ("adaptive", No
 
 def spec_counters(url: str) -> dict[str, float]:
     """From the server's /metrics (engine.load.server_metrics.parse; empty without a draft): steps by gamma
-    ('g<gamma>', scl:spec_decode_steps_total), vLLM's drafts ('drafts'), draft tokens ('draft_tokens') and accepted
-    tokens per draft position ('pos<j>')."""
+    ('g<gamma>', scl:spec_decode_steps_total), rounds that asked for drafts ('asked'), vLLM's drafts ('drafts'),
+    draft tokens ('draft_tokens') and accepted tokens per draft position ('pos<j>')."""
     import re
 
     import httpx
 
     from engine.load.server_metrics import SPEC, parse
 
-    names = {"scl:spec_decode_steps_total": ("g", "gamma"), SPEC + "num_drafts_total": ("drafts", None),
+    names = {"scl:spec_decode_steps_total": ("g", "gamma"), "scl:spec_decode_asked_rounds_total": ("asked", None),
+             SPEC + "num_drafts_total": ("drafts", None),
              SPEC + "num_draft_tokens_total": ("draft_tokens", None),
              SPEC + "num_accepted_tokens_per_pos_total": ("pos", "position")}
     out: dict[str, float] = {}
@@ -190,17 +191,19 @@ def merged(rows: list[dict]) -> dict[tuple, dict]:
 def crossover(rep: dict, by: dict) -> list[str]:
     """Where fixed gamma stops paying: measured (the first level where fixed <= no draft) against what the step-cost
     model says (engine/common/step_model.py: the adaptive server's tables as it measured and kept them, and at each
-    level the acceptance per position and the draft tokens per round the fixed server counted there):
-    E(g) T(c, 0) / T(c, g, rows) <= 1."""
-    from engine.common.step_model import Acceptance, speedup, step_cost_from
+    level the acceptance per position, the draft tokens and the rounds that asked for drafts the fixed server
+    counted there, with both servers' prefills): (c T_p + O T(c, 0)) / (c T_p + O T(c, g, rows) / E(g)) <= 1.
+    A crossover past the last level counts as the level after it."""
+    from engine.common.step_model import Acceptance, step_cost_from
 
     facts = ((rep.get("spec_facts") or {}).get("adaptive") or {}).get("step_cost")
     if not facts:
         return []
     cost, g = step_cost_from(facts), rep.get("gamma", 4)
-    lines = ["", "**Where fixed gamma stops paying** (step-cost model: the adaptive server's tables, the fixed "
-             "server's acceptance per position at each level; batch taken as the concurrency):", "",
-             "| concurrency | fixed / no draft, measured | the model's E(g) T(c,0) / T(c,g) |",
+    lines = ["", "**Where fixed gamma stops paying** (step-cost model: the adaptive server's tables; the fixed "
+             "server's acceptance per position, draft tokens and rounds that asked for drafts at each level; batch "
+             "taken as the concurrency; both servers' prefills counted):", "",
+             "| concurrency | fixed / no draft, measured | model: (c T_p + O T(c,0)) / (c T_p + O T(c,g,rows) / E) |",
              "| ---: | ---: | ---: |"]
     measured = model = None
     for i, c in enumerate(rep["levels"]):
@@ -208,10 +211,14 @@ def crossover(rep: dict, by: dict) -> list[str]:
         cnt = (fixed or {}).get("counters") or {}
         if not (none and fixed and cnt.get("drafts")):
             continue
-        acc = Acceptance.from_counters(g, cnt["drafts"], [cnt.get(f"pos{j}", 0.0) for j in range(g)])
-        # rows verified per round: a lookup proposes fewer than g (its draft tokens per draft); a model, g
-        rows = [1.0 + j for j in range(g)] + [1.0 + cnt.get("draft_tokens", g * cnt["drafts"]) / cnt["drafts"]]
-        pred = speedup(cost, acc.expected_by_gamma(), c, g, rows)
+        # per round that asked for g drafts (a lookup may find fewer, or none: those rounds are not vLLM's drafts)
+        asked = cnt.get("asked") or cnt["drafts"]
+        e = Acceptance.from_counters(g, asked, [cnt.get(f"pos{j}", 0.0) for j in range(g)]).expected_by_gamma()
+        rows = [1.0 + j for j in range(g)] + [1.0 + cnt.get("draft_tokens", g * cnt["drafts"]) / asked]
+        # both servers prefill every prompt: a closed loop of c users makes c * O tokens in
+        # c * T_prefill + O * T(c, g) / E(g) (the planner's closed_loop_point), T_prefill = target(input_len)
+        pre, out = c * cost.target(rep["input_len"]), rep["output_len"]
+        pred = (pre + out * cost.step_s(c, 0)) / (pre + out * cost.step_s(c, g, rows[g]) / e[g])
         meas = fixed["out_tok_s"] / none["out_tok_s"]
         lines.append(f"| {c} | {meas:.2f} | {pred:.2f} |")
         measured = i if measured is None and meas <= 1 else measured
@@ -219,7 +226,9 @@ def crossover(rep: dict, by: dict) -> list[str]:
     name = lambda i: "none of the levels" if i is None else f"concurrency {rep['levels'][i]}"  # noqa: E731
     if lines[-1].startswith("| ---"):
         return []
-    ok = (measured is None) == (model is None) and (measured is None or abs(measured - model) <= 1)
+    past = len(rep["levels"])  # no crossover up to the last level: it lies past it, at the next level or later
+    m, mo = (past if measured is None else measured), (past if model is None else model)
+    ok = (measured is None and model is None) or abs(m - mo) <= 1
     lines += ["", f"Measured crossover: {name(measured)}; the model's: {name(model)} (within one level: "
               f"{'yes' if ok else 'no'})."]
     return lines

@@ -206,6 +206,9 @@ def test_metrics_use_vllm_names_and_count_speculation(server):
     steps = {line.split('gamma="')[1].split('"')[0]: float(line.split()[-1]) for line in m.splitlines()
              if line.startswith("scl:spec_decode_steps_total{") and 'policy="adaptive"' in line}
     assert set(steps) == {"0", "1", "2", "3"} and sum(n for g, n in steps.items() if g != "0") > 0
+    # rounds that asked for drafts: at least vLLM's drafts (a lookup that found nothing is a round, not a draft)
+    asked = _counter(m, "scl:spec_decode_asked_rounds_total")
+    assert asked >= _counter(m, "vllm:spec_decode_num_drafts_total") > 0
 
 
 def _counter(m: str, name: str) -> float:

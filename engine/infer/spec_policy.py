@@ -21,6 +21,7 @@ class SpecPolicy:
         self.name, self.gamma_max, self.cost = name, gamma_max, cost
         self.acceptance = Acceptance(gamma_max)
         self.steps = {g: 0 for g in range(gamma_max + 1)}  # decode steps by the gamma chosen (/metrics)
+        self.asked_rounds = 0  # sequence rounds that asked for drafts, a lookup's that found none included
         self.force: int | None = None  # the profile sets each gamma in turn
         self.chosen = gamma_max
         self._since_draft = 0
@@ -53,6 +54,7 @@ class SpecPolicy:
         if st.decode_seqs:
             self.steps[self.chosen] += 1
             self._since_draft = 0 if self.chosen else self._since_draft + 1
+        self.asked_rounds += len(st.rounds)
         for asked, drafted, accepted in st.rounds:
             self.acceptance.count(drafted, accepted, asked)
         if self.cost is not None and self.force is None:
@@ -62,7 +64,8 @@ class SpecPolicy:
                               st.draft_passes if clean else 0, st.draft_s, st.prefill_rows, st.draft_prefill_s)
 
     def facts(self) -> dict:
-        out = {"policy": self.name, "steps_by_gamma": {str(g): n for g, n in self.steps.items()}}
+        out = {"policy": self.name, "steps_by_gamma": {str(g): n for g, n in self.steps.items()},
+               "asked_rounds": self.asked_rounds}
         if self.cost is not None:
             out["step_cost"] = self.cost.to_dict()
         return out
@@ -110,7 +113,7 @@ def profile(sched, steps: int = 2, prompt_len: int = 8) -> StepCost:
         while sched.has_work():
             sched.step()
     policy.force, sched.batch.pad_drafts = None, False
-    policy.steps = {g: 0 for g in policy.steps}
+    policy.steps, policy.asked_rounds = {g: 0 for g in policy.steps}, 0
     policy.acceptance = Acceptance(policy.gamma_max)  # made-up prompts say nothing about the traffic's acceptance
     sched.forget()
     return cost

@@ -16,6 +16,8 @@ test that reads a vLLM server reads ours the same way:
   1 + accepted / drafts (the bonus token counted);
 - scl:spec_decode_steps_total{policy, gamma}: decode steps by the draft length the speculation policy chose
   (the lab's own: vLLM has no per-step count), 0 included;
+- scl:spec_decode_asked_rounds_total{policy}: sequence rounds that asked the proposer for drafts, those where a
+  lookup found none included (vLLM's num_drafts counts only rounds with drafts);
 - histograms (seconds): vllm:time_to_first_token_seconds (arrival to first token),
   vllm:inter_token_latency_seconds (gaps between a request's consecutive tokens),
   vllm:e2e_request_latency_seconds (arrival to finish), vllm:request_queue_time_seconds (arrival to
@@ -160,6 +162,9 @@ def prometheus_text(stats: ServerStats, running: int, waiting: int, slots_used: 
                       "# TYPE scl:spec_decode_steps counter"]
             lines += [f'scl:spec_decode_steps_total{{{lbl},policy="{spec["policy"]}",gamma="{g}"}} {n}'
                       for g, n in spec["steps_by_gamma"].items()]
+            lines += ["# HELP scl:spec_decode_asked_rounds Sequence rounds that asked for drafts.",
+                      "# TYPE scl:spec_decode_asked_rounds counter",
+                      f'scl:spec_decode_asked_rounds_total{{{lbl},policy="{spec["policy"]}"}} {spec["asked_rounds"]}']
         lines += _hist("vllm:time_to_first_token_seconds", stats.ttft, "Arrival to first token.")
         lines += _hist("vllm:inter_token_latency_seconds", stats.itl, "Gaps between a request's tokens.")
         lines += _hist("vllm:e2e_request_latency_seconds", stats.e2e, "Arrival to finish.")
