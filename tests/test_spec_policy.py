@@ -68,6 +68,12 @@ def test_the_best_gamma_follows_the_costs_and_the_acceptance():
     policy = SpecPolicy("adaptive", 4, slow)
     policy.acceptance = high
     assert policy.choose(0) == 0 and SpecPolicy("adaptive", 4, flat).choose(0) == 4
+    # prompts that arrive together decode together: four of them are priced at batch 4, where drafting loses
+    # (session 23's 1.5B at concurrency 4 prefilled the draft for every level's first prompts: 0.91x)
+    together = SpecPolicy("adaptive", 4, compute)
+    together.acceptance = high
+    assert together.choose(0, running=1) == 4
+    assert together.choose(0, running=8) == best_gamma(compute, e_high, 8) < 4
 
 
 def test_a_draft_that_skipped_tokens_drafts_again_only_if_the_rounds_left_repay_its_catch_up():

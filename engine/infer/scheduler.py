@@ -378,7 +378,7 @@ class Scheduler:
             owed = getattr(self.batch.proposer, "owed", None)  # lookup drafts keep no cache: they owe nothing
             g = self.policy.choose(sum(1 for s in self.running if s.decoding),
                                    sum(owed(s) for s in self.running) if owed else 0,
-                                   sum(s.room for s in self.running))
+                                   sum(s.room for s in self.running), len(self.running))
             if g is not None:
                 for s in self.running:
                     s.gamma = g

@@ -26,10 +26,11 @@ class SpecPolicy:
         self.chosen = gamma_max
         self._since_draft = 0
 
-    def choose(self, batch: int, owed_rows: int = 0, tokens_left: int = 0) -> int | None:
+    def choose(self, batch: int, owed_rows: int = 0, tokens_left: int = 0, running: int = 0) -> int | None:
         """This step's draft length for every sequence; None under `fixed`: each sequence keeps its own (gamma,
-        or what the benchmarks' +2/-1 heuristic made it), counted as gamma_max. `owed_rows`: tokens the draft's
-        cache lacks over the running sequences; `tokens_left`: the tokens they may still make."""
+        or what the benchmarks' +2/-1 heuristic made it), counted as gamma_max. `batch`: the sequences decoding;
+        `running`: all running ones, prefilling included; `owed_rows`: tokens the draft's cache lacks over the
+        running sequences; `tokens_left`: the tokens they may still make."""
         if self.force is not None:
             g = self.force
         elif self.name == "fixed":
@@ -41,8 +42,9 @@ class SpecPolicy:
             g = self.gamma_max
         else:
             # With nothing decoding, g only says whether the draft prefills the prompts: it should where the
-            # sequences will draft once they decode (batch 1 at least), and not pay a prefill it would skip.
-            debt, b = Debt(owed_rows, tokens_left), max(batch, 1)
+            # sequences will draft once they decode, together (all the running ones, 1 at least), and not pay a
+            # prefill it would then skip (four prompts at once decode at batch 4, not 1).
+            debt, b = Debt(owed_rows, tokens_left), batch or max(running, 1)
             g = best_gamma(self.cost, self.acceptance.expected_by_gamma(), b, debt, self.acceptance.rows_by_gamma())
             if g == 0 and self._since_draft >= PROBE_EVERY and could_pay(self.cost, b, debt):
                 g = 1
