@@ -1,5 +1,6 @@
 """Model store: assembling pinned GGUF chunks, checksums, the safetensors cache and its repair."""
 import dataclasses
+import filecmp
 import hashlib
 import os
 import shutil
@@ -88,10 +89,8 @@ def test_corrupted_cache_is_rebuilt_not_crashed_on(tmp_path, monkeypatch, real_s
     path = catalog.resolve("default-draft", progress=said.append)
     assert any("rebuilding" in s for s in said)
     assert catalog._cache_valid(SMALL) and path == dst
-    # The rebuilt folder is a working model.
-    from engine.infer.loader import load
-
-    lm = load("default-draft", "int4", "cpu")
-    from engine.infer.generate import generate
-
-    assert generate(lm, "Say hello.", 4).n_new == 4
+    # The rebuilt folder is the model it was: every file written anew and byte-identical to the intact cache's,
+    # which the engine tests load and run (loading it here again took 10 s for nothing more).
+    assert (dst / "model.safetensors").stat().st_ino != (real_small / "model.safetensors").stat().st_ino
+    for f in real_small.iterdir():
+        assert filecmp.cmp(f, dst / f.name, shallow=False), f.name

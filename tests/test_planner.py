@@ -364,9 +364,16 @@ def test_unsupported_precision_and_tp_are_explained():
 
 # ---------------------------------------------------------------- published measurements
 
-def test_published_predictions_are_reproducible_and_documented():
+@pytest.fixture(scope="module")
+def checked():
+    """check_with_loo's rows and a fresh refit, computed once for the tests that read them (each takes ~1 s)."""
     from engine.planner import fit
-    rows = fit.check_with_loo()
+    return fit.check_with_loo(), fit.refit()
+
+
+def test_published_predictions_are_reproducible_and_documented(checked):
+    from engine.planner import fit
+    rows = checked[0]
     assert len(rows) >= 5
     assert {r["source"].split(" ")[0] for r in rows} >= {"gpt-fast", "silybench-data", "Spec-Bench"}
     kept = [r for r in rows if not r["excluded"]]
@@ -385,11 +392,11 @@ def test_published_predictions_are_reproducible_and_documented():
     assert fit.summary_line(rows) in doc, "docs/PLANNER.md is stale: python -m engine plan check published"
 
 
-def test_efficiency_fit_is_reproducible_and_documented():
+def test_efficiency_fit_is_reproducible_and_documented(checked):
     """data/efficiency_fit.csv is what the published rows give; docs/PLANNER.md shows it."""
     from engine.planner import fit
     from engine.planner.efficiency import read_fit
-    shipped, again = read_fit(), fit.refit()
+    shipped, again = read_fit(), checked[1]
     assert shipped.cells.keys() == again.cells.keys(), "stale: python -m engine plan refit"
     assert shipped.per_layer_ms == pytest.approx(again.per_layer_ms)
     assert shipped.terms.keys() == again.terms.keys(), "stale: python -m engine plan refit"
@@ -401,11 +408,11 @@ def test_efficiency_fit_is_reproducible_and_documented():
     assert fit.fit_table_markdown(shipped) in (ROOT / "docs" / "PLANNER.md").read_text()
 
 
-def test_efficiency_fit_leave_one_out():
+def test_efficiency_fit_leave_one_out(checked):
     """Issue 39's bar: leave-one-out <= 10% median over every fitted point (e_w and the step's other
     terms); the misses past it are explained in the docs."""
     from engine.planner import fit
-    rows = fit.check_with_loo()
+    rows, full = checked
     s = fit.loo_summary(rows)
     assert s["n"] >= 80                                   # docs/PLANNER.md: 81 points
     assert s["median"] <= 10 and s["max"] < 50            # 8.8% and 45% (TensorRT-LLM's 128-token TTFT on L40S)
@@ -413,7 +420,7 @@ def test_efficiency_fit_leave_one_out():
     assert uses >= {"e_w", "allreduce_us", "prefill_layer_us", "per_seq_us"}
     # a term point's leave-one-out fit is made without it
     published = {r["id"]: r for r in planner.load_published()}
-    gpus, models, full = planner.load_gpus(), planner.shapes.load_models(), fit.refit()
+    gpus, models = planner.load_gpus(), planner.shapes.load_models()
     for rid in ("mlc-l2-70b-fp16-a100x4", "trt05-7b-fp8-h100-ttft128", "tao-vllm-8b-bf16-h100"):
         kind = next(r["fits"] for r in rows if r["id"] == rid)
         loo = fit.fit_terms(list(published.values()), gpus, models, full, drop=rid)
@@ -427,11 +434,10 @@ def test_efficiency_fit_leave_one_out():
     assert all(r["excluded"] for r in rows if r.get("fit_use") == "excluded")
 
 
-def test_the_step_terms_issue_39_named():
+def test_the_step_terms_issue_39_named(checked):
     """One step model with the terms the published misses asked for (issue 39, item 7): each fitted where
     published points exist and said to be extrapolated where none do."""
-    from engine.planner import fit
-    by = {r["id"]: r for r in fit.check_with_loo()}
+    by = {r["id"]: r for r in checked[0]}
     # TP over PCIe: the all-reduce latency per link (MLC's 70B on 4x A100 PCIe was +56% at 25 us)
     pcie = dep("llama-2-70b", "A100 80GB", "fp16", 4, family="llm-local")
     pcie = replace(pcie, gpu=replace(pcie.gpu, interconnect="PCIe Gen4 x16", interconnect_gbs=64))

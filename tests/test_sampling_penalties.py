@@ -122,9 +122,9 @@ def test_verify_rows_are_the_non_speculative_distributions(small_fp32, monkeypat
     rounds, snap = [], {}
     orig_commit, orig_verify = Batch._verify_and_commit, batch_mod.verify
 
-    def commit(self, s, logits, d, q, st):
+    def commit(self, s, logits, d, q, st, *rest):
         snap["tokens"], snap["n_prompt"], snap["d"] = list(s.tokens), s.n_prompt, list(d)
-        return orig_commit(self, s, logits, d, q, st)
+        return orig_commit(self, s, logits, d, q, st, *rest)
 
     def verify(p, q, d, sp_, gen):
         rounds.append((snap["tokens"], snap["n_prompt"], snap["d"], p[0].clone()))
