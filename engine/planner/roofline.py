@@ -224,6 +224,7 @@ class Step:
         """The decode step's roofline terms, at the efficiencies `eff` it was computed with."""
         g, m = dep.gpu, dep.model
         cdt, _ = compute_dtype(g, dep.precision)
+        ec = EC_WORDS if self.bound == "compute" and eff.source not in ("calibrated", MEASURED_LINE) else ""
         return [
             Why("decode step: weights",
                 f"{self.weight_bytes / 1e9:.2f} GB / ({eff.mem_bw:.2f} * {g.mem_bw_tbs:g} TB/s)", ms(self.t_weights),
@@ -231,7 +232,7 @@ class Step:
             Why("decode step: KV read",
                 f"{self.kv_bytes / 1e9:.2f} GB / ({dep.family_obj().kv_mem_bw:.2f} * bandwidth)", ms(self.t_kv), "ms"),
             Why("decode step: compute", f"{self.flops / 1e12:.2f} TFLOP / ({eff.compute:.2f} * {g.peak_tflops(cdt):g} "
-                f"TFLOPS){EC_WORDS if eff.source not in ('calibrated', MEASURED_LINE) else ''}",
+                f"TFLOPS){ec}",
                 ms(self.t_compute), "ms"),
             Why("decode step: all-reduce",
                 f"2 * {m.layers} layers * ring all-reduce over {g.interconnect or 'n/a'} (TP {dep.tp})"
