@@ -131,6 +131,15 @@ if PLANNER:
                                  key="plan-scale-up")
         min_rep = t4.number_input("Min replicas", min_value=0, value=1, step=1, key="plan-min-rep")
         max_rep = t5.number_input("Max replicas (0 = none)", min_value=0, value=0, step=1, key="plan-max-rep")
+        q1, q2 = st.columns(2)
+        max_kld = q1.number_input("Quality budget: largest KLD mean (nats/token; blank = none)", value=None,
+                                  min_value=0.0, step=0.001, format="%.4f", key="plan-max-kld",
+                                  help="Plan only configurations whose measured KL divergence from the fp32 reference "
+                                       "is at most this (your quality runs).")
+        max_drop = q2.number_input("Quality budget: largest pass@1 drop (points; blank = none)", value=None,
+                                   min_value=0.0, step=0.5, format="%.1f", key="plan-max-pass-drop",
+                                   help="Plan only configurations whose HumanEval pass@1, paired against the fp32 "
+                                        "run, drops at most this many points (your accuracy runs).")
         day_csv = st.file_uploader("Your day as a CSV (hour,rate: 24 rows, requests/s)", type=["csv"],
                                    key="plan-traffic-csv")
         go_plan = st.form_submit_button("Plan", type="primary")
@@ -143,7 +152,8 @@ if PLANNER:
             args = (inputs, model, max(rates) if rates else rate, inp, out, float(ttft) / 1e3, float(tpot) / 1e3,
                     sel_gpus, precs, spec, use_cal)
             # one search: the answer and the plans agree
-            res_d, sv_d = planning.plan_workload(*args, day=day, acceptance=what_if)
+            res_d, sv_d = planning.plan_workload(*args, day=day, acceptance=what_if, max_kld=max_kld,
+                                                 max_pass_drop=max_drop)
             st.session_state["plan-result"], st.session_state["plan-savings"] = res_d, sv_d
         except Exception as e:
             st.session_state.pop("plan-result", None)

@@ -163,3 +163,28 @@ def test_kv_budget_table_follows_the_budget_and_shows_int8_about_twice_bf16():
     at.number_input(key="kv-gib").set_value(16.0).run()
     t2 = frame(at, "kv_dtype", "sequences").set_index("kv_dtype")
     assert t2.loc["bf16", "sequences"] in (2 * t.loc["bf16", "sequences"], 2 * t.loc["bf16", "sequences"] + 1)
+
+
+def test_planner_plans_within_a_quality_budget():
+    """Issue 40.1: the same records the CLI test plans from, in the page's store: the same answer."""
+    from engine.measure.records import RunRecord
+    from pages import _ui
+    from tests.test_quality_budget import records
+
+    for d in records():
+        _ui.get_store().save_run(RunRecord.from_dict(d | {"machine": {}, "schema_version": 3}))
+    at = AppTest.from_file(PAGE, default_timeout=TIMEOUT).run()
+    at.number_input(key="plan-rate").set_value(15.0)
+    at.number_input(key="plan-in").set_value(512)
+    at.multiselect(key="plan-gpus").set_value(["L4"])
+    at.multiselect(key="plan-precisions").set_value(["bf16", "int8", "int4"])
+    at.selectbox(key="plan-spec").set_value("off")
+    at.number_input(key="plan-max-kld").set_value(0.012)
+    at.button(key="FormSubmitter:cost-plan-Plan").click().run()
+    assert not problems(at)
+    answer = [m.value for m in at.markdown if m.value.startswith("**The answer on")]
+    assert answer and "1x L4 int4\\-awq\\-g32 saves" in answer[0] and "within the quality budget" in answer[0]
+    plans = frame(at, "plan", "feasible", "kld_mean")
+    assert plans.iloc[0]["plan"] == "1x L4 int4-awq-g32" and plans.iloc[0]["kld_mean"] == 0.011122
+    notes = [c.value for c in at.caption]
+    assert any("within budget: int4\\-awq\\-g32: KLD mean 0\\.01112" in n for n in notes), notes

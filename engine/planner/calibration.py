@@ -25,6 +25,7 @@ from engine.common.vocab import PRECISIONS, canonical_model_name
 from engine.planner import counts, shapes
 from engine.planner.acceptance import acceptance_from_mean_length, relation
 from engine.planner.efficiency import FAMILIES
+from engine.planner.quality_budget import QualityTable, measured_quality
 from engine.planner.shapes import ModelShape, ShapeError
 
 IDENTICAL_DRAFT = ("draft identical to its target (same model and precision): its acceptance of 1.0 says "
@@ -161,6 +162,8 @@ class Calibration:
     prefill_tflops: Mapping[tuple[str, str], float] = field(default_factory=dict)
     # (device, precision) -> the decode step against batch size, from load records
     batch: Mapping[tuple[str, str], BatchFit] = field(default_factory=dict)
+    # per model, each configuration's measured KLD and pass@1 against the fp32 reference (a quality budget's input)
+    quality: QualityTable = field(default_factory=QualityTable)
 
     def fit_for(self, device: str, precision: str) -> Fit | None:
         return self.fits.get((device, precision))
@@ -225,7 +228,8 @@ class Calibration:
                 "acceptance": [asdict(o) for o in self.acceptance],
                 "batch": [bf.to_dict() for bf in self.batch.values()],
                 "skipped": [{"run_id": r, "reason": w} for r, w in self.skipped],
-                "machine_bw_gbs": self.machine_bw_gbs}
+                "machine_bw_gbs": self.machine_bw_gbs,
+                "quality": {m: [q.to_dict() for q in rows] for m, rows in self.quality.by_model.items()}}
 
 
 def _get(d, *keys, default=None):
@@ -321,6 +325,7 @@ def calibrate(records: Iterable[Mapping], fit_overhead: bool = False, overhead_s
     (a speculative one with server counters still gives its acceptance).
     """
     models = models if models is not None else shapes.load_models()
+    records = list(records or [])
     groups: dict[tuple[str, str], list[tuple[float, float, str]]] = {}
     prefill: dict[tuple[str, str], list[float]] = {}
     acc: list[AcceptanceObs] = []
@@ -336,6 +341,8 @@ def calibrate(records: Iterable[Mapping], fit_overhead: bool = False, overhead_s
         device = str(_get(rec, "machine", "device") or cfg.get("device") or "cpu")
         device = "cuda" if device.startswith("cuda") else device
         prec = record_precision(cfg)
+        if rec.get("kind") in ("quality", "accuracy"):
+            continue  # no speed to fit: measured_quality reads them (a quality budget's input)
         if rec.get("kind") == "load" and not isinstance(met.get(M.spec), Mapping):
             pt = _load_point(rec, models)
             if isinstance(pt, str):
@@ -405,7 +412,8 @@ def calibrate(records: Iterable[Mapping], fit_overhead: bool = False, overhead_s
             skipped += [(p[2], "load point at batch 1 only: nothing to say about batch > 1") for p in pts]
         elif (dev, prec) not in batch or bf.n > batch[(dev, prec)].n:  # one model per precision: the best measured
             batch[(dev, prec)] = bf
-    return Calibration(fits, tuple(acc), tuple(skipped), bws[len(bws) // 2] if bws else None, pf_med, batch)
+    return Calibration(fits, tuple(acc), tuple(skipped), bws[len(bws) // 2] if bws else None, pf_med, batch,
+                       measured_quality(records))
 
 
 LAB_SERVER = "serving-cost-lab"

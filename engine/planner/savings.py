@@ -126,18 +126,20 @@ class Savings:
         b, best = self.baseline.plan, self.best
         if b is None or best is None:
             return self.notes[0] if self.notes else "no saving computed"
+        within = (f" within the quality budget ({self.workload['quality_budget']})"
+                  if self.workload.get("quality_budget") else "")
         if best.label == b.label:
             same = [s.alternative for s in self.steps[1:] if not s.taken and s.alternative is not None
                     and s.alternative.usd_per_month == b.usd_per_month]
             also = (f" ({', '.join(p.label for p in same)} cost the same)"
                     if same else "")
             return (f"{b.label} without speculation is already the cheapest plan here (${b.usd_per_month:,.0f}/month): "
-                    f"quantization and speculation save nothing at this load{also}")
+                    f"quantization and speculation save nothing at this load{within}{also}")
         band = ""
         if self.saving_low_usd_per_month is not None and self.saving_high_usd_per_month is not None:
             band = f" (band ${self.saving_low_usd_per_month:,.0f} to ${self.saving_high_usd_per_month:,.0f})"
         return (f"{best.label} saves ${self.saving_usd_per_month:,.0f}/month{band}, {self.saving_pct:.0f}% of the "
-                f"{b.label} baseline's ${b.usd_per_month:,.0f}/month")
+                f"{b.label} baseline's ${b.usd_per_month:,.0f}/month{within}")
 
     def to_dict(self) -> dict:
         return {"gpu": self.gpu, "model": self.model, "headline": self.headline, "workload": self.workload,
@@ -218,23 +220,34 @@ def _at_tp(plans: list[Plan], precision: str, tp: int) -> Plan | None:
 def _need(p: Plan, w: Workload, model: ModelShape, gpu: GPU, sc: SpecConfig, draft: ModelShape | None,
           calibration: Calibration | None) -> float | None:
     """The break-even acceptance of a speculative plan at its own batch."""
-    dep = make_deployment(model, gpu, p.precision, p.tp, w, sc, draft, calibration)
+    dep = _deploy(p, w, model, gpu, calibration, sc, draft)
     return break_even_acceptance(dep, max(p.batch or 1.0, 1.0), w.input_tokens + w.output_tokens / 2)
 
 
 def _read_at_1(p: Plan, w: Workload, model: ModelShape, gpu: GPU, calibration: Calibration | None
                ) -> tuple[float, float]:
     """(GB of weights one GPU reads per decode step, that step in ms) at batch 1, mid-answer context."""
-    dep = make_deployment(model, gpu, p.precision, p.tp, w, calibration=calibration)
+    dep = _deploy(p, w, model, gpu, calibration)
     st = decode_step(dep, 1.0, w.input_tokens + w.output_tokens / 2)
     return st.weight_bytes / 1e9, st.total * 1e3
 
 
 def _replan(p: Plan, w: Workload, model: ModelShape, gpu: GPU, sc: SpecConfig | None, draft: ModelShape | None,
             calibration: Calibration | None, scale: float) -> Plan:
-    dep = make_deployment(model, gpu, p.precision, p.tp, w, sc if p.spec else None, draft if p.spec else None,
-                          calibration)
+    dep = _deploy(p, w, model, gpu, calibration, sc if p.spec else None, draft if p.spec else None)
     return evaluate_plan(replace(dep, efficiency_scale=scale), w)
+
+
+def _deploy(p: Plan, w: Workload, model: ModelShape, gpu: GPU, calibration: Calibration | None,
+            sc: SpecConfig | None = None, draft: ModelShape | None = None):
+    """The deployment `p` was priced as: under a quality budget, int4 at its measured configuration's group."""
+    kw = {"group_size": p.quality["group_size"]} if p.quality and p.quality.get("group_size") else {}
+    return make_deployment(model, gpu, p.precision, p.tp, w, sc, draft, calibration, **kw)
+
+
+def _quality_words(p: Plan | None) -> str:
+    """What a step's plan costs in quality, under a quality budget ('' without one)."""
+    return f"; quality: {p.quality['words']}" if p is not None and p.quality else ""
 
 
 def _month(p: Plan | None) -> float | None:
@@ -320,14 +333,16 @@ def savings(w: Workload, gpus: Mapping[str, GPU], models: Mapping[str, ModelShap
                                  "it pays only with speculation, next", False))
     else:
         steps.append(SavingsStep("+ quantization", q, _month(q), (_month(q) or 0) - (_month(prev) or 0),
-                                 quantization_cause(prev, q, _read_at_1(prev, wf, model, g, calibration),
-                                                    _read_at_1(q, wf, model, g, calibration),
-                                                    _at_tp(on_g, base_prec, q.tp))
-                                 if prev else f"{q.precision}: {q.gpus_total} GPU(s)"))
+                                 (quantization_cause(prev, q, _read_at_1(prev, wf, model, g, calibration),
+                                                     _read_at_1(q, wf, model, g, calibration),
+                                                     _at_tp(on_g, base_prec, q.tp))
+                                  if prev else f"{q.precision}: {q.gpus_total} GPU(s)") + _quality_words(q)))
         prev = q
     if best is not None and best.spec:
         need = _need(best, wf, model, g, sc, draft, calibration)
         cause = speculation_cause(prev, best, need) if prev else speculation_cause(best, best, need)
+        if w.budget:
+            cause += "; quality: none lost (speculation is lossless: every draft token is verified by the target)"
         steps.append(SavingsStep("+ speculation", best, _month(best), (_month(best) or 0) - (_month(prev) or 0),
                                  cause))
     elif w.spec == "off":
@@ -342,7 +357,8 @@ def savings(w: Workload, gpus: Mapping[str, GPU], models: Mapping[str, ModelShap
 
     out = Savings(chosen, model.name, steps, notes=notes, workload={
         "model": model.name, "request_rate": w.request_rate, "input_tokens": w.input_tokens,
-        "output_tokens": w.output_tokens, "ttft_p90_s": w.ttft_p90_s, "tpot_p90_s": w.tpot_p90_s, "spec": w.spec})
+        "output_tokens": w.output_tokens, "ttft_p90_s": w.ttft_p90_s, "tpot_p90_s": w.tpot_p90_s, "spec": w.spec,
+        "quality_budget": w.budget.words() or None})
     out.precisions = [{"precision": p.precision, "speculation": p.spec, "plan": p.label,
                        "feasible": p.feasible, "gpus": p.gpus_total if p.feasible else None,
                        "usd_per_month": _month(p), "usd_per_1m_output": p.usd_per_1m_output if p.feasible else None,
@@ -380,6 +396,8 @@ def _band(out: Savings, w: Workload, model: ModelShape, g: GPU, sc: SpecConfig, 
         months = [_month(_replan(s.plan, w, model, g, sc_e, draft, calibration, scale)) if s.plan else None
                   for s in out.steps]
         per_edge.append(months)
+    # the point estimate is in the band: GPU counts are whole, so each edge can land on the same side of a step
+    per_edge.append([s.usd_per_month for s in out.steps])
     for i, s in enumerate(out.steps):
         vals = [m[i] for m in per_edge if m[i] is not None]
         if vals:

@@ -19,6 +19,7 @@ from engine.planner.candidates import cannot_run, candidates
 from engine.planner.efficiency import compute_dtype
 from engine.planner.errors import PlanError
 from engine.planner.gpus import GPU, CatalogError, find_gpu, load_gpus
+from engine.planner.quality_budget import Verdict, judge
 from engine.planner.queueing import max_rate, serving_point
 from engine.planner.roofline import (GIB, Deployment, Memory, activation_reserve, decode_step, kv_shard, memory,
                                      prefill_step, spec_step)
@@ -67,10 +68,12 @@ class Plan:
     spec_config: dict | None = None
     assumptions: list[str] = field(default_factory=list)
     why: list[Why] = field(default_factory=list)
+    config: str = ""                        # under a quality budget: the measured configuration, 'int4-awq-g32'
+    quality: dict | None = None             # and its quality (planner.quality_budget.Measured.to_dict())
 
     @property
     def label(self) -> str:
-        return f"{self.tp}x {self.gpu} {self.precision}" + (" +spec" if self.spec else "")
+        return f"{self.tp}x {self.gpu} {self.config or self.precision}" + (" +spec" if self.spec else "")
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -86,6 +89,7 @@ class PlanResult:
     plans: list[Plan]
     notes: list[str] = field(default_factory=list)
     narrow: object = field(default=None, repr=False, compare=False)  # plan()'s: see narrowed()
+    quality_budget: dict | None = None  # the budget's verdict (planner.quality_budget.Verdict.to_dict())
 
     def narrowed(self, w: Workload) -> "PlanResult":
         """The result plan(w) gives, from this one, for a workload that asks for no more than this one's (a subset
@@ -107,6 +111,7 @@ class PlanResult:
     def to_dict(self) -> dict:
         w = asdict(self.workload)
         return {"workload": w, "model": self.model.to_dict(), "notes": self.notes,
+                "quality_budget": self.quality_budget,
                 "best": self.best.to_dict() if self.best else None,
                 "plans": [p.to_dict() for p in self.plans]}
 
@@ -288,8 +293,14 @@ def plan(w: Workload, gpus: Mapping[str, GPU] | None = None, models: Mapping[str
         notes.append(f"speculation: {sc.draft_kind}" + (f" draft {sc.draft_model}" if sc.draft_model else "")
                      + f", gamma {sc.gamma}, {sc.words()}; "
                      f"E = {sc.expected_tokens:.2f} tokens per target step")
-    searched = [evaluate_plan(make_deployment(model, c.gpu, c.precision, c.tp, w, c.spec, c.draft, calibration), w)
-                for c in candidates(sel, precs, tps, spec_opts)]
+    verdict = judge(calibration.quality if calibration is not None else None, model.name, w.budget, precs) \
+        if w.budget else None
+
+    def price(c, **kw) -> Plan:
+        return evaluate_plan(make_deployment(model, c.gpu, c.precision, c.tp, w, c.spec, c.draft, calibration, **kw),
+                             w)
+
+    searched = [_within(verdict, c, price) for c in candidates(sel, precs, tps, spec_opts)]
 
     gpu_pos = {g.name: i for i, g in enumerate(sel)}
 
@@ -306,12 +317,30 @@ def plan(w: Workload, gpus: Mapping[str, GPU] | None = None, models: Mapping[str
         plans.sort(key=lambda x: (not x.feasible, x.usd_per_hr if x.feasible else math.inf,
                                   x.utilization if x.feasible else 0, x.gpus_total))
         out = [n for n in notes if asked.spec != "off"]  # the speculation setting, when it is weighed
+        out += verdict.notes(a_precs) if verdict else []
         if not any(p.feasible for p in plans):
             out.append(_global_suggestion(model, asked, sel, a_precs, tps, gpus, plans))
         out.append("p90s: M/D/1 prefill queue + normal approximation of per-request decode time (docs/PLANNER.md)")
-        return PlanResult(asked, model, plans, out, result)
+        return PlanResult(asked, model, plans, out, result, verdict.to_dict() if verdict else None)
 
     return result(w)
+
+
+def _within(verdict: Verdict | None, c, evaluate) -> Plan:
+    """The candidate's plan under the quality budget: priced as the configuration the budget picks for its precision
+    (int4 at that configuration's group), or, when none meets the budget, sized but not usable, with the reason."""
+    if verdict is None:
+        return evaluate(c)
+    m = verdict.pick(c.precision)
+    if m is None:
+        p = evaluate(c)
+        p.feasible = False
+        p.reasons.insert(0, f"outside the quality budget ({verdict.budget.words()}): "
+                         f"{verdict.excluded.get(c.precision, 'no record')}")
+        return p
+    p = evaluate(c, **({"group_size": m.group_size} if m.group_size else {}))
+    p.config, p.quality = m.config, m.to_dict()
+    return p
 
 
 def _need_gib(model: ModelShape, w: Workload, p: str, tp: int) -> float:

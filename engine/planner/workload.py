@@ -16,6 +16,7 @@ from engine.planner.efficiency import FAMILIES
 from engine.planner.errors import PlanError
 from engine.planner.gpus import GPU, find_gpu
 from engine.planner.roofline import DEFAULT_MAX_BATCH
+from engine.planner.quality_budget import QualityBudget
 from engine.planner.shapes import ModelShape, ShapeError
 from engine.planner.speculation import SPEC_DRAFT_KINDS
 
@@ -69,6 +70,12 @@ class Workload:
     mem_util: float | None = None
     price_overrides: Mapping[str, float] | None = None
     price_column: str = "price_usd_per_hr"   # or price_low_usd_per_hr / price_high_usd_per_hr
+    max_kld: float | None = None             # quality budget (planner.quality_budget): KLD mean, nats/token
+    max_pass_drop: float | None = None       # and points of pass@1 below the fp32 reference
+
+    @property
+    def budget(self) -> QualityBudget:
+        return QualityBudget(self.max_kld, self.max_pass_drop)
 
     def validate(self, models: Mapping[str, ModelShape], gpus: Mapping[str, GPU]) -> ModelShape:
         """Check every field; raise one PlanError listing all problems. Returns the model shape."""
@@ -153,6 +160,9 @@ class Workload:
             num(f"price_overrides[{g}]", price, strict=False, hi=MAX_USD_PER_GPU_HOUR,
                 beyond=f"$/GPU-hour is beyond any GPU's price (at most ${MAX_USD_PER_GPU_HOUR:,.0f}): give dollars per "
                        "GPU per hour")
+        for name in ("max_kld", "max_pass_drop"):
+            if getattr(self, name) is not None:
+                num(name, getattr(self, name), strict=False)
         if self.price_column not in PRICE_COLUMNS:
             probs.append(("price_column", "must be price_usd_per_hr, price_low_usd_per_hr or price_high_usd_per_hr"))
         if probs:

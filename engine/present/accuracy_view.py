@@ -2,7 +2,7 @@
 
 Reads accuracy records (metrics.accuracy) and, where the store has them, the quality statistics of the
 same model and precision (metrics.quality of a generate/bench record); never runs a model. A difference
-from the reference is called significant only when McNemar's exact test says so (engine.measure.paired).
+from the reference is called significant only when McNemar's exact test says so (engine.common.paired).
 """
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from engine.common.errors import UserError
 from engine.common.fields import A, PR, Q
 from engine.common.record_setup import setup_from_record
 from engine.common.vocab import canonical_model_name
-from engine.measure.paired import compare
+from engine.common.paired import compare
 
 COLUMNS = ("config", "problems", "pass@1", "95% interval", "lost", "gained", "McNemar p", "vs reference",
            "KLD mean", "KLD p99", "gen tok/s", "$/1k solved")

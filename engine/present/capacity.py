@@ -54,4 +54,8 @@ def plan_rows(plans: Sequence[Mapping], top: int | None = None) -> list[dict]:
             "batch": _round(_num(p.get("batch")), 1), "utilization": _round(_num(p.get("utilization")), 3),
             "bound": p.get("bound"), "why_not": "; ".join(p.get("reasons") or []),
         })
+        q = p.get("quality")
+        if q:  # under a quality budget: what the configuration measured
+            rows[-1].update(kld_mean=q.get("kld_mean"),
+                            pass_at_1_delta_points=None if q.get("pass_drop") is None else round(-q["pass_drop"], 1))
     return rows

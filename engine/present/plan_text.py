@@ -33,12 +33,16 @@ def plan_rows(plans) -> list[dict]:
              "tpot_p90": num(p.tpot_p90_s, 1, 1e3),
              "margin": f"{min(p.ttft_margin, p.tpot_margin):.2f}x" if p.feasible else "",
              "tok_s_gpu": num(p.output_tok_s_per_gpu, 0), "max_conc": p.max_concurrency or "",
-             "bound": p.bound, "why_not": "; ".join(p.reasons)[:170]} for p in plans]
+             "bound": p.bound, "why_not": "; ".join(p.reasons)[:170],
+             "kld": num((p.quality or {}).get("kld_mean"), 5) if p.quality else "",
+             "pass": (f"{-p.quality['pass_drop']:+.1f}" if p.quality and p.quality.get("pass_drop") is not None
+                      else "")} for p in plans]
 
 
 PLAN_COLS = [("plan", "plan"), ("GPUs", "gpus"), ("$/hr", "usd_hr"), ("$/month", "usd_month"),
              ("$/1M in", "in_1m"), ("$/1M out", "out_1m"), ("TTFT p90 ms", "ttft_p90"), ("TPOT p90 ms", "tpot_p90"),
              ("SLO margin", "margin"), ("out tok/s/GPU", "tok_s_gpu"), ("max conc", "max_conc"), ("bound", "bound")]
+QUALITY_COLS = [("KLD mean", "kld"), ("pass@1 Δ points", "pass")]  # under a quality budget
 
 
 def savings_text(sv) -> str:
@@ -88,7 +92,9 @@ def plan_text(w, res, sv, day_lines: str | None, price_column: str, top: int, sh
         out.append(day_lines + "\n")
     feas = res.feasible[:top]
     if feas:
-        out += ["every plan that meets the SLOs, cheapest first:", table(plan_rows(feas), PLAN_COLS)]
+        cols = PLAN_COLS + (QUALITY_COLS if res.quality_budget else [])
+        within = f" and the quality budget ({res.quality_budget['words']})" if res.quality_budget else ""
+        out += [f"every plan that meets the SLOs{within}, cheapest first:", table(plan_rows(feas), cols)]
     else:
         out.append("no feasible plan.")
     if show_all or not feas:

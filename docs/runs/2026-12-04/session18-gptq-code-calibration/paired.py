@@ -1,9 +1,9 @@
 """Pair two `engine accuracy` progress logs problem by problem: each configuration's judged outcomes, the flips
-against the first configuration of the first log, and McNemar's exact test (engine.measure.paired)."""
+against the first configuration of the first log, and McNemar's exact test (engine.common.paired)."""
 import re
 import sys
 
-from engine.measure.paired import mcnemar_exact, wilson
+from engine.common.paired import mcnemar_exact, wilson
 
 # "[configuration 2/2 (default@fp32): judged 1/164: HumanEval/0 passed]", or without "configuration i/n (...)"
 # when the run had one configuration
