@@ -187,6 +187,22 @@ if PLANNER:
             st.plotly_chart(planning.day_figure(day), key="plan-day-chart", config={"displaylogo": False})
             for n in day.get("notes") or []:
                 st.caption(_ui.md_escape(n))
+            pol = sv.get("day_policy")
+            if pol:
+                st.markdown(f"**By the hour:** {_ui.md_escape(pol['headline'])}")
+                p = st.columns(3)
+                p[0].metric("Best configuration per hour", f"${pol['usd_per_day']:,.2f}/day",
+                            f"{len(pol['switches'])} switch(es), ${pol['switch_usd_per_day']:,.2f}/day",
+                            delta_color="off")
+                p[1].metric("Best single configuration, autoscaled", f"${pol['single_usd_per_day']:,.2f}/day",
+                            pol["single"]["plan"], delta_color="off")
+                p[2].metric("Changing by hour saves", f"${pol['saving_usd_per_day']:,.2f}/day",
+                            f"{pol['saving_usd_per_day'] / pol['single_usd_per_day']:.1%}"
+                            if pol["saving_usd_per_day"] > 0 else None)
+                with st.expander("Configuration and replicas by hour"):
+                    st.dataframe(pd.DataFrame(pol["rows"]), hide_index=True, key="plan-day-policy")
+                for n in pol.get("notes") or []:
+                    st.caption(_ui.md_escape(n))
     if res:
         best = res.get("best")
         if best:

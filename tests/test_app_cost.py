@@ -97,6 +97,10 @@ def test_planner_compares_a_peak_sized_fleet_with_an_autoscaled_one():
     auto = float(m["Autoscaled"].value.strip("$/month").replace(",", ""))
     assert 0 < auto < peak
     assert any("A day of diurnal traffic" in x.value for x in at.markdown)
+    # issue 40.2: the best configuration per hour against the best single one, never dearer
+    per_hour = float(m["Best configuration per hour"].value.strip("$/day").replace(",", ""))
+    single = float(m["Best single configuration, autoscaled"].value.strip("$/day").replace(",", ""))
+    assert 0 < per_hour <= single and any(x.value.startswith("**By the hour:**") for x in at.markdown)
     import json
 
     titles = [json.dumps(json.loads(c.proto.spec)["layout"].get("title")) for c in at.get("plotly_chart")]

@@ -98,3 +98,64 @@ def test_plan_cli_compares_the_peak_and_the_autoscaled_fleet(tmp_path, capsys):
     bad.write_text(CSV.replace("5,6\n", "5,-6\n"))
     assert main(["plan", "--model", "llama-3.1-8b", "--traffic-csv", str(bad), "--no-store"]) == 2
     assert "profile row 7" in capsys.readouterr().err
+
+
+def _opt(label, cap, tp=1, price=2.0, loaded=None):
+    from engine.planner.day_policy import Option
+
+    return Option(label, tp, cap, price, loaded or label)
+
+
+def _plans(model, gpu, peak):
+    from engine.planner.savings import plan_with_savings
+
+    w = planner.Workload(model=model, request_rate=peak, input_tokens=1024, output_tokens=256, gpus=[gpu])
+    res, sv = plan_with_savings(w, planner.load_gpus(), planner.shapes.load_models())
+    return res, sv
+
+
+def test_day_policy_switches_where_rounding_pays_and_counts_the_switch():
+    """Three configurations by hand: A carries 10 req/s per 1-GPU replica at $2/GPU-hour, B 25 req/s per 4-GPU
+    replica at $1.5, C 100 req/s per 8-GPU replica at $1.2. At 8 req/s A costs $2 an hour (B $6, C $9.60); at
+    100 req/s C costs $9.60 (A $20, B $24). A switch bills the previous hour's fleet for the 6 minutes the new
+    one loads."""
+    from engine.planner import day_policy as dp
+
+    rates = [8.0] * 12 + [100.0] * 12
+    opts = [_opt("A", 10.0), _opt("B", 25.0, 4, 1.5), _opt("C", 100.0, 8, 1.2)]
+
+    class P:  # the fields of a Plan that options() reads
+        def __init__(self, o):
+            self.feasible, self.max_rate_per_replica, self.label, self.tp = True, o.capacity, o.label, o.tp
+            self.gpus_total, self.usd_per_hr, self.config, self.precision = o.tp, o.usd_per_gpu_hr * o.tp, "", o.label
+
+    pol = dp.day_policy([P(o) for o in opts], rates, traffic.Autoscale(1, None, 6), "G")
+    assert pol.hours == ["A"] * 12 + ["C"] * 12
+    # into C at hour 12: A's fleet of hour 11 (1 replica, $2/hour) for 6 min; back to A at hour 0: C's for 6 min
+    assert [(s["hour"], s["from"], s["to"]) for s in pol.switches] == [(0, "C", "A"), (12, "A", "C")]
+    assert pol.switch_usd_per_day == pytest.approx(2.0 * 0.1 + 9.6 * 0.1)
+    assert pol.usd_per_day == pytest.approx(12 * 2.0 + 12 * 9.6 + 0.2 + 0.96)
+    assert pol.single["plan"] == "C" and pol.single_usd_per_day == pytest.approx(24 * 9.6)
+    assert pol.saving_usd_per_day == pytest.approx(24 * 9.6 - pol.usd_per_day)
+    # the SLO: hour 12 grows from A's 10 req/s to 100 while C loads, so those 6 minutes are short
+    assert pol.missed_minutes[12] == 6.0 and sum(pol.missed_minutes) == 6.0
+    # one configuration is one of the policies weighed: alone, it costs its autoscaled day
+    one = dp.day_policy([P(opts[1])], rates, traffic.Autoscale(1, None, 6), "G")
+    assert one.usd_per_day == pytest.approx(one.single_usd_per_day) and not one.switches
+    assert "saves nothing here" in one.headline
+
+
+@pytest.mark.parametrize("model,gpu,peak", [("llama-3.1-70b", "A100 80GB", 10.0), ("llama-3.1-8b", "L4", 10.0)])
+def test_day_policy_is_never_dearer_than_the_best_single_configuration(model, gpu, peak):
+    from engine.planner.day_policy import plan_day
+
+    res, sv = _plans(model, gpu, peak)
+    for name in ("diurnal", "business-hours", "bursty"):
+        fleet, pol = plan_day(res, sv.best, traffic.shape(name, peak, 4), traffic.Autoscale())
+        assert pol.usd_per_day <= pol.single_usd_per_day + 1e-9
+        # the best single configuration is at most the waterfall's best plan's own autoscaled day
+        assert pol.single_usd_per_day <= fleet.auto_usd_per_month * 24 / HOURS_PER_MONTH + 1e-9
+    if model == "llama-3.1-70b":  # the 70B on A100s: changing by the hour pays on the diurnal day, and says so
+        _, pol = plan_day(res, sv.best, traffic.shape("diurnal", peak, 4), traffic.Autoscale())
+        assert pol.saving_usd_per_day > 0 and pol.switches
+        assert f"({100 * pol.saving_usd_per_day / pol.single_usd_per_day:.1f}%) less" in pol.headline

@@ -28,6 +28,7 @@ from engine.common.cli_args import csv_list, int_list
 from engine.common.errors import UserError
 from engine.common.paths import REPO_ROOT
 from engine.planner import batchjob, efficiency, fit, fleet, hf_config, selfcheck, shapes, traffic
+from engine.planner.day_policy import plan_day
 from engine.planner.gpus import CatalogError, find_gpu, load_gpus, price_table
 from engine.planner.savings import plan_with_savings
 from engine.planner.speculation import SPEC_DRAFT_KINDS
@@ -292,18 +293,19 @@ def plan_mode(a, x: Inputs) -> int:
     w = x.workload(max(rates) if rates else a.rate)
     res, sv = plan_with_savings(w, x.gpus, x.models, x.calibration)
     autoscale = traffic.Autoscale(a.min_replicas, a.max_replicas, a.scale_up_min)
-    day = traffic.day_for_plan(sv.best, rates, autoscale) if rates and sv is not None and sv.best else None
+    day, policy = plan_day(res, sv.best, rates, autoscale) if rates and sv is not None and sv.best else (None, None)
     if a.json:
         d = res.to_dict()
         d["savings"] = sv.to_dict() if sv else None
         d["day"] = day.to_dict() if day else None
+        d["day_policy"] = policy.to_dict() if policy else None
         if not a.all:
             d["plans"] = [p for p in d["plans"] if p["feasible"]][: a.top] or d["plans"][: a.top]
         _print_json(d)
     else:
         what = f"{a.traffic} traffic" if a.traffic else f"the day in {a.traffic_csv}"
-        print(text.plan_text(w, res, sv, text.day_text(day, what, autoscale) if day else None, a.prices, a.top,
-                             a.all, a.why))
+        day_lines = text.day_text(day, what, autoscale) + "\n" + text.policy_text(policy) if day else None
+        print(text.plan_text(w, res, sv, day_lines, a.prices, a.top, a.all, a.why))
     return 0 if res.best else 1
 
 

@@ -80,6 +80,15 @@ def day_text(day, what: str, autoscale) -> str:
         *[f"  {n}" for n in day.notes]])
 
 
+def policy_text(policy) -> str:
+    """The day policy: its answer against the best single configuration, replicas by hour, each switch."""
+    return "\n".join([f"  by the hour: {policy.headline}",
+                      "  replicas by hour: " + " ".join(str(n) for n in policy.replicas),
+                      *[f"  switch at {s['hour']}:00 {s['from']} -> {s['to']}: ${s['usd']:,.2f}"
+                        for s in policy.switches],
+                      *[f"  {n}" for n in policy.notes]])
+
+
 def plan_text(w, res, sv, day_lines: str | None, price_column: str, top: int, show_all: bool, why: bool) -> str:
     """Workload w's plan: the question, the savings, the day, every feasible plan, what is not, notes, why."""
     model = res.model

@@ -49,17 +49,19 @@ def plan_workload(inputs: dict, model: str, rate: float, input_tokens: int, outp
     w = _workload(model, rate, input_tokens, output_tokens, ttft_p90_s, tpot_p90_s, gpus, precisions, spec, acceptance,
                   max_kld, max_pass_drop)
     res, sv = plan_with_savings(w, inputs["gpus"], inputs["models"], inputs["calibration"] if use_calibration else None)
-    return res.to_dict(), (None if sv is None else _with_day(sv, day))
+    return res.to_dict(), (None if sv is None else _with_day(res, sv, day))
 
 
-def _with_day(sv, day: dict | None) -> dict:
+def _with_day(res, sv, day: dict | None) -> dict:
     out = sv.to_dict()
     if day is not None and sv.best is not None:
         from engine.planner import traffic
+        from engine.planner.day_policy import plan_day
 
-        out["day"] = traffic.day_for_plan(sv.best, day["rates"], traffic.Autoscale(
-            day.get("min_replicas", 1), day.get("max_replicas"), day.get("scale_up_min", 5.0))).to_dict()
-        out["day"]["traffic"] = day.get("name", "")
+        fleet, policy = plan_day(res, sv.best, day["rates"], traffic.Autoscale(
+            day.get("min_replicas", 1), day.get("max_replicas"), day.get("scale_up_min", 5.0)))
+        out["day"] = fleet.to_dict() | {"traffic": day.get("name", "")}
+        out["day_policy"] = policy.to_dict()
     return out
 
 
