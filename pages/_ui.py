@@ -172,6 +172,8 @@ def comparison_view(records, key: str, price_where: str | None = None, usd: floa
         usd = price_input(price_where or key)
     runs = [r for r in records if r.kind != "peer"]
     peer_recs = [r for r in records if r.kind == "peer"]
+    for d in present.drifts(runs, get_store().list_runs(limit=1000)):
+        st.warning("Drift: " + md_escape(d.words))
     rows = _group_view(runs, key, usd) if runs else []
     if peer_recs:
         st.markdown("**Peer systems** (a separate table: another method)")

@@ -1,10 +1,14 @@
 """Machine facts for every record: CPU model and SIMD level, cores, memory, GPU, library versions."""
 from __future__ import annotations
 
+import functools
 import os
 import platform
+import subprocess
 
 import torch
+
+from engine.common.paths import REPO_ROOT
 
 
 def simd_level() -> str:
@@ -73,10 +77,25 @@ def machine_facts(device: str = "cpu") -> dict:
     }
 
 
+@functools.lru_cache(maxsize=1)
+def lab_commit() -> str | None:
+    """The lab's git commit (12 hex digits, '+changes' when tracked files differ from it); None outside a checkout.
+    Records carry it so a drift canary can say the code changed between two runs."""
+    def git(*args):
+        return subprocess.run(["git", "-C", str(REPO_ROOT), *args], capture_output=True, text=True, timeout=10)
+    try:
+        head = git("rev-parse", "--short=12", "HEAD")
+        if head.returncode:
+            return None
+        return head.stdout.strip() + ("+changes" if git("diff", "--quiet", "HEAD").returncode else "")
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
 def library_versions() -> dict:
     import importlib.metadata as md
 
-    out = {"python": platform.python_version()}
+    out = {"python": platform.python_version(), "lab": lab_commit()}
     for pkg in ("torch", "transformers", "bitsandbytes", "streamlit", "gguf"):
         try:
             out[pkg] = md.version(pkg)

@@ -9,6 +9,7 @@ from engine.present.columns import (BY_NAME as COLUMNS_BY_NAME, CHARTS, COLUMNS,
                                     step_path, step_reasons, table_cells)
 from engine.present.compare import (DIFF_METRICS, available_charts, chart_series, diff_table, frontier_line,
                                     highlights, missing_charts, noise_note, pareto_frontier, pct_diff, report_diff)
+from engine.present.drift import drifts
 from engine.present.figures import (acceptance_figure, bar_figure, bytes_quality_figure, error_bars,
                                     expected_length_figure, kv_figure, memory_figure, pareto_axes, pareto_figure)
 from engine.present.labels import eta_text, machine_rows, noisy_configs, run_choice_label
