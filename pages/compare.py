@@ -70,10 +70,16 @@ with tab_sweep:
     with st.expander("Peer systems as rows (transformers, bitsandbytes, llama.cpp)"):
         st.caption("Each peer runs one prompt for the number of new tokens, greedy, in a fresh process, after a "
                    "warm-up, timed by wall-clock token arrivals: another method than the sweep's runs, so peers get "
-                   "their own table below. Only installed peers are offered; `make peers` builds llama-cpp-python.")
+                   "their own table below. Only the peers installed on the backend's machine are offered; "
+                   "`make peers` there builds llama-cpp-python.")
         peer_ok, peer_missing = [], {}
         try:
-            peer_ok, peer_missing = peers.dashboard_peer_configs(model, draft_model, int(max_new))
+            reported = (_backend.info_or_banner() or {}).get("peers")
+            if reported is None:
+                st.warning("The backend does not say which peers its machine has (an older backend?): restart it "
+                           "from this checkout (python -m engine backend). No peer is offered until it does.")
+                reported = {}
+            peer_ok, peer_missing = peers.dashboard_peer_configs(model, draft_model, int(max_new), reported=reported)
         except Exception as e:
             _ui.show_error(e)
         peer_labels = {c.label: c for c in peer_ok}

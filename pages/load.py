@@ -16,10 +16,17 @@ _ui.page_header("Load test", "The backend starts each server on its machine's 12
                 "stops the server by its PID. Every load point is stored as a run.")
 
 
-@st.cache_data(ttl=60, show_spinner="Checking which servers can run here…")
 def _availability() -> dict:
-    """Why each kind of server cannot run here (None: it can), with the fix."""
-    return {s: servers.unavailable_reason(servers.ServerSpec(s)) for s in (servers.OURS, "llama-server", "vllm")}
+    """Why each kind of server cannot run on the backend's machine (None: it can), with the fix, as its /v1/info
+    reports: the backend starts the servers, so a dashboard elsewhere offers what that machine has."""
+    info = _backend.info_or_banner() or {}
+    reported = info.get("servers")
+    if reported is None:
+        why = ("the backend does not say which servers its machine can start (an older backend?): restart it from "
+               "this checkout (python -m engine backend)" if info else "the backend is not answering")
+        return {s: why for s in (servers.OURS, "llama-server", "vllm")}
+    return {s: reported.get(s, "the backend does not report this server") for s in (servers.OURS, "llama-server",
+                                                                                     "vllm")}
 
 
 avail = _availability()

@@ -180,6 +180,9 @@ def test_unavailable_peers_are_listed_with_the_reason(monkeypatch):
     from engine.peers import peer
     real = peer._has
     monkeypatch.setattr(peer, "_has", lambda m: False if m == "llama_cpp" else real(m))
+    import streamlit as st
+
+    st.cache_data.clear()  # the page caches the backend's /v1/info, which says which peers its machine has
     at = AppTest.from_file(PAGE, default_timeout=TIMEOUT).run()
     at.selectbox(key="cmp-model").set_value("default").run()
     assert "llama.cpp Q4_K_M" not in at.multiselect(key="cmp-peers").options

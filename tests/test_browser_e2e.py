@@ -125,11 +125,13 @@ def running_backend(data: Path, env_extra: dict | None = None, tiny: bool = Fals
 
 
 @contextlib.contextmanager
-def running_dashboard(data: Path, env_extra: dict | None = None, tiny: bool = False):
+def running_dashboard(data: Path, env_extra: dict | None = None, tiny: bool = False,
+                      backend_env: dict | None = None):
     """A backend, and `streamlit run app.py` driving it (SCL_BACKEND_URL), each on a free loopback port with its
     store in `data`; both stopped by their process groups (the ones started here, nothing else) on the way out.
+    `backend_env`: the backend's environment beyond env_extra (its machine, as the dashboard does not see it).
     Yields {url, log, data, pid, backend}: the dashboard's URL, log and PID, and the backend's."""
-    with running_backend(data, env_extra, tiny) as backend:
+    with running_backend(data, {**(env_extra or {}), **(backend_env or {})}, tiny) as backend:
         port = _free_port()
         log = data / "streamlit.log"
         env = dict(os.environ, SCL_DATA_DIR=str(data / "dashboard"), PYTHONUNBUFFERED="1",

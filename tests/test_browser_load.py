@@ -27,13 +27,67 @@ def _skip_reason() -> str | None:
     return browser_missing() or servers.unavailable_reason(servers.ServerSpec(servers.OURS))
 
 
+def _cache_without_llama_cpp(where: Path) -> Path:
+    """A cache holding the lab's converted models, GGUFs and kernels (links into this machine's) but not llama.cpp's
+    server and tools: the backend's machine, as this test gives it one the dashboard's lacks."""
+    from engine.common.paths import cache_dir
+
+    where.mkdir(parents=True, exist_ok=True)
+    for entry in cache_dir().iterdir():
+        if not entry.name.startswith(("llama-server-", "llama-tools-")):
+            (where / entry.name).symlink_to(entry)
+    return where
+
+
 @pytest.fixture(scope="module")
 def app(tmp_path_factory):
     reason = _skip_reason()
     if reason:
         pytest.skip(reason)
-    with running_dashboard(tmp_path_factory.mktemp("load-e2e-data")) as running:
+    data = tmp_path_factory.mktemp("load-e2e-data")
+    backend_env = {"SCL_CACHE_DIR": str(_cache_without_llama_cpp(data / "backend-cache")), "SCL_LLAMA_SERVER": "",
+                   "PATH": os.pathsep.join(p for p in os.environ.get("PATH", "").split(os.pathsep)
+                                           if not (Path(p) / "llama-server").exists())}
+    with running_dashboard(data, backend_env=backend_env) as running:
         yield running
+
+
+def test_the_pages_offer_what_the_backends_machine_has(app):
+    """Issue 40.4: the backend reports which servers and peers its machine can run (/v1/info); the Load and Compare
+    pages offer exactly those, whatever the dashboard's own machine has (here llama.cpp's server and tools are
+    missing from the backend's cache only)."""
+    from playwright.sync_api import sync_playwright
+
+    from engine.backend.client import Backend
+
+    info = Backend(app["backend"]["url"]).info()
+    assert info["servers"]["llama-server"] and "not built" in info["servers"]["llama-server"]
+    assert info["peers"]["llama.cpp Q4_K_M-imatrix"]
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            page = browser.new_page(viewport={"width": 1440, "height": 1000})
+            page.set_default_timeout(60_000)
+            page.goto(f"{app['url']}/load", timeout=90_000)
+            page.get_by_role("heading", name="Load test").first.wait_for(timeout=90_000)
+            settle(page, 120)
+            offered = {"llama-server": "llama-server (llama.cpp", "vllm": "vLLM's CPU build (bf16"}
+            for kind, label in offered.items():
+                shown = page.get_by_text(label).count() > 0
+                assert shown == (info["servers"][kind] is None), (kind, info["servers"][kind])
+            assert page.get_by_text("llama-server: llama-server is not built").first.is_visible()
+            page.goto(f"{app['url']}/compare", timeout=90_000)
+            page.get_by_role("heading", name="Compare (sweep)").first.wait_for(timeout=90_000)
+            settle(page, 120)
+            page.get_by_text("Peer systems as rows").first.click()
+            settle(page)
+            missing = {k for k, why in info["peers"].items() if why}
+            text = page.locator('[data-testid="stExpander"]', has_text="Peer systems as rows").first.inner_text()
+            assert "llama.cpp Q4_K_M-imatrix" in text and "llama-imatrix" in text
+            assert text.count("Not offered:") == len(missing)
+            assert_clean(page, "pages offering the backend's peers", app["log"])
+        finally:
+            browser.close()
 
 
 def _fill(page, label: str, value: str) -> None:

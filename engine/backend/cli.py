@@ -104,7 +104,9 @@ def info_source(device: str, pool, ray: str | None, store, started_at: float):
     """The function GET /v1/info calls: fixed facts computed once, what changes (kernels, models, pool) each time."""
     from engine.backend.contract import API_VERSION, lab_version
     from engine.measure import kernel_info, list_models, registered_models
+    from engine.peers.matrix import peer_availability
     from engine.peers.quality_worker import llama_cpp_unavailable
+    from engine.peers.servers import server_availability
 
     facts, version = machine(device), lab_version()
     catalog = {"at": 0.0, "models": []}  # list_models reads package metadata (~0.1 s): at most once per MODELS_TTL_S
@@ -121,6 +123,7 @@ def info_source(device: str, pool, ray: str | None, store, started_at: float):
         for m in models:  # why llama.cpp's Q4_K_M cannot be scored for it (None: it can); cheap, loads nothing
             m["llama_cpp"] = llama_cpp_unavailable(m["name"])
         return {"api_version": API_VERSION, "lab_version": version, "machine": {**facts, "kernels": kernels},
+                "servers": server_availability(), "peers": peer_availability(),  # file checks: about 1 ms
                 "models": models, "loaded": loaded_facts(pool), "pool_budget_bytes": pool.budget_bytes, "ray": ray,
                 "store": str(store.path), "started_at": started_at, "llama_cpp": llama_cpp_unavailable("default")}
     return info

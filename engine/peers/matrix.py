@@ -39,23 +39,45 @@ def default_peer_configs(model="default", draft_model="default-draft", max_new_t
 # ---------------------------------------------------------------- the parent side
 
 
-def dashboard_peer_configs(model: str, draft_model: str, max_new_tokens: int, device: str = "cpu",
-                           reps: int = 1) -> tuple[list[PeerConfig], dict[str, str]]:
-    """Peer rows the Compare page offers for this model: (installed configs, {label: why not} for the rest)."""
-    from engine.infer import catalog
-    cname = catalog.canonical_name(model)
-    base = PeerConfig.of(model=model, draft_model=draft_model, max_new_tokens=max(2, int(max_new_tokens)),
-                         reps=reps, device=device)
+def _peer_candidates(base: PeerConfig) -> list[PeerConfig]:
+    """The peer rows the Compare page offers, in its order."""
     cands = [base.with_fields(system="transformers", precision=p) for p in ("fp32", "bf16", "llm.int8", "nf4")]
     cands += [base.with_fields(system="transformers", precision="fp32", draft="model"),
               base.with_fields(system="transformers", precision="fp32", draft="ngram"),
               base.with_fields(system="llama.cpp", precision="Q4_K_M"),
               base.with_fields(system="llama.cpp", precision="Q4_K_M", draft="ngram")]
     # llama.cpp's own quantizations of the same weights (built on first use: minutes for the 1.5B)
-    cands += [base.with_fields(system="llama.cpp", precision=p) for p in LLAMA_PRECISIONS if p != "Q4_K_M"]
+    return cands + [base.with_fields(system="llama.cpp", precision=p) for p in LLAMA_PRECISIONS if p != "Q4_K_M"]
+
+
+def peer_key(cfg: PeerConfig) -> str:
+    """A peer row's name whatever the model: 'llama.cpp Q4_K_M', 'transformers fp32 +ngram'."""
+    d = cfg.setup.draft
+    return f"{cfg.system} {cfg.setup.precision}" + (f" +{d}" if d != "none" else "")
+
+
+def peer_availability(device: str = "cpu") -> dict[str, str | None]:
+    """Each peer row the Compare page offers -> None when it can run on this machine, else why (what a backend's
+    /v1/info reports, so a dashboard elsewhere offers what the backend's machine has)."""
+    return {peer_key(c): unavailable_reason(c) for c in _peer_candidates(PeerConfig.of(device=device))}
+
+
+def dashboard_peer_configs(model: str, draft_model: str, max_new_tokens: int, device: str = "cpu",
+                           reps: int = 1, reported: dict[str, str | None] | None = None
+                           ) -> tuple[list[PeerConfig], dict[str, str]]:
+    """Peer rows the Compare page offers for this model: (installed configs, {label: why not} for the rest).
+    `reported`: the backend's peer_availability() (its /v1/info), which says what its machine has; without it,
+    this machine is asked."""
+    from engine.infer import catalog
+    cname = catalog.canonical_name(model)
+    base = PeerConfig.of(model=model, draft_model=draft_model, max_new_tokens=max(2, int(max_new_tokens)),
+                         reps=reps, device=device)
     ok, missing = [], {}
-    for c in cands:
-        why = unavailable_reason(c)
+    for c in _peer_candidates(base):
+        if reported is None:
+            why = unavailable_reason(c)
+        else:
+            why = reported.get(peer_key(c), "the backend does not report this peer: restart it from this checkout")
         if why is None and c.system == "llama.cpp" and cname not in catalog.CATALOG:
             why = "llama.cpp runs the catalog models' GGUF files; this model has none"
         if why is None and cname not in catalog.CATALOG and not os.path.isdir(model):

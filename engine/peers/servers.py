@@ -339,6 +339,11 @@ def unavailable_reason(spec: ServerSpec) -> str | None:
     return None if u is None else f"{u[0]}: {u[1]}"
 
 
+def server_availability() -> dict[str, str | None]:
+    """Each kind of server the Load page starts -> None when it can start on this machine, else why and the fix."""
+    return {s: unavailable_reason(ServerSpec(s)) for s in (OURS, "llama-server", "vllm")}
+
+
 def _env(extra: dict) -> dict:
     env = dict(os.environ)
     env["PYTHONPATH"] = str(REPO_ROOT) + os.pathsep + env.get("PYTHONPATH", "")
