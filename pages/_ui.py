@@ -162,14 +162,14 @@ PEER_METHOD = ("Peer rows are measured another way than the lab's runs: each sys
                "against the runs above they are a different method.")
 
 
-def comparison_view(records, key: str, price_where: str | None = None, usd: float | None = None) -> list[dict]:
+def comparison_view(records, key: str, usd: float | None = None) -> list[dict]:
     """Sortable table, the metric charts side by side, and the cost-vs-quality Pareto view; peer records
     (another timing method) get their own table below the lab's runs, never rows among them."""
     if not records:
         st.info("No runs to show yet.")
         return []
     if usd is None:
-        usd = price_input(price_where or key)
+        usd = usd_per_hour()  # the sidebar's price (page_header)
     runs = [r for r in records if r.kind != "peer"]
     peer_recs = [r for r in records if r.kind == "peer"]
     for d in present.drifts(runs, get_store().list_runs(limit=1000)):
@@ -250,7 +250,30 @@ def hand_over_to_app() -> None:
     st.stop()
 
 
-def page_header(title: str, blurb: str) -> None:
+def answer_row(answer) -> None:
+    """The answer first (engine.present.answer): one row of figures, each with what it is against under it."""
+    if answer is None:
+        return
+    cols = st.columns(len(answer.cells), border=True)
+    for col, c in zip(cols, answer.cells):
+        col.metric(c.label, c.value, c.note or None, delta_color="off", delta_arrow="off", help=c.help or None)
+
+
+def runs_answer_row(records) -> None:
+    """The answer row for stored runs, priced at the sidebar's $/hour."""
+    from engine.present.answer import runs_answer
+
+    runs = [r for r in records if r.kind not in ("peer", "load", "accuracy")]
+    if runs:
+        answer_row(runs_answer(present.comparison_rows(runs, usd_per_hour())))
+
+
+def page_header(title: str, blurb: str, price_key: str | None = None) -> None:
+    """The page's title and blurb; with `price_key`, this machine's $/hour in the sidebar (one price for every
+    page: price_input)."""
     hand_over_to_app()
+    if price_key is not None:
+        with st.sidebar:
+            price_input(price_key)
     st.title(title)
     st.caption(blurb)

@@ -30,7 +30,9 @@ def rerun_config(rec) -> dict | None:
     return {"setup": setup_from_record(rec.config).to_dict(), **own}
 
 _ui.page_header("Compare (sweep)", "Every combination you tick is measured on this machine and stored as it "
-                "finishes; cancel keeps what is done. Or pick runs you measured before.")
+                "finishes; cancel keeps what is done. Or pick runs you measured before.", price_key="cmp")
+if _ui.current_ids():  # the answer first: the current comparison's (its evidence is below the sweep)
+    _ui.runs_answer_row(_ui.load_records(_ui.current_ids()))
 
 tab_sweep, tab_pick = st.tabs(["New sweep", "Pick stored runs"])
 
@@ -148,7 +150,7 @@ ids = _ui.current_ids()
 st.subheader(f"Current comparison ({len(ids)} runs)")
 if ids:
     recs = _ui.load_records(ids)
-    _ui.comparison_view(recs, key="cmp", price_where="cmp")
+    _ui.comparison_view(recs, key="cmp")
     acc = [r for r in recs if r.kind == "accuracy"]
     if acc:  # HumanEval pass@1 paired against the reference picked (the first by default), KLD beside
         st.markdown("#### Task accuracy beside KLD")

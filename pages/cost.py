@@ -7,7 +7,8 @@ from engine import present
 from engine.common.fields import M
 
 _ui.page_header("Cost & capacity", "What the measured speed costs on this machine, and what a workload would "
-                "cost on production GPUs.")
+                "cost on production GPUs.", price_key="cost")
+answer_box = st.container()  # the answer first: the plan's summary row, drawn here once the plan is known
 store = _ui.get_store()
 
 # ---------------------------------------------------------------- measured
@@ -23,12 +24,9 @@ if not recs:
         _ui.show_error(e)
     if recs:
         st.caption("No current comparison: showing the 20 most recent stored runs.")
-c1, c2 = st.columns(2)
-with c1:
-    usd = _ui.price_input("cost")
-with c2:
-    per_day = st.number_input("Output tokens you need per day", min_value=1.0, value=1_000_000.0, step=100_000.0,
-                              format="%.0f", key="cost-per-day")
+usd = _ui.usd_per_hour()  # the sidebar's (page_header)
+per_day = st.number_input("Output tokens you need per day", min_value=1.0, value=1_000_000.0, step=100_000.0,
+                          format="%.0f", key="cost-per-day")
 if not recs:
     st.info("No measured runs yet: run the default comparison on Home or a sweep on Compare.")
 else:
@@ -162,6 +160,11 @@ if PLANNER:
     res = st.session_state.get("plan-result")
     sv = st.session_state.get("plan-savings") if res else None
     if sv:
+        from engine.present.answer import plan_answer
+
+        with answer_box:
+            _ui.answer_row(plan_answer(sv))
+    if sv:
         st.markdown(f"**The answer on {_ui.md_escape(sv['gpu'])}:** {_ui.md_escape(sv['headline'])}")
         st.plotly_chart(planning.savings_figure(sv), key="plan-savings-chart", config={"displaylogo": False})
         st.dataframe(pd.DataFrame(planning.savings_rows(sv)), hide_index=True, key="plan-savings-steps")
@@ -180,8 +183,9 @@ if PLANNER:
             d[1].metric("Autoscaled", f"${day['auto_usd_per_month']:,.0f}/month",
                         f"{day['auto_gpu_hours']:,.0f} GPU-hours/day", delta_color="off")
             saved = day["peak_usd_per_month"] - day["auto_usd_per_month"]
-            d[2].metric("Autoscaling saves", f"${saved:,.0f}/month",
-                        f"{saved / day['peak_usd_per_month']:.0%}" if day["peak_usd_per_month"] else None)
+            d[2].metric("Autoscaling saves", f"${saved:,.0f}/month",  # no arrow on a saving of nothing
+                        f"{saved / day['peak_usd_per_month']:.0%}" if day["peak_usd_per_month"] and saved >= 0.5
+                        else None)
             d[3].metric("Hours missing the SLO while scaling", len(day["missed_hours"]),
                         ", ".join(f"{h}:00" for h in day["missed_hours"][:6]) or "none", delta_color="off")
             st.plotly_chart(planning.day_figure(day), key="plan-day-chart", config={"displaylogo": False})
@@ -198,18 +202,21 @@ if PLANNER:
                             pol["single"]["plan"], delta_color="off")
                 p[2].metric("Changing by hour saves", f"${pol['saving_usd_per_day']:,.2f}/day",
                             f"{pol['saving_usd_per_day'] / pol['single_usd_per_day']:.1%}"
-                            if pol["saving_usd_per_day"] > 0 else None)
+                            if pol["saving_usd_per_day"] >= 0.005 else None)
                 with st.expander("Configuration and replicas by hour"):
                     st.dataframe(pd.DataFrame(pol["rows"]), hide_index=True, key="plan-day-policy")
                 for n in pol.get("notes") or []:
                     st.caption(_ui.md_escape(n))
     if res:
         best = res.get("best")
+        if best and sv:  # one answer: the waterfall's last step (at equal cost, fewer changes from bf16)
+            last = sv["steps"][-1]
+            best = next((p for p in res["plans"] if p.get("label") == last["plan"]), best)
         if best:
             m = st.columns([2, 1, 1, 1])
-            m[0].metric("Cheapest plan that meets the SLOs, any GPU", best.get("label", ""),
-                        help="At equal cost, the one with the most spare capacity at the SLOs. The answer above "
-                             "prefers, at equal cost, the plan with fewer changes from bf16 without speculation.")
+            m[0].metric("Recommended plan", best.get("label", ""),
+                        help="The answer above: the cheapest plan that meets the SLOs (and the quality budget); at "
+                             "equal cost, the one with fewer changes from bf16 without speculation.")
             m[1].metric("$ per month", f"${best['usd_per_month']:,.0f}" if best.get("usd_per_month") else "n/a")
             m[2].metric("$ per 1M output tokens", f"${best['usd_per_1m_output']:.4f}"
                         if best.get("usd_per_1m_output") else "n/a")

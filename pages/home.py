@@ -12,7 +12,8 @@ JOB = "home-job"
 
 _ui.page_header("Serving Cost Lab",
                 "Which precision and which draft should I serve with, and what does it cost me? Measured on real "
-                "models on this machine, then shared as a report.")
+                "models on this machine, then shared as a report.", price_key="home")
+answer_box = st.container()  # the answer first: the results' summary row, drawn here once they are known
 
 st.markdown(
     "- **Precision** – load a model at fp32, bf16, int8 or int4; see where the memory goes and what quality it costs.\n"
@@ -135,7 +136,9 @@ ids = st.session_state.get("home-runs")
 if ids:
     st.subheader("Results")
     recs = _ui.load_records(ids)
-    _ui.comparison_view(recs, key="home", price_where="home")
+    with answer_box:
+        _ui.runs_answer_row(recs)
+    _ui.comparison_view(recs, key="home")
     st.caption("These runs are now the current comparison: save them on the Reports page, or add to them on "
                "Compare." if job is None or job.finished else "The runs that finished so far; the rest follow.")
 elif job is None:

@@ -13,7 +13,8 @@ PRECISIONS = ["int4", "int8", "bf16", "fp32"]
 
 _ui.page_header("Load test", "The backend starts each server on its machine's 127.0.0.1 (or reaches a URL you type), "
                 "sends the same real prompts at rising concurrency or request rate, times them on the client, and "
-                "stops the server by its PID. Every load point is stored as a run.")
+                "stops the server by its PID. Every load point is stored as a run.", price_key="load")
+answer_box = st.container()  # the answer first: the load test's summary row, drawn here once it is known
 
 
 def _availability() -> dict:
@@ -142,7 +143,7 @@ if not ids:
 
 st.subheader("Results")
 recs = [r for r in _ui.load_records(ids) if r.kind == "load"]
-usd = _ui.price_input("load")
+usd = _ui.usd_per_hour()  # the sidebar's (page_header)
 try:
     table = load_view.load_rows(recs)
     st.dataframe(pd.DataFrame(table)[load_view.load_columns(table)], hide_index=True, key="load-table")
@@ -163,6 +164,10 @@ try:
 
     st.markdown("**$ per 1M output tokens at the SLO**")
     costs = load_cost.costs_at_slo(recs, usd)
+    with answer_box:
+        from engine.present.answer import load_answer
+
+        _ui.answer_row(load_answer(costs, load_cost.crossover_pairs(recs)))
     st.dataframe(pd.DataFrame(load_cost.cost_rows(costs)), hide_index=True, key="load-costs", column_config={
         "usd_per_1m_out_at_slo": st.column_config.NumberColumn("$/1M out at the SLO", format="$%.4f"),
         "usd_per_1m_out_single_stream": st.column_config.NumberColumn("$/1M out, one stream", format="$%.4f"),

@@ -17,7 +17,7 @@ STREAM_POLL_S = 0.3
 
 _ui.page_header("Speculative playground", "A draft proposes gamma tokens, the target checks them in one pass and "
                 "keeps the longest agreeing prefix plus one token of its own. The output is exactly what the "
-                "target alone would produce; only the speed changes.")
+                "target alone would produce; only the speed changes.", price_key="playground")
 
 DRAFTS = {"none": "none (target only)", "model": "another model (draft model)",
           "self": "self-draft (the target's own weights at lower precision)", "ngram": "n-gram prompt lookup",
@@ -136,12 +136,15 @@ st.caption(" · ".join(f"{present.ORIGINS[k][0]}: {v}" for k, v in counts.items(
 m = rec.metrics
 summary = present.spec_summary(rec)
 c = st.columns(4)
-c[0].metric("Tokens/s", f"{m[M.decode_tok_s]:.2f}" if m.get(M.decode_tok_s) else "n/a")
+speedup = summary["speedup"] if summary else None
+# the speedup badge sits under the speculative figure it describes, and is green only when it is a gain
+c[0].metric("Tokens/s", f"{m[M.decode_tok_s]:.2f}" if m.get(M.decode_tok_s) else "n/a",
+            f"{(speedup - 1) * 100:+.0f}% ({speedup:.2f}x) vs without speculation" if speedup else None,
+            delta_color="normal" if speedup and abs(speedup - 1) >= 0.005 else "off")
 c[1].metric("TTFT", f"{m[M.ttft_s] * 1000:.0f} ms" if m.get(M.ttft_s) is not None else "n/a")
 if summary:
     c[2].metric("Without speculation", f"{summary['baseline_tok_s']:.2f} tok/s" if summary["baseline_tok_s"] else
-                "not timed", f"{(summary['speedup'] - 1) * 100:+.0f}% ({summary['speedup']:.2f}x)" if summary["speedup"]
-                else None, help="The same target, prompt and settings, timed without a draft in this run.")
+                "not timed", help="The same target, prompt and settings, timed without a draft in this run.")
     c[3].metric("Acceptance rate", f"{summary['acceptance_rate']:.0%}" if summary["acceptance_rate"] is not None
                 else "n/a")
     d = st.columns(3)

@@ -12,7 +12,7 @@ from engine.present.quality_view import heading, table_rows
 JOB = "prec-job"
 
 _ui.page_header("Precision", "Load a model at a precision: memory by layer type, KV cache for your context and "
-                "batch, load time, and what the precision costs in quality against fp32.")
+                "batch, load time, and what the precision costs in quality against fp32.", price_key="precision")
 
 c1, c2, c3 = st.columns([2, 2, 1])
 with c1:

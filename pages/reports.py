@@ -7,7 +7,9 @@ from engine.present import reports
 from engine import present
 
 _ui.page_header("Reports", "A report is a named set of runs with your notes. Share it as one HTML file that opens "
-                "offline, or as JSON another lab can import.")
+                "offline, or as JSON another lab can import.", price_key="reports")
+if _ui.current_ids():  # the answer first: the current comparison's
+    _ui.runs_answer_row(_ui.load_records(_ui.current_ids()))
 store = _ui.get_store()
 
 # ---------------------------------------------------------------- save

@@ -153,6 +153,11 @@ def test_pick_stored_runs():
     at.number_input(key="price-cmp").set_value(0.2).run()
     after = frame(at, "config", "usd_per_1m_out")["usd_per_1m_out"].tolist()
     assert all(abs(b * 2 - a) < 1e-3 * max(1, a) for a, b in zip(after, before))
+    # the answer first (issue 40.5): the page opens with the current comparison's row, from the table's figures
+    first = at.metric[0]
+    cheapest = frame(at, "config", "usd_per_1m_out").sort_values("usd_per_1m_out").iloc[0]
+    assert first.label == "Baseline → recommended" and first.value == cheapest["config"]
+    assert at.metric[1].value == f"${cheapest['usd_per_1m_out']:.4g}"
 
 
 def test_peer_rows_join_the_comparison(monkeypatch):

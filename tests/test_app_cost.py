@@ -56,11 +56,14 @@ def test_planner_plans_a_workload():
     at.button(key="FormSubmitter:cost-plan-Plan").click().run()
     assert not problems(at)
     labels = {m.label: m.value for m in at.metric}
-    assert "Cheapest plan that meets the SLOs, any GPU" in labels
     # the answer first: the savings waterfall against bf16 without speculation, with each step's cause
     answer = [m.value for m in at.markdown if m.value.startswith("**The answer on")]
     assert answer and ("saves $" in answer[0] or "already the cheapest" in answer[0])
     steps = frame(at, "step", "plan", "cause")
+    # one answer: the recommended plan is the waterfall's last step, not a second "cheapest"
+    assert labels["Recommended plan"] == steps["plan"].iloc[-1].removesuffix(" (not taken)")
+    # and the page opens with it: the answer row is the first row of figures (issue 40.5)
+    assert at.metric[0].label == "Baseline → recommended" and at.metric[0].value == labels["Recommended plan"]
     assert list(steps["step"]) == ["baseline", "+ quantization", "+ speculation"]
     assert steps["plan"].iloc[0].endswith("bf16") and all(steps["cause"].str.len() > 0)
     import json

@@ -131,6 +131,12 @@ def test_figures_draw_every_configuration():
     recs = curve("int4", {1: 10, 4: 30, 8: 50}) + curve("int4 ngram", {1: 15, 4: 36, 8: 40}, draft="ngram")
     fig = V.throughput_figure(recs)
     assert len(fig.data) == 6 and list(fig.data[0].x) == [1, 4, 8]  # 2 configurations x 3 panels
+    # latencies in ms as the table shows them, and every axis from zero (issue 40.6)
+    ttft = next(t for t in fig.data if t.xaxis == "x2")
+    assert list(ttft.y) == [500.0, 2000.0, 4000.0] and "TTFT p90, ms" in fig.layout.annotations[1].text
+    assert all(fig.layout[f"yaxis{i or ''}"].rangemode == "tozero" for i in (0, 2, 3))
+    goodput = next(c for c in V.LOAD_COLUMNS if c.name == "goodput_tok_s")
+    assert goodput.value(recs[0], None) == pytest.approx(10.0)  # the chart's goodput, in the table too
     assert len(V.goodput_figure(recs).data) == 2
     costs = L.costs_at_slo(recs + [point("hopeless", 1, met=[], missed=[100])], 0.5)
     cf = V.slo_cost_figure(costs)

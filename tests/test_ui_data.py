@@ -75,6 +75,16 @@ def test_comparison_row_counts_the_draft_weights():
     assert r["accept_rate"] == 0.5
 
 
+def test_the_memory_chart_shows_each_runs_own_memory_not_the_process():
+    """Issue 40.6: a backend that holds fp32 and then loads int4 peaks higher during the int4 run, so the process's
+    RSS read int4 above fp32; the chart shows each run's weights + KV instead, the RSS stays a column."""
+    rows = present.comparison_rows([rec("fp32", weight=4e9, rss=5e9), rec("int4", weight=1e9, rss=6e9)], 1.0)
+    assert [r["run_memory_MB"] for r in rows] == [4001.0, 1001.0]
+    charts = [c[0] for c in present.available_charts(rows)]
+    assert "run_memory_MB" in charts and "peak_rss_MB" not in charts
+    assert rows[1]["peak_rss_MB"] == 6000.0
+
+
 def test_charts_available_and_missing():
     rows = present.comparison_rows([rec(), rec("int4", 20.0)], 1.0)
     cols = [c[0] for c in present.available_charts(rows)]

@@ -122,6 +122,11 @@ def _weights_total(rec, _usd):
     return None if w is None else (w + (d or 0)) / MB
 
 
+def _run_memory(rec, usd):
+    w, kv = _weights_total(rec, usd), num((rec.metrics or {}).get(M.kv_bytes))
+    return None if w is None else w + (kv or 0) / MB
+
+
 def _usd_per_1m(rec, usd):
     if usd is None:
         return None
@@ -290,9 +295,12 @@ COLUMNS: tuple[Column, ...] = (
     Column("qlayers_vs_fp32", "quantized / fp32", "", F.lookup(M.quantized_layers).definition,
            lambda r, _u: num(((r.metrics or {}).get(M.quantized_layers) or {}).get("ratio")), digits=3,
            views=frozenset({"cli"})),
-    metric_column("peak_rss_MB", M.peak_rss_bytes, "peak RSS MB", "MB", 1 / MB, digits=1, better="lower",
-                  chart="Memory: peak process RSS"),
+    metric_column("peak_rss_MB", M.peak_rss_bytes, "peak RSS MB (whole process)", "MB", 1 / MB, digits=1),
     metric_column("kv_MB", M.kv_bytes, "KV cache MB", "MB", 1 / MB, views=frozenset({"page"})),
+    Column("run_memory_MB", "weights + KV MB", "MB", "this run's own memory: the target's and the draft's weights "
+           "plus the KV caches it allocated (the process's peak RSS also counts every other model it holds)",
+           _run_memory, digits=1, better="lower", chart="Memory: this run's weights + KV cache",
+           views=frozenset({"page", "report"})),
     metric_column("ttft_ms", M.ttft_s, "TTFT ms", "ms", 1000.0, digits=1, better="lower",
                   chart="Time to first token", interval=True, views=_ALL_AND_CATEGORY),
     metric_column("tok_ms_p50", M.token_latency_ms_median, "ms/token p50", better="lower",

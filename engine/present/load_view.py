@@ -8,7 +8,7 @@ from __future__ import annotations
 from engine.common import fields as F
 from engine.common.fields import LOAD_AT, SPEC_AT, L, M
 from engine.present.columns import Column, metric_column, num
-from engine.present.load_cost import kv_of, kv_text
+from engine.present.load_cost import goodput_tok_s, kv_of, kv_text
 
 MS = 1000.0
 
@@ -46,6 +46,9 @@ LOAD_COLUMNS: tuple[Column, ...] = (
     metric_column("req_s", LOAD_AT.request_s, "requests/s", digits=3),
     metric_column("goodput", LOAD_AT.goodput_req_s, "goodput req/s", digits=3, better="higher",
                   chart="Goodput (requests/s meeting every SLO)"),
+    Column("goodput_tok_s", "goodput tok/s", "tokens/s", "output tokens/s of the requests that met every SLO (the "
+           "goodput chart's figure; engine.present.load_cost.goodput_tok_s)", lambda r, _u: goodput_tok_s(r)[0],
+           digits=1),
     metric_column("slo_share", LOAD_AT.slo_attainment, "met SLO", digits=2),
     metric_column("ttft_p50_ms", LOAD_AT.ttft_s_p50, "TTFT p50 ms", "ms", MS, digits=0),
     metric_column("ttft_p90_ms", LOAD_AT.ttft_s_p90, "TTFT p90 ms", "ms", MS, digits=0, better="lower",
@@ -161,16 +164,19 @@ def throughput_figure(records):
 
     from engine.present.figures import PALETTE, _safe
 
+    # latencies in ms, as the load table shows them; every y axis from zero, so a gap is never magnified
     fig = make_subplots(rows=1, cols=3, subplot_titles=("output tokens/s (higher is better)",
-                                                        "TTFT p90, s (lower is better)",
-                                                        "ITL p90, s (lower is better)"))
+                                                        "TTFT p90, ms (lower is better)",
+                                                        "ITL p90, ms (lower is better)"))
     axis = "concurrency"
-    for col, key in enumerate((L.output_tok_s, L.ttft_s_p90, L.itl_s_p90), start=1):
+    for col, (key, scale) in enumerate(((L.output_tok_s, 1.0), (L.ttft_s_p90, MS), (L.itl_s_p90, MS)), start=1):
         axis, series = _series(records, key)
         for i, (name, (x, y)) in enumerate(series.items()):
+            y = [None if v is None else v * scale for v in y]
             fig.add_trace(go.Scatter(x=x, y=y, name=_safe(name), mode="lines+markers", legendgroup=str(i),
                                      line=dict(color=PALETTE[i % len(PALETTE)]), showlegend=col == 1), row=1, col=col)
     _log_x(fig, axis)
+    fig.update_yaxes(rangemode="tozero")
     fig.update_layout(height=440, width=1200, margin=dict(l=50, r=10, t=90, b=50), legend=dict(orientation="h", y=-0.2))
     return fig
 
@@ -187,7 +193,8 @@ def goodput_figure(records):
         fig.add_trace(go.Bar(x=[f"{v:g}" for v in x], y=y, name=_safe(name), marker_color=PALETTE[i % len(PALETTE)]))
     fig.update_layout(title="Goodput: output tokens/s of the requests that met every SLO (higher is better)",
                       barmode="group", height=420, margin=dict(l=50, r=10, t=60, b=50),
-                      xaxis=dict(title=_axis_title(axis), type="category"), yaxis=dict(title="tokens/s"),
+                      xaxis=dict(title=_axis_title(axis), type="category"),
+                      yaxis=dict(title="goodput, output tokens/s", rangemode="tozero"),
                       legend=dict(orientation="h", y=-0.25))
     return fig
 

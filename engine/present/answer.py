@@ -1,0 +1,154 @@
+"""The answer first: one summary row for each results page, from the records (or the plan) the page draws.
+
+Baseline -> recommended, $ per 1M output tokens, the share saved with its interval, tokens/s, quality (KLD, pass@1
+where measured) and whether speculation pays. The evidence follows on the page; this row repeats none of it in
+other words, and states no figure of its own: every number is a record's (or the planner's) figure.
+
+- Runs (Home, Compare, Reports): the baseline is the unquantized run without a draft (bf16, else fp16, else fp32),
+  the recommendation the run with the lowest $/1M output (one stream at its batch size). The saving's interval
+  takes the ends of both runs' cost intervals (a dearer recommendation at its worst against a cheaper baseline).
+- Load test: $/1M output at the SLO; the baseline is our engine's unquantized configuration without a draft (else
+  the dearest feasible one), the recommendation the cheapest feasible.
+- Cost (the planner): the savings waterfall's baseline and answer, its band as the interval.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+UNQUANTIZED = ("bf16", "fp16", "fp32")
+
+
+@dataclass(frozen=True)
+class Cell:
+    label: str
+    value: str
+    note: str = ""          # one short line under the value (what it is against, its interval)
+    help: str = ""
+
+
+@dataclass
+class Answer:
+    cells: list[Cell] = field(default_factory=list)
+
+    def cell(self, label: str) -> Cell:
+        return next(c for c in self.cells if c.label == label)
+
+    @property
+    def words(self) -> str:
+        return "; ".join(f"{c.label}: {c.value}" + (f" ({c.note})" if c.note else "") for c in self.cells)
+
+
+def _num(x) -> float | None:
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) else None
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.0f}%"
+
+
+def _saved(base: float, rec: float, base_lo=None, base_hi=None, rec_lo=None, rec_hi=None) -> tuple[str, str]:
+    """(the share saved, its interval or why none)."""
+    saved = 1 - rec / base
+    if None not in (base_lo, base_hi, rec_lo, rec_hi) and base_lo > 0 and base_hi > 0:
+        return _pct(saved), f"95% interval {_pct(1 - rec_hi / base_lo)} to {_pct(1 - rec_lo / base_hi)}"
+    return _pct(saved), "no interval (one repetition)"
+
+
+def _is_draft(r) -> bool:
+    return r.get("draft") not in (None, "none", "")
+
+
+def runs_answer(rows) -> Answer | None:
+    """The summary of comparison rows (present.comparison_rows with their intervals), or None without a cost."""
+    ours = [r for r in rows if r.get("system") in (None, "serving-cost-lab") and _num(r.get("usd_per_1m_out"))]
+    if not ours:
+        return None
+    plain = [r for r in ours if not _is_draft(r)]
+    base = next((r for p in UNQUANTIZED for r in plain if r.get("precision") == p), None) \
+        or max(ours, key=lambda r: r["usd_per_1m_out"])
+    best = min(ours, key=lambda r: r["usd_per_1m_out"])
+    saved, interval = _saved(base["usd_per_1m_out"], best["usd_per_1m_out"],
+                             *(_num(base.get(f"usd_per_1m_out_{e}")) for e in ("lo", "hi")),
+                             *(_num(best.get(f"usd_per_1m_out_{e}")) for e in ("lo", "hi")))
+    tok = _num(best.get("tok_s"))
+    lo, hi = _num(best.get("tok_s_lo")), _num(best.get("tok_s_hi"))
+    kl = _num(best.get("quality_loss_kl"))
+    spec = [r for r in ours if _num(r.get("speedup")) is not None]
+    if spec:
+        s = max(spec, key=lambda r: r["speedup"])
+        lo_s = _num(s.get("speedup_lo"))
+        pays = s["speedup"] > 1 and (lo_s is None or lo_s > 1)
+        sp = Cell("Speculation", f"pays: {s['speedup']:.2f}x" if pays else f"does not pay: {s['speedup']:.2f}x",
+                  s["config"], "the best speedup measured against the same target without a draft"
+                  + ("" if lo_s is None else f" (95% interval from {lo_s:.2f}x)"))
+    else:
+        sp = Cell("Speculation", "not measured", "no run with a draft")
+    return Answer([
+        Cell("Baseline → recommended", best["config"], f"from {base['config']}",
+             "the unquantized run without a draft, and the run with the lowest $ per 1M output tokens"),
+        Cell("$ per 1M output", f"${best['usd_per_1m_out']:.4g}", f"from ${base['usd_per_1m_out']:.4g}",
+             "one stream at the measured batch size, at the sidebar's $/hour"),
+        Cell("Saved", saved if best is not base else "0%", interval if best is not base else "the baseline is the "
+             "cheapest"),
+        Cell("Decode tok/s", "n/a" if tok is None else f"{tok:.3g}",
+             "" if lo is None or hi is None else f"95% interval {lo:.3g} to {hi:.3g}"),
+        Cell("Quality", "not measured" if kl is None else f"KLD {kl:.4g}",
+             "" if kl is None else "mean KL divergence from fp32, nats/token"),
+        sp])
+
+
+def load_answer(costs, crossovers=()) -> Answer | None:
+    """The summary of a load test: load_cost.costs_at_slo's figures (and crossover_pairs' for speculation)."""
+    feas = [c for c in costs if c.feasible]
+    if not feas:
+        return None
+    best = min(feas, key=lambda c: c.usd_per_1m_out)
+    plain = [c for c in feas if "+" not in c.configuration and "spec" not in c.configuration]
+    base = next((c for p in UNQUANTIZED for c in plain if f" {p}" in f" {c.configuration}"), None) \
+        or max(feas, key=lambda c: c.usd_per_1m_out)
+    saved = 1 - best.usd_per_1m_out / base.usd_per_1m_out
+    spec = [x for x in crossovers if x.kind == "speculation"]
+    sp = (Cell("Speculation", "pays until " + (f"{spec[0].axis} {spec[0].stops_paying_at:g}"
+                                                if spec[0].stops_paying_at is not None else "the highest load"),
+               spec[0].candidate, spec[0].verdict[:200])
+          if spec and any(spec[0].leads) else
+          Cell("Speculation", "does not pay", spec[0].candidate, spec[0].verdict[:200]) if spec else
+          Cell("Speculation", "not measured", "no configuration with and without a draft"))
+    gp = best.point.goodput_tok_s if best.point else None
+    return Answer([
+        Cell("Baseline → recommended", best.configuration, f"from {base.configuration}"),
+        Cell("$ per 1M output at the SLO", f"${best.usd_per_1m_out:.4g}", f"from ${base.usd_per_1m_out:.4g}",
+             "goodput at the highest load that met the SLO, at the sidebar's $/hour"),
+        Cell("Saved", _pct(saved), "one load sweep: no interval"),
+        Cell("Goodput tok/s", "n/a" if gp is None else f"{gp:.3g}",
+             f"at {best.axis} {best.point.load:g}" if best.point and best.point.load is not None else ""),
+        Cell("Quality", "see Precision", "a load test measures speed; KLD and pass@1 are per precision"),
+        sp])
+
+
+def plan_answer(sv: dict) -> Answer | None:
+    """The summary of the planner's savings answer (planner.savings.Savings.to_dict())."""
+    steps = sv.get("steps") or []
+    if not steps or not steps[0].get("plan"):
+        return None
+    base, last = steps[0], steps[-1]
+    band = ""
+    lo, hi, b = sv.get("saving_low_usd_per_month"), sv.get("saving_high_usd_per_month"), base.get("usd_per_month")
+    if lo is not None and hi is not None and b:
+        band = f"band {_pct(lo / b)} to {_pct(hi / b)}"
+    spec = steps[-1] if steps[-1]["step"] == "+ speculation" else None
+    quality = next((s["cause"].split("quality: ", 1)[1][:160] for s in steps
+                    if s["step"] == "+ quantization" and "quality: " in s.get("cause", "")), None)
+    per_1m = last.get("usd_per_1m_output")
+    return Answer([
+        Cell("Baseline → recommended", last["plan"], f"from {base['plan']}"),
+        Cell("$ per 1M output", "n/a" if per_1m is None else f"${per_1m:.4g}",
+             "" if base.get("usd_per_1m_output") is None else f"from ${base['usd_per_1m_output']:.4g}"),
+        Cell("Saved", f"{sv.get('saving_pct', 0):.0f}%", band or "no band"),
+        Cell("$ per month", f"${last['usd_per_month']:,.0f}" if last.get("usd_per_month") is not None else "n/a",
+             f"{last.get('gpus') or '?'} GPU(s)"),
+        Cell("Quality", "budgeted" if quality else "not budgeted",
+             quality or "plan with a quality budget (KLD, pass@1) to price quality"),
+        Cell("Speculation", "pays" if spec and spec["taken"] else "does not pay here",
+             "" if spec is None else spec["cause"][:160])])
