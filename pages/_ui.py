@@ -140,6 +140,20 @@ def _table(rows: list[dict], view: str, key: str) -> None:
     st.dataframe(df[[c.name for c in cells]], hide_index=True, key=key, column_config=config)
 
 
+def labelled_table(rows: list[dict], key: str, labels: dict[str, str], **config) -> None:
+    """Rows as a table under their labels (with units), the first column pinned, no "None" in a cell; `config`: a
+    column's own st.column_config (its label included)."""
+    df = pd.DataFrame(rows)
+    for c in df.columns:
+        if df[c].dtype == object:
+            df[c] = df[c].map(lambda v: "" if v is None else v)
+    cols = {c: config.get(c) or st.column_config.Column(labels.get(c, c)) for c in df.columns}
+    if len(df.columns):
+        first = df.columns[0]
+        cols[first] = st.column_config.Column(labels.get(first, first), pinned=True)
+    st.dataframe(df, hide_index=True, key=key, column_config=cols)
+
+
 def comparison_table(rows: list[dict], key: str) -> None:
     _table(rows, "page", key)
 
@@ -254,9 +268,11 @@ def answer_row(answer) -> None:
     """The answer first (engine.present.answer): one row of figures, each with what it is against under it."""
     if answer is None:
         return
-    cols = st.columns(len(answer.cells), border=True)
-    for col, c in zip(cols, answer.cells):
-        col.metric(c.label, c.value, c.note or None, delta_color="off", delta_arrow="off", help=c.help or None)
+    with st.container(border=True, key="answer-row"):
+        st.markdown(f"**Recommended: {md_escape(answer.recommended)}** · instead of {md_escape(answer.baseline)}")
+        cols = st.columns(len(answer.cells))
+        for col, c in zip(cols, answer.cells):
+            col.metric(c.label, c.value, c.note or None, delta_color="off", delta_arrow="off", help=c.help or None)
 
 
 def runs_answer_row(records) -> None:

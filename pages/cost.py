@@ -33,11 +33,10 @@ else:
     try:
         rows = present.comparison_rows(recs, usd)
         cap = present.capacity_rows(rows, usd, per_day)
-        st.dataframe(pd.DataFrame(cap), hide_index=True, key="cost-capacity", column_config={
-            "usd_per_1m_out": st.column_config.NumberColumn(_ui.USD_LABEL, format="$%.4f",
-                                                            help="one stream at the measured batch size"),
-            "usd_per_month": st.column_config.NumberColumn("$/month", format="$%.2f"),
-            "utilization": st.column_config.ProgressColumn("busy", min_value=0.0, max_value=1.0, format="percent")})
+        _ui.labelled_table(cap, "cost-capacity", present.CAPACITY_LABELS, usd_per_1m_out=st.column_config.NumberColumn(
+            _ui.USD_LABEL, format="$%.4f", help="one stream at the measured batch size"),
+            usd_per_month=st.column_config.NumberColumn("$/month", format="$%.2f"),
+            utilization=st.column_config.ProgressColumn("busy", min_value=0.0, max_value=1.0, format="percent"))
         fig = present.bar_figure(rows, "usd_per_1m_out", "$ per 1M output tokens on this machine, one stream at the "
                                  "measured batch size", "USD", "lower")
         st.plotly_chart(fig, key="cost-chart", config={"displaylogo": False})
@@ -92,7 +91,9 @@ if PLANNER:
         st.stop()
     gpu_names = planning.gpu_names(inputs)
     model_names = list(models)
-    default_model = "qwen2.5-coder-1.5b" if "qwen2.5-coder-1.5b" in models else model_names[0]
+    # defaults that show a decision: an 8B model at 5 req/s and a 30 ms TPOT SLO, where on an L40S fp8 halves the
+    # bf16 fleet and a draft halves it again (band included); docs/PLANNER.md
+    default_model = "llama-3.1-8b" if "llama-3.1-8b" in models else model_names[0]
     with st.form("cost-plan"):
         a, b, c = st.columns(3)
         with a:
@@ -112,7 +113,7 @@ if PLANNER:
                                            "speculation model: the plan says which rate it used and where from.")
         with c:
             ttft = st.number_input("TTFT p90 SLO (ms)", min_value=1.0, value=2000.0, step=100.0, key="plan-ttft")
-            tpot = st.number_input("Time per output token p90 SLO (ms)", min_value=0.1, value=50.0, step=5.0,
+            tpot = st.number_input("Time per output token p90 SLO (ms)", min_value=0.1, value=30.0, step=5.0,
                                    key="plan-tpot")
             sel_gpus = st.multiselect("GPUs (empty = all data-center GPUs)", gpu_names, key="plan-gpus",
                                       help="A consumer card (RTX 4090) is planned only when picked here.")
@@ -171,7 +172,7 @@ if PLANNER:
         for n in sv.get("notes") or []:
             st.caption(_ui.md_escape(n))
         with st.expander(f"Each precision on {sv['gpu']}, without and with speculation"):
-            st.dataframe(pd.DataFrame(sv["precisions"]), hide_index=True, key="plan-savings-precisions")
+            _ui.labelled_table(sv["precisions"], "plan-savings-precisions", planning.PRECISION_LABELS)
         day = sv.get("day")
         if day:
             st.markdown(f"**A day of {_ui.md_escape(day['traffic'])} traffic on {_ui.md_escape(day['plan'])}** "
@@ -204,7 +205,7 @@ if PLANNER:
                             f"{pol['saving_usd_per_day'] / pol['single_usd_per_day']:.1%}"
                             if pol["saving_usd_per_day"] >= 0.005 else None)
                 with st.expander("Configuration and replicas by hour"):
-                    st.dataframe(pd.DataFrame(pol["rows"]), hide_index=True, key="plan-day-policy")
+                    _ui.labelled_table(pol["rows"], "plan-day-policy", planning.DAY_POLICY_LABELS)
                 for n in pol.get("notes") or []:
                     st.caption(_ui.md_escape(n))
     if res:
@@ -228,7 +229,7 @@ if PLANNER:
         if feas:
             st.plotly_chart(planning.plans_figure(feas), key="plan-chart", config={"displaylogo": False})
         show_all = st.checkbox("Show infeasible plans too", value=not feas, key="plan-all")
-        st.dataframe(pd.DataFrame(rows if show_all else feas), hide_index=True, key="plan-table")
+        _ui.labelled_table(rows if show_all else feas, "plan-table", present.PLAN_LABELS)
         for n in res.get("notes") or []:
             st.caption("Note: " + _ui.md_escape(n))
         if best and best.get("why"):

@@ -63,7 +63,8 @@ def test_planner_plans_a_workload():
     # one answer: the recommended plan is the waterfall's last step, not a second "cheapest"
     assert labels["Recommended plan"] == steps["plan"].iloc[-1].removesuffix(" (not taken)")
     # and the page opens with it: the answer row is the first row of figures (issue 40.5)
-    assert at.metric[0].label == "Baseline → recommended" and at.metric[0].value == labels["Recommended plan"]
+    assert at.markdown[0].value.startswith("**Recommended: " + labels["Recommended plan"].replace("-", "\\-"))
+    assert at.metric[0].label == "$ per 1M output"
     assert list(steps["step"]) == ["baseline", "+ quantization", "+ speculation"]
     assert steps["plan"].iloc[0].endswith("bf16") and all(steps["cause"].str.len() > 0)
     import json
@@ -113,6 +114,8 @@ def test_planner_compares_a_peak_sized_fleet_with_an_autoscaled_one():
 def test_a_fleet_of_models_shares_gpus_where_quantization_makes_them_fit():
     """Issue 24.3: three 7-8B models on L40S: shared GPUs against one model per GPU, per precision."""
     at = AppTest.from_file(PAGE, default_timeout=TIMEOUT).run()
+    at.number_input(key="plan-tpot").set_value(50.0)  # the fleet plans at the planner form's SLOs, once submitted
+    at.button(key="FormSubmitter:cost-plan-Plan").click().run()
     at.button(key="FormSubmitter:cost-fleet-Plan the fleet").click().run()
     assert not problems(at)
     rows = frame(at, "precision", "GPUs shared").set_index("precision")
@@ -122,6 +125,18 @@ def test_a_fleet_of_models_shares_gpus_where_quantization_makes_them_fit():
     at.text_input(key="fleet-models").set_value("llama-3.1-8b:fast")
     at.button(key="FormSubmitter:cost-fleet-Plan the fleet").click().run()
     assert any("is not model:rate" in e.value for e in at.error)
+
+
+def test_the_defaults_show_a_decision():
+    """Issue 40.8: the page opens on a workload where quantization and speculation change the answer on a
+    production GPU: each step of the waterfall is taken and saves."""
+    at = AppTest.from_file(PAGE, default_timeout=TIMEOUT).run()
+    at.button(key="FormSubmitter:cost-plan-Plan").click().run()
+    assert not problems(at)
+    steps = frame(at, "step", "plan", "change $/month").set_index("step")
+    assert not any(p.endswith("(not taken)") for p in steps["plan"])
+    assert (steps["change $/month"].iloc[1:] < 0).all(), steps
+    assert at.markdown[0].value.startswith("**Recommended: ") and "+spec" in at.markdown[0].value
 
 
 def test_planner_refuses_impossible_slo_with_a_message():
@@ -176,11 +191,13 @@ def test_planner_plans_within_a_quality_budget():
     """Issue 40.1: the same records the CLI test plans from, in the page's store: the same answer."""
     from engine.measure.records import RunRecord
     from pages import _ui
-    from tests.test_quality_budget import records
+    from tests.test_quality_budget import MODEL, records
 
     for d in records():
         _ui.get_store().save_run(RunRecord.from_dict(d | {"machine": {}, "schema_version": 3}))
     at = AppTest.from_file(PAGE, default_timeout=TIMEOUT).run()
+    at.selectbox(key="plan-model").set_value(MODEL)
+    at.number_input(key="plan-tpot").set_value(50.0)
     at.number_input(key="plan-rate").set_value(15.0)
     at.number_input(key="plan-in").set_value(512)
     at.multiselect(key="plan-gpus").set_value(["L4"])

@@ -156,9 +156,11 @@ def test_crossover_and_the_cost_page_from_stored_load_runs():
     assert "infeasible at this SLO on this machine" in set(costs["at"])
     # the answer first (issue 40.5): the cheapest at the SLO, from the cost table's own figure
     cheapest = costs.dropna(subset=["usd_per_1m_out_at_slo"]).sort_values("usd_per_1m_out_at_slo").iloc[0]
-    assert at.metric[0].label == "Baseline → recommended" and at.metric[0].value == cheapest["configuration"]
-    assert at.metric[1].value == f"${cheapest['usd_per_1m_out_at_slo']:.4g}"
-    assert at.metric[-1].value == "pays until concurrency 8"
+    assert at.metric[0].label == "$ per 1M output at the SLO"
+    assert at.metric[0].value == f"${cheapest['usd_per_1m_out_at_slo']:.4g}"
+    assert any(m.value.startswith("**Recommended: ") and cheapest["configuration"].split(" ·")[0] in m.value
+               for m in at.markdown)
+    assert at.metric[-1].value == "pays until 8"
     acc = frame(at, "system", "load", "category", "acceptance", "acceptance length")
     assert len(acc) == 9 and set(acc["system"]) == {"ours int4 + ngram"}  # 3 loads x (code, chat, all)
     row = acc[(acc["load"] == "concurrent:4") & (acc["category"] == "code")].iloc[0]

@@ -229,6 +229,19 @@ def assert_clean(page, where: str, log: Path) -> None:
     assert not p, f"{where}: error shown: {p}\nserver log tail:\n{log.read_text()[-2000:]}"
 
 
+FOLD_PX = 900  # the issue's laptop screen: 1440 x 900
+
+
+def assert_answer_first(page, where: str) -> None:
+    """The page's summary row (engine.present.answer) is on screen at 1440 x 900 without scrolling."""
+    row = page.locator('.st-key-answer-row [data-testid="stMetric"]').first
+    row.wait_for(timeout=60_000)
+    page.evaluate("""() => { window.scrollTo(0, 0); const sel = '[data-testid="stMain"], section.main, '
+        + '[data-testid="stAppViewContainer"]'; for (const el of document.querySelectorAll(sel)) el.scrollTop = 0; }""")
+    box = row.bounding_box()
+    assert box is not None and box["y"] >= 0 and box["y"] + box["height"] <= FOLD_PX, (where, box)
+
+
 def go_to(page, title: str, heading: str) -> None:
     """Navigate with the sidebar (keeps the session, and so the current comparison)."""
     page.locator('[data-testid="stSidebarNav"] a', has_text=title).first.click()
@@ -284,7 +297,7 @@ def test_deep_link_as_the_servers_first_session(server, browser):
 def test_dashboard_in_a_browser(server, browser, tmp_path):
     t0 = time.time()
     timings = {}
-    ctx = browser.new_context(viewport={"width": 1440, "height": 1000}, accept_downloads=True)
+    ctx = browser.new_context(viewport={"width": 1440, "height": FOLD_PX}, accept_downloads=True)
     page = ctx.new_page()
     page.set_default_timeout(60_000)
     log = server["log"]
@@ -343,6 +356,7 @@ def test_dashboard_in_a_browser(server, browser, tmp_path):
     # medians with their intervals: whiskers on the bars, ± beside the numbers, per workload category
     assert page.get_by_text(re.compile(r"whiskers: its 95% interval")).first.is_visible()
     assert page.get_by_text("By workload category").first.is_visible()
+    assert_answer_first(page, "home")
     shot(page, "02-home-results")
 
     # Precision: the int4 model is already in the pool, so loading it is instant
@@ -378,14 +392,16 @@ def test_dashboard_in_a_browser(server, browser, tmp_path):
     go_to(page, "Compare (sweep)", "Compare (sweep)")
     page.wait_for_function("document.querySelectorAll('.js-plotly-plot .main-svg').length >= 6", timeout=60_000)
     assert_clean(page, "compare", log)
+    assert_answer_first(page, "compare")
     shot(page, "05-compare")
     go_to(page, "Cost & capacity", "Cost & capacity")
     # a day of traffic: the fleet sized for the peak vs autoscaled. The combobox itself, by its label: a click on
     # the widget's middle (pick) lands on the label's help icon in the form's narrow column and opens no list.
     choose(page, "Traffic over the day", "diurnal")
     page.get_by_role("button", name="Plan", exact=True).click()
-    page.get_by_text("Cheapest plan that meets the SLOs").first.wait_for(timeout=60_000)
+    page.get_by_text("Recommended plan").first.wait_for(timeout=60_000)
     settle(page)
+    assert_answer_first(page, "cost")
     # the answer first: the savings waterfall, drawn by plotly as a waterfall trace
     page.get_by_text("The answer on").first.wait_for(timeout=30_000)
     page.get_by_text("A day of diurnal traffic").first.wait_for(timeout=30_000)
@@ -406,6 +422,7 @@ def test_dashboard_in_a_browser(server, browser, tmp_path):
     page.get_by_text("Saved report").first.wait_for(timeout=60_000)
     settle(page)
     assert_clean(page, "reports", log)
+    assert_answer_first(page, "reports")
     shot(page, "07-reports")
     with page.expect_download(timeout=120_000) as dl:
         page.get_by_text("Export HTML").first.click()

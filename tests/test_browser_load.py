@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_browser_e2e import (CHROMIUM, CHROMIUM_ARGS, assert_clean, browser_missing, running_dashboard, settle,
-                                    shot)
+from tests.test_browser_e2e import (CHROMIUM, CHROMIUM_ARGS, assert_answer_first, assert_clean, browser_missing,
+                                    running_dashboard, settle, shot)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -103,7 +103,7 @@ def test_load_test_page_in_a_browser(app):
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
         try:
-            page = browser.new_page(viewport={"width": 1440, "height": 1000})
+            page = browser.new_page(viewport={"width": 1440, "height": 900})
             page.set_default_timeout(60_000)
             page.goto(f"{app['url']}/load", timeout=90_000)
             page.get_by_role("heading", name="Load test").first.wait_for(timeout=90_000)
@@ -127,6 +127,7 @@ def test_load_test_page_in_a_browser(app):
             page.wait_for_function("document.querySelectorAll('.js-plotly-plot .main-svg').length >= 3",
                                    timeout=60_000)
             assert page.get_by_text("$ per 1M output tokens at the SLO").first.is_visible()
+            assert_answer_first(page, "load test")
             shot(page, "09-load-test")
         finally:
             browser.close()

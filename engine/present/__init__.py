@@ -3,7 +3,7 @@
 columns.py declares every column once (unit, definition, chart); rows.py turns records into rows;
 printers.py formats them; the other modules shape data for one view each.
 """
-from engine.present.capacity import capacity_rows, plan_rows
+from engine.present.capacity import CAPACITY_LABELS, PLAN_LABELS, capacity_rows, plan_rows
 from engine.present.columns import (BY_NAME as COLUMNS_BY_NAME, CHARTS, COLUMNS, PM_DEFINITION, VIEWS, Cell, Column,
                                     definitions, display, family_label, for_view, noise_label, plus_minus,
                                     step_path, step_reasons, table_cells)

@@ -30,13 +30,16 @@ class Cell:
 @dataclass
 class Answer:
     cells: list[Cell] = field(default_factory=list)
+    recommended: str = ""   # the configuration (or plan) the page recommends
+    baseline: str = ""      # what it is measured against
 
     def cell(self, label: str) -> Cell:
         return next(c for c in self.cells if c.label == label)
 
     @property
     def words(self) -> str:
-        return "; ".join(f"{c.label}: {c.value}" + (f" ({c.note})" if c.note else "") for c in self.cells)
+        return f"{self.recommended} instead of {self.baseline}: " + "; ".join(
+            f"{c.label} {c.value}" + (f" ({c.note})" if c.note else "") for c in self.cells)
 
 
 def _num(x) -> float | None:
@@ -45,6 +48,11 @@ def _num(x) -> float | None:
 
 def _pct(x: float) -> str:
     return f"{100 * x:.0f}%"
+
+
+def _rate(x: float | None) -> str:
+    """Tokens/s as people read them: 1,646 or 25.9."""
+    return "n/a" if x is None else f"{x:,.0f}" if x >= 100 else f"{x:.3g}"
 
 
 def _saved(base: float, rec: float, base_lo=None, base_hi=None, rec_lo=None, rec_hi=None) -> tuple[str, str]:
@@ -79,23 +87,21 @@ def runs_answer(rows) -> Answer | None:
         s = max(spec, key=lambda r: r["speedup"])
         lo_s = _num(s.get("speedup_lo"))
         pays = s["speedup"] > 1 and (lo_s is None or lo_s > 1)
-        sp = Cell("Speculation", f"pays: {s['speedup']:.2f}x" if pays else f"does not pay: {s['speedup']:.2f}x",
+        sp = Cell("Speculation", f"pays {s['speedup']:.2f}x" if pays else f"no: {s['speedup']:.2f}x",
                   s["config"], "the best speedup measured against the same target without a draft"
                   + ("" if lo_s is None else f" (95% interval from {lo_s:.2f}x)"))
     else:
-        sp = Cell("Speculation", "not measured", "no run with a draft")
+        sp = Cell("Speculation", "—", "not measured: no run with a draft")
+    same = best is base
     return Answer([
-        Cell("Baseline → recommended", best["config"], f"from {base['config']}",
-             "the unquantized run without a draft, and the run with the lowest $ per 1M output tokens"),
         Cell("$ per 1M output", f"${best['usd_per_1m_out']:.4g}", f"from ${base['usd_per_1m_out']:.4g}",
              "one stream at the measured batch size, at the sidebar's $/hour"),
-        Cell("Saved", saved if best is not base else "0%", interval if best is not base else "the baseline is the "
-             "cheapest"),
-        Cell("Decode tok/s", "n/a" if tok is None else f"{tok:.3g}",
-             "" if lo is None or hi is None else f"95% interval {lo:.3g} to {hi:.3g}"),
-        Cell("Quality", "not measured" if kl is None else f"KLD {kl:.4g}",
-             "" if kl is None else "mean KL divergence from fp32, nats/token"),
-        sp])
+        Cell("Saved", "0%" if same else saved, "the baseline is the cheapest" if same else interval),
+        Cell("Decode tok/s", _rate(tok),
+             "" if lo is None or hi is None else f"95% interval {_rate(lo)} to {_rate(hi)}"),
+        Cell("Quality", "—" if kl is None else f"KLD {kl:.3g}",
+             "not measured" if kl is None else "mean KL divergence from fp32, nats/token"),
+        sp], best["config"], base["config"])
 
 
 def load_answer(costs, crossovers=()) -> Answer | None:
@@ -109,22 +115,20 @@ def load_answer(costs, crossovers=()) -> Answer | None:
         or max(feas, key=lambda c: c.usd_per_1m_out)
     saved = 1 - best.usd_per_1m_out / base.usd_per_1m_out
     spec = [x for x in crossovers if x.kind == "speculation"]
-    sp = (Cell("Speculation", "pays until " + (f"{spec[0].axis} {spec[0].stops_paying_at:g}"
-                                                if spec[0].stops_paying_at is not None else "the highest load"),
-               spec[0].candidate, spec[0].verdict[:200])
+    sp = (Cell("Speculation", "pays until " + (f"{spec[0].stops_paying_at:g}" if spec[0].stops_paying_at is not None
+                                                 else "the top"), spec[0].candidate, spec[0].verdict[:200])
           if spec and any(spec[0].leads) else
-          Cell("Speculation", "does not pay", spec[0].candidate, spec[0].verdict[:200]) if spec else
-          Cell("Speculation", "not measured", "no configuration with and without a draft"))
+          Cell("Speculation", "no", spec[0].candidate, spec[0].verdict[:200]) if spec else
+          Cell("Speculation", "—", "not measured: no configuration with and without a draft"))
     gp = best.point.goodput_tok_s if best.point else None
     return Answer([
-        Cell("Baseline → recommended", best.configuration, f"from {base.configuration}"),
         Cell("$ per 1M output at the SLO", f"${best.usd_per_1m_out:.4g}", f"from ${base.usd_per_1m_out:.4g}",
              "goodput at the highest load that met the SLO, at the sidebar's $/hour"),
         Cell("Saved", _pct(saved), "one load sweep: no interval"),
-        Cell("Goodput tok/s", "n/a" if gp is None else f"{gp:.3g}",
+        Cell("Goodput tok/s", _rate(gp),
              f"at {best.axis} {best.point.load:g}" if best.point and best.point.load is not None else ""),
-        Cell("Quality", "see Precision", "a load test measures speed; KLD and pass@1 are per precision"),
-        sp])
+        Cell("Quality", "—", "a load test measures speed: KLD and pass@1 are on Precision"),
+        sp], best.configuration, base.configuration)
 
 
 def plan_answer(sv: dict) -> Answer | None:
@@ -142,13 +146,11 @@ def plan_answer(sv: dict) -> Answer | None:
                     if s["step"] == "+ quantization" and "quality: " in s.get("cause", "")), None)
     per_1m = last.get("usd_per_1m_output")
     return Answer([
-        Cell("Baseline → recommended", last["plan"], f"from {base['plan']}"),
         Cell("$ per 1M output", "n/a" if per_1m is None else f"${per_1m:.4g}",
              "" if base.get("usd_per_1m_output") is None else f"from ${base['usd_per_1m_output']:.4g}"),
         Cell("Saved", f"{sv.get('saving_pct', 0):.0f}%", band or "no band"),
         Cell("$ per month", f"${last['usd_per_month']:,.0f}" if last.get("usd_per_month") is not None else "n/a",
              f"{last.get('gpus') or '?'} GPU(s)"),
-        Cell("Quality", "budgeted" if quality else "not budgeted",
-             quality or "plan with a quality budget (KLD, pass@1) to price quality"),
-        Cell("Speculation", "pays" if spec and spec["taken"] else "does not pay here",
-             "" if spec is None else spec["cause"][:160])])
+        Cell("Quality", "budgeted" if quality else "—", quality or "not budgeted: plan with a KLD or pass@1 budget"),
+        Cell("Speculation", "pays" if spec and spec["taken"] else "no",
+             "" if spec is None else spec["cause"][:160])], last["plan"], base["plan"])

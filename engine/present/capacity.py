@@ -40,6 +40,16 @@ def capacity_rows(rows: Sequence[Mapping], usd_per_hour: float, tokens_per_day: 
     return out
 
 
+# the tables' column labels, with units (the pages draw rows under these names)
+CAPACITY_LABELS = {"config": "configuration", "tok_s": "decode tok/s", "tokens_per_day_per_machine":
+                   "tokens/day per machine", "machines": "machines", "usd_per_month": "$/month",
+                   "usd_per_1m_out": "$/1M out, one stream", "utilization": "busy"}
+PLAN_LABELS = {"plan": "plan", "feasible": "usable", "gpus": "GPUs", "usd_per_hr": "$/hour", "usd_per_month": "$/month",
+               "usd_per_1m_out": "$/1M output", "ttft_p90_ms": "TTFT p90 (ms)", "tpot_p90_ms": "TPOT p90 (ms)",
+               "batch": "batch (sequences)", "utilization": "busy at the SLOs", "bound": "bound by",
+               "why_not": "why not", "kld_mean": "KLD mean (nats/token)", "pass_at_1_delta_points": "pass@1 Δ (points)"}
+
+
 def plan_rows(plans: Sequence[Mapping], top: int | None = None) -> list[dict]:
     """Planner results (Plan.to_dict()) as table rows: feasible first as the planner sorted them."""
     rows = []

@@ -149,6 +149,13 @@ def savings_figure(sv: dict):
     return fig
 
 
+PRECISION_LABELS = {"precision": "precision", "speculation": "speculation", "plan": "plan",
+                    "feasible": "meets the SLOs", "gpus": "GPUs", "usd_per_month": "$/month",
+                    "usd_per_1m_output": "$/1M output", "why_not": "why not"}
+DAY_POLICY_LABELS = {"hour": "hour", "rate": "requests/s", "configuration": "configuration", "replicas": "replicas",
+                     "usd": "$ this hour", "slo_missed_min": "SLO missed (min)"}
+
+
 def savings_rows(sv: dict) -> list[dict]:
     """The waterfall's steps as table rows: plan, GPUs, $/month, change, band, $/1M output, cause."""
     return [{"step": s["step"], "plan": (s["plan"] or "none") + ("" if s["taken"] else " (not taken)"),
