@@ -320,7 +320,7 @@ def test_dashboard_in_a_browser(server, browser, tmp_path):
     pair = "tiny test pair" if TINY else "Small pair: 0.5B target"
     page.get_by_text(pair).first.click()
     tokens = page.get_by_label("New tokens per run")
-    tokens.fill("4")
+    tokens.fill(os.environ.get("SCL_E2E_TOKENS", "4"))  # docs' screenshots: a real length (docs/DASHBOARD.md)
     tokens.press("Enter")
     settle(page)
     if not QUALITY:
