@@ -171,6 +171,12 @@ if PLANNER:
         st.dataframe(pd.DataFrame(planning.savings_rows(sv)), hide_index=True, key="plan-savings-steps")
         for n in sv.get("notes") or []:
             st.caption(_ui.md_escape(n))
+        try:
+            tf = planning.tradeoff_figure(inputs, sv, use_cal)
+            if tf is not None:
+                st.plotly_chart(tf, key="plan-tradeoff-chart", config={"displaylogo": False})
+        except Exception as e:
+            _ui.show_error(e)
         with st.expander(f"Each precision on {sv['gpu']}, without and with speculation"):
             _ui.labelled_table(sv["precisions"], "plan-savings-precisions", planning.PRECISION_LABELS)
         day = sv.get("day")

@@ -148,6 +148,7 @@ try:
     table = load_view.load_rows(recs)
     st.dataframe(pd.DataFrame(table)[load_view.load_columns(table)], hide_index=True, key="load-table")
     st.plotly_chart(load_view.throughput_figure(recs), key="load-chart-latency", config={"displaylogo": False})
+    st.plotly_chart(load_view.tradeoff_figure(recs), key="load-chart-tradeoff", config={"displaylogo": False})
     st.plotly_chart(load_view.goodput_figure(recs), key="load-chart-goodput", config={"displaylogo": False})
 
     spec_rows = load_view.spec_category_rows(recs)

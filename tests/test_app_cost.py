@@ -137,6 +137,11 @@ def test_the_defaults_show_a_decision():
     assert not any(p.endswith("(not taken)") for p in steps["plan"])
     assert (steps["change $/month"].iloc[1:] < 0).all(), steps
     assert at.markdown[0].value.startswith("**Recommended: ") and "+spec" in at.markdown[0].value
+    import json
+
+    charts = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+    trade = next(c for c in charts if "tokens/s per user" in c["layout"]["title"]["text"])  # InferenceMAX's view
+    assert {t["name"] for t in trade["data"]} >= {"bf16", "fp8", "fp8 + model draft"}
 
 
 def test_planner_refuses_impossible_slo_with_a_message():

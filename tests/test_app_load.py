@@ -149,7 +149,7 @@ def test_crossover_and_the_cost_page_from_stored_load_runs():
     at.session_state["load-runs"] = ids
     at.run()
     assert not problems(at)
-    assert len(at.get("plotly_chart")) == 4
+    assert len(at.get("plotly_chart")) == 5  # latency panels, tokens/s per user, goodput, cost, crossover
     verdicts = " ".join(m.value for m in at.markdown)
     assert "stops paying at 8" in verdicts
     costs = frame(at, "configuration", "usd_per_1m_out_at_slo")

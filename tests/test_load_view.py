@@ -138,6 +138,12 @@ def test_figures_draw_every_configuration():
     goodput = next(c for c in V.LOAD_COLUMNS if c.name == "goodput_tok_s")
     assert goodput.value(recs[0], None) == pytest.approx(10.0)  # the chart's goodput, in the table too
     assert len(V.goodput_figure(recs).data) == 2
+    # the SLO the points were judged against, on the latency panels (issue 40.7)
+    assert [(sh.y0, sh.y1) for sh in fig.layout.shapes] == [(2000.0, 2000.0), (200.0, 200.0)]
+    tf = V.tradeoff_figure(recs)   # tokens/s per user against the server's: one line per configuration
+    assert len(tf.data) == 2 and list(tf.data[0].text) == ["1", "4", "8"]
+    assert list(tf.data[0].y) == [10.0, 30.0, 50.0] and list(tf.data[0].x) == [1 / 0.04, 1 / 0.16, 1 / 0.32]
+    assert tf.data[0].marker.symbol == "circle" and tf.data[1].marker.symbol == "diamond"
     costs = L.costs_at_slo(recs + [point("hopeless", 1, met=[], missed=[100])], 0.5)
     cf = V.slo_cost_figure(costs)
     assert L.INFEASIBLE in list(cf.data[0].text)

@@ -232,6 +232,12 @@ def test_a_report_carries_the_savings_waterfall(tiny_records, store):
     doc = reports.export_html(rep)
     body = _outside_plotly(doc)
     assert body.index('id="your-bill"') < body.index("<h3>Runs</h3>")
+    # each section says whether it is projected or measured, and where (issue 40.7)
+    bill = body[body.index('id="your-bill"'):body.index("<h3>Runs</h3>")]
+    runs = body[body.index("<h3>Runs</h3>"):]
+    assert "Projected, not measured" in bill and "Measured on" not in bill
+    m = tiny_records[0].machine
+    assert f"Measured on {m['cpu_model']} / {m['simd']}" in runs[:runs.index("</p>")] and "model tiny" in runs
     assert '"type":"waterfall"' in body and "fits on 1 GPU(s) instead of 2" in body
     # a report without a plan has no such section
     assert 'id="your-bill"' not in _outside_plotly(reports.export_html(reports.Report("x", "", tiny_records)))

@@ -177,7 +177,53 @@ def throughput_figure(records):
                                      line=dict(color=PALETTE[i % len(PALETTE)]), showlegend=col == 1), row=1, col=col)
     _log_x(fig, axis)
     fig.update_yaxes(rangemode="tozero")
-    fig.update_layout(height=440, width=1200, margin=dict(l=50, r=10, t=90, b=50), legend=dict(orientation="h", y=-0.2))
+    slo = next((c.get("slo") for r in records if isinstance((c := r.config or {}).get("slo"), dict)), None)
+    for col, k in ((2, "ttft"), (3, "itl")):  # the SLO the points were judged against, where it was recorded
+        if slo and isinstance(slo.get(k), (int, float)):
+            fig.add_hline(y=slo[k] * MS, line_dash="dash", line_color="#868e96", row=1, col=col,
+                          annotation_text=f"SLO {slo[k] * MS:g} ms", annotation_position="top left")
+    fig.update_layout(height=440, margin=dict(l=50, r=10, t=90, b=50), legend=dict(orientation="h", y=-0.2))
+    return fig
+
+
+MARKERS = {"none": "circle", "ngram": "diamond", "suffix": "square", "model": "triangle-up", "self": "star"}
+
+
+def tradeoff_figure(records):
+    """InferenceMAX's view: output tokens/s of the whole server against tokens/s each user sees (1 / median ITL), one
+    line per configuration through its loads, each point labelled with its load; colour by precision, marker by
+    draft. Up and to the right is better: the frontier is what the server can trade between the two."""
+    import plotly.graph_objects as go
+
+    from engine.present.figures import PALETTE, _safe
+    from engine.present.load_cost import _facts, axis_of, configurations, load_level
+
+    axis = axis_of(records)
+    precisions: dict[str, str] = {}
+    fig = go.Figure()
+    for name, recs in configurations(records).items():
+        f = _facts(recs)
+        colour = precisions.setdefault(f["precision"], PALETTE[len(precisions) % len(PALETTE)])
+        pts = []
+        for r in recs:
+            m = (r.metrics or {}).get(M.load) or {}
+            itl, out, x = m.get(L.itl_s_p50), m.get(L.output_tok_s), load_level(r, axis)
+            if itl and out and x is not None and m.get(L.completed):
+                pts.append((x, 1 / itl, out))
+        pts.sort()
+        if not pts:
+            continue
+        fig.add_trace(go.Scatter(x=[p[1] for p in pts], y=[p[2] for p in pts], mode="lines+markers+text",
+                                 name=_safe(name), text=[f"{p[0]:g}" for p in pts], textposition="top center",
+                                 line=dict(color=colour), marker=dict(size=10, color=colour,
+                                                                      symbol=MARKERS.get(f["draft"] or "none", "x")),
+                                 hovertemplate="%{x:.1f} tok/s per user, %{y:.1f} tok/s in all<extra>%{fullData.name}"
+                                               "</extra>"))
+    fig.update_layout(title=f"Output tokens/s of the server against tokens/s per user (labels: {_axis_title(axis)}; "
+                            "colour: precision, marker: draft; up and right is better)",
+                      height=460, margin=dict(l=50, r=10, t=60, b=50), legend=dict(orientation="h", y=-0.25),
+                      xaxis=dict(title="tokens/s per user (1 / median inter-token latency)", rangemode="tozero"),
+                      yaxis=dict(title="output tokens/s, all users", rangemode="tozero"))
     return fig
 
 

@@ -209,6 +209,57 @@ def gpu_names(inputs: dict) -> list[str]:
     return [g.name for g in inputs["gpus"].values() if g.kind in GPU_KINDS]
 
 
+TRADEOFF_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+def tradeoff_figure(inputs: dict, sv: dict, use_calibration: bool):
+    """InferenceMAX's view on the answer's GPU: output tokens/s per GPU against tokens/s each user sees, as the
+    batch grows (each point labelled with its batch), one line per precision (colour) without and with the
+    workload's speculation (dashed, diamonds); batches whose KV does not fit are left out. The planner's decode
+    step (planner.sweep.batch_sweep), at the workload's mid-answer context; None when the plan has no GPU."""
+    import plotly.graph_objects as go
+
+    from engine.planner.speculation import choose_spec
+    from engine.planner.sweep import batch_sweep
+    from engine.present.figures import PALETTE
+
+    w, gpu = sv.get("workload") or {}, inputs["gpus"].get(sv.get("gpu"))
+    if gpu is None or not w:
+        return None
+    models, cal = inputs["models"], inputs["calibration"] if use_calibration else None
+    model = models[w["model"]]
+    precs = list(dict.fromkeys(p["precision"] for p in sv.get("precisions") or []))
+    spec = draft = None
+    if w.get("spec") != "off":
+        spec, draft = choose_spec(planner.Workload(model=w["model"], request_rate=w["request_rate"],
+                                                   input_tokens=w["input_tokens"], output_tokens=w["output_tokens"]),
+                                  model, models, cal)
+    rows = batch_sweep(model, gpu, precs, TRADEOFF_BATCHES, w["input_tokens"] + w["output_tokens"] // 2, spec, draft,
+                       calibration=cal)
+    fig = go.Figure()
+    for i, p in enumerate(precs):
+        pts = [r for r in rows if r["precision"] == p and r["fits"]]
+        if not pts:
+            continue
+        colour = PALETTE[i % len(PALETTE)]
+        fig.add_trace(go.Scatter(x=[1e3 / r["tpot_ms"] for r in pts], y=[r["tok_s"] for r in pts],
+                                 text=[str(r["batch"]) for r in pts], mode="lines+markers+text", name=p,
+                                 textposition="top center", line=dict(color=colour), marker=dict(color=colour)))
+        if spec is not None:
+            fig.add_trace(go.Scatter(x=[1e3 / r["spec_tpot_ms"] for r in pts],
+                                     y=[r["batch"] * 1e3 / r["spec_tpot_ms"] for r in pts],
+                                     text=[str(r["batch"]) for r in pts], mode="lines+markers+text",
+                                     name=f"{p} + {spec.draft_kind} draft", textposition="bottom center",
+                                     line=dict(color=colour, dash="dash"),
+                                     marker=dict(color=colour, symbol="diamond")))
+    fig.update_layout(title=f"Output tokens/s per {gpu.name} against tokens/s per user, as the batch grows (labels: "
+                            "batch; dashed: with the draft; up and right is better)",
+                      height=460, margin=dict(l=50, r=10, t=60, b=50), legend=dict(orientation="h", y=-0.2),
+                      xaxis=dict(title="tokens/s per user (1 / time per output token)", rangemode="tozero"),
+                      yaxis=dict(title=f"output tokens/s per {gpu.name} replica", rangemode="tozero"))
+    return fig
+
+
 def plans_figure(rows: Sequence[dict], top: int = 12):
     """The cheapest feasible plans, $/month."""
     import plotly.graph_objects as go
@@ -216,8 +267,9 @@ def plans_figure(rows: Sequence[dict], top: int = 12):
     rows = list(rows)[:top]
     fig = go.Figure(go.Bar(x=[_safe(r["plan"]) for r in rows], y=[r["usd_per_month"] for r in rows],
                            marker_color="#4c6ef5"))
-    fig.update_layout(title="Cheapest feasible plans ($/month)", height=340, margin=dict(l=40, r=10, t=50, b=110),
-                      xaxis=dict(tickangle=-30))
+    fig.update_layout(title="Cheapest feasible plans: $ per month by plan", height=340,
+                      margin=dict(l=40, r=10, t=50, b=110), xaxis=dict(tickangle=-30, title="plan"),
+                      yaxis=dict(title="$ per month", rangemode="tozero"))
     return fig
 
 

@@ -297,7 +297,8 @@ body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px 
 padding:0 16px}
 h1{margin-bottom:4px} .meta{color:#666;font-size:0.9em}
 .notes{white-space:pre-wrap;background:#f8f9fa;border-left:4px solid #adb5bd;padding:8px 12px}
-table{border-collapse:collapse;font-size:0.85em;margin:12px 0;width:100%}
+table{border-collapse:collapse;font-size:0.85em;margin:12px 0;width:100%;display:block;overflow-x:auto}
+.chart .js-plotly-plot,.chart .plot-container{max-width:100%}
 th,td{border:1px solid #dee2e6;padding:4px 6px;text-align:right} th{background:#f1f3f5}
 td.l,th.l{text-align:left} .grid{display:grid;grid-template-columns:1fr 1fr;gap:12px}
 .chart{border:1px solid #eee;min-height:340px} ul.hl li{margin:2px 0} dt{font-weight:600} dd{margin:0 0 4px 12px}
@@ -328,6 +329,43 @@ def _env():
     return env
 
 
+def provenance(records) -> str:
+    """What a report section measured, and where: the machines and models of its records, their count and dates."""
+    from engine.common.record_setup import setup_from_record
+
+    if not records:
+        return "Measured: no runs."
+    machines, models = [], []
+    for r in records:
+        m = r.machine or {}
+        machines.append(" / ".join(str(x) for x in (m.get("cpu_model"), m.get("simd"), m.get("gpu_name")) if x)
+                        or "an unrecorded machine")
+        c = r.config or {}
+        try:
+            models.append(c.get("model") or setup_from_record(c).model)
+        except Exception:
+            models.append(str(c.get("model") or "?"))
+    dates = sorted(str(r.created_at)[:10] for r in records)
+    when = dates[0] if dates[0] == dates[-1] else f"{dates[0]} to {dates[-1]}"
+    return (f"Measured on {', '.join(dict.fromkeys(machines))}; model {', '.join(dict.fromkeys(models))}; "
+            f"{len(records)} run(s), {when}.")
+
+
+PROJECTED = ("Projected, not measured: the planner's roofline (docs/PLANNER.md) on the catalog's GPU figures and "
+             "published measurements, calibrated by this lab's runs where it has them.")
+
+
+def _after_heading(html: str, heading: str, line: str) -> str:
+    """`line` as the first paragraph of the section whose heading starts with `heading`."""
+    at = html.find(heading)
+    if at < 0:
+        return html
+    end = html.find("</h3>", at) + len("</h3>")
+    from markupsafe import escape
+
+    return html[:end] + f'\n<p class="meta provenance">{escape(line)}</p>' + html[end:]
+
+
 def export_html(report: Report) -> str:
     """One self-contained HTML file: plotly.js inline, a CSP forbidding network loads, text escaped."""
     from markupsafe import Markup
@@ -340,7 +378,7 @@ def export_html(report: Report) -> str:
     machine = ", ".join(str(x) for x in (mach.get("cpu_model"), mach.get("simd"), mach.get("gpu_name")) if x)
     names = present.view_columns(table, "report")
     pf = present.pareto_figure(table)
-    return _with_plan_section(_with_accuracy_section(_with_load_section(_env().get_template("report.html.j2").render(
+    html = _with_plan_section(_with_accuracy_section(_with_load_section(_env().get_template("report.html.j2").render(
         report=report, csp=Markup(_CSP), style=Markup(_STYLE), plotly_js=Markup(get_plotlyjs()), machine=machine,
         highlights=present.highlights(table), rows=present.display_rows(table, names),  # median ± h
         columns=[present.COLUMNS_BY_NAME[n] for n in names],
@@ -348,6 +386,13 @@ def export_html(report: Report) -> str:
                 for col, title, unit, better in present.available_charts(table)],
         pareto=_figure_div(pf) if pf is not None else None, missing=present.missing_charts(table),
         definitions=present.definitions(names) + _DEFINITIONS_EXTRA), report), report), report)
+    # each section says whether it is measured (where, on what) or projected
+    runs = [r for r in report.records if r.kind not in ("load", "accuracy")]
+    html = _after_heading(html, "<h3>Runs</h3>", provenance(runs))
+    html = _after_heading(html, '<h3 id="under-load">', provenance([r for r in report.records if r.kind == "load"]))
+    html = _after_heading(html, '<h3 id="task-accuracy">',
+                          provenance([r for r in report.records if r.kind == "accuracy"]))
+    return _after_heading(html, '<h3 id="your-bill">', PROJECTED)
 
 
 _LOAD_SECTION = """<h3 id="under-load">Under load</h3>
