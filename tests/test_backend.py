@@ -410,5 +410,19 @@ def test_with_ray_a_runs_job_goes_to_the_cluster_and_lands_in_the_backends_store
         # the record names the model the catalog resolved ("default-draft" is its alias)
         assert (rec["machine"]["ray_node_id"]
                 and rec["config"]["setup"]["model"] == canonical_model_name("default-draft"))
+        # the Playground on a --ray backend (issue 40.4): a streamed generation runs in the backend, tokens arrive
+        jid = c.submit("playground", runs({**cfg, "prompt": "def add(a, b):"}, stream=True, record_kind="playground"))
+        events, since = [], 0
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            got = c.tokens(jid, since)
+            events, since = events + got["events"], got["next"]
+            if got["done"]:
+                break
+            time.sleep(0.1)
+        job = c.wait(jid, 300)
+        assert job["state"] == "finished" and 1 <= len(events) <= 4, (job, events)
+        (rec,) = c.records(job["run_ids"])
+        assert "".join(e["text"] for e in events) == rec["output"]["texts"][0] and "ray_node_id" not in rec["machine"]
     finally:
         b.stop()
