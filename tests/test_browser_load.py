@@ -52,52 +52,9 @@ def app(tmp_path_factory):
         yield running
 
 
-def test_the_pages_offer_what_the_backends_machine_has(app):
-    """Issue 40.4: the backend reports which servers and peers its machine can run (/v1/info); the Load and Compare
-    pages offer exactly those, whatever the dashboard's own machine has (here llama.cpp's server and tools are
-    missing from the backend's cache only)."""
-    from playwright.sync_api import sync_playwright
-
-    from engine.backend.client import Backend
-
-    info = Backend(app["backend"]["url"]).info()
-    assert info["servers"]["llama-server"] and "not built" in info["servers"]["llama-server"]
-    assert info["peers"]["llama.cpp Q4_K_M-imatrix"]
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-        try:
-            page = browser.new_page(viewport={"width": 1440, "height": 1000})
-            page.set_default_timeout(60_000)
-            page.goto(f"{app['url']}/load", timeout=90_000)
-            page.get_by_role("heading", name="Load test").first.wait_for(timeout=90_000)
-            settle(page, 120)
-            offered = {"llama-server": "llama-server (llama.cpp", "vllm": "vLLM's CPU build (bf16"}
-            for kind, label in offered.items():
-                shown = page.get_by_text(label).count() > 0
-                assert shown == (info["servers"][kind] is None), (kind, info["servers"][kind])
-            assert page.get_by_text("llama-server: llama-server is not built").first.is_visible()
-            page.goto(f"{app['url']}/compare", timeout=90_000)
-            page.get_by_role("heading", name="Compare (sweep)").first.wait_for(timeout=90_000)
-            settle(page, 120)
-            page.get_by_text("Peer systems as rows").first.click()
-            settle(page)
-            missing = {k for k, why in info["peers"].items() if why}
-            text = page.locator('[data-testid="stExpander"]', has_text="Peer systems as rows").first.inner_text()
-            assert "llama.cpp Q4_K_M-imatrix" in text and "llama-imatrix" in text
-            assert text.count("Not offered:") == len(missing)
-            assert_clean(page, "pages offering the backend's peers", app["log"])
-        finally:
-            browser.close()
-
-
-def _fill(page, label: str, value: str) -> None:
-    box = page.get_by_label(label, exact=True)
-    box.fill(value)
-    box.press("Enter")
-    settle(page)
-
-
-def test_load_test_page_in_a_browser(app):
+@pytest.fixture
+def load_page(app):
+    """Chromium on the Load test page at 1440 x 900, drawn."""
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
@@ -108,29 +65,68 @@ def test_load_test_page_in_a_browser(app):
             page.goto(f"{app['url']}/load", timeout=90_000)
             page.get_by_role("heading", name="Load test").first.wait_for(timeout=90_000)
             settle(page, 120)
-            assert_clean(page, "load page", app["log"])
-            assert page.locator('[data-testid="stSidebarNav"] a', has_text="Load test").count() == 1
-            _fill(page, "Workload", "chat:3")
-            _fill(page, "Requests per load point", "3")
-            _fill(page, "Longest answer (tokens)", "8")
-            _fill(page, "TTFT SLO (s)", "60")
-            _fill(page, "Concurrency", "1,2")
-            page.get_by_role("button", name="Run load test").click()
-            page.get_by_role("button", name="Cancel").first.wait_for(timeout=60_000)
-            # Finished, or the job's end says why not (a server that did not start): no waiting out the timeout.
-            page.get_by_text(re.compile(r"load test: 2 of 2 runs finished|Not measured: |nothing was measured")
-                             ).first.wait_for(timeout=900_000)
-            failed = page.get_by_text(re.compile(r"Not measured: |nothing was measured"))
-            assert not failed.count(), failed.first.inner_text()
-            settle(page)
-            assert_clean(page, "after the load test", app["log"])
-            page.wait_for_function("document.querySelectorAll('.js-plotly-plot .main-svg').length >= 3",
-                                   timeout=60_000)
-            assert page.get_by_text("$ per 1M output tokens at the SLO").first.is_visible()
-            assert_answer_first(page, "load test")
-            shot(page, "09-load-test")
+            yield page
         finally:
             browser.close()
+
+
+def test_the_pages_offer_what_the_backends_machine_has(app, load_page):
+    """Issue 40.4: the backend reports which servers and peers its machine can run (/v1/info); the Load and Compare
+    pages offer exactly those, whatever the dashboard's own machine has (here llama.cpp's server and tools are
+    missing from the backend's cache only)."""
+    from engine.backend.client import Backend
+
+    info = Backend(app["backend"]["url"]).info()
+    assert info["servers"]["llama-server"] and "not built" in info["servers"]["llama-server"]
+    assert info["peers"]["llama.cpp Q4_K_M-imatrix"]
+    page = load_page
+    offered = {"llama-server": "llama-server (llama.cpp", "vllm": "vLLM's CPU build (bf16"}
+    for kind, label in offered.items():
+        shown = page.get_by_text(label).count() > 0
+        assert shown == (info["servers"][kind] is None), (kind, info["servers"][kind])
+    assert page.get_by_text("llama-server: llama-server is not built").first.is_visible()
+    page.goto(f"{app['url']}/compare", timeout=90_000)
+    page.get_by_role("heading", name="Compare (sweep)").first.wait_for(timeout=90_000)
+    settle(page, 120)
+    page.get_by_text("Peer systems as rows").first.click()
+    settle(page)
+    missing = {k for k, why in info["peers"].items() if why}
+    text = page.locator('[data-testid="stExpander"]', has_text="Peer systems as rows").first.inner_text()
+    assert "llama.cpp Q4_K_M-imatrix" in text and "llama-imatrix" in text
+    assert text.count("Not offered:") == len(missing)
+    assert_clean(page, "pages offering the backend's peers", app["log"])
+
+
+def _fill(page, label: str, value: str) -> None:
+    box = page.get_by_label(label, exact=True)
+    box.fill(value)
+    box.press("Enter")
+    settle(page)
+
+
+def test_load_test_page_in_a_browser(app, load_page):
+    page = load_page
+    assert_clean(page, "load page", app["log"])
+    assert page.locator('[data-testid="stSidebarNav"] a', has_text="Load test").count() == 1
+    _fill(page, "Workload", "chat:3")
+    _fill(page, "Requests per load point", "3")
+    _fill(page, "Longest answer (tokens)", "8")
+    _fill(page, "TTFT SLO (s)", "60")
+    _fill(page, "Concurrency", "1,2")
+    page.get_by_role("button", name="Run load test").click()
+    page.get_by_role("button", name="Cancel").first.wait_for(timeout=60_000)
+    # Finished, or the job's end says why not (a server that did not start): no waiting out the timeout.
+    page.get_by_text(re.compile(r"load test: 2 of 2 runs finished|Not measured: |nothing was measured")
+                     ).first.wait_for(timeout=900_000)
+    failed = page.get_by_text(re.compile(r"Not measured: |nothing was measured"))
+    assert not failed.count(), failed.first.inner_text()
+    settle(page)
+    assert_clean(page, "after the load test", app["log"])
+    page.wait_for_function("document.querySelectorAll('.js-plotly-plot .main-svg').length >= 3",
+                           timeout=60_000)
+    assert page.get_by_text("$ per 1M output tokens at the SLO").first.is_visible()
+    assert_answer_first(page, "load test")
+    shot(page, "09-load-test")
     # the backend stopped the server it started, by its PID; the records landed in its store and in the dashboard's
     from engine.measure.store import Store
 
