@@ -240,10 +240,12 @@ def judge(table: QualityTable | None, model: str, budget: QualityBudget, precisi
     problems = []
     if budget.max_kld is not None and not any(m.kld_mean is not None for m in rows):
         problems.append(("max_kld", f"no quality (KLD) record of {name} in the lab's runs: measure them with "
-                         f"`{KLD_COMMAND.format(model=name)}`"))
+                         f"`{KLD_COMMAND.format(model=name)}` (the model's folder or hub id where it is not in the "
+                         "lab's catalog)"))
     if budget.max_pass_drop is not None and not any(m.pass_drop is not None for m in rows):
         problems.append(("max_pass_drop", f"no accuracy records of {name} paired with an fp32 one in the lab's runs: "
-                         f"measure them with `{PASS_COMMAND.format(model=name)}`"))
+                         f"measure them with `{PASS_COMMAND.format(model=name)}` (the model's folder or hub id "
+                         "where it is not in the lab's catalog)"))
     if problems:
         raise PlanError(problems)
     picks: dict[str, Measured] = {}
