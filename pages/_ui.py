@@ -197,36 +197,43 @@ def comparison_view(records, key: str, usd: float | None = None) -> list[dict]:
 
 
 def _group_view(records, key: str, usd: float | None) -> list[dict]:
+    """The answers in words, then the evidence in tabs: the table (and per category), the charts, the frontier."""
     rows = present.comparison_rows(records, usd)
     hl = present.highlights(rows)
     if hl:
         st.markdown("\n".join(f"- {md_escape(h)}" for h in hl))
-    comparison_table(rows, key=f"{key}-table")
     noisy = present.noisy_configs(records)
     if noisy:
         st.warning(f"{len(noisy)} of {len(records)} runs were measured on a noisy machine (the noise column says "
                    "why): their numbers may be the machine's, not the configuration's.")
-    category_table(records, key=f"{key}-categories")
     charts = present.available_charts(rows)
-    for i in range(0, len(charts), 2):
-        cols = st.columns(2)
-        for c, (col, title, unit, better) in zip(cols, charts[i:i + 2]):
-            with c:
-                st.plotly_chart(present.bar_figure(rows, col, title, unit, better), key=f"{key}-chart-{col}",
-                                config={"displaylogo": False})
-    st.caption("Bars: the median; whiskers: its 95% interval (speed over repetitions, acceptance over prompts); "
-               "⚠ marks a run the noise guard flagged. $/1M is the cost of one stream at the measured batch size.")
-    missing = present.missing_charts(rows)
-    if missing:
-        st.caption("Not measured in these runs: " + md_escape(", ".join(missing))
-                   + ". Quality needs the quality option; acceptance needs a draft.")
     pf = present.pareto_figure(rows)
-    if pf is not None:
-        axes = present.pareto_axes(rows)
-        st.plotly_chart(pf, key=f"{key}-pareto", config={"displaylogo": False})
-        if axes and axes[1] != "quality_loss_kl":
-            st.caption("Quality was not measured, so the frontier is cost vs memory. Tick 'measure quality' to see "
-                       "cost vs quality.")
+    t_table, t_charts, t_front = st.tabs(["Table", f"Charts ({len(charts)})", "Cost vs quality"])
+    with t_table:
+        comparison_table(rows, key=f"{key}-table")
+        category_table(records, key=f"{key}-categories")
+    with t_charts:
+        for i in range(0, len(charts), 2):
+            cols = st.columns(2)
+            for c, (col, title, unit, better) in zip(cols, charts[i:i + 2]):
+                with c:
+                    st.plotly_chart(present.bar_figure(rows, col, title, unit, better), key=f"{key}-chart-{col}",
+                                    config={"displaylogo": False})
+        st.caption("Bars: the median; whiskers: its 95% interval (speed over repetitions, acceptance over prompts); "
+                   "⚠ marks a run the noise guard flagged. $/1M is the cost of one stream at the measured batch size.")
+        missing = present.missing_charts(rows)
+        if missing:
+            st.caption("Not measured in these runs: " + md_escape(", ".join(missing))
+                       + ". Quality needs the quality option; acceptance needs a draft.")
+    with t_front:
+        if pf is None:
+            st.caption("Fewer than two runs with a cost: no frontier to draw.")
+        else:
+            axes = present.pareto_axes(rows)
+            st.plotly_chart(pf, key=f"{key}-pareto", config={"displaylogo": False})
+            if axes and axes[1] != "quality_loss_kl":
+                st.caption("Quality was not measured, so the frontier is cost vs memory. Tick 'measure quality' to "
+                           "see cost vs quality.")
     return rows
 
 

@@ -347,17 +347,19 @@ def test_dashboard_in_a_browser(server, browser, tmp_path):
     assert back["kernels"], "the backend measured int8 and int4 without the lab's kernels"
     go_to(page, "Home", "Serving Cost Lab")  # Home names the backend it drives
     assert page.get_by_text(server["backend"]["url"]).first.is_visible()
+    assert page.get_by_text("Cheapest per output token").first.is_visible()
+    assert page.get_by_text("By workload category").first.is_visible()   # the Table tab, open first
+    assert_answer_first(page, "home")
+    shot(page, "02-home-results")
+    # the evidence in tabs: the charts with their intervals as whiskers
+    page.get_by_role("tab", name=re.compile(r"^Charts")).first.click()
     page.wait_for_function("document.querySelectorAll('.js-plotly-plot .main-svg').length >= 6", timeout=60_000)
     n_charts = page.locator(".js-plotly-plot").count()
     assert n_charts >= 6, n_charts
     for title in ("Decode throughput", "Time to first token", "$ per 1M output tokens", "Draft acceptance rate"):
         assert page.get_by_text(title).first.is_visible(), title
-    assert page.get_by_text("Cheapest per output token").first.is_visible()
-    # medians with their intervals: whiskers on the bars, ± beside the numbers, per workload category
     assert page.get_by_text(re.compile(r"whiskers: its 95% interval")).first.is_visible()
-    assert page.get_by_text("By workload category").first.is_visible()
-    assert_answer_first(page, "home")
-    shot(page, "02-home-results")
+    shot(page, "02b-home-charts")
 
     # Precision: the int4 model is already in the pool, so loading it is instant
     go_to(page, "Precision", "Precision")
@@ -390,6 +392,7 @@ def test_dashboard_in_a_browser(server, browser, tmp_path):
 
     # Compare and Cost show the current comparison
     go_to(page, "Compare (sweep)", "Compare (sweep)")
+    page.get_by_role("tab", name=re.compile(r"^Charts")).first.click()
     page.wait_for_function("document.querySelectorAll('.js-plotly-plot .main-svg').length >= 6", timeout=60_000)
     assert_clean(page, "compare", log)
     assert_answer_first(page, "compare")
