@@ -86,7 +86,8 @@ def test_a_load_test_runs_in_the_background_and_draws_every_chart(server, lab_ba
     costs = frame(at, "configuration", "usd_per_1m_out_at_slo")
     assert len(costs) == 1 and costs["usd_per_1m_out_at_slo"].iloc[0] > 0  # a loose SLO: every point meets it
     assert costs["at"].iloc[0] == "concurrent:2 (concurrency 2)"
-    assert len(at.get("plotly_chart")) == 3  # latency against load, goodput, $/1M at the SLO (no pair: no crossover)
+    assert len(at.get("plotly_chart")) == 4  # latency against load, tokens/s per user, goodput, $/1M at the SLO (no
+    # pair: no crossover)
     assert any("No pair to compare" in c.value for c in at.caption)
 
 

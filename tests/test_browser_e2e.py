@@ -411,6 +411,7 @@ def test_dashboard_in_a_browser(server, browser, tmp_path):
     page.get_by_text("Sized for the peak").first.wait_for(timeout=30_000)
     assert page.evaluate("""() => Array.from(document.querySelectorAll('.js-plotly-plot'))
         .some(p => (p.data || []).some(t => t.type === 'waterfall'))""")
+    page.get_by_role("tab", name="A fleet of models").first.click()
     page.get_by_role("button", name="Plan the fleet").click()
     page.get_by_text("with one model per GPU").first.wait_for(timeout=60_000)
     settle(page)
