@@ -262,10 +262,10 @@ if PLANNER:
         kv_ctx = k3.number_input("Tokens per sequence (prompt + output)", min_value=1, value=2048, step=256,
                                  key="kv-ctx")
         try:
-            st.dataframe(pd.DataFrame(planning.kv_fit_rows(inputs, kv_model, float(kv_gib), int(kv_ctx))),
-                         hide_index=True, key="kv-fit", column_config={
-                             "kib_per_token": st.column_config.NumberColumn("KiB per token", format="%.1f"),
-                             "vs_bf16": st.column_config.NumberColumn("× bf16", format="%.2f")})
+            _ui.labelled_table(planning.kv_fit_rows(inputs, kv_model, float(kv_gib), int(kv_ctx)), "kv-fit",
+                               planning.KV_FIT_LABELS,
+                               kib_per_token=st.column_config.NumberColumn("KiB per token", format="%.1f"),
+                               vs_bf16=st.column_config.NumberColumn("× bf16", format="%.2f"))
             st.caption("Sequences = ⌊budget ÷ KV bytes of one sequence⌋; bytes per token = layers × KV heads × (K + V "
                        "bytes of a head, with int8's fp16 scales: one per 32 key values, one per value vector). The "
                        "engine's paged cache (`serve --kv-cache-gib`, `--kv-dtype`) allocates its blocks by the same "

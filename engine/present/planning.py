@@ -152,6 +152,8 @@ def savings_figure(sv: dict):
 PRECISION_LABELS = {"precision": "precision", "speculation": "speculation", "plan": "plan",
                     "feasible": "meets the SLOs", "gpus": "GPUs", "usd_per_month": "$/month",
                     "usd_per_1m_output": "$/1M output", "why_not": "why not"}
+KV_FIT_LABELS = {"kv_dtype": "KV precision", "kib_per_token": "KiB per token", "sequences": "sequences",
+                 "vs_bf16": "× bf16", "engine": "runs on"}
 DAY_POLICY_LABELS = {"hour": "hour", "rate": "requests/s", "configuration": "configuration", "replicas": "replicas",
                      "usd": "$ this hour", "slo_missed_min": "SLO missed (min)"}
 
