@@ -131,6 +131,20 @@ def test_a_pass_budget_pairs_against_fp32_and_breaks_ties_by_kld(cal):
     assert {"int4-gptq-g32", "int4-g64", "int4-gptq-g128"} <= missed
 
 
+def test_an_unquantized_precision_lacking_a_measure_is_taken_at_the_references():
+    """bf16 with a KLD record and no accuracy run, under a pass@1 budget: planned (the waterfall's baseline), and
+    its words say what was taken at the reference's quality; a quantized one lacking it is excluded."""
+    recs = records() + [{"run_id": "kld-bf16", "kind": "quality", "created_at": "2026-12-04T11:00:00+00:00",
+                         "config": {"setup": _setup("bf16", "rtn", 64), "system": "serving-cost-lab"},
+                         "metrics": {"quality": {"kld_mean": 0.0001, "tokens": 2048, "eval_fingerprint": TEXT}}}]
+    v = judge(measured_quality(recs), MODEL, QualityBudget(max_pass_drop=2.0), ["bf16", "int4"])
+    assert v.pick("bf16").config == "bf16" and "taken at the reference's quality" in v.pick("bf16").words()
+    no_acc = [r for r in recs if r["run_id"] != "acc-int4-awq-g32"]
+    v2 = judge(measured_quality(no_acc), MODEL, QualityBudget(max_pass_drop=2.0), ["int4"])
+    assert v2.pick("int4").config == "int4-g32"   # AWQ lacks its accuracy run now: excluded, not assumed
+    assert "no accuracy record" in dict((m.config, w) for m, w in v2.misses)["int4-awq-g32"]
+
+
 def test_a_budget_without_records_names_the_command_that_measures_them():
     with pytest.raises(PlanError) as e:
         _plan(planner.calibrate(records(kld=False)), max_kld=0.01)

@@ -80,6 +80,8 @@ class Measured:
         if self.pass_drop is not None:
             parts.append(f"pass@1 {-self.pass_drop:+.1f} points (lost {self.lost}, gained {self.gained} of "
                          f"{self.problems}, McNemar p {self.p_value:.2g}; run {self.pass_run})")
+        if self.precision in FLOAT_PRECISIONS and (self.kld_mean is None or self.pass_drop is None):
+            parts.append("what is not measured taken at the reference's quality")
         return f"{self.config}: " + ("; ".join(parts) or "no quality record")
 
     def to_dict(self) -> dict:
@@ -214,16 +216,18 @@ class Verdict:
 
 
 def _miss(m: Measured, b: QualityBudget) -> str | None:
-    """How `m` misses the budget (a limit it exceeds, or a measure it lacks), or None when it meets it."""
+    """How `m` misses the budget (a limit it exceeds, or a measure it lacks), or None when it meets it. An
+    unquantized precision lacking a measure is taken at the reference's for it (Verdict's notes say so)."""
     why = []
+    unquantized = m.precision in FLOAT_PRECISIONS
     if b.max_kld is not None:
         if m.kld_mean is None:
-            why.append("no KLD record")
+            why += [] if unquantized else ["no KLD record"]
         elif m.kld_mean > b.max_kld:
             why.append(f"KLD mean {m.kld_mean:.5f} > {b.max_kld:g} (run {m.kld_run})")
     if b.max_pass_drop is not None:
         if m.pass_drop is None:
-            why.append("no accuracy record paired with the fp32 one")
+            why += [] if unquantized else ["no accuracy record paired with the fp32 one"]
         elif m.pass_drop > b.max_pass_drop:
             why.append(f"pass@1 drop {m.pass_drop:.1f} points > {b.max_pass_drop:g} (run {m.pass_run})")
     if not why and m.method in MIXED_METHODS:
