@@ -146,7 +146,8 @@ recs = [r for r in _ui.load_records(ids) if r.kind == "load"]
 usd = _ui.usd_per_hour()  # the sidebar's (page_header)
 try:
     table = load_view.load_rows(recs)
-    st.dataframe(pd.DataFrame(table)[load_view.load_columns(table)], hide_index=True, key="load-table")
+    cols = load_view.load_columns(table)
+    _ui.labelled_table([{c: r.get(c) for c in cols} for r in table], "load-table", load_view.column_labels(cols))
     st.plotly_chart(load_view.throughput_figure(recs), key="load-chart-latency", config={"displaylogo": False})
     st.plotly_chart(load_view.tradeoff_figure(recs), key="load-chart-tradeoff", config={"displaylogo": False})
     st.plotly_chart(load_view.goodput_figure(recs), key="load-chart-goodput", config={"displaylogo": False})

@@ -137,6 +137,9 @@ def test_figures_draw_every_configuration():
     assert all(fig.layout[f"yaxis{i or ''}"].rangemode == "tozero" for i in (0, 2, 3))
     goodput = next(c for c in V.LOAD_COLUMNS if c.name == "goodput_tok_s")
     assert goodput.value(recs[0], None) == pytest.approx(10.0)  # the chart's goodput, in the table too
+    labels = V.column_labels(["goodput", "goodput_tok_s", "ttft_p90_ms", "requests"])
+    assert labels == {"goodput": "goodput req/s", "goodput_tok_s": "goodput tok/s", "ttft_p90_ms": "TTFT p90 ms",
+                      "requests": "requests"}
     assert len(V.goodput_figure(recs).data) == 2
     # the SLO the points were judged against, on the latency panels (issue 40.7)
     assert [(sh.y0, sh.y1) for sh in fig.layout.shapes] == [(2000.0, 2000.0), (200.0, 200.0)]

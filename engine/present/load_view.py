@@ -116,6 +116,16 @@ def spec_category_rows(records) -> list[dict]:
     return out
 
 
+def column_labels(names) -> dict[str, str]:
+    """The load table's column names -> their labels, with the unit where the label does not already say it."""
+    out = {}
+    for n in names:
+        c = BY_NAME[n]
+        said = c.unit in c.label or any(u in c.label for u in ("/s", " ms", " s", "MB"))
+        out[n] = c.label + (f" ({c.unit})" if c.unit and not said else "")
+    return out
+
+
 def load_definitions(names) -> list[tuple[str, str]]:
     out = []
     for n in names:
