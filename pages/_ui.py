@@ -276,7 +276,9 @@ def answer_row(answer) -> None:
     if answer is None:
         return
     with st.container(border=True, key="answer-row"):
-        st.markdown(f"**Recommended: {md_escape(answer.recommended)}** · instead of {md_escape(answer.baseline)}")
+        st.markdown(f"**Recommended: {md_escape(answer.recommended)}** · " + (
+            f"instead of {md_escape(answer.baseline)}" if answer.recommended != answer.baseline
+            else "the baseline itself: nothing measured here is cheaper"))
         cols = st.columns(len(answer.cells))
         for col, c in zip(cols, answer.cells):
             col.metric(c.label, c.value, c.note or None, delta_color="off", delta_arrow="off", help=c.help or None)

@@ -108,9 +108,11 @@ def test_load_test_page_in_a_browser(app, load_page):
     page = load_page
     assert_clean(page, "load page", app["log"])
     assert page.locator('[data-testid="stSidebarNav"] a', has_text="Load test").count() == 1
-    _fill(page, "Workload", "chat:3")
-    _fill(page, "Requests per load point", "3")
-    _fill(page, "Longest answer (tokens)", "8")
+    # docs' screenshot: SCL_E2E_LOAD_REQUESTS and SCL_E2E_TOKENS give it a real length (docs/DASHBOARD.md)
+    n_req = os.environ.get("SCL_E2E_LOAD_REQUESTS", "3")
+    _fill(page, "Workload", f"chat:{n_req}")
+    _fill(page, "Requests per load point", n_req)
+    _fill(page, "Longest answer (tokens)", os.environ.get("SCL_E2E_TOKENS", "8"))
     _fill(page, "TTFT SLO (s)", "60")
     _fill(page, "Concurrency", "1,2")
     page.get_by_role("button", name="Run load test").click()
