@@ -166,10 +166,11 @@ try:
 
     st.markdown("**$ per 1M output tokens at the SLO**")
     costs = load_cost.costs_at_slo(recs, usd)
+    pairs = load_cost.crossover_pairs(recs)
     with answer_box:
         from engine.present.answer import load_answer
 
-        _ui.answer_row(load_answer(costs, load_cost.crossover_pairs(recs)))
+        _ui.answer_row(load_answer(recs, costs, pairs))
     st.dataframe(pd.DataFrame(load_cost.cost_rows(costs)), hide_index=True, key="load-costs", column_config={
         "usd_per_1m_out_at_slo": st.column_config.NumberColumn("$/1M out at the SLO", format="$%.4f"),
         "usd_per_1m_out_single_stream": st.column_config.NumberColumn("$/1M out, one stream", format="$%.4f"),
@@ -192,7 +193,6 @@ try:
                    "and dequantizing the cache costs per token instead (the ratio column says which held here).")
 
     st.markdown("**Crossover: where speculation, a smaller precision or a quantized KV cache stops paying**")
-    pairs = load_cost.crossover_pairs(recs)
     if pairs:
         st.plotly_chart(load_view.crossover_figure(pairs), key="load-chart-crossover", config={"displaylogo": False})
         st.markdown("\n".join(f"- {_ui.md_escape(x.verdict)}" for x in pairs))

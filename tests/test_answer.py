@@ -43,13 +43,14 @@ def test_load_answer_prices_at_the_slo():
     recs = curve("ours bf16", {1: 10, 4: 20}, precision="bf16") + curve("ours int4", {1: 15, 4: 40}) \
         + curve("ours int4 + ngram", {1: 20, 4: 35}, draft="ngram")
     costs = present.load_cost.costs_at_slo(recs, 3.6)
-    a = load_answer(costs, present.load_cost.crossover_pairs(recs))
+    a = load_answer(recs, costs, present.load_cost.crossover_pairs(recs))
     by = {c.configuration: c for c in costs}
     int4 = next(n for n in by if n.startswith("ours int4 ·"))
     assert a.recommended == int4 and a.baseline.startswith("ours bf16")
     assert a.cell("$ per 1M output at the SLO").value == f"${by[int4].usd_per_1m_out:.4g}"
     assert a.cell("Speculation").value == "pays until 4"
-    assert load_answer(present.load_cost.costs_at_slo([point("x", 1, met=[], missed=[9])], 1.0)) is None
+    hopeless = [point("x", 1, met=[], missed=[9])]
+    assert load_answer(hopeless, present.load_cost.costs_at_slo(hopeless, 1.0)) is None
 
 
 def test_plan_answer_is_the_waterfall():

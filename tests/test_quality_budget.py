@@ -104,6 +104,10 @@ def test_a_kld_budget_picks_the_cheapest_configuration_within_it(cal):
     assert g32.weights_gb_per_gpu > g64.weights_gb_per_gpu
     step = next(s for s in sv.steps if s.step == "+ quantization")
     assert "KLD mean 0.01112" in step.cause and "within the quality budget" in sv.headline
+    from engine.present.answer import plan_answer
+
+    q = plan_answer(sv.to_dict()).cell("Quality")   # the page's answer row reads the step's quality, not its prose
+    assert q.value == "budgeted" and q.note.startswith("int4-awq-g32: KLD mean 0.01112")
 
 
 def test_a_budget_outside_a_precision_refuses_it_with_the_reason(cal):

@@ -60,6 +60,7 @@ MODEL_ALIASES = {"default": "qwen2.5-coder-1.5b", "default-draft": "qwen2.5-code
 DRAFT_KINDS = ("none", "model", "self", "ngram", "suffix")
 # What a stored record is (engine.measure.records), and the kinds a measured generation (a RunConfig's run) is stored
 # as: a benchmark run, `python -m engine generate`, a run of the Speculative playground.
+OUR_SYSTEMS = (None, "engine", "serving-cost-lab")  # a record's config.system for our engine, as each kind writes it
 RECORD_KINDS = ("generate", "bench", "quality", "peer", "load", "playground", "accuracy")
 RUN_KINDS = ("bench", "generate", "playground")
 MAX_GAMMA = 16  # draft tokens per round, at most

@@ -22,13 +22,12 @@ from typing import Iterable, Mapping
 from engine.common.fields import A, PR, Q
 from engine.common.paired import compare
 from engine.common.record_setup import setup_from_record
-from engine.common.vocab import FLOAT_PRECISIONS, canonical_model_name
+from engine.common.vocab import FLOAT_PRECISIONS, OUR_SYSTEMS, canonical_model_name
 from engine.planner.errors import PlanError
 
 __all__ = ["QualityBudget", "Measured", "QualityTable", "Verdict", "measured_quality", "judge"]
 
 REFERENCE = "fp32"
-OURS = (None, "engine", "serving-cost-lab")   # the system of our engine's records, as each kind writes it
 # int4 methods that keep some layers above 4 bits: the planner prices int4 at 4 bits plus scales, so it would
 # under-count their bytes; they are excluded by name until it prices their layers
 MIXED_METHODS = {"gptq-mixed": "keeps the layers its sensitivity measurement picks at int8",
@@ -117,7 +116,7 @@ def measured_quality(records: Iterable[Mapping]) -> QualityTable:
         q, a = met.get("quality"), met.get("accuracy")
         if not (isinstance(q, Mapping) and q.get(Q.kld_mean) is not None) and not isinstance(a, Mapping):
             continue
-        if cfg.get("system") not in OURS:
+        if cfg.get("system") not in OUR_SYSTEMS:
             skipped.append((rid, f"{cfg.get('system')}'s quality: the planner plans the lab's engine"))
             continue
         s = setup_from_record(cfg)

@@ -94,7 +94,8 @@ class SavingsStep:
                 "usd_per_1m_output": p.usd_per_1m_output if p else None,
                 "usd_per_1m_tokens": p.usd_per_1m_tokens if p else None, "cause": self.cause, "taken": self.taken,
                 "low_usd_per_month": self.low_usd_per_month, "high_usd_per_month": self.high_usd_per_month,
-                "alternative": p_alt.label if (p_alt := self.alternative) is not None else None}
+                "alternative": p_alt.label if (p_alt := self.alternative) is not None else None,
+                "quality": p.quality["words"] if p is not None and p.quality else None}
 
 
 @dataclass
@@ -246,7 +247,7 @@ def _deploy(p: Plan, w: Workload, model: ModelShape, gpu: GPU, calibration: Cali
 
 
 def _quality_words(p: Plan | None) -> str:
-    """What a step's plan costs in quality, under a quality budget ('' without one)."""
+    """What a step's plan costs in quality, for its cause, under a quality budget ('' without one)."""
     return f"; quality: {p.quality['words']}" if p is not None and p.quality else ""
 
 

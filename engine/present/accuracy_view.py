@@ -9,14 +9,13 @@ from __future__ import annotations
 from engine.common.errors import UserError
 from engine.common.fields import A, PR, Q
 from engine.common.record_setup import setup_from_record
-from engine.common.vocab import canonical_model_name
+from engine.common.vocab import OUR_SYSTEMS as OURS, canonical_model_name
 from engine.common.paired import compare
 
 COLUMNS = ("config", "problems", "pass@1", "95% interval", "lost", "gained", "McNemar p", "vs reference",
            "KLD mean", "KLD p99", "gen tok/s", "$/1k solved")
 
 
-OURS = (None, "engine", "serving-cost-lab")  # the system of our engine's records, as each kind writes it
 # llama-server and llama-cpp-python (engine quality) run the same llama.cpp on the same shipped GGUF
 PEER_ENGINE = {"llama-server": "llama.cpp"}
 

@@ -13,8 +13,10 @@ other words, and states no figure of its own: every number is a record's (or the
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
+
+from engine.common.vocab import OUR_SYSTEMS
+from engine.present.columns import num as _num
 
 UNQUANTIZED = ("bf16", "fp16", "fp32")
 
@@ -42,10 +44,6 @@ class Answer:
             f"{c.label} {c.value}" + (f" ({c.note})" if c.note else "") for c in self.cells)
 
 
-def _num(x) -> float | None:
-    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) else None
-
-
 def _pct(x: float) -> str:
     return f"{100 * x:.0f}%"
 
@@ -69,7 +67,7 @@ def _is_draft(r) -> bool:
 
 def runs_answer(rows) -> Answer | None:
     """The summary of comparison rows (present.comparison_rows with their intervals), or None without a cost."""
-    ours = [r for r in rows if r.get("system") in (None, "serving-cost-lab") and _num(r.get("usd_per_1m_out"))]
+    ours = [r for r in rows if r.get("system") in OUR_SYSTEMS and _num(r.get("usd_per_1m_out"))]
     if not ours:
         return None
     plain = [r for r in ours if not _is_draft(r)]
@@ -104,14 +102,18 @@ def runs_answer(rows) -> Answer | None:
         sp], best["config"], base["config"])
 
 
-def load_answer(costs, crossovers=()) -> Answer | None:
-    """The summary of a load test: load_cost.costs_at_slo's figures (and crossover_pairs' for speculation)."""
+def load_answer(records, costs, crossovers=()) -> Answer | None:
+    """The summary of a load test's records: load_cost.costs_at_slo's figures (and crossover_pairs' for
+    speculation), each configuration's precision and draft read from its records."""
+    from engine.present.load_cost import _facts, configurations
+
     feas = [c for c in costs if c.feasible]
     if not feas:
         return None
+    facts = {name: _facts(recs) for name, recs in configurations(records).items()}
     best = min(feas, key=lambda c: c.usd_per_1m_out)
-    plain = [c for c in feas if "+" not in c.configuration and "spec" not in c.configuration]
-    base = next((c for p in UNQUANTIZED for c in plain if f" {p}" in f" {c.configuration}"), None) \
+    plain = [c for c in feas if facts[c.configuration]["system"] in OUR_SYSTEMS and not facts[c.configuration]["draft"]]
+    base = next((c for p in UNQUANTIZED for c in plain if facts[c.configuration]["precision"] == p), None) \
         or max(feas, key=lambda c: c.usd_per_1m_out)
     saved = 1 - best.usd_per_1m_out / base.usd_per_1m_out
     spec = [x for x in crossovers if x.kind == "speculation"]
@@ -142,8 +144,7 @@ def plan_answer(sv: dict) -> Answer | None:
     if lo is not None and hi is not None and b:
         band = f"band {_pct(lo / b)} to {_pct(hi / b)}"
     spec = steps[-1] if steps[-1]["step"] == "+ speculation" else None
-    quality = next((s["cause"].split("quality: ", 1)[1][:160] for s in steps
-                    if s["step"] == "+ quantization" and "quality: " in s.get("cause", "")), None)
+    quality = next((s["quality"][:160] for s in steps if s["step"] == "+ quantization" and s.get("quality")), None)
     per_1m = last.get("usd_per_1m_output")
     return Answer([
         Cell("$ per 1M output", "n/a" if per_1m is None else f"${per_1m:.4g}",
