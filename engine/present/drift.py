@@ -13,12 +13,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from engine.common import fields as F
 from engine.common.fields import M, Q
+from engine.common.paired import Z95
 from engine.common.record_setup import setup_from_record
 from engine.common.vocab import canonical_model_name
+from engine.present.columns import _interval, num
 
 KINDS = ("bench", "generate", "playground", "quality")
-Z95 = 1.959963984540054
 # (what the flag calls it, the metric's path in the record, its unit)
 WATCHED = (("decode tok/s", M.decode_tok_s, "tok/s"), ("acceptance", f"{M.spec}.acceptance_rate", ""),
            ("KLD mean", f"quality.{Q.kld_mean}", "nats/token"))
@@ -47,18 +49,6 @@ class Drift:
         return (f"{self.label}: {self.metric} {self.value:.4g} is outside the 95% interval [{self.interval[0]:.4g}, "
                 f"{self.interval[1]:.4g}] of run {self.before_run} ({self.before_at[:16]}, {self.before:.4g}; "
                 f"{d:+.1f}%). What changed: {what}")
-
-
-def _get(d, path: str):
-    for k in path.split("."):
-        if not isinstance(d, dict) or k not in d:
-            return None
-        d = d[k]
-    return d
-
-
-def _num(x) -> float | None:
-    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
 
 
 def _run_field(rec, k):
@@ -90,16 +80,18 @@ def machine_key(rec) -> tuple:
 
 
 def interval(rec, path: str) -> tuple[float, float] | None:
-    """The 95% interval of the figure at `path` in the record, or None."""
-    iv = _get(rec.metrics or {}, f"{M.intervals}") or {}
-    iv = iv.get(path) if isinstance(iv, dict) else None
-    if isinstance(iv, dict) and _num(iv.get("lo")) is not None and _num(iv.get("hi")) is not None:
-        return float(iv["lo"]), float(iv["hi"])
-    if path == f"quality.{Q.kld_mean}":
-        v, err = _num(_get(rec.metrics, path)), _num(_get(rec.metrics, f"quality.{Q.kld_mean_err}"))
+    """The 95% interval of the figure at `path` in the record (columns' reading of metrics.intervals; KLD mean
+    +/- 1.96 standard errors), or None."""
+    iv = _interval(path)(rec, None)
+    if iv is None and path == f"quality.{Q.kld_mean}":
+        v, err = _value(rec, path), _value(rec, f"quality.{Q.kld_mean_err}")
         if v is not None and err is not None:
             return v - Z95 * err, v + Z95 * err
-    return None
+    return iv
+
+
+def _value(rec, path: str) -> float | None:
+    return num(F.get(rec.metrics or {}, path))
 
 
 def changes(before, after) -> list[str]:
@@ -145,7 +137,7 @@ def drifts(shown, stored) -> list[Drift]:
             continue
         prev = max(earlier, key=lambda x: str(x.created_at))
         for name, path, _unit in WATCHED:
-            v, b, iv = _num(_get(r.metrics, path)), _num(_get(prev.metrics, path)), interval(prev, path)
+            v, b, iv = _value(r, path), _value(prev, path), interval(prev, path)
             if v is None or b is None or iv is None or iv[0] <= v <= iv[1]:
                 continue
             out.append(Drift(r.run_id, r.label, name, v, b, iv, prev.run_id, str(prev.created_at),
