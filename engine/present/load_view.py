@@ -206,21 +206,17 @@ def tradeoff_figure(records):
     import plotly.graph_objects as go
 
     from engine.present.figures import PALETTE, _safe
-    from engine.present.load_cost import _facts, axis_of, configurations, load_level
+    from engine.present.load_cost import _facts, configurations
 
-    axis = axis_of(records)
+    axis, itl = _series(records, L.itl_s_p50)      # the loads and figures each configuration completed
+    _, out = _series(records, L.output_tok_s)
     precisions: dict[str, str] = {}
     fig = go.Figure()
     for name, recs in configurations(records).items():
         f = _facts(recs)
         colour = precisions.setdefault(f["precision"], PALETTE[len(precisions) % len(PALETTE)])
-        pts = []
-        for r in recs:
-            m = (r.metrics or {}).get(M.load) or {}
-            itl, out, x = m.get(L.itl_s_p50), m.get(L.output_tok_s), load_level(r, axis)
-            if itl and out and x is not None and m.get(L.completed):
-                pts.append((x, 1 / itl, out))
-        pts.sort()
+        loads = itl.get(name, ([], []))[0]
+        pts = [(x, 1 / i, o) for x, i, o in zip(loads, itl[name][1], out[name][1]) if i and o] if loads else []
         if not pts:
             continue
         fig.add_trace(go.Scatter(x=[p[1] for p in pts], y=[p[2] for p in pts], mode="lines+markers+text",
