@@ -139,12 +139,15 @@ if PLANNER:
                                      key="plan-scale-up")
             min_rep = t4.number_input("Min replicas", min_value=0, value=1, step=1, key="plan-min-rep")
             max_rep = t5.number_input("Max replicas (0 = none)", min_value=0, value=0, step=1, key="plan-max-rep")
-            q1, q2 = st.columns(2)
-            max_kld = q1.number_input("Quality budget: largest KLD mean (nats/token; blank = none)", value=None,
-                                      min_value=0.0, step=0.001, format="%.4f", key="plan-max-kld",
+            q0, q1, q2 = st.columns([1, 2, 2])
+            kld_stat = q0.selectbox("KLD statistic", ["mean", "median", "p99"], key="plan-kld-stat",
+                                    help="Which statistic of the per-position KL the budget limits: the mean "
+                                         "(llama.cpp's; a few outlier positions move it), the median (a typical "
+                                         "token) or the 99th percentile (the tail).")
+            max_kld = q1.number_input("Quality budget: largest KLD (nats/token, of that statistic; blank = none)",
+                                      value=None, min_value=0.0, step=0.001, format="%.4f", key="plan-max-kld",
                                       help="Plan only configurations whose measured KL divergence from the fp32 "
-                                           "reference "
-                                           "is at most this (your quality runs).")
+                                           "reference is at most this (your quality runs).")
             max_drop = q2.number_input("Quality budget: largest pass@1 drop (points; blank = none)", value=None,
                                        min_value=0.0, step=0.5, format="%.1f", key="plan-max-pass-drop",
                                        help="Plan only configurations whose HumanEval pass@1, paired against the fp32 "
@@ -162,7 +165,7 @@ if PLANNER:
                         sel_gpus, precs, spec, use_cal)
                 # one search: the answer and the plans agree
                 res_d, sv_d = planning.plan_workload(*args, day=day, acceptance=what_if, max_kld=max_kld,
-                                                     max_pass_drop=max_drop)
+                                                     max_pass_drop=max_drop, kld_stat=kld_stat)
                 st.session_state["plan-result"], st.session_state["plan-savings"] = res_d, sv_d
             except Exception as e:
                 st.session_state.pop("plan-result", None)

@@ -217,3 +217,10 @@ def test_planner_plans_within_a_quality_budget():
     assert plans.iloc[0]["plan"] == "1x L4 int4-awq-g32" and plans.iloc[0]["kld_mean"] == 0.011122
     notes = [c.value for c in at.caption]
     assert any("within budget: int4\\-awq\\-g32: KLD mean 0\\.01112" in n for n in notes), notes
+    # the same budget on the median: RTN g64 (median 0.00967, mean 0.0326) is within 0.01 and the fewest bytes
+    at.selectbox(key="plan-kld-stat").set_value("median")
+    at.number_input(key="plan-max-kld").set_value(0.01)
+    at.button(key="FormSubmitter:cost-plan-Plan").click().run()
+    assert not problems(at)
+    plans = frame(at, "plan", "kld_median")
+    assert plans.iloc[0]["plan"] == "1x L4 int4-g64" and plans.iloc[0]["kld_median"] == 0.00967

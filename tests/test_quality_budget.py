@@ -31,6 +31,10 @@ MEASURED = {
     "int4-awq-g32": ("awq", 32, 0.011122, 10, 11),
     "int4-gptq-mixed-g32": ("gptq-mixed", 32, 0.010562, 9, 9),
 }
+# config: (KLD median, KLD p99) on the same tokens (quality_matched.md there)
+TAILS = {"int8": (0.00023, 0.0069), "int4-g32": (0.00512, 0.1233), "int4-g64": (0.00967, 0.2371),
+         "int4-gptq-g32": (0.00429, 0.1197), "int4-gptq-g128": (0.01568, 0.4659), "int4-awq-g32": (0.00351, 0.0789),
+         "int4-gptq-mixed-g32": (0.00298, 0.0836)}
 REF_SOLVED = 87
 PROBLEMS = 164
 
@@ -56,7 +60,9 @@ def records(kld: bool = True, accuracy: bool = True) -> list[dict]:
         if kld:
             out.append({"run_id": f"kld-{config}", "kind": "quality", "created_at": "2026-12-04T10:00:00+00:00",
                         "config": {"setup": _setup(config, method, group), "system": "serving-cost-lab"},
-                        "metrics": {"quality": {"kld_mean": k, "tokens": 2048, "eval_fingerprint": TEXT}}})
+                        "metrics": {"quality": {"kld_mean": k, "kld_median": TAILS[config][0],
+                                                "kld_p99": TAILS[config][1], "tokens": 2048,
+                                                "eval_fingerprint": TEXT}}})
         if accuracy:
             out.append({"run_id": f"acc-{config}", "kind": "accuracy", "created_at": "2026-12-04T20:00:00+00:00",
                         "config": {"setup": _setup(config, method, group), "system": "serving-cost-lab"},
@@ -108,6 +114,32 @@ def test_a_kld_budget_picks_the_cheapest_configuration_within_it(cal):
 
     q = plan_answer(sv.to_dict()).cell("Quality")   # the page's answer row reads the step's quality, not its prose
     assert q.value == "budgeted" and q.note.startswith("int4-awq-g32: KLD mean 0.01112")
+
+
+def test_a_budget_on_the_kld_median_or_p99_judges_by_that_statistic(cal):
+    # the median forgives RTN g64's tail: within 0.01 it is the fewest bytes (its mean, 0.0326, is not)
+    v = judge(cal.quality, MODEL, QualityBudget(max_kld=0.01, kld_stat="median"), ["int4"])
+    assert v.pick("int4").config == "int4-g64" and v.pick("int4").words("median").startswith(
+        "int4-g64: KLD median 0.00967")
+    assert dict((m.config, why) for m, why in v.misses)["int4-gptq-g128"].startswith("KLD median 0.01568 > 0.01")
+    assert "int4" in judge(cal.quality, MODEL, QualityBudget(max_kld=0.01), ["int4"]).excluded  # every mean above
+    # the 99th percentile: only AWQ g32 (0.0789) within 0.08 (the mixed one, 0.0836, misses)
+    v = judge(cal.quality, MODEL, QualityBudget(max_kld=0.08, kld_stat="p99"), ["int4"])
+    assert v.pick("int4").config == "int4-awq-g32"
+    res, sv = _plan(cal, max_kld=0.01, kld_stat="median")
+    assert "KLD median <= 0.01" in sv.headline and res.best.config == "int4-g64"
+    step = next(s for s in sv.steps if s.step == "+ quantization")
+    assert "KLD median 0.00967" in step.cause
+
+
+def test_a_record_without_the_budgeted_statistic_is_excluded_naming_it():
+    recs = [r for r in records(accuracy=False)]
+    for r in recs:
+        r["metrics"]["quality"].pop("kld_median")
+    v = judge(measured_quality(recs), MODEL, QualityBudget(max_kld=0.01, kld_stat="median"), ["int4"])
+    assert "int4" in v.excluded and "its KLD record (run kld-int4-g64) lacks the median" in v.excluded["int4"]
+    with pytest.raises(PlanError, match="kld_stat.*mean, median, p99"):
+        _plan(planner.calibrate(recs), max_kld=0.01, kld_stat="max")
 
 
 def test_a_budget_outside_a_precision_refuses_it_with_the_reason(cal):
@@ -175,3 +207,10 @@ def test_the_cli_and_the_page_give_the_same_answer(tmp_path, cal):
     assert cli["best"]["label"] == page["best"]["label"] == "1x L4 int4-awq-g32"
     assert cli["quality_budget"]["picks"]["int4"]["config"] == page["quality_budget"]["picks"]["int4"]["config"]
     assert cli["savings"]["headline"] == sv["headline"]
+    median = subprocess.run([sys.executable, "-m", "engine", "plan", "--model", MODEL, "--rate", "15", "--input",
+                             "512", "--output", "256", "--gpus", "L4", "--precisions", "bf16,int8,int4", "--spec",
+                             "off", "--max-kld", "0.01", "--kld-stat", "median", "--records", str(f), "--no-store",
+                             "--json"], capture_output=True, text=True, check=True)
+    page, _ = planning.plan_workload(inputs, MODEL, 15.0, 512, 256, 2.0, 0.05, ["L4"], ["bf16", "int8", "int4"],
+                                     "off", True, max_kld=0.01, kld_stat="median")
+    assert json.loads(median.stdout)["best"]["label"] == page["best"]["label"] == "1x L4 int4-g64"

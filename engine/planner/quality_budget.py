@@ -1,8 +1,10 @@
 """A quality budget: the configurations a plan may use, judged by the quality the lab measured for them.
 
 The budget has two limits, either or both:
-- `max_kld`: the mean KL divergence from the fp32 reference, in nats per token (llama.cpp's mean KLD; a quality
-  record of `python -m engine quality` or `bench --quality`);
+- `max_kld`: the KL divergence from the fp32 reference, in nats per token, as the statistic `kld_stat` over the
+  eval positions: the mean (llama.cpp's mean KLD, the default), the median (what a typical token loses: a few
+  outlier positions, such as a requantized GGUF's first tokens, move the mean but not it) or the 99th percentile
+  (the tail); a quality record of `python -m engine quality` or `bench --quality`;
 - `max_pass_drop`: points of HumanEval pass@1 lost against the reference's own accuracy run on the same problems,
   100 * (lost - gained) / problems (an accuracy record of `python -m engine accuracy`), with McNemar's p beside it.
 
@@ -25,7 +27,7 @@ from engine.common.record_setup import setup_from_record
 from engine.common.vocab import FLOAT_PRECISIONS, OUR_SYSTEMS, canonical_model_name
 from engine.planner.errors import PlanError
 
-__all__ = ["QualityBudget", "Measured", "QualityTable", "Verdict", "measured_quality", "judge"]
+__all__ = ["KLD_STATS", "QualityBudget", "Measured", "QualityTable", "Verdict", "measured_quality", "judge"]
 
 REFERENCE = "fp32"
 # int4 methods that keep some layers above 4 bits: the planner prices int4 at 4 bits plus scales, so it would
@@ -37,16 +39,20 @@ PASS_COMMAND = ("python -m engine accuracy --model {model} --precisions fp32,int
                 "--subset full")
 
 
+KLD_STATS = ("mean", "median", "p99")   # the statistics of per-position KL a budget may limit
+
+
 @dataclass(frozen=True)
 class QualityBudget:
-    max_kld: float | None = None        # KLD mean, nats/token
+    max_kld: float | None = None        # nats/token, of the statistic below
     max_pass_drop: float | None = None  # points of pass@1
+    kld_stat: str = "mean"              # one of KLD_STATS
 
     def __bool__(self) -> bool:
         return self.max_kld is not None or self.max_pass_drop is not None
 
     def words(self) -> str:
-        parts = ([f"KLD mean <= {self.max_kld:g} nats/token"] if self.max_kld is not None else []) + (
+        parts = ([f"KLD {self.kld_stat} <= {self.max_kld:g} nats/token"] if self.max_kld is not None else []) + (
             [f"pass@1 drop <= {self.max_pass_drop:g} points"] if self.max_pass_drop is not None else [])
         return " and ".join(parts)
 
@@ -60,6 +66,8 @@ class Measured:
     method: str = "rtn"
     group_size: int | None = None
     kld_mean: float | None = None
+    kld_median: float | None = None
+    kld_p99: float | None = None
     kld_run: str | None = None
     kld_tokens: int | None = None
     pass_drop: float | None = None   # points of pass@1 below the reference (negative: above it)
@@ -70,21 +78,27 @@ class Measured:
     pass_run: str | None = None
     source: str = "measured"         # or 'the reference' / 'assumed at the reference's quality'
 
-    def words(self) -> str:
+    def kld(self, stat: str = "mean") -> float | None:
+        """The KL statistic a budget limits ('mean', 'median' or 'p99'), None where the record lacks it."""
+        return getattr(self, f"kld_{stat}")
+
+    def words(self, stat: str = "mean") -> str:
         if self.source != "measured":
             return f"{self.config}: {self.source}"
         parts = []
-        if self.kld_mean is not None:
-            parts.append(f"KLD mean {self.kld_mean:.5f} on {self.kld_tokens or '?'} tokens (run {self.kld_run})")
+        if self.kld(stat) is not None:
+            parts.append(f"KLD {stat} {self.kld(stat):.5f} on {self.kld_tokens or '?'} tokens (run {self.kld_run})")
+        elif self.kld_mean is not None:
+            parts.append(f"no KLD {stat} in its record (run {self.kld_run}; KLD mean {self.kld_mean:.5f})")
         if self.pass_drop is not None:
             parts.append(f"pass@1 {-self.pass_drop:+.1f} points (lost {self.lost}, gained {self.gained} of "
                          f"{self.problems}, McNemar p {self.p_value:.2g}; run {self.pass_run})")
-        if self.precision in FLOAT_PRECISIONS and (self.kld_mean is None or self.pass_drop is None):
+        if self.precision in FLOAT_PRECISIONS and (self.kld(stat) is None or self.pass_drop is None):
             parts.append("what is not measured taken at the reference's quality")
         return f"{self.config}: " + ("; ".join(parts) or "no quality record")
 
-    def to_dict(self) -> dict:
-        return asdict(self) | {"words": self.words()}
+    def to_dict(self, stat: str = "mean") -> dict:
+        return asdict(self) | {"words": self.words(stat)}
 
 
 @dataclass(frozen=True)
@@ -129,8 +143,8 @@ def measured_quality(records: Iterable[Mapping]) -> QualityTable:
             else:
                 skipped.append((rid, "an accuracy record without per-problem outcomes cannot be paired"))
         elif isinstance(q, Mapping):
-            kld.setdefault(model, {}).setdefault((config, q.get(Q.eval_fingerprint)),
-                                                 (float(q[Q.kld_mean]), q.get(Q.tokens), rid))
+            kld.setdefault(model, {}).setdefault((config, q.get(Q.eval_fingerprint)), (
+                float(q[Q.kld_mean]), q.get(Q.tokens), rid, q.get(Q.kld_median), q.get(Q.kld_p99)))
     out: dict[str, tuple[Measured, ...]] = {}
     for model in sorted(set(kld) | set(acc)):
         texts: dict = {}
@@ -148,7 +162,7 @@ def measured_quality(records: Iterable[Mapping]) -> QualityTable:
             row = dict(config=config, precision=prec, method=method, group_size=group)
             k = kld.get(model, {}).get((config, text))
             if k:
-                row.update(kld_mean=k[0], kld_tokens=k[1], kld_run=k[2])
+                row.update(kld_mean=k[0], kld_tokens=k[1], kld_run=k[2], kld_median=k[3], kld_p99=k[4])
             mine = acc.get(model, {}).get(config)
             if config == REFERENCE and ref:
                 row.update(pass_drop=0.0, problems=len(ref[0]), lost=0, gained=0, p_value=1.0, pass_run=ref[1])
@@ -183,9 +197,9 @@ class Verdict:
         """The measured quantized configuration nearest the budget (smallest excess), when none meets it."""
         def excess(m: Measured) -> float:
             e = 0.0
+            k = m.kld(self.budget.kld_stat)
             if self.budget.max_kld is not None:
-                e += (m.kld_mean - self.budget.max_kld) / max(self.budget.max_kld, 1e-12) if m.kld_mean is not None \
-                    else float("inf")
+                e += (k - self.budget.max_kld) / max(self.budget.max_kld, 1e-12) if k is not None else float("inf")
             if self.budget.max_pass_drop is not None:
                 e += max(0.0, (m.pass_drop - self.budget.max_pass_drop) / max(self.budget.max_pass_drop, 1.0)) \
                     if m.pass_drop is not None else float("inf")
@@ -199,19 +213,21 @@ class Verdict:
         out = [f"quality budget {self.budget.words()} against the fp32 reference of {self.model} (the lab's records: "
                f"{', '.join(self.runs) or 'none'}); speculation is lossless, so each draft plans at its target's "
                "quality"]
-        out += [f"within budget: {m.words()}" for p, m in self.picks.items() if p in asked]
+        stat = self.budget.kld_stat
+        out += [f"within budget: {m.words(stat)}" for p, m in self.picks.items() if p in asked]
         out += [f"excluded: {p}: {why}" for p, why in self.excluded.items() if p in asked]
         if not any(m.precision not in FLOAT_PRECISIONS for p, m in self.picks.items() if p in asked):
             c = self.closest()
             out.append(f"no measured quantized configuration meets {self.budget.words()}"
-                       + (f"; the closest is {c.words()}" if c else ""))
+                       + (f"; the closest is {c.words(stat)}" if c else ""))
         return out
 
     def to_dict(self) -> dict:
         c = self.closest()
+        stat = self.budget.kld_stat
         return {"budget": asdict(self.budget), "words": self.budget.words(), "model": self.model,
-                "picks": {p: m.to_dict() for p, m in self.picks.items()}, "excluded": dict(self.excluded),
-                "runs": list(self.runs), "closest": c.to_dict() if c else None}
+                "picks": {p: m.to_dict(stat) for p, m in self.picks.items()}, "excluded": dict(self.excluded),
+                "runs": list(self.runs), "closest": c.to_dict(stat) if c else None}
 
 
 def _miss(m: Measured, b: QualityBudget) -> str | None:
@@ -219,11 +235,13 @@ def _miss(m: Measured, b: QualityBudget) -> str | None:
     unquantized precision lacking a measure is taken at the reference's for it (Verdict's notes say so)."""
     why = []
     unquantized = m.precision in FLOAT_PRECISIONS
+    k = m.kld(b.kld_stat)
     if b.max_kld is not None:
-        if m.kld_mean is None:
-            why += [] if unquantized else ["no KLD record"]
-        elif m.kld_mean > b.max_kld:
-            why.append(f"KLD mean {m.kld_mean:.5f} > {b.max_kld:g} (run {m.kld_run})")
+        if k is None:
+            why += [] if unquantized else ["no KLD record" if m.kld_mean is None else
+                                           f"its KLD record (run {m.kld_run}) lacks the {b.kld_stat}"]
+        elif k > b.max_kld:
+            why.append(f"KLD {b.kld_stat} {k:.5f} > {b.max_kld:g} (run {m.kld_run})")
     if b.max_pass_drop is not None:
         if m.pass_drop is None:
             why += [] if unquantized else ["no accuracy record paired with the fp32 one"]
@@ -241,6 +259,8 @@ def judge(table: QualityTable | None, model: str, budget: QualityBudget, precisi
     name = canonical_model_name(model)
     rows = table.for_model(name) if table is not None else ()
     problems = []
+    if budget.kld_stat not in KLD_STATS:
+        raise PlanError([("kld_stat", f"unknown statistic '{budget.kld_stat}': one of {', '.join(KLD_STATS)}")])
     if budget.max_kld is not None and not any(m.kld_mean is not None for m in rows):
         problems.append(("max_kld", f"no quality (KLD) record of {name} in the lab's runs: measure them with "
                          f"`{KLD_COMMAND.format(model=name)}` (the model's folder or hub id where it is not in the "
@@ -269,7 +289,7 @@ def judge(table: QualityTable | None, model: str, budget: QualityBudget, precisi
             ok.append(Measured(p, p, source="no record: taken at the reference's quality (16-bit floats of its "
                                "weights; measure it with `python -m engine quality`)"))
         if ok:
-            picks[p] = max(ok, key=lambda m: (m.group_size or 0, -(m.kld_mean or 0.0)))
+            picks[p] = max(ok, key=lambda m: (m.group_size or 0, -(m.kld(budget.kld_stat) or 0.0)))
         else:
             excluded[p] = ("; ".join(f"{m.config}: {why}" for m, why in misses if m.precision == p)
                            or "no quality record of this precision")

@@ -339,7 +339,7 @@ def _within(verdict: Verdict | None, c, evaluate) -> Plan:
                          f"{verdict.excluded.get(c.precision, 'no record')}")
         return p
     p = evaluate(c, **({"group_size": m.group_size} if m.group_size else {}))
-    p.config, p.quality = m.config, m.to_dict()
+    p.config, p.quality = m.config, m.to_dict(verdict.budget.kld_stat)
     return p
 
 

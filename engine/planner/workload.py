@@ -16,7 +16,7 @@ from engine.planner.efficiency import FAMILIES
 from engine.planner.errors import PlanError
 from engine.planner.gpus import GPU, find_gpu
 from engine.planner.roofline import DEFAULT_MAX_BATCH
-from engine.planner.quality_budget import QualityBudget
+from engine.planner.quality_budget import KLD_STATS, QualityBudget
 from engine.planner.shapes import ModelShape, ShapeError
 from engine.planner.speculation import SPEC_DRAFT_KINDS
 
@@ -70,12 +70,13 @@ class Workload:
     mem_util: float | None = None
     price_overrides: Mapping[str, float] | None = None
     price_column: str = "price_usd_per_hr"   # or price_low_usd_per_hr / price_high_usd_per_hr
-    max_kld: float | None = None             # quality budget (planner.quality_budget): KLD mean, nats/token
+    max_kld: float | None = None             # quality budget (planner.quality_budget): KLD, nats/token
     max_pass_drop: float | None = None       # and points of pass@1 below the fp32 reference
+    kld_stat: str = "mean"                   # which KLD statistic max_kld limits: mean, median or p99
 
     @property
     def budget(self) -> QualityBudget:
-        return QualityBudget(self.max_kld, self.max_pass_drop)
+        return QualityBudget(self.max_kld, self.max_pass_drop, self.kld_stat)
 
     def validate(self, models: Mapping[str, ModelShape], gpus: Mapping[str, GPU]) -> ModelShape:
         """Check every field; raise one PlanError listing all problems. Returns the model shape."""
@@ -163,6 +164,8 @@ class Workload:
         for name in ("max_kld", "max_pass_drop"):
             if getattr(self, name) is not None:
                 num(name, getattr(self, name), strict=False)
+        if self.kld_stat not in KLD_STATS:
+            probs.append(("kld_stat", f"unknown KLD statistic {self.kld_stat!r}: one of {', '.join(KLD_STATS)}"))
         if self.price_column not in PRICE_COLUMNS:
             probs.append(("price_column", "must be price_usd_per_hr, price_low_usd_per_hr or price_high_usd_per_hr"))
         if probs:

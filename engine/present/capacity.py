@@ -47,7 +47,8 @@ CAPACITY_LABELS = {"config": "configuration", "tok_s": "decode tok/s", "tokens_p
 PLAN_LABELS = {"plan": "plan", "feasible": "usable", "gpus": "GPUs", "usd_per_hr": "$/hour", "usd_per_month": "$/month",
                "usd_per_1m_out": "$/1M output", "ttft_p90_ms": "TTFT p90 (ms)", "tpot_p90_ms": "TPOT p90 (ms)",
                "batch": "batch (sequences)", "utilization": "busy at the SLOs", "bound": "bound by",
-               "why_not": "why not", "kld_mean": "KLD mean (nats/token)", "pass_at_1_delta_points": "pass@1 Δ (points)"}
+               "why_not": "why not", "kld_mean": "KLD mean (nats/token)", "kld_median": "KLD median (nats/token)",
+               "kld_p99": "KLD p99 (nats/token)", "pass_at_1_delta_points": "pass@1 Δ (points)"}
 
 
 def plan_rows(plans: Sequence[Mapping], top: int | None = None) -> list[dict]:
@@ -66,6 +67,6 @@ def plan_rows(plans: Sequence[Mapping], top: int | None = None) -> list[dict]:
         })
         q = p.get("quality")
         if q:  # under a quality budget: what the configuration measured
-            rows[-1].update(kld_mean=q.get("kld_mean"),
+            rows[-1].update(kld_mean=q.get("kld_mean"), kld_median=q.get("kld_median"), kld_p99=q.get("kld_p99"),
                             pass_at_1_delta_points=None if q.get("pass_drop") is None else round(-q["pass_drop"], 1))
     return rows

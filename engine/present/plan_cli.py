@@ -87,8 +87,11 @@ def _model_options(p, default) -> None:
     p.add_argument("--kv-dtype", default=d("bf16"), choices=list(shapes.KV_DTYPES))
     p.add_argument("--group-size", type=int, default=d(64), help="int4 group size")
     p.add_argument("--max-kld", type=float, default=d(None), metavar="NATS",
-                   help="quality budget: only configurations whose measured KLD mean against the fp32 reference is at "
-                        "most this (nats/token; from the lab's quality records)")
+                   help="quality budget: only configurations whose measured KLD (--kld-stat) against the fp32 "
+                        "reference is at most this (nats/token; from the lab's quality records)")
+    p.add_argument("--kld-stat", choices=["mean", "median", "p99"], default=d("mean"),
+                   help="which statistic of per-position KLD --max-kld limits: the mean (llama.cpp's; a few outlier "
+                        "positions move it), the median (a typical token) or the 99th percentile (the tail)")
     p.add_argument("--max-pass-drop", type=float, default=d(None), metavar="POINTS",
                    help="quality budget: only configurations whose HumanEval pass@1, paired against the fp32 run, "
                         "drops at most this many points (from the lab's accuracy records)")
@@ -262,7 +265,7 @@ class Inputs:
             tpot_p90_s=a.tpot, gpus=a.gpus, precisions=a.precisions, tp_options=a.tp, spec=a.spec,
             acceptance_rate=a.acceptance, gamma=a.gamma, draft_kind=a.draft_kind, draft_model=a.draft_model,
             family=a.family, kv_dtype=a.kv_dtype, group_size=a.group_size, quantize_head=a.quantize_head,
-            max_kld=a.max_kld, max_pass_drop=a.max_pass_drop,
+            max_kld=a.max_kld, max_pass_drop=a.max_pass_drop, kld_stat=a.kld_stat,
             price_overrides=dict(a.price) or None,
             price_column={"reference": "price_usd_per_hr", "low": "price_low_usd_per_hr",
                           "high": "price_high_usd_per_hr"}[a.prices])

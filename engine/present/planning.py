@@ -26,20 +26,23 @@ def planner_inputs(stored_runs: Sequence[dict], overrides: list[dict]) -> dict:
 
 
 def _workload(model, rate, input_tokens, output_tokens, ttft_p90_s, tpot_p90_s, gpus, precisions, spec,
-              acceptance=None, max_kld=None, max_pass_drop=None):
+              acceptance=None, max_kld=None, max_pass_drop=None, kld_stat="mean"):
     """The Cost page's form as a Workload (the plan and the savings answer plan the same one); `acceptance`: a
     what-if draft acceptance rate in [0, 1), projected through the planner's speculation model (None: measured
-    by the lab where it has a run, else assumed); max_kld / max_pass_drop: the quality budget (None: none)."""
+    by the lab where it has a run, else assumed); max_kld / max_pass_drop: the quality budget (None: none), max_kld
+    limiting the KLD statistic `kld_stat`."""
     return planner.Workload(model=model, request_rate=float(rate), input_tokens=int(input_tokens),
                             output_tokens=int(output_tokens), ttft_p90_s=float(ttft_p90_s),
                             tpot_p90_s=float(tpot_p90_s), gpus=gpus or None, precisions=precisions or None, spec=spec,
-                            acceptance_rate=acceptance, max_kld=max_kld, max_pass_drop=max_pass_drop)
+                            acceptance_rate=acceptance, max_kld=max_kld, max_pass_drop=max_pass_drop,
+                            kld_stat=kld_stat)
 
 
 def plan_workload(inputs: dict, model: str, rate: float, input_tokens: int, output_tokens: int, ttft_p90_s: float,
                   tpot_p90_s: float, gpus: list[str] | None, precisions: list[str] | None, spec: str,
                   use_calibration: bool, day: dict | None = None, acceptance: float | None = None,
-                  max_kld: float | None = None, max_pass_drop: float | None = None) -> tuple[dict, dict | None]:
+                  max_kld: float | None = None, max_pass_drop: float | None = None,
+                  kld_stat: str = "mean") -> tuple[dict, dict | None]:
     """The planner's answer for one workload (PlanResult.to_dict()) and its savings waterfall
     (planner.savings.Savings.to_dict(), None when no plan meets the SLOs), from one search, so the two agree;
     with `day` ({"rates", "name", "min_replicas", "max_replicas", "scale_up_min"}) the savings also hold the best
@@ -47,7 +50,7 @@ def plan_workload(inputs: dict, model: str, rate: float, input_tokens: int, outp
     from engine.planner.savings import plan_with_savings
 
     w = _workload(model, rate, input_tokens, output_tokens, ttft_p90_s, tpot_p90_s, gpus, precisions, spec, acceptance,
-                  max_kld, max_pass_drop)
+                  max_kld, max_pass_drop, kld_stat)
     res, sv = plan_with_savings(w, inputs["gpus"], inputs["models"], inputs["calibration"] if use_calibration else None)
     return res.to_dict(), (None if sv is None else _with_day(res, sv, day))
 
