@@ -145,60 +145,68 @@ st.subheader("Results")
 recs = [r for r in _ui.load_records(ids) if r.kind == "load"]
 usd = _ui.usd_per_hour()  # the sidebar's (page_header)
 try:
-    table = load_view.load_rows(recs)
-    cols = load_view.load_columns(table)
-    _ui.labelled_table([{c: r.get(c) for c in cols} for r in table], "load-table", load_view.column_labels(cols))
-    st.plotly_chart(load_view.throughput_figure(recs), key="load-chart-latency", config={"displaylogo": False})
-    st.plotly_chart(load_view.tradeoff_figure(recs), key="load-chart-tradeoff", config={"displaylogo": False})
-    st.plotly_chart(load_view.goodput_figure(recs), key="load-chart-goodput", config={"displaylogo": False})
-
-    spec_rows = load_view.spec_category_rows(recs)
-    if spec_rows:
-        st.markdown("**Acceptance per workload category under load**")
-        st.dataframe(pd.DataFrame(spec_rows).rename(columns=load_view.SPEC_CATEGORY_LABELS), hide_index=True,
-                     key="load-spec-categories", column_config={
-                         "acceptance": st.column_config.NumberColumn("acceptance", format="%.3f"),
-                         "acceptance length": st.column_config.NumberColumn("acceptance length", format="%.2f")})
-        st.caption("From each answer's own speculative stats (vLLM's per-request summary, which the lab's server "
-                   "sends while it drafts): acceptance = accepted ÷ draft tokens, acceptance length = 1 + accepted "
-                   "÷ drafting rounds, pooled over the category's requests at that load. Under an adaptive policy "
-                   "a request drafts only in the steps that pay.")
-
-    st.markdown("**$ per 1M output tokens at the SLO**")
     costs = load_cost.costs_at_slo(recs, usd)
     pairs = load_cost.crossover_pairs(recs)
     with answer_box:
         from engine.present.answer import load_answer
 
         _ui.answer_row(load_answer(recs, costs, pairs))
-    st.dataframe(pd.DataFrame(load_cost.cost_rows(costs)), hide_index=True, key="load-costs", column_config={
-        "usd_per_1m_out_at_slo": st.column_config.NumberColumn("$/1M out at the SLO", format="$%.4f"),
-        "usd_per_1m_out_single_stream": st.column_config.NumberColumn("$/1M out, one stream", format="$%.4f"),
-        "goodput_tok_s": st.column_config.NumberColumn("goodput tok/s", format="%.1f")})
-    st.plotly_chart(load_view.slo_cost_figure(costs), key="load-chart-cost", config={"displaylogo": False})
-    st.caption("Goodput = output tokens of the requests that met every SLO, per second of the load point. $/1M at "
-               "the SLO = $/hour ÷ (goodput at the highest load whose point met the SLO × 3600) × 10⁶; with no such "
-               "point the answer is 'infeasible at this SLO on this machine'. The one-stream figure prices the "
-               "concurrency-1 point's output tok/s.")
-
+    spec_rows = load_view.spec_category_rows(recs)
     kv_rows = load_cost.kv_cost_rows(recs, usd)
-    if kv_rows:
-        st.markdown("**KV cache quantized or not: $ per 1M output tokens at the SLO, at one KV budget**")
-        st.dataframe(pd.DataFrame(kv_rows).rename(columns=load_cost.KV_COST_LABELS), hide_index=True,
-                     key="load-kv-costs")
-        st.caption("Each pair is our server with the same weights, draft, workload, SLO and KV budget, its KV cache "
-                   "stored quantized (int8 with per-vector scales, fp8) or at the compute dtype. Sequences: whole "
-                   "requests of the context the budget's blocks hold. More of them admitted at once buys goodput "
-                   "only where decode is bound by memory, not compute; where prefill is compute-bound, quantizing "
-                   "and dequantizing the cache costs per token instead (the ratio column says which held here).")
+    names = ["Table", "Charts (3)", "Cost at the SLO", "Crossover"] + (["Acceptance"] if spec_rows else [])
+    tabs = dict(zip(names, st.tabs(names)))  # the evidence in tabs, under the answer row
+    with tabs["Table"]:
+        table = load_view.load_rows(recs)
+        cols = load_view.load_columns(table)
+        _ui.labelled_table([{c: r.get(c) for c in cols} for r in table], "load-table", load_view.column_labels(cols))
+    with tabs["Charts (3)"]:
+        st.plotly_chart(load_view.throughput_figure(recs), key="load-chart-latency", config={"displaylogo": False})
+        st.plotly_chart(load_view.tradeoff_figure(recs), key="load-chart-tradeoff", config={"displaylogo": False})
+        st.plotly_chart(load_view.goodput_figure(recs), key="load-chart-goodput", config={"displaylogo": False})
 
-    st.markdown("**Crossover: where speculation, a smaller precision or a quantized KV cache stops paying**")
-    if pairs:
-        st.plotly_chart(load_view.crossover_figure(pairs), key="load-chart-crossover", config={"displaylogo": False})
-        st.markdown("\n".join(f"- {_ui.md_escape(x.verdict)}" for x in pairs))
-    else:
-        st.caption("No pair to compare: serve a precision with and without a draft (or int4 beside int8/bf16) at "
-                   "the same loads.")
+    with tabs["Cost at the SLO"]:
+        st.markdown("**$ per 1M output tokens at the SLO**")
+        st.dataframe(pd.DataFrame(load_cost.cost_rows(costs)), hide_index=True, key="load-costs", column_config={
+            "usd_per_1m_out_at_slo": st.column_config.NumberColumn("$/1M out at the SLO", format="$%.4f"),
+            "usd_per_1m_out_single_stream": st.column_config.NumberColumn("$/1M out, one stream", format="$%.4f"),
+            "goodput_tok_s": st.column_config.NumberColumn("goodput tok/s", format="%.1f")})
+        st.plotly_chart(load_view.slo_cost_figure(costs), key="load-chart-cost", config={"displaylogo": False})
+        st.caption("Goodput = output tokens of the requests that met every SLO, per second of the load point. $/1M "
+                   "at the SLO = $/hour ÷ (goodput at the highest load whose point met the SLO × 3600) × 10⁶; with "
+                   "no such point the answer is 'infeasible at this SLO on this machine'. The one-stream figure "
+                   "prices the concurrency-1 point's output tok/s.")
+        if kv_rows:
+            st.markdown("**KV cache quantized or not: $ per 1M output tokens at the SLO, at one KV budget**")
+            st.dataframe(pd.DataFrame(kv_rows).rename(columns=load_cost.KV_COST_LABELS), hide_index=True,
+                         key="load-kv-costs")
+            st.caption("Each pair is our server with the same weights, draft, workload, SLO and KV budget, its KV "
+                       "cache stored quantized (int8 with per-vector scales, fp8) or at the compute dtype. "
+                       "Sequences: whole requests of the context the budget's blocks hold. More of them admitted at "
+                       "once buys goodput only where decode is bound by memory, not compute; where prefill is "
+                       "compute-bound, quantizing and dequantizing the cache costs per token instead (the ratio "
+                       "column says which held here).")
+
+    with tabs["Crossover"]:
+        st.markdown("**Where speculation, a smaller precision or a quantized KV cache stops paying**")
+        if pairs:
+            st.plotly_chart(load_view.crossover_figure(pairs), key="load-chart-crossover",
+                            config={"displaylogo": False})
+            st.markdown("\n".join(f"- {_ui.md_escape(x.verdict)}" for x in pairs))
+        else:
+            st.caption("No pair to compare: serve a precision with and without a draft (or int4 beside int8/bf16) "
+                       "at the same loads.")
+
+    if spec_rows:
+        with tabs["Acceptance"]:
+            st.markdown("**Acceptance per workload category under load**")
+            st.dataframe(pd.DataFrame(spec_rows).rename(columns=load_view.SPEC_CATEGORY_LABELS), hide_index=True,
+                         key="load-spec-categories", column_config={
+                             "acceptance": st.column_config.NumberColumn("acceptance", format="%.3f"),
+                             "acceptance length": st.column_config.NumberColumn("acceptance length", format="%.2f")})
+            st.caption("From each answer's own speculative stats (vLLM's per-request summary, which the lab's "
+                       "server sends while it drafts): acceptance = accepted ÷ draft tokens, acceptance length = 1 "
+                       "+ accepted ÷ drafting rounds, pooled over the category's requests at that load. Under an "
+                       "adaptive policy a request drafts only in the steps that pay.")
     st.caption("These runs are now the current comparison: save them as a report on the Reports page.")
 except Exception as e:
     _ui.show_error(e)

@@ -124,11 +124,15 @@ def test_load_test_page_in_a_browser(app, load_page):
     assert not failed.count(), failed.first.inner_text()
     settle(page)
     assert_clean(page, "after the load test", app["log"])
-    page.wait_for_function("document.querySelectorAll('.js-plotly-plot .main-svg').length >= 3",
-                           timeout=60_000)
-    assert page.get_by_text("$ per 1M output tokens at the SLO").first.is_visible()
     assert_answer_first(page, "load test")
     shot(page, "09-load-test")
+    # the evidence in tabs under the answer: the table first, the charts and the cost a click away
+    assert page.locator('[data-testid="stDataFrame"]').first.is_visible()
+    page.get_by_role("tab", name="Charts (3)").click()
+    page.wait_for_function("document.querySelectorAll('.js-plotly-plot .main-svg').length >= 3",
+                           timeout=60_000)
+    page.get_by_role("tab", name="Cost at the SLO").click()
+    page.get_by_text("$ per 1M output tokens at the SLO").first.wait_for(state="visible", timeout=30_000)
     # the backend stopped the server it started, by its PID; the records landed in its store and in the dashboard's
     from engine.measure.store import Store
 
