@@ -32,11 +32,14 @@ def _spec(rec, category: str | None = None) -> dict:
 
 def rows_of(recs: list[dict]) -> list[dict]:
     """One row per target precision and draft: acceptance and speedup at each batch size, the target's KLD."""
+    from engine.common.record_setup import setup_from_record
+
     out: dict[tuple, dict] = {}
     for r in recs:
         cfg = r["config"]
         draft = (cfg.get("draft") or {}).get("kind") or "none"
-        key = (cfg["precision"] + (f"-{cfg['method']}" if cfg.get("method") not in (None, "rtn") else ""), draft)
+        cfg["precision"]  # noqa: B018  a record without one is not a bench record: KeyError, loudly
+        key = (setup_from_record(cfg).precision_token, draft)  # 'int4-gptq-g32': the method and group once
         row = out.setdefault(key, {"precision": key[0], "draft": draft, "label": r.get("label")})
         b = cfg.get("batch_size", 1)
         sp = _spec(r)
