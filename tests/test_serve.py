@@ -233,6 +233,22 @@ def test_prefix_cache_on_by_default_reuses_a_prompt_and_counts_it(server):
     assert "vllm:num_preemptions_total" in after and "vllm:kv_cache_usage_perc" in after
     lab = httpx.get(server.url + "/v1/models").json()["data"][0]["lab"]
     assert lab["kv"]["kv_cache"] == "paged" and lab["kv"]["prefix_caching"] is True
+    # the step's token budget, chosen at start (issue 41): 4 slots verifying 3 drafts each, plus the prompt rows
+    # that kept a step of 3 decoding sequences within 2.5 of its decode steps, as timed
+    sb, st = lab["step_budget"], lab["settings"]
+    assert st["step_factor"] == 2.5 and sb["factor"] == 2.5 and sb["decode_seqs"] == 3 and sb["decode_s"] > 0
+    assert 1 <= sb["prompt_rows"] <= 128 and st["max_batched_tokens"] == sb["max_batched_tokens"] == 16 + sb[
+        "prompt_rows"]
+
+
+def test_a_step_budget_too_small_is_refused_naming_both_numbers():
+    """Before any weight loads: the numbers and the fix, exit 2."""
+    out = subprocess.run([sys.executable, "-m", "engine", "serve", "--model", "default-draft", "--max-seqs", "8",
+                          "--max-batched-tokens", "6", "--port", str(_free_port())], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode != 0
+    assert "max_batched_tokens 6 is smaller than a decode round of 8 sequences (gamma 0: 8 rows) plus one prompt " \
+           "row" in out.stderr and "raise max_batched_tokens to at least 9" in out.stderr, out.stderr[-800:]
 
 
 def test_binds_loopback_and_logs_no_text_by_default(server):

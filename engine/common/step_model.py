@@ -23,7 +23,8 @@ One model, two sources of T: the server's StepCost holds tables, measured when i
 spec_policy.py `profile`, on the real step path) and kept current from every step's own timings (`observe`); the
 planner's RooflineSteps (engine/planner/roofline.py) prices the same T(batch, gamma) from a GPU's roofline. The
 c_j are counted as the server runs, decayed so they follow the traffic (`Acceptance`); the planner's are one
-acceptance rate. Both choose gamma with best_gamma below.
+acceptance rate. Both choose gamma with best_gamma below. The server's step token budget reads the same table:
+the most prompt rows a step may add within a factor of a decode step (`StepCost.rows_within`).
 """
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ PRIOR_RATE, PRIOR_WEIGHT = 0.6, 2.0  # acceptance before any round is counted: 1
 DECAY = 0.995  # per counted round: the last few hundred rounds carry the estimate
 
 
-def _interpolate(table: dict[int, float], x: float) -> float:
+def interpolate(table: dict[int, float], x: float) -> float:
     """Piecewise linear through the points; beyond the ends, the nearest segment's slope (never below 0)."""
     xs = sorted(table)
     if len(xs) == 1:
@@ -62,15 +63,36 @@ class StepCost:
     prompt_rows: float = 0.0  # prompt rows a step admits, on average
 
     def target(self, rows: float) -> float:
-        return _interpolate(self.target_s, rows)
+        return interpolate(self.target_s, rows)
 
     def draft(self, batch: int) -> float:
-        return _interpolate(self.draft_s, batch) if self.draft_s else 0.0
+        return interpolate(self.draft_s, batch) if self.draft_s else 0.0
 
     def step_s(self, batch: int, gamma: int, rows: float | None = None) -> float:
         """T(batch, gamma); rows: the rows verified per sequence (default 1 + gamma: every draft proposed)."""
         return self.target(batch * (1 + gamma if rows is None else rows)) + gamma * self.draft(batch) \
             + (self.prompt_rows * self.draft_row_s if gamma else 0.0)
+
+    def rows_within(self, base_rows: int, factor: float, most: int) -> int:
+        """The most rows r (1..most) a step of `base_rows` may add so that target(base_rows + r) <= factor x
+        target(base_rows): the step's token budget (engine/infer/step_budget.py). More rows never cost less, so a
+        noisy point below an earlier one is lifted to it; at least 1, so prompts always advance."""
+        table, top = {}, 0.0
+        for r in sorted(x for x in self.target_s if x >= base_rows):
+            top = table[r] = max(top, self.target_s[r])
+        if base_rows not in table:
+            return most
+        limit = factor * table[base_rows]
+        lo, hi = 1, most
+        if interpolate(table, base_rows + hi) <= limit:
+            return hi
+        while lo < hi:  # non-decreasing in rows: bisect on the interpolation
+            mid = (lo + hi + 1) // 2
+            if interpolate(table, base_rows + mid) <= limit:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
 
     def observe(self, rows: int, verify_s: float, batch: int = 0, passes: int = 0, draft_s: float = 0.0,
                 prompt_rows: int = 0, draft_prefill_s: float = 0.0) -> None:

@@ -8,6 +8,7 @@ import sys
 from engine.common.errors import UserError
 
 DEFAULT_PORT = 8000
+STEP_FACTOR = 2.5  # ITL p99 <= 3x p50 at concurrency 8 on the 0.5B and the 1.5B (docs/BENCHMARKS.md, session 25)
 DEATH_GRACE_S = 2.0  # after the engine dies: in-flight requests get their errors, /health says 503, then exit 1
 KV_FACTS = ("kv_cache", "kv_dtype", "block_size", "num_blocks", "kv_bytes", "prefix_caching")  # fixed at start
 
@@ -39,7 +40,12 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--max-seqs", type=int, default=8, help="sequences decoding together (KV cache slots)")
     p.add_argument("--max-model-len", type=int, default=2048, help="positions per sequence: prompt + new tokens")
     p.add_argument("--max-batched-tokens", type=int, default=None,
-                   help="rows one step may run (default: a decode round of every slot plus one prefill chunk)")
+                   help="rows one step may run: a decode round of every slot plus the prompt rows a step may carry "
+                        "(default: chosen at start by --max-step-factor)")
+    p.add_argument("--max-step-factor", type=float, default=STEP_FACTOR,
+                   help="a step carrying prompt rows costs at most this many decode steps of every slot: the server "
+                        "times its steps at start and sets --max-batched-tokens from them (0: a decode round plus "
+                        "one prefill chunk, the budget before this option; docs/SERVING.md)")
     p.add_argument("--prefill-chunk", type=int, default=64,
                    help="prompt tokens per prefill chunk: it bounds how long a decode step waits for a prefill "
                         "(ITL p99 710 ms at 256, 335 ms at 64: docs/SERVING.md)")
@@ -78,17 +84,21 @@ def build(a):
     from engine.serve.loop import EngineLoop
 
     setup = setup_from(a)
-    say = lambda s: print(f"[{s}]", file=sys.stderr, flush=True)  # noqa: E731
-    loaded = load_setup(setup, progress=say)
-    target, gamma = loaded.target, setup.gamma if setup.speculative else 0
+    gamma = setup.gamma if setup.speculative else 0
     chunk = a.prefill_chunk
-    # A decode round of every slot (each verifying its drafts) plus one prefill chunk.
-    batched = a.max_batched_tokens or a.max_seqs * max(setup.headroom, 1) + chunk
+    # A decode round of every slot (each verifying its drafts) plus one prefill chunk, until the step factor's
+    # profile (loop.start()) chooses the prompt rows; a budget given is kept as given.
+    batched = a.max_batched_tokens or min(a.max_seqs * max(setup.headroom, 1) + chunk, a.max_seqs * a.max_model_len)
+    factor = 0.0 if a.max_batched_tokens else a.max_step_factor
     paged = a.kv_cache == "paged"
     settings = BatchSettings(max_seqs=a.max_seqs, max_model_len=a.max_model_len, max_batched_tokens=batched,
                              prefill_chunk=chunk, max_waiting=a.max_waiting, policy="decode-first",
                              kv_cache=a.kv_cache, kv_cache_gib=a.kv_cache_gib, block_size=a.block_size,
-                             prefix_caching=paged and a.prefix_caching, kv_dtype=a.kv_dtype).validate()
+                             prefix_caching=paged and a.prefix_caching, kv_dtype=a.kv_dtype,
+                             step_factor=factor).validate(gamma)  # before the weights load: a bad one is refused now
+    say = lambda s: print(f"[{s}]", file=sys.stderr, flush=True)  # noqa: E731
+    loaded = load_setup(setup, progress=say)
+    target = loaded.target
     loop = EngineLoop(target, settings, loaded.proposer, gamma, log_text=a.log_requests_text,
                       spec_policy=setup.spec_policy)
     loop.per_request_spec = a.per_request_spec_decode_metrics
@@ -117,6 +127,7 @@ def run(a) -> int:
 
     loop, name, facts = on_a_passing_thread(build, a)  # the engine thread then holds the only OpenMP team
     loop.start()
+    facts.update(started_facts(loop))
     app = create_app(loop, name, facts, a.max_tokens_default)
 
     class Server(uvicorn.Server):
@@ -135,6 +146,12 @@ def run(a) -> int:
         print(f"exiting: {loop.reason}", file=sys.stderr, flush=True)
         return 1
     return 0
+
+
+def started_facts(loop) -> dict:
+    """What the engine chose as it started: its settings (the step's token budget) and the budget's profile."""
+    sb = loop.scheduler.step_budget
+    return {"settings": loop.scheduler.settings.to_dict(), "step_budget": sb.to_dict() if sb is not None else None}
 
 
 def stop_when_engine_dies(loop, server, grace_s: float = DEATH_GRACE_S) -> None:
