@@ -5,6 +5,7 @@ import streamlit as st
 from pages import _ui
 from engine import present
 from engine.common.fields import M
+from engine.common.vocab import KLD_STATS
 
 _ui.page_header("Cost & capacity", "What the measured speed costs on this machine, and what a workload would "
                 "cost on production GPUs.", price_key="cost")
@@ -140,7 +141,7 @@ if PLANNER:
             min_rep = t4.number_input("Min replicas", min_value=0, value=1, step=1, key="plan-min-rep")
             max_rep = t5.number_input("Max replicas (0 = none)", min_value=0, value=0, step=1, key="plan-max-rep")
             q0, q1, q2 = st.columns([1, 2, 2])
-            kld_stat = q0.selectbox("KLD statistic", ["mean", "median", "p99"], key="plan-kld-stat",
+            kld_stat = q0.selectbox("KLD statistic", list(KLD_STATS), key="plan-kld-stat",
                                     help="Which statistic of the per-position KL the budget limits: the mean "
                                          "(llama.cpp's; a few outlier positions move it), the median (a typical "
                                          "token) or the 99th percentile (the tail).")

@@ -67,6 +67,7 @@ MAX_GAMMA = 16  # draft tokens per round, at most
 # How a server picks each step's draft length (engine/infer/spec_policy.py): always gamma, the best by the
 # step-cost model and the running acceptance (0 included), or no speculation at all.
 SPEC_POLICIES = ("fixed", "adaptive", "off")
+KLD_STATS = ("mean", "median", "p99")  # the statistics of per-position KL a quality budget may limit
 KV_CACHES = ("slots", "paged")  # max_model_len reserved per sequence up front | blocks admitted as needed
 # The engine's KV-cache precisions (auto: the compute dtype); fp8 needs a GPU of compute capability 8.9+.
 KV_DTYPES = ("auto", "fp32", "bf16", "fp16", "int8", "fp8")

@@ -24,10 +24,10 @@ from typing import Iterable, Mapping
 from engine.common.fields import A, PR, Q
 from engine.common.paired import compare
 from engine.common.record_setup import setup_from_record
-from engine.common.vocab import FLOAT_PRECISIONS, OUR_SYSTEMS, canonical_model_name
+from engine.common.vocab import FLOAT_PRECISIONS, KLD_STATS, OUR_SYSTEMS, canonical_model_name
 from engine.planner.errors import PlanError
 
-__all__ = ["KLD_STATS", "QualityBudget", "Measured", "QualityTable", "Verdict", "measured_quality", "judge"]
+__all__ = ["QualityBudget", "Measured", "QualityTable", "Verdict", "measured_quality", "judge"]
 
 REFERENCE = "fp32"
 # int4 methods that keep some layers above 4 bits: the planner prices int4 at 4 bits plus scales, so it would
@@ -37,9 +37,6 @@ MIXED_METHODS = {"gptq-mixed": "keeps the layers its sensitivity measurement pic
 KLD_COMMAND = "python -m engine quality --model {model} --precisions int8,int4-awq-g32,int4-gptq-g32,int4"
 PASS_COMMAND = ("python -m engine accuracy --model {model} --precisions fp32,int8,int4-awq-g32,int4 "
                 "--subset full")
-
-
-KLD_STATS = ("mean", "median", "p99")   # the statistics of per-position KL a budget may limit
 
 
 @dataclass(frozen=True)
@@ -259,8 +256,8 @@ def judge(table: QualityTable | None, model: str, budget: QualityBudget, precisi
     name = canonical_model_name(model)
     rows = table.for_model(name) if table is not None else ()
     problems = []
-    if budget.kld_stat not in KLD_STATS:
-        raise PlanError([("kld_stat", f"unknown statistic '{budget.kld_stat}': one of {', '.join(KLD_STATS)}")])
+    if budget.kld_stat not in KLD_STATS:  # Workload.validate refuses it first; a direct caller here
+        raise PlanError([("kld_stat", f"unknown KLD statistic {budget.kld_stat!r}: one of {', '.join(KLD_STATS)}")])
     if budget.max_kld is not None and not any(m.kld_mean is not None for m in rows):
         problems.append(("max_kld", f"no quality (KLD) record of {name} in the lab's runs: measure them with "
                          f"`{KLD_COMMAND.format(model=name)}` (the model's folder or hub id where it is not in the "

@@ -10,13 +10,13 @@ import math
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from engine.common.vocab import MAX_GAMMA
+from engine.common.vocab import KLD_STATS, MAX_GAMMA
 from engine.planner import shapes
 from engine.planner.efficiency import FAMILIES
 from engine.planner.errors import PlanError
 from engine.planner.gpus import GPU, find_gpu
 from engine.planner.roofline import DEFAULT_MAX_BATCH
-from engine.planner.quality_budget import KLD_STATS, QualityBudget
+from engine.planner.quality_budget import QualityBudget
 from engine.planner.shapes import ModelShape, ShapeError
 from engine.planner.speculation import SPEC_DRAFT_KINDS
 

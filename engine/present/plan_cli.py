@@ -27,6 +27,7 @@ from engine import planner
 from engine.common.cli_args import csv_list, int_list
 from engine.common.errors import UserError
 from engine.common.paths import REPO_ROOT
+from engine.common.vocab import KLD_STATS
 from engine.planner import batchjob, efficiency, fit, fleet, hf_config, selfcheck, shapes, traffic
 from engine.planner.day_policy import plan_day
 from engine.planner.gpus import CatalogError, find_gpu, load_gpus, price_table
@@ -89,7 +90,7 @@ def _model_options(p, default) -> None:
     p.add_argument("--max-kld", type=float, default=d(None), metavar="NATS",
                    help="quality budget: only configurations whose measured KLD (--kld-stat) against the fp32 "
                         "reference is at most this (nats/token; from the lab's quality records)")
-    p.add_argument("--kld-stat", choices=["mean", "median", "p99"], default=d("mean"),
+    p.add_argument("--kld-stat", choices=list(KLD_STATS), default=d("mean"),
                    help="which statistic of per-position KLD --max-kld limits: the mean (llama.cpp's; a few outlier "
                         "positions move it), the median (a typical token) or the 99th percentile (the tail)")
     p.add_argument("--max-pass-drop", type=float, default=d(None), metavar="POINTS",
