@@ -15,10 +15,8 @@ PROMPTS = ["Write a Python function that reverses a list.", "What is a KV cache?
            "List three prime numbers.", "x = [1, 2, 3]\ny = [a * 2 for a in x]\nprint(y)\n# prints",
            "Explain recursion in one sentence.", "SELECT name FROM users WHERE"]
 N_NEW = 20
-# Small chunks so prompts prefill over several steps, interleaved with other sequences' decodes; the budget is a
-# decode round of 8 sequences verifying 3 drafts plus 13 prompt rows, so among others a 16-row chunk is cut to what
-# the step has left (issue 41's token budget), while alone it runs whole: the same tokens either way.
-SETTINGS = BatchSettings(max_seqs=8, max_model_len=256, max_batched_tokens=8 * 4 + 13, prefill_chunk=16)
+# Small chunks so prompts prefill over several steps, interleaved with other sequences' decodes.
+SETTINGS = BatchSettings(max_seqs=8, max_model_len=256, max_batched_tokens=8 * 5 + 16, prefill_chunk=16)
 
 
 def _ids(lm, prompts=PROMPTS):
@@ -67,9 +65,8 @@ def _together(lm, ids, spec=None, gamma=0, stagger=2, sp=None):
 
 @pytest.mark.parametrize("kind", ["none", "ngram", "suffix", "model", "self"])
 def test_greedy_batch_is_token_identical_to_each_request_alone(kind, small_int4, small_int8):
-    """8 requests joining a running batch two steps apart, prefilled in chunks beside the others' decodes (cut
-    where the step's budget runs out) and verified per sequence, give exactly the tokens each gives alone, its
-    chunks whole (int4 rows are batch-invariant)."""
+    """8 requests joining a running batch two steps apart, prefilled in chunks beside the others' decodes
+    and verified per sequence, give exactly the tokens each gives alone (int4 rows are batch-invariant)."""
     lm = small_int4
     draft = {"model": small_int4, "self": small_int8}.get(kind)
     spec = None if kind == "none" else proposer_spec(kind, draft, lm)
@@ -149,8 +146,9 @@ def test_requests_that_cannot_fit_are_refused_before_queueing(small_int4):
         sched.submit(Request(list(range(1, 21)), 500))
     with pytest.raises(UserError, match="empty"):
         sched.submit(Request([], 5))
-    with pytest.raises(UserError, match="max_batched_tokens 8 is smaller than a decode round"):
-        Scheduler(small_int4, BatchSettings(max_seqs=8, max_batched_tokens=8, prefill_chunk=16), None, 0)
+    with pytest.raises(UserError, match="max_batched_tokens 16 is smaller than a decode round of 8 sequences "
+                                        r"\(gamma 0: 8 rows\) plus one prefill chunk of 16"):
+        Scheduler(small_int4, BatchSettings(max_seqs=8, max_batched_tokens=16, prefill_chunk=16), None, 0)
     with pytest.raises(UserError, match="policy"):
         BatchSettings(policy="random").validate()
 

@@ -237,8 +237,9 @@ def test_prefix_cache_on_by_default_reuses_a_prompt_and_counts_it(server):
     # that kept a step of 3 decoding sequences within 2.5 of its decode steps, as timed
     sb, st = lab["step_budget"], lab["settings"]
     assert st["step_factor"] == 2.5 and sb["factor"] == 2.5 and sb["decode_seqs"] == 3 and sb["decode_s"] > 0
-    assert 1 <= sb["prompt_rows"] <= 128 and st["max_batched_tokens"] == sb["max_batched_tokens"] == 16 + sb[
-        "prompt_rows"]
+    chunk = min(sb["prompt_rows"], 64)  # the server's --prefill-chunk, or the rows when fewer
+    assert 1 <= sb["prompt_rows"] <= 128 and st["prefill_chunk"] == sb["prefill_chunk"] == chunk
+    assert st["max_batched_tokens"] == sb["max_batched_tokens"] == 16 + chunk
 
 
 def test_a_step_budget_too_small_is_refused_naming_both_numbers():
@@ -247,8 +248,8 @@ def test_a_step_budget_too_small_is_refused_naming_both_numbers():
                           "--max-batched-tokens", "6", "--port", str(_free_port())], cwd=ROOT, capture_output=True,
                          text=True, timeout=120)
     assert out.returncode != 0
-    assert "max_batched_tokens 6 is smaller than a decode round of 8 sequences (gamma 0: 8 rows) plus one prompt " \
-           "row" in out.stderr and "raise max_batched_tokens to at least 9" in out.stderr, out.stderr[-800:]
+    assert "max_batched_tokens 6 is smaller than a decode round of 8 sequences (gamma 0: 8 rows) plus one prefill " \
+           "chunk of 64" in out.stderr and "raise max_batched_tokens to at least 72" in out.stderr, out.stderr[-800:]
 
 
 def test_binds_loopback_and_logs_no_text_by_default(server):

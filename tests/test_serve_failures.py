@@ -210,7 +210,7 @@ def test_request_ids_are_unique_and_a_cancel_reaches_only_its_own_request(folder
     assert len(uids) == 1000 and len(addresses) < 1000
 
     target = load_setup(EngineSetup(model=str(folder), precision="fp32", device="cpu").validate()).target
-    sched = Scheduler(target, BatchSettings(max_seqs=1, max_model_len=64, max_batched_tokens=64, prefill_chunk=64))
+    sched = Scheduler(target, BatchSettings(max_seqs=1, max_model_len=64, max_batched_tokens=65, prefill_chunk=64))
     first = Request([5, 6, 7], 3, stop_at_eos=False)
     twin_a, twin_b = Request([5, 6, 7], 3, stop_at_eos=False), Request([5, 6, 7], 3, stop_at_eos=False)
     for r in (first, twin_a, twin_b):

@@ -5,13 +5,12 @@ Settings (recorded in every record that uses them):
 - max_model_len: positions per slot (prompt + new tokens + speculation headroom);
 - max_batched_tokens: rows one step may run (decode rows plus prefill-chunk rows), vLLM's
   max_num_batched_tokens;
-- step_factor: when > 0, max_batched_tokens is chosen when the server starts (prepare(), engine/infer/
-  step_budget.py): a decode round of every slot plus the most prompt rows that keep a step within
-  step_factor decode steps, as measured on this step path;
-- prefill_chunk: prompts are prefilled in chunks of at most this many tokens, at fixed boundaries (0,
-  chunk, 2 chunk, ...) unless the step's budget cuts one short (decode-first); the int4 kernels compute
-  each row alone, so a request's tokens do not depend on where its prompt was cut (tests/test_batching.py;
-  at other precisions a near-tie may flip, as between batch sizes: docs/SERVING.md);
+- step_factor: when > 0, max_batched_tokens and prefill_chunk are chosen when the server starts
+  (prepare(), engine/infer/step_budget.py): the most prompt rows r that keep a step within step_factor
+  decode steps, as measured on this step path; the chunk becomes at most r and the budget a decode round
+  of every slot plus it;
+- prefill_chunk: prompts are prefilled in chunks of this many tokens, at fixed boundaries (0,
+  chunk, 2 chunk, ...), so a request's numbers do not depend on the load around it;
 - max_waiting: requests queued beyond the running ones; past it, submit() refuses (the server
   answers 429 with Retry-After);
 - kv_cache: "slots" reserves max_model_len positions per slot up front; "paged" (engine/infer/
@@ -27,8 +26,8 @@ Policy, every step:
    back; it is admitted again later and prefills its committed tokens again, reusing whatever the
    prefix cache still holds), never touching another sequence's blocks;
 2. "decode-first" (serving): every decoding sequence runs its round (1 + gamma rows); the rows left
-   in the budget go to prefill chunks, oldest request first, one per sequence, the last cut to what
-   remains, so decodes are never starved and a step never carries more prompt rows than the budget;
+   in the budget go to prefill chunks, oldest request first, whole chunks only, so decodes are never
+   starved and a long prompt cannot stall the others for more than a chunk per step;
    "prefill-first" (a static batch, the benchmarks): all prompts are prefilled before any decode,
    so decode steps time decoding alone.
 """
@@ -102,15 +101,13 @@ class BatchSettings:
             raise UserError(f"step_factor {self.step_factor!r} is out of range",
                             "give 0 (the budget as set) or a factor above 1 (e.g. 3: a step with prompt rows costs "
                             "at most 3 decode steps)")
-        # decode-first cuts a chunk to the budget's rest; prefill-first (static batches) runs whole chunks
-        room = 1 if self.policy == "decode-first" else min(self.prefill_chunk, self.max_model_len)
-        need = self.max_seqs * (gamma + 1) + room
+        chunk = min(self.prefill_chunk, self.max_model_len)
+        need = self.max_seqs * (gamma + 1) + chunk
         if self.max_batched_tokens < need:
             raise UserError(f"max_batched_tokens {self.max_batched_tokens} is smaller than a decode round of "
                             f"{self.max_seqs} sequences (gamma {gamma}: {self.max_seqs * (gamma + 1)} rows) plus "
-                            + ("one prompt row" if room == 1 else f"one prefill chunk of {room}"),
-                            f"raise max_batched_tokens to at least {need}, or lower max_seqs"
-                            + ("" if room == 1 else " or prefill_chunk"))
+                            f"one prefill chunk of {chunk}",
+                            f"raise max_batched_tokens to at least {need}, or lower max_seqs or prefill_chunk")
         return self
 
     def to_dict(self) -> dict:
@@ -155,10 +152,12 @@ class Scheduler:
         if self.settings.policy == "decode-first":  # every row of a step writes a cached position
             kv = self.batch.cache.num_blocks * self.batch.cache.block_size if self.batch.cache.paged \
                 else settings.max_seqs * settings.max_model_len
-            if settings.max_batched_tokens > kv:
-                raise UserError(f"max_batched_tokens {settings.max_batched_tokens} is more rows than the KV cache "
-                                f"holds ({kv} positions)", f"lower max_batched_tokens to at most {kv}, or raise "
-                                "the KV budget (kv_cache_gib, max_model_len)")
+            prompt = settings.max_batched_tokens - settings.max_seqs * (1 + (gamma if proposer_spec else 0))
+            if prompt > kv:
+                raise UserError(f"max_batched_tokens {settings.max_batched_tokens} leaves {prompt} prompt rows a "
+                                f"step, more than the KV cache holds ({kv} positions)",
+                                f"lower max_batched_tokens by at least {prompt - kv}, or raise the KV budget "
+                                "(kv_cache_gib, max_model_len)")
 
     def prepare(self) -> None:
         """Before the first request: an adaptive policy's step-cost model and, under step_factor, the step's
@@ -173,7 +172,8 @@ class Scheduler:
             from engine.infer.step_budget import as_cost, profile as budget_profile
 
             sb = self.step_budget = budget_profile(self, self.settings.step_factor)
-            self.settings = replace(self.settings, max_batched_tokens=sb.max_batched_tokens)
+            self.settings = replace(self.settings, max_batched_tokens=sb.max_batched_tokens,
+                                    prefill_chunk=sb.prefill_chunk)
             if self.policy is not None and self.policy.cost is not None:  # one step-cost model: the policy's
                 for rows, t in as_cost(sb.decode_seqs, sb.decode_s, sb.with_rows_s).target_s.items():
                     self.policy.cost.target_s.setdefault(rows, t)  # table learns the larger steps it did not time
@@ -372,8 +372,6 @@ class Scheduler:
             while pos < s.prefill_end:
                 # whole chunks at fixed boundaries: chunk k covers [k*c, (k+1)*c)
                 n = min(st.prefill_chunk - pos % st.prefill_chunk, s.prefill_end - pos)
-                if n > budget and st.policy == "decode-first" and budget > 0:
-                    n = budget  # cut to what the step has left; the rest continues next step
                 if n > budget:
                     fits = False
                     break

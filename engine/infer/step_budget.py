@@ -8,8 +8,9 @@ for a few r on its own step path when it starts (`profile`), and takes the most 
 (StepCost.rows_within, linear between the measured points: the profile is the step-cost model's table of the
 target's seconds by rows, engine/common/step_model.py), so a step with a chunk costs at most `factor` decode steps
 (Sarathi-Serve's stall-free batching; vLLM's max_num_batched_tokens, chosen rather than guessed). The step's
-budget is then a decode round of every slot (each verifying its drafts) plus those rows; the scheduler puts
-decodes first and cuts prefill chunks to what remains. The rows are timed without drafts (a draft model's
+budget is then a decode round of every slot (each verifying its drafts) plus those rows, and the prefill chunk
+at most those rows: chunks keep fixed boundaries (0, c, 2c, ...), so a request's numbers do not depend on the
+load, at every precision. The rows are timed without drafts (a draft model's
 prefill of a chunk, paid in steps that draft, is not in them), so with speculation the factor holds against
 the larger verification step.
 """
@@ -33,7 +34,8 @@ class StepBudget:
     decode_s: float                       # that step alone
     with_rows_s: dict = field(default_factory=dict)  # prompt rows -> the same step carrying them
     prompt_rows: int = 0                  # the most rows within factor x decode_s
-    max_batched_tokens: int = 0           # the budget: a decode round of every slot plus prompt_rows
+    max_batched_tokens: int = 0           # the budget: a decode round of every slot plus the chunk
+    prefill_chunk: int = 0                # the chunk: the server's, or prompt_rows when fewer
     profile_s: float = 0.0
 
     def to_dict(self) -> dict:
@@ -59,7 +61,7 @@ def profile(sched, factor: float, steps: int = 3) -> StepBudget:
     room = st.max_model_len - sched.headroom
     cands = sorted({r for r in (*CANDIDATES, 2 * st.prefill_chunk) if r * (steps + 1) + 1 <= room - 1})
     if not cands:
-        return StepBudget(factor, n_dec, 0.0, {}, st.prefill_chunk, st.max_batched_tokens)
+        return StepBudget(factor, n_dec, 0.0, {}, st.prefill_chunk, st.max_batched_tokens, st.prefill_chunk)
     policy = sched.policy
     if policy is not None:
         policy.force = 0  # decode rows alone: the budget bounds the prompt's share of a step
@@ -115,7 +117,9 @@ def profile(sched, factor: float, steps: int = 3) -> StepBudget:
     with_rows = {r: decode_s * statistics.median(v) for r, v in ratios.items()}
     chosen = as_cost(n_dec, decode_s, with_rows).rows_within(n_dec, factor, max(cands)) \
         if decode_s > 0 and with_rows else st.prefill_chunk
-    return StepBudget(factor, n_dec, decode_s, with_rows, chosen, decode_rows + chosen, time.perf_counter() - t0)
+    chunk = min(chosen, st.prefill_chunk)
+    return StepBudget(factor, n_dec, decode_s, with_rows, chosen, decode_rows + chunk, chunk,
+                      time.perf_counter() - t0)
 
 
 def as_cost(n_dec: int, decode_s: float, with_rows: dict[int, float]) -> StepCost:
