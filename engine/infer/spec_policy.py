@@ -51,6 +51,10 @@ class SpecPolicy:
         self.chosen = g
         return g
 
+    def forget_counts(self) -> None:
+        """Counters at zero after a profile's steps: /metrics says what serving chose, not the profile."""
+        self.steps, self.asked_rounds = {g: 0 for g in self.steps}, 0
+
     def observe(self, st) -> None:
         """A step's StepStats: its rounds' acceptance, and (adaptive) its timings into the cost model."""
         if st.decode_seqs:
@@ -115,7 +119,7 @@ def profile(sched, steps: int = 2, prompt_len: int = 8) -> StepCost:
         while sched.has_work():
             sched.step()
     policy.force, sched.batch.pad_drafts = None, False
-    policy.steps, policy.asked_rounds = {g: 0 for g in policy.steps}, 0
+    policy.forget_counts()
     policy.acceptance = Acceptance(policy.gamma_max)  # made-up prompts say nothing about the traffic's acceptance
     sched.forget()
     return cost

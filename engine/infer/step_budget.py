@@ -109,9 +109,9 @@ def profile(sched, factor: float, steps: int = 3) -> StepBudget:
             sched.step()
     finally:
         sched.settings = saved
-        if policy is not None:  # its counters say what serving chose (/metrics), not the profile
-            policy.force, policy.asked_rounds = None, 0
-            policy.steps = {g: 0 for g in policy.steps}
+        if policy is not None:
+            policy.force = None
+            policy.forget_counts()
     sched.forget()
     decode_s = statistics.median(alone) if alone else 0.0
     with_rows = {r: decode_s * statistics.median(v) for r, v in ratios.items()}
