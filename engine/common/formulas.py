@@ -78,10 +78,19 @@ KV_SCALE_BYTES = {"int8": 2, "int4": 4}  # per scaled vector (an MLA latent, a V
 INT8_K_GROUP = 32
 
 
-def sequences_in_blocks(blocks: int, block_size: int, positions: int) -> int:
+def sequence_blocks(positions: int, block_size: int, window: int = 0, step_rows: int = 0) -> int:
+    """The most KV blocks one sequence of `positions` positions holds at once: whole blocks of all of them,
+    or when every layer attends within a sliding window (the engine gives back the blocks behind it) those
+    from the window's first key to the end of a step's rows (a prefill chunk or a decode round), one more
+    where the two ends fall mid-block:  min(ceil(P / bs), ceil((W - 1 + rows) / bs) + 1)."""
+    full = -(-int(positions) // int(block_size))
+    return min(full, -(-(int(window) - 1 + int(step_rows)) // int(block_size)) + 1) if window else full
+
+
+def sequences_in_blocks(blocks: int, block_size: int, positions: int, per_sequence: int = 0) -> int:
     """Whole sequences of `positions` positions that `blocks` KV blocks of `block_size` positions hold
-    (a sequence takes whole blocks)."""
-    return int(blocks) // -(-int(positions) // int(block_size))
+    (a sequence takes whole blocks; `per_sequence` when known: sequence_blocks, a windowed model's)."""
+    return int(blocks) // (per_sequence or sequence_blocks(positions, block_size))
 
 
 def kv_pair_bytes(head_dim: int, kv_dtype: str) -> float:

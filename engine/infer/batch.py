@@ -185,8 +185,8 @@ class Batch:
         A paged cache shares src's whole blocks (held twice, computed once) and dst prefills the rest."""
         if self.cache.paged:
             n = n // self.cache.block_size * self.cache.block_size
-            if n == 0:  # less than a block to share: dst prefills its prompt alone
-                return 0
+            if n == 0 or self.cache.blocks.trimmed[src.slot]:  # less than a block to share, or src's first
+                return 0                                          # blocks went back behind a window: dst prefills alone
             self.cache.blocks.share(src.slot, dst.slot, n // self.cache.block_size)
             self.cache.sync(dst.slot)
         else:

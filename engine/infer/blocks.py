@@ -9,6 +9,9 @@ key is a hash of its tokens and of the key of the block before it, so equal keys
 prefixes, hence equal K/V (one model, one cache). A new sequence takes every cached block its
 prompt starts with and prefills only the rest. A block is shared by reference count; one no
 sequence holds stays cached, and is evicted least recently freed first when a block is needed.
+Sliding windows: when every layer of the model attends within a window, a sequence's blocks wholly
+behind its window are given back as it moves on (`trim`); their table entries become RELEASED, which
+no kernel reads (the fused step and the PyTorch path read keys from the window's start on).
 Pure Python: the tensors live in engine/infer/paged.py.
 """
 from __future__ import annotations
@@ -18,6 +21,7 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass
 
 _ROOT = b"scl-kv-prefix"
+RELEASED = -1  # a table entry behind the window: its block went back
 
 
 def block_key(parent: bytes, tokens: list[int]) -> bytes:
@@ -49,8 +53,10 @@ class BlockManager:
         self.lru: OrderedDict[int, None] = OrderedDict()  # cached blocks no sequence holds, first evicted first
         self.tables: dict[int, list[int]] = {}  # slot -> its blocks
         self.chain: dict[int, list[bytes]] = {}  # slot -> keys of its full blocks, in order
+        self.trimmed: dict[int, int] = {}  # slot -> its leading entries given back behind a window
         self.stats = PrefixStats()
         self.evictions = 0
+        self.peak = 0  # the most blocks held at once since built (or reset)
 
     def reset(self) -> None:
         """Empty, as built: every block free, nothing cached, counters zero (no sequence may hold a block)."""
@@ -70,6 +76,10 @@ class BlockManager:
         """Blocks some sequence holds (vLLM's KV-cache usage counts these)."""
         return self.num_blocks - self.available()
 
+    def held(self, slot: int) -> int:
+        """Blocks the slot's sequence holds now (its entries behind a window went back)."""
+        return len(self.tables.get(slot, [])) - self.trimmed.get(slot, 0)
+
     # ------------------------------------------------------------ sequences
 
     def match(self, tokens: list[int], limit: int) -> list[int]:
@@ -85,11 +95,14 @@ class BlockManager:
             out.append(b)
         return out
 
-    def admit(self, slot: int, tokens: list[int], positions: int, reuse_limit: int) -> int | None:
+    def admit(self, slot: int, tokens: list[int], positions: int, reuse_limit: int, first=None) -> int | None:
         """Give `slot` blocks for its first `positions` positions, reusing the cached blocks its tokens start
-        with (within reuse_limit positions). Returns the positions reused, or None (nothing taken) if the
-        blocks are not there."""
+        with (within reuse_limit positions); `first(reused, positions)` may ask for fewer now (a windowed
+        model's first chunk). Returns the positions reused, or None (nothing taken) if the blocks are not there."""
         hits = self.match(tokens, reuse_limit)
+        asked = positions
+        if first is not None:
+            positions = first(len(hits) * self.block_size, positions)
         need = self.blocks_for(positions) - len(hits)
         idle_hits = sum(1 for b in hits if self.ref[b] == 0)  # taking these removes them from the LRU
         if need > self.available() - idle_hits:
@@ -97,9 +110,11 @@ class BlockManager:
         for b in hits:
             self._hold(b)
         self.tables[slot] = hits + [self._take() for _ in range(need)]
+        self.trimmed[slot] = 0
         self.chain[slot] = [self.key[b] for b in hits]
+        self.peak = max(self.peak, self.used())
         if self.prefix_caching and reuse_limit > 0:
-            self.stats.queries += positions
+            self.stats.queries += asked
             self.stats.hits += len(hits) * self.block_size
         return len(hits) * self.block_size
 
@@ -110,14 +125,31 @@ class BlockManager:
         if need > self.available():
             return False
         table += [self._take() for _ in range(max(0, need))]
+        self.peak = max(self.peak, self.used())
         return True
 
+    def trim(self, slot: int, below: int) -> bool:
+        """Give back the slot's blocks wholly before position `below` (keys no later query reads: behind every
+        layer's window); keyed ones stay in the prefix cache. True if any went back."""
+        table, first = self.tables[slot], self.trimmed[slot]
+        last = min(max(0, below) // self.block_size, len(table))
+        for i in range(first, last):
+            self.release_block(table[i])
+            table[i] = RELEASED
+        self.trimmed[slot] = max(first, last)
+        return last > first
+
     def share(self, src: int, dst: int, n_blocks: int) -> None:
-        """dst's first n_blocks become src's (an n-choice request's prompt): held twice, computed once."""
+        """dst's first n_blocks become src's (an n-choice request's prompt): held twice, computed once.
+        src must still hold them (none trimmed)."""
+        assert not self.trimmed[src] and not self.trimmed[dst], "sharing blocks given back behind a window"
         table = self.tables[dst]
         for i in range(n_blocks):
-            self.release_block(table[i])
-            table[i] = self.tables[src][i]
+            if i < len(table):
+                self.release_block(table[i])
+                table[i] = self.tables[src][i]
+            else:  # dst was admitted with the blocks of its first chunk only (a windowed model)
+                table.append(self.tables[src][i])
             self._hold(table[i])
         self.chain[dst] = list(self.chain[src][:n_blocks])
 
@@ -130,15 +162,18 @@ class BlockManager:
             k = block_key(chain[-1] if chain else _ROOT, tokens[i * bs:(i + 1) * bs])
             chain.append(k)
             b = table[i]
-            if k not in self.cached and self.key[b] is None:  # a twin computed at the same time stays unkeyed
+            # a twin computed at the same time stays unkeyed
+            if b != RELEASED and k not in self.cached and self.key[b] is None:
                 self.cached[k], self.key[b] = b, k
 
     def release(self, slot: int) -> None:
         """The slot's sequence ended (or was preempted): its blocks go back, the keyed ones stay cached.
         Its last blocks are freed first, so they are evicted before the prefix that others may share."""
         for b in reversed(self.tables.pop(slot, [])):
-            self.release_block(b)
+            if b != RELEASED:
+                self.release_block(b)
         self.chain.pop(slot, None)
+        self.trimmed.pop(slot, None)
 
     # ------------------------------------------------------------ blocks
 

@@ -53,18 +53,29 @@ def block_bytes(cfg, block_size: int, kv_name: str) -> float:
     return cfg.num_layers * cfg.num_kv_heads * block_size * kv_pair_bytes(cfg.head_dim, kv_name)
 
 
-def blocks_in_budget(cfg, block_size: int, kv_name: str, gib: float, max_model_len: int) -> int:
-    """The blocks a budget of `gib` GiB holds; refused when it cannot hold one sequence of max_model_len."""
+def window_reach(cfg) -> int:
+    """How far back any layer reads keys when every layer attends within a sliding window (the largest
+    window), else 0: then a sequence's blocks behind it can go back (engine/infer/blocks.py trim)."""
+    windows = [cfg.window(i) for i in range(cfg.num_layers)]
+    return max(windows) if all(windows) else 0
+
+
+def blocks_in_budget(cfg, block_size: int, kv_name: str, gib: float, max_model_len: int, one: int = 0) -> int:
+    """The blocks a budget of `gib` GiB holds; refused when it cannot hold one sequence of max_model_len
+    (`one` blocks when given: engine.common.formulas.sequence_blocks)."""
     per = block_bytes(cfg, block_size, kv_name)
     n = int(gib * 2 ** 30 // per)
-    one = -(-max_model_len // block_size)
+    full = -(-max_model_len // block_size)
+    one = one or full
     if n < one:
         fits = n * block_size
+        held = f"{one} blocks, {one * per / 2 ** 30:.3f} GiB" + (
+            "" if one == full else ": every layer is windowed, so a sequence holds its window and one step's rows")
         raise UserError(f"a KV-cache budget of {gib:g} GiB holds {n} blocks of {block_size} positions at {kv_name} "
-                        f"({fits} positions), less than one sequence of max_model_len {max_model_len} "
-                        f"({one} blocks, {one * per / 2 ** 30:.3f} GiB)",
+                        f"({fits} positions), less than one sequence of max_model_len {max_model_len} ({held})",
                         f"raise --kv-cache-gib to at least {one * per / 2 ** 30:.3f}, or lower --max-model-len to "
-                        f"{fits} or less" if fits else f"raise --kv-cache-gib to at least {one * per / 2 ** 30:.3f}")
+                        f"{fits} or less" if fits and one == full
+                        else f"raise --kv-cache-gib to at least {one * per / 2 ** 30:.3f}")
     return n
 
 

@@ -17,6 +17,10 @@ Settings (recorded in every record that uses them):
   paged.py, blocks.py) holds blocks of block_size positions in a budget of kv_cache_gib GiB (0: as
   much as the slots would take), taken as sequences grow; prefix_caching reuses the cached blocks a
   prompt starts with; kv_dtype is the cached K/V's precision (auto: the compute dtype, int8, fp8).
+  When every layer attends within a sliding window (Mistral) and the policy is decode-first, a
+  sequence holds only its window: it is admitted with the blocks of its first prefill chunk, takes
+  each next chunk's as it comes, and gives back the blocks behind its window after every step, so
+  the default budget is what max_seqs such sequences hold (engine.common.formulas.sequence_blocks).
 
 Policy, every step:
 1. admit waiting requests into free slots, first come first served (a slot is freed the moment
@@ -128,8 +132,14 @@ class Scheduler:
         from engine.infer.spec_policy import SpecPolicy
         from engine.infer.tokens import eos_ids
 
+        from engine.infer.paged import window_reach
+
         self.settings = settings.validate(gamma if proposer_spec else 0)
         self.headroom = speculation_headroom(proposer_spec, gamma)
+        # the keys a sequence's next step can read start `reach` positions back: blocks before go back
+        self.reach = window_reach(target.model.cfg) if (settings.kv_cache == "paged"
+                                                         and settings.policy == "decode-first") else 0
+        self.step_rows = max(settings.prefill_chunk, 1 + (gamma if proposer_spec else 0))
         cache = self._paged_cache(target) if settings.kv_cache == "paged" else None
         self.blocks = cache.blocks if cache is not None else None
         proposer = proposer_spec.build(settings.max_seqs, settings.max_model_len) if proposer_spec else None
@@ -187,14 +197,15 @@ class Scheduler:
         self.step_s_ewma = 0.05
 
     def _paged_cache(self, target):
+        from engine.common.formulas import sequence_blocks
         from engine.infer.paged import PagedKVCache, block_bytes, blocks_in_budget, check_kv_dtype, kv_dtype_name
 
         st, cfg = self.settings, target.model.cfg
         check_kv_dtype(st.kv_dtype, target.device)
         name = kv_dtype_name(st.kv_dtype, target.model.compute_dtype)
-        gib = st.kv_cache_gib or (st.max_seqs * -(-st.max_model_len // st.block_size)
-                                  * block_bytes(cfg, st.block_size, name) / 2 ** 30)
-        n = blocks_in_budget(cfg, st.block_size, name, gib, st.max_model_len)
+        one = self.sequence_blocks = sequence_blocks(st.max_model_len, st.block_size, self.reach, self.step_rows)
+        gib = st.kv_cache_gib or st.max_seqs * one * block_bytes(cfg, st.block_size, name) / 2 ** 30
+        n = blocks_in_budget(cfg, st.block_size, name, gib, st.max_model_len, one)
         return PagedKVCache(cfg, st.max_seqs, st.max_model_len, n, st.block_size, target.model.compute_dtype,
                             target.device, st.kv_dtype, st.prefix_caching)
 
@@ -205,7 +216,8 @@ class Scheduler:
                "preemptions": self.preemptions, "kv_dtype": c.kv_name if c.paged else kv_dtype_name("auto", c.k.dtype)}
         if c.paged:
             b = self.blocks
-            out.update(block_size=c.block_size, num_blocks=c.num_blocks, blocks_used=b.used(),
+            out.update(block_size=c.block_size, num_blocks=c.num_blocks, blocks_used=b.used(), blocks_peak=b.peak,
+                       kv_window=self.reach, sequence_blocks=self.sequence_blocks,
                        prefix_caching=b.prefix_caching, prefix_cache_queries=b.stats.queries,
                        prefix_cache_hits=b.stats.hits, prefix_cache_evictions=b.evictions)
         return out
@@ -268,7 +280,7 @@ class Scheduler:
                 s = self.preempted[0]
                 slot = self.free_slots[-1]
                 reuse = s.recompute_to or (0 if s.req.prompt_logprobs is not None else s.n_prompt - 1)
-                got = self.blocks.admit(slot, s.tokens, s.prefill_end, reuse)
+                got = self.blocks.admit(slot, s.tokens, s.prefill_end, reuse, self._first_chunk)
                 if got is None:
                     return
                 self.preempted.popleft()
@@ -283,13 +295,28 @@ class Scheduler:
                 # logprobs and an n-choice follower (which shares its leader's blocks) reuse nothing
                 reuse = (0 if (req.prompt_logprobs is not None or req.prefix_from is not None)
                          else len(req.prompt_ids) - 1)
-                got = self.blocks.admit(slot, list(req.prompt_ids), len(req.prompt_ids), reuse)
+                got = self.blocks.admit(slot, list(req.prompt_ids), len(req.prompt_ids), reuse, self._first_chunk)
                 if got is None:
                     return
                 self.waiting.popleft()
                 self.free_slots.pop()
                 self.batch.cache.sync(slot)
                 self._start(req, slot).prefilled = got
+
+    def _first_chunk(self, reused: int, end: int) -> int:
+        """The positions a sequence takes blocks for when admitted with `reused` positions cached: its whole
+        prefill (to `end`), or with every layer windowed only its first chunk (more as it comes: _reserve)."""
+        if not self.reach:
+            return end
+        c = self.settings.prefill_chunk
+        return min(end, (reused // c + 1) * c)
+
+    def _next_end(self, s: Sequence) -> int | None:
+        """The positions s's blocks must cover for its next step: its round (last token and drafts) when
+        decoding; with every layer windowed, the end of its next prefill chunk; else None (it holds them)."""
+        if s.decoding:
+            return len(s.tokens) + max(0, min(s.gamma, s.room - 1))
+        return self._first_chunk(s.prefilled, s.prefill_end) if self.reach and s.finish is None else None
 
     def _start(self, req: Request, slot: int) -> Sequence:
         try:  # e.g. a seed the generator refuses: this request's failure, not the step's
@@ -343,12 +370,13 @@ class Scheduler:
             self.preemptions += 1
 
     def _reserve(self) -> None:
-        """Blocks for every decoding sequence's next round (its last token and drafts), oldest first; when
-        they run out, the newest sequence is preempted (possibly the one asking)."""
+        """Blocks for every decoding sequence's next round (its last token and drafts), and with every layer
+        windowed every prefilling one's next chunk, oldest first; when they run out, the newest sequence is
+        preempted (possibly the one asking)."""
         for s in sorted(self.running, key=_arrival):
-            if s not in self.running or not s.decoding:
+            need = self._next_end(s) if s in self.running else None
+            if need is None:
                 continue
-            need = len(s.tokens) + max(0, min(s.gamma, s.room - 1))
             held = len(self.blocks.tables[s.slot])
             while not self.blocks.grow(s.slot, need):
                 victim = max(self.running, key=_arrival)
@@ -435,6 +463,9 @@ class Scheduler:
         if self.blocks is not None:  # blocks now full of committed K/V join the prefix cache
             for s in self.running:
                 self.blocks.register(s.slot, s.tokens, s.cached_len)
+                # then those behind the window go back: the next step's first key is cached_len - reach + 1
+                if self.reach and self.blocks.trim(s.slot, s.cached_len - self.reach + 1):
+                    self.batch.cache.sync(s.slot)
         return st, done + self._retire()
 
     def _run(self, decode, chunks) -> StepStats:

@@ -74,23 +74,27 @@ def kv_of(rec) -> dict | None:
            "budget_gib": _num(st.get("kv_cache_gib", srv.get("kv_cache_gib"))) or None,
            "blocks": kv.get("num_blocks"), "block_size": kv.get("block_size"), "bytes": kv.get("kv_bytes"),
            "max_model_len": st.get("max_model_len") or srv.get("max_model_len"),
-           "prefix_caching": kv.get("prefix_caching", st.get("prefix_caching"))}
+           "prefix_caching": kv.get("prefix_caching", st.get("prefix_caching")),
+           "window": kv.get("kv_window") or None}  # every layer windowed: a sequence holds its window
     if out["cache"] == "slots":
         out["sequences"] = st.get("max_seqs") or srv.get("slots")
     elif out["blocks"] and out["block_size"] and out["max_model_len"]:
-        out["sequences"] = sequences_in_blocks(out["blocks"], out["block_size"], out["max_model_len"])
+        out["sequences"] = sequences_in_blocks(out["blocks"], out["block_size"], out["max_model_len"],
+                                               kv.get("sequence_blocks") or 0)
     else:
         out["sequences"] = None
     return out
 
 
 def kv_text(kv: dict | None) -> str | None:
-    """'int8 paged, 0.25 GiB (1126 blocks)'; 'fp32 slots'; None for no KV facts."""
+    """'int8 paged, 0.25 GiB (1126 blocks)'; 'fp32 slots'; ', holds a 4096-token window' when every layer
+    is windowed; None for no KV facts."""
     if not kv:
         return None
     where = f", {kv['budget_gib']:g} GiB" if kv.get("budget_gib") else ""
     blocks = f" ({kv['blocks']} blocks)" if kv.get("blocks") else ""
-    return f"{kv.get('dtype') or '?'} {kv.get('cache')}{where}{blocks}"
+    window = f", holds a {kv['window']}-token window" if kv.get("window") else ""
+    return f"{kv.get('dtype') or '?'} {kv.get('cache')}{where}{blocks}{window}"
 
 
 def _kv_key(rec) -> str:

@@ -10,7 +10,8 @@ from engine.common.errors import UserError
 DEFAULT_PORT = 8000
 STEP_FACTOR = 2.5  # ITL p99 <= 3x p50 at concurrency 8 on the 0.5B and the 1.5B (docs/BENCHMARKS.md, session 25)
 DEATH_GRACE_S = 2.0  # after the engine dies: in-flight requests get their errors, /health says 503, then exit 1
-KV_FACTS = ("kv_cache", "kv_dtype", "block_size", "num_blocks", "kv_bytes", "prefix_caching")  # fixed at start
+KV_FACTS = ("kv_cache", "kv_dtype", "block_size", "num_blocks", "kv_bytes", "prefix_caching", "kv_window",
+            "sequence_blocks")  # fixed at start
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -54,7 +55,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="paged: blocks taken as sequences grow, in --kv-cache-gib (docs/SERVING.md); slots: "
                         "max-model-len positions reserved per sequence up front")
     p.add_argument("--kv-cache-gib", type=float, default=0.0,
-                   help="the paged cache's budget in GiB (0: what --max-seqs slots of --max-model-len would take)")
+                   help="the paged cache's budget in GiB (0: what --max-seqs sequences of --max-model-len hold; a "
+                        "model whose every layer is windowed holds its window and one chunk per sequence)")
     p.add_argument("--block-size", type=int, default=64, help="positions per KV block (a multiple of 64)")
     p.add_argument("--prefix-caching", action=argparse.BooleanOptionalAction, default=True,
                    help="automatic prefix caching (paged cache; on by default): --no-prefix-caching for "

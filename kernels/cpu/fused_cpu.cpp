@@ -186,6 +186,10 @@ inline void gather_tiles(const KVLayout& lay, float* kc, float* vc, int64_t l, i
                          int64_t first, int64_t p_end, Thread& me) {
   const int64_t D = lay.D, t0 = first / KEY_TILE;
   for (int64_t t = 0; t * KEY_TILE < p_end; ++t) {
+    if (t < t0) {   // never read (before the window); its block may have gone back
+      me.ktiles[(size_t)t] = me.vtiles[(size_t)t] = nullptr;
+      continue;
+    }
     if (!lay.k8) {
       const int64_t off = lay.off(l, slot, kh, t * KEY_TILE);
       me.ktiles[(size_t)t] = kc + off;
@@ -196,7 +200,6 @@ inline void gather_tiles(const KVLayout& lay, float* kc, float* vc, int64_t l, i
     float* vd = me.vdq.data() + t * KEY_TILE * D;
     me.ktiles[(size_t)t] = kd;
     me.vtiles[(size_t)t] = vd;
-    if (t < t0) continue;   // never read (before the window)
     const int64_t kg = D / KV_K_GROUP;
     for (int64_t p = t * KEY_TILE; p < std::min(p_end, (t + 1) * KEY_TILE); ++p) {
       const int64_t off = lay.off(l, slot, kh, p), row = off / D;
@@ -263,6 +266,11 @@ torch::Tensor fused_step(FusedPlan& P, torch::Tensor x_in, std::vector<int64_t> 
   const int64_t slots = paged ? table.size(0) : kc.size(1);
   const int64_t cap = paged ? table.size(1) * kc.size(3) : kc.size(3);
   int64_t rows_seen = 0, maxlen = 0;
+  int64_t reach = 0;   // the earliest key any layer reads is p0 - reach + 1; 0: position 0 (a full layer)
+  for (const auto& lw : P.layers) {
+    if (!lw.window) { reach = 0; break; }
+    reach = std::max(reach, lw.window);
+  }
   std::vector<int64_t> row_pos((size_t)M, -1), row_slot((size_t)M, -1);
   for (int64_t s = 0; s < S; ++s) {
     const int64_t slot = segs[4 * s], r0 = segs[4 * s + 1], n = segs[4 * s + 2], p0 = segs[4 * s + 3];
@@ -270,8 +278,9 @@ torch::Tensor fused_step(FusedPlan& P, torch::Tensor x_in, std::vector<int64_t> 
     TORCH_CHECK(r0 == rows_seen && n >= 1 && p0 >= 0 && p0 + n <= cap, "segments must tile the rows in order "
                 "and fit the cache");
     for (int64_t t = 0; t < s; ++t) TORCH_CHECK(segs[4 * t] != slot, "two segments of one slot in a step");
-    if (paged)   // every block the segment reads or writes is a block of the cache
-      for (int64_t b = 0; b <= (p0 + n - 1) / lay.n3; ++b) {
+    if (paged)   // every block the segment reads or writes is a block of the cache (blocks behind every
+                 // layer's window may have gone back: engine/infer/blocks.py RELEASED)
+      for (int64_t b = reach ? std::max<int64_t>(0, p0 - reach + 1) / lay.n3 : 0; b <= (p0 + n - 1) / lay.n3; ++b) {
         const int32_t id = lay.table[slot * lay.tw + b];
         TORCH_CHECK(id >= 0 && id < lay.n1, "block table entry ", id, " of slot ", slot, " is not a block");
       }

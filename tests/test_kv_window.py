@@ -1,0 +1,114 @@
+"""Sliding windows in the paged KV cache: when every layer is windowed (Mistral), a sequence holds only the
+blocks of its window and of its next step (engine/infer/blocks.py trim, engine/infer/scheduler.py), with
+the tokens of transformers and of a cache that keeps everything. A tiny Mistral with a 64-token window;
+prompts of 500-1,300 tokens run 8-20 windows past it."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.common.errors import UserError
+from engine.infer.batch import Request
+from engine.common.formulas import sequence_blocks
+from engine.infer.paged import block_bytes
+from engine.infer.sampling import SamplingParams
+from engine.infer.scheduler import BatchSettings, Scheduler
+from tests import families as F
+
+WINDOW, CHUNK, N_NEW, MAX_LEN = 64, 64, 40, 1400
+LENGTHS = (900, 500, 1300, 700)
+SHAPE = dict(sliding_window=WINDOW, max_position_embeddings=2048, head_dim=32)  # int8 KV scales keys per 32
+BASE = dict(max_seqs=4, max_model_len=MAX_LEN, max_batched_tokens=4 + CHUNK, prefill_chunk=CHUNK, kv_cache="paged")
+
+
+@pytest.fixture(scope="module")
+def mistral(tmp_path_factory):
+    from engine.infer.loader import load
+
+    folder = F.build("mistral", tmp_path_factory.mktemp("mistral-window"), **SHAPE)
+    return load(str(folder), "fp32")
+
+
+def _prompts(lengths=LENGTHS, seed=3):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, F.VOCAB, (n,), generator=g).tolist() for n in lengths]
+
+
+def _run(lm, settings, prompts, followers=(), stagger=0):
+    """The prompts submitted `stagger` steps apart, each with an n-choice follower if its index is in
+    `followers`; returns the tokens (in submission order), the scheduler, and the most blocks any one
+    sequence held."""
+    sched = Scheduler(lm, settings)
+    reqs = []
+    for i, p in enumerate(prompts):
+        reqs.append([Request(p, N_NEW, SamplingParams(), stop_at_eos=False)])
+        if i in followers:
+            reqs[-1].append(Request(p, N_NEW, SamplingParams(), stop_at_eos=False, prefix_from=reqs[-1][0]))
+    order = [r for rs in reqs for r in rs]
+    seqs = {}
+    for i, r in enumerate(order):
+        r.on_token = lambda s, *a, i=i: seqs.setdefault(i, s)
+    steps = most = 0
+    while reqs or sched.has_work():
+        if reqs and steps % (stagger or 1) == 0:
+            for r in reqs.pop(0) if stagger else [r for rs in reqs for r in rs]:
+                sched.submit(r)
+            reqs = reqs if stagger else []
+        sched.step()
+        steps += 1
+        most = max([most] + [sched.blocks.held(s.slot) for s in sched.running])
+    return [list(seqs[i].out) for i in range(len(order))], sched, most
+
+
+def test_a_windowed_sequence_holds_its_window_and_gives_transformers_tokens(mistral):
+    prompts = _prompts()
+    tokens, sched, most = _run(mistral, BatchSettings(**BASE), prompts)
+    one = sequence_blocks(MAX_LEN, 64, WINDOW, CHUNK)
+    full = -(-MAX_LEN // 64)
+    assert (one, full) == (3, 22)  # the window's 63 keys and a chunk of 64 span at most 3 blocks
+    assert sched.batch.cache.num_blocks == 4 * one  # the default budget: what 4 such sequences hold
+    assert most <= one and sched.blocks.peak <= 4 * one <= 4 * full / 6
+    assert sched.preemptions == 0 and sched.blocks.used() == 0
+    assert sched.kv_facts()["kv_window"] == WINDOW and sched.kv_facts()["blocks_peak"] == sched.blocks.peak
+    ref = F.hf_model("mistral", **SHAPE)
+    with torch.inference_mode():
+        for i in (0, 2):
+            want = ref.generate(torch.tensor([prompts[i]]), max_new_tokens=N_NEW, do_sample=False, eos_token_id=None,
+                                pad_token_id=0)[0, len(prompts[i]):].tolist()
+            assert tokens[i] == want, i
+
+
+@pytest.mark.parametrize("kv_dtype, blocks, prefix", [("auto", 0, True), ("int8", 6, False)])
+def test_giving_blocks_back_changes_no_token(mistral, monkeypatch, kv_dtype, blocks, prefix):
+    """Against a cache that keeps every block (the window's reach set to 0): the same tokens with the
+    prefix cache on a shared preamble and n-choice followers (one shares its leader's first block, one
+    prefills alone because its leader's blocks went back), and at int8 in a budget of 6 blocks for 4
+    sequences (preempted and recomputed)."""
+    g = torch.Generator().manual_seed(5)
+    preamble = torch.randint(3, F.VOCAB, (256,), generator=g).tolist()
+    prompts = [preamble + p for p in _prompts((600, 40, 300), seed=7)] + [_prompts((100,), seed=9)[0]]
+    gib = blocks * block_bytes(mistral.model.cfg, 64, kv_dtype.replace("auto", "fp32")) / 2 ** 30
+    settings = BatchSettings(**BASE, kv_dtype=kv_dtype, prefix_caching=prefix, kv_cache_gib=gib)
+    followers, stagger = ((0, 3), 6) if prefix else ((), 0)
+    windowed, sched, most = _run(mistral, settings, prompts, followers, stagger)
+    assert most <= sequence_blocks(MAX_LEN, 64, WINDOW, CHUNK)
+    if blocks:
+        assert sched.batch.cache.num_blocks == blocks and sched.preemptions > 0
+    else:  # order: 0, its follower, 1, 2, 3, its follower
+        assert sched.blocks.stats.hits == 2 * 256 and sched.shared_prompt_tokens == 64
+        assert windowed[1] == windowed[0] and windowed[5] == windowed[4]
+    import engine.infer.paged as paged
+
+    monkeypatch.setattr(paged, "window_reach", lambda cfg: 0)
+    kept, whole, _ = _run(mistral, BatchSettings(**{**settings.to_dict(), "kv_cache_gib": 0}), prompts, followers,
+                          stagger)
+    assert whole.reach == 0 and whole.blocks.peak > sched.blocks.peak
+    assert windowed == kept
+
+
+def test_a_budget_below_one_windowed_sequence_is_refused_naming_both(mistral):
+    gib = 2 * block_bytes(mistral.model.cfg, 64, "fp32") / 2 ** 30
+    with pytest.raises(UserError) as e:
+        Scheduler(mistral, BatchSettings(**BASE, kv_cache_gib=gib))
+    msg = str(e.value)
+    assert "holds 2 blocks" in msg and "(3 blocks" in msg and "every layer is windowed" in msg
