@@ -281,6 +281,8 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         cache.write(self.layer, rows, k, v.reshape(-1, kv, d))
+        if getattr(cache, "quantized", False):  # an int8 cache: the queries as its integer dot products read them
+            q = cache.queries(q)
         window = c.window(self.layer)
         outs = []
         for slot, r0, n, p0 in rows.segments:

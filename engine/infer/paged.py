@@ -10,7 +10,8 @@ KV precision (`kv_dtype`, independent of the weights'):
 - int8: symmetric, fp16 scales per head and per block of values, as llama.cpp's q8_0 blocks: a K
   vector (one token, one KV head) has one scale per 32 values (keys have outlier channels), a V
   vector one. The scales belong to one token: a block written a token at a time never needs
-  rescaling, and a value never depends on what was written after it;
+  rescaling, and a value never depends on what was written after it. Queries are quantized the way
+  keys are (`queries`), so q.k is an integer dot product per 32 values, as llama.cpp's q8_0 x q8_0;
 - fp8 (e4m3): a cast with a per-tensor scale of 1, as vLLM stores it without calibrated scales;
   CUDA only (a GPU with fp8: compute capability 8.9 or newer).
 Bytes per block come from engine.common.formulas.kv_pair_bytes, the planner's formula.
@@ -139,6 +140,14 @@ class PagedKVCache(nn.Module):
                 getattr(self, scale)[layer, blk, :, off] = s
             else:
                 cache[layer, blk, :, off] = x.to(cache.dtype)
+
+    def queries(self, q: torch.Tensor) -> torch.Tensor:
+        """q [N, H, D] as attention over this cache reads it: at int8, quantized per 32 values as the keys are,
+        so q.k is the fused step's integer dot product (kernels/cpu/fused_simd_body.h scores_q8)."""
+        if not self.quantized:
+            return q
+        qq, s = quantize_int8(q, self.groups["k"])
+        return dequantize_int8(qq, s).to(q.dtype)
 
     def read(self, layer: int, slot: int, k0: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Slot's K and V at positions [k0, end): [KV, end - k0, D] in the compute dtype."""

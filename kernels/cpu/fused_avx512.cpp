@@ -15,12 +15,17 @@
 namespace scl {
 namespace avx512 {
 
+#include "fused_q8_x86.h"
+
 struct FOps {
   using V = __m512;
   static constexpr int W = 16;
   static inline V zero() { return _mm512_setzero_ps(); }
   static inline V set1(float f) { return _mm512_set1_ps(f); }
   static inline V load(const float* p) { return _mm512_loadu_ps(p); }
+  static inline V load_i8(const int8_t* p) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+  }
   static inline void store(float* p, V v) { _mm512_storeu_ps(p, v); }
   static inline V add(V a, V b) { return _mm512_add_ps(a, b); }
   static inline V sub(V a, V b) { return _mm512_sub_ps(a, b); }
@@ -37,8 +42,7 @@ struct FOps {
     const __m256 b8 = _mm256_add_ps(_mm512_castps512_ps256(b), _mm512_extractf32x8_ps(b, 1));
     const __m256 c8 = _mm256_add_ps(_mm512_castps512_ps256(c), _mm512_extractf32x8_ps(c, 1));
     const __m256 d8 = _mm256_add_ps(_mm512_castps512_ps256(d), _mm512_extractf32x8_ps(d, 1));
-    const __m256 x = _mm256_hadd_ps(_mm256_hadd_ps(a8, b8), _mm256_hadd_ps(c8, d8));
-    _mm_storeu_ps(o, _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1)));
+    sum8x4(a8, b8, c8, d8, o);
   }
   static inline V round(V v) { return _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
   static inline V pow2i(V n) {

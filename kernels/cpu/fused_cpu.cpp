@@ -180,35 +180,40 @@ void write_kv(const FusedPlan& P, const QKV& x, const IsaFns& F, int64_t l, int6
   }
 }
 
-// Key/value tiles [0, p_end) of (layer l, slot, kv head kh) for the attention kernel: pointers into a float
-// cache, or, for an int8 one, the tiles from `first` on dequantized into the thread's buffers.
+// Key/value tiles [first / KEY_TILE, p_end) of (layer l, slot, kv head kh) for the attention kernel: pointers
+// into the cache (a float one, or an int8 one's values and fp16 scales); tiles before `first` are never read
+// (before the window; their blocks may have gone back).
 inline void gather_tiles(const KVLayout& lay, float* kc, float* vc, int64_t l, int64_t slot, int64_t kh,
                          int64_t first, int64_t p_end, Thread& me) {
-  const int64_t D = lay.D, t0 = first / KEY_TILE;
+  const int64_t t0 = first / KEY_TILE, kg = lay.D / KV_K_GROUP;
   for (int64_t t = 0; t * KEY_TILE < p_end; ++t) {
-    if (t < t0) {   // never read (before the window); its block may have gone back
-      me.ktiles[(size_t)t] = me.vtiles[(size_t)t] = nullptr;
+    const size_t i = (size_t)t;
+    if (t < t0) {
+      me.ktiles[i] = me.vtiles[i] = nullptr;
+      if (lay.k8) me.k8tiles[i] = me.v8tiles[i] = nullptr, me.kstiles[i] = me.vstiles[i] = nullptr;
       continue;
     }
+    const int64_t off = lay.off(l, slot, kh, t * KEY_TILE), row = off / lay.D;
     if (!lay.k8) {
-      const int64_t off = lay.off(l, slot, kh, t * KEY_TILE);
-      me.ktiles[(size_t)t] = kc + off;
-      me.vtiles[(size_t)t] = vc + off;
+      me.ktiles[i] = kc + off;
+      me.vtiles[i] = vc + off;
       continue;
     }
-    float* kd = me.kdq.data() + t * KEY_TILE * D;
-    float* vd = me.vdq.data() + t * KEY_TILE * D;
-    me.ktiles[(size_t)t] = kd;
-    me.vtiles[(size_t)t] = vd;
-    const int64_t kg = D / KV_K_GROUP;
-    for (int64_t p = t * KEY_TILE; p < std::min(p_end, (t + 1) * KEY_TILE); ++p) {
-      const int64_t off = lay.off(l, slot, kh, p), row = off / D;
-      float* kr = kd + (p - t * KEY_TILE) * D;
-      float* vr = vd + (p - t * KEY_TILE) * D;
-      for (int64_t i = 0; i < D; ++i) kr[i] = (float)lay.k8[off + i] * (float)lay.ksc[row * kg + i / KV_K_GROUP];
-      const float s = (float)lay.vsc[row];
-      for (int64_t i = 0; i < D; ++i) vr[i] = (float)lay.v8[off + i] * s;
-    }
+    me.k8tiles[i] = lay.k8 + off;
+    me.v8tiles[i] = lay.v8 + off;
+    me.kstiles[i] = reinterpret_cast<const uint16_t*>(lay.ksc + row * kg);
+    me.vstiles[i] = reinterpret_cast<const uint16_t*>(lay.vsc + row);
+  }
+}
+
+// An int8 cache: the item's nq queries quantized as the keys are (quantize_int8, per 32 values), so the
+// attention kernel takes q.k as integer dot products; their scales as floats.
+inline void quantize_queries(const float* q, int64_t nq, int64_t D, Thread& me) {
+  const int64_t kg = D / KV_K_GROUP;
+  c10::Half hs[256 / KV_K_GROUP];
+  for (int64_t i = 0; i < nq; ++i) {
+    quantize_int8(q + i * D, D, kg, me.q8.data() + i * D, hs);
+    for (int64_t g = 0; g < kg; ++g) me.qs[(size_t)(i * kg + g)] = (float)hs[g];
   }
 }
 
@@ -309,9 +314,11 @@ torch::Tensor fused_step(FusedPlan& P, torch::Tensor x_in, std::vector<int64_t> 
     Thread& th = P.th[(size_t)t];
     th.ktiles.resize((size_t)ntiles);
     th.vtiles.resize((size_t)ntiles);
-    if (q8 && (int64_t)th.kdq.size() < ntiles * KEY_TILE * P.D) {
-      th.kdq.resize((size_t)(ntiles * KEY_TILE * P.D));
-      th.vdq.resize((size_t)(ntiles * KEY_TILE * P.D));
+    if (q8) {
+      for (auto* v : {&th.k8tiles, &th.v8tiles}) v->resize((size_t)ntiles);
+      for (auto* v : {&th.kstiles, &th.vstiles}) v->resize((size_t)ntiles);
+      th.q8.resize((size_t)(nq_max * P.D));
+      th.qs.resize((size_t)(nq_max * P.D / KV_K_GROUP));
     }
     th.kvrow.resize((size_t)P.D);
   }
@@ -479,6 +486,11 @@ torch::Tensor fused_step(FusedPlan& P, torch::Tensor x_in, std::vector<int64_t> 
           gather_tiles(lay, kcw, vcw, l, slot, kh, first, p0 + n, me);
           AttnItem a{me.q.data(), n * P.G, P.G, starts, lens, me.ktiles.data(), me.vtiles.data(), me.scores.data(),
                      me.out.data(), P.D, p0 + n, P.scale, P.softcap};
+          if (q8) {
+            quantize_queries(me.q.data(), n * P.G, P.D, me);
+            a.kt8 = me.k8tiles.data(), a.vt8 = me.v8tiles.data(), a.ks = me.kstiles.data(), a.vs = me.vstiles.data();
+            a.q8 = me.q8.data(), a.qs = me.qs.data();
+          }
           F.attention(a);
           const int64_t c0 = kh * P.G * P.D, c1 = c0 + P.G * P.D;
           for (int64_t i = 0; i < n; ++i) {

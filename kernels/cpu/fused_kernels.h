@@ -37,6 +37,15 @@ struct AttnItem {
   int64_t D, maxlen;
   float scale;
   float softcap;         // 0: none; else scores become softcap * tanh(score / softcap)
+  // an int8 cache (engine/infer/paged.py): kt/vt unused; tile t's int8 keys/values [KEY_TILE][D] and
+  // their fp16 scales ([KEY_TILE][D / 32] per key, [KEY_TILE] per value); the queries quantized as the
+  // keys are (q8 [nq][D], qs [nq][D / 32] as floats), so q.k is an integer dot product per 32 values
+  const int8_t* const* kt8 = nullptr;
+  const int8_t* const* vt8 = nullptr;
+  const uint16_t* const* ks = nullptr;
+  const uint16_t* const* vs = nullptr;
+  const int8_t* q8 = nullptr;
+  const float* qs = nullptr;
 };
 
 #define SCL_DECLARE_FUSED                                                        \

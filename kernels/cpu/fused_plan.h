@@ -93,7 +93,10 @@ struct Thread {
   std::vector<float> xsum;     // per-group sums for the current consumer
   std::vector<float> q, out, scores;
   std::vector<const float*> ktiles, vtiles;   // an attention item's key/value tiles (AttnItem::kt, vt)
-  std::vector<float> kdq, vdq, kvrow;         // an int8 cache: the item's keys/values dequantized; one row's K, V
+  std::vector<const int8_t*> k8tiles, v8tiles;        // an int8 cache: the tiles' values (AttnItem::kt8, vt8)
+  std::vector<const uint16_t*> kstiles, vstiles;      // and their fp16 scales (AttnItem::ks, vs)
+  std::vector<int8_t> q8;                     // an int8 cache: the item's queries quantized as keys are
+  std::vector<float> qs, kvrow;               // their scales per 32 values; one row's K before it is stored
 };
 
 

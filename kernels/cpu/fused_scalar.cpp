@@ -14,6 +14,7 @@ struct FOps {
   static inline V zero() { return 0.f; }
   static inline V set1(float f) { return f; }
   static inline V load(const float* p) { return *p; }
+  static inline V load_i8(const int8_t* p) { return (float)*p; }
   static inline void store(float* p, V v) { *p = v; }
   static inline V add(V a, V b) { return a + b; }
   static inline V sub(V a, V b) { return a - b; }
@@ -32,6 +33,20 @@ struct FOps {
     std::memcpy(&f, &bits, 4);
     return f;
   }
+};
+
+// Integer dot products for an int8 KV cache (fused_q8_x86.h's, one lane).
+struct QOps {
+  using I = float;
+  static inline I zero() { return 0.f; }
+  static inline float h2f(uint16_t h) { return half_to_float(h); }
+  static inline I gdot(const int8_t* q, const int8_t* k, float scale, I acc) {
+    int32_t s = 0;
+    for (int i = 0; i < 32; ++i) s += (int32_t)q[i] * (int32_t)k[i];
+    return acc + scale * (float)s;
+  }
+  static inline float sum(I v) { return v; }
+  static inline void hsum4(I a, I b, I c, I d, float* o) { o[0] = a, o[1] = b, o[2] = c, o[3] = d; }
 };
 
 #include "fused_simd_body.h"

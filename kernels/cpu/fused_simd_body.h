@@ -134,12 +134,72 @@ void add_inplace(float* x, const float* y, int64_t n) {
 // JB keys (a block of K or V stays in L1 while every query of the item uses it):
 // scores = q.k * scale (soft-capped if asked); e = exp(s - max), sum; out = sum_j e_j v_j / sum.
 // A query reads only its keys [start, len): a sliding window skips the blocks before it.
+// Over an int8 cache (a.kt8 set) q.k is an integer dot product per 32 values, scaled by the query's and
+// the key's scales of those values; a value row is converted from int8 as it is read, times its scale.
 constexpr int64_t ATT_JB = KEY_TILE;
+
+// The score of query q against 4 keys (or 1) of an int8 tile: scale * sum over groups of 32 values of
+// q_scale * k_scale * (q8 . k8).
+template <int64_t D>
+static inline void scores_q8(const AttnItem& a, int64_t qi, int64_t jb, int64_t j0, int64_t je, float* s) {
+  constexpr int64_t NG = D / 32;
+  const int8_t* q = a.q8 + qi * D;
+  const float* qs = a.qs + qi * NG;
+  const int8_t* ktile = a.kt8[jb / ATT_JB];
+  const uint16_t* kst = a.ks[jb / ATT_JB];
+  int64_t j = j0;
+  for (; j + 4 <= je; j += 4) {
+    typename QOps::I c[4] = {QOps::zero(), QOps::zero(), QOps::zero(), QOps::zero()};
+    for (int t = 0; t < 4; ++t) {
+      const int8_t* kr = ktile + (j + t - jb) * D;
+      const uint16_t* ksr = kst + (j + t - jb) * NG;
+      for (int64_t g = 0; g < NG; ++g) c[t] = QOps::gdot(q + 32 * g, kr + 32 * g, qs[g] * QOps::h2f(ksr[g]), c[t]);
+    }
+    QOps::hsum4(c[0], c[1], c[2], c[3], s + j);
+    for (int t = 0; t < 4; ++t) s[j + t] *= a.scale;
+  }
+  for (; j < je; ++j) {
+    typename QOps::I c = QOps::zero();
+    const int8_t* kr = ktile + (j - jb) * D;
+    const uint16_t* ksr = kst + (j - jb) * NG;
+    for (int64_t g = 0; g < NG; ++g) c = QOps::gdot(q + 32 * g, kr + 32 * g, qs[g] * QOps::h2f(ksr[g]), c);
+    s[j] = QOps::sum(c) * a.scale;
+  }
+}
+
+template <int NDV>
+static inline void scores_f32(const AttnItem& a, int64_t qi, int64_t jb, int64_t j0, int64_t je, float* s) {
+  constexpr int64_t D = (int64_t)NDV * FW;
+  FV qv[NDV];
+  for (int d = 0; d < NDV; ++d) qv[d] = FOps::load(a.q + qi * D + d * FW);
+  const float* ktile = a.kt[jb / ATT_JB];   // keys jb .. jb + ATT_JB - 1, one block
+  int64_t j = j0;
+  for (; j + 4 <= je; j += 4) {   // 4 keys at once: one 4-way horizontal sum instead of four
+    const float* kr = ktile + (j - jb) * D;
+    FV c0 = FOps::mul(qv[0], FOps::load(kr)), c1 = FOps::mul(qv[0], FOps::load(kr + D));
+    FV c2 = FOps::mul(qv[0], FOps::load(kr + 2 * D)), c3 = FOps::mul(qv[0], FOps::load(kr + 3 * D));
+    for (int d = 1; d < NDV; ++d) {
+      c0 = FOps::fma(qv[d], FOps::load(kr + d * FW), c0);
+      c1 = FOps::fma(qv[d], FOps::load(kr + D + d * FW), c1);
+      c2 = FOps::fma(qv[d], FOps::load(kr + 2 * D + d * FW), c2);
+      c3 = FOps::fma(qv[d], FOps::load(kr + 3 * D + d * FW), c3);
+    }
+    FOps::hsum4(c0, c1, c2, c3, s + j);
+    for (int t = 0; t < 4; ++t) s[j + t] *= a.scale;
+  }
+  for (; j < je; ++j) {
+    const float* kr = ktile + (j - jb) * D;
+    FV acc = FOps::mul(qv[0], FOps::load(kr));
+    for (int d = 1; d < NDV; ++d) acc = FOps::fma(qv[d], FOps::load(kr + d * FW), acc);
+    s[j] = FOps::hsum(acc) * a.scale;
+  }
+}
 
 template <int NDV>
 static void attention_t(const AttnItem& a) {
   constexpr int64_t D = (int64_t)NDV * FW;
   const int64_t nq = a.nq, ML = a.maxlen;
+  const bool q8 = a.kt8 != nullptr;
   float inv_sum[FUSED_MAX_Q];
   int64_t lo = ML;
   for (int64_t r = 0; r < nq / a.G; ++r) lo = std::min(lo, a.start[r]);
@@ -148,33 +208,12 @@ static void attention_t(const AttnItem& a) {
     for (int64_t qi = 0; qi < nq; ++qi) {
       const int64_t j0 = std::max(jb, a.start[qi / a.G]), je = std::min(jb + ATT_JB, a.len[qi / a.G]);
       if (je <= j0) continue;
-      FV qv[NDV];
-      for (int d = 0; d < NDV; ++d) qv[d] = FOps::load(a.q + qi * D + d * FW);
       float* s = a.scores + qi * ML;
-      const float* ktile = a.kt[jb / ATT_JB];   // keys jb .. jb + ATT_JB - 1, one block
-      int64_t j = j0;
-      for (; j + 4 <= je; j += 4) {   // 4 keys at once: one 4-way horizontal sum instead of four
-        const float* kr = ktile + (j - jb) * D;
-        FV c0 = FOps::mul(qv[0], FOps::load(kr)), c1 = FOps::mul(qv[0], FOps::load(kr + D));
-        FV c2 = FOps::mul(qv[0], FOps::load(kr + 2 * D)), c3 = FOps::mul(qv[0], FOps::load(kr + 3 * D));
-        for (int d = 1; d < NDV; ++d) {
-          c0 = FOps::fma(qv[d], FOps::load(kr + d * FW), c0);
-          c1 = FOps::fma(qv[d], FOps::load(kr + D + d * FW), c1);
-          c2 = FOps::fma(qv[d], FOps::load(kr + 2 * D + d * FW), c2);
-          c3 = FOps::fma(qv[d], FOps::load(kr + 3 * D + d * FW), c3);
-        }
-        FOps::hsum4(c0, c1, c2, c3, s + j);
-        for (int t = 0; t < 4; ++t) s[j + t] *= a.scale;
-      }
-      for (; j < je; ++j) {
-        const float* kr = ktile + (j - jb) * D;
-        FV acc = FOps::mul(qv[0], FOps::load(kr));
-        for (int d = 1; d < NDV; ++d) acc = FOps::fma(qv[d], FOps::load(kr + d * FW), acc);
-        s[j] = FOps::hsum(acc) * a.scale;
-      }
+      if (q8) scores_q8<D>(a, qi, jb, j0, je, s);
+      else scores_f32<NDV>(a, qi, jb, j0, je, s);
       if (a.softcap > 0.f) {   // cap * tanh(score / cap), before the softmax (Gemma 2)
         const FV cap = FOps::set1(a.softcap);
-        j = j0;
+        int64_t j = j0;
         for (; j + FW <= je; j += FW)
           FOps::store(s + j, FOps::mul(vtanh(FOps::div(FOps::load(s + j), cap)), cap));
         for (; j < je; ++j) s[j] = stanh(s[j] / a.softcap) * a.softcap;
@@ -213,11 +252,21 @@ static void attention_t(const AttnItem& a) {
       float* o = a.out + qi * D;
       for (int d = 0; d < NDV; ++d) acc[d] = FOps::load(o + d * FW);
       const float* e = a.scores + qi * ML;
-      const float* vtile = a.vt[jb / ATT_JB];
-      for (int64_t j = j0; j < je; ++j) {
-        const FV p = FOps::set1(e[j]);
-        const float* vr = vtile + (j - jb) * D;
-        for (int d = 0; d < NDV; ++d) acc[d] = FOps::fma(p, FOps::load(vr + d * FW), acc[d]);
+      if (q8) {   // e_j * v_scale_j * v8_j, converted as read
+        const int8_t* vtile = a.vt8[jb / ATT_JB];
+        const uint16_t* vst = a.vs[jb / ATT_JB];
+        for (int64_t j = j0; j < je; ++j) {
+          const FV p = FOps::set1(e[j] * QOps::h2f(vst[j - jb]));
+          const int8_t* vr = vtile + (j - jb) * D;
+          for (int d = 0; d < NDV; ++d) acc[d] = FOps::fma(p, FOps::load_i8(vr + d * FW), acc[d]);
+        }
+      } else {
+        const float* vtile = a.vt[jb / ATT_JB];
+        for (int64_t j = j0; j < je; ++j) {
+          const FV p = FOps::set1(e[j]);
+          const float* vr = vtile + (j - jb) * D;
+          for (int d = 0; d < NDV; ++d) acc[d] = FOps::fma(p, FOps::load(vr + d * FW), acc[d]);
+        }
       }
       for (int d = 0; d < NDV; ++d) FOps::store(o + d * FW, acc[d]);
     }
