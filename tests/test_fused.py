@@ -215,16 +215,10 @@ def test_rope_frequencies_are_the_models():
 
 @pytest.mark.slow
 def test_fused_matches_reference_1p5b(big_int4):
-    from engine.infer.generate import generate
-
-    ref, got = _paths(big_int4, act_int8=False)
+    """The 1.5B's shape through the scenario's five passes (prefill, a second prompt, a decode step, a ragged
+    batch, verification rows; argmax equal on each): the 64-row split is the 0.5B's test's, so a short prompt."""
+    ref, got = _paths(big_int4, 12, act_int8=False)
     _check_close(ref, got, "1.5B int4")
-    prompt = "def quicksort(xs):"
-    with ops.using(fused=False, act_int8=False):
-        want = generate(big_int4, [prompt], 16, stop_at_eos=False)
-    with ops.using(fused=True, act_int8=False):
-        have = generate(big_int4, [prompt], 16, stop_at_eos=False)
-    assert have.new_tokens == want.new_tokens
 
 
 def test_cuda_graph_step_logic_on_cpu(small_int4):
