@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from engine.common.errors import UserError
-from engine.common.formulas import INT8_K_GROUP, kv_pair_bytes
+from engine.common.formulas import INT8_K_GROUP, kv_pair_bytes, sequence_blocks
 from engine.common.vocab import KV_DTYPES
 from engine.infer.blocks import BlockManager
 
@@ -66,7 +66,7 @@ def blocks_in_budget(cfg, block_size: int, kv_name: str, gib: float, max_model_l
     (`one` blocks when given: engine.common.formulas.sequence_blocks)."""
     per = block_bytes(cfg, block_size, kv_name)
     n = int(gib * 2 ** 30 // per)
-    full = -(-max_model_len // block_size)
+    full = sequence_blocks(max_model_len, block_size)
     one = one or full
     if n < one:
         fits = n * block_size
@@ -168,7 +168,7 @@ def one_sequence_cache(model, positions: int, kv_dtype: str) -> PagedKVCache:
     """A paged cache holding exactly one sequence (slot 0) of `positions` positions at kv_dtype: what a
     quality measurement of a KV precision runs on."""
     bs = BLOCK_SIZE
-    n = -(-positions // bs)
+    n = sequence_blocks(positions, bs)
     cache = PagedKVCache(model.cfg, 1, positions, n, bs, model.compute_dtype, model.device, kv_dtype)
     cache.blocks.admit(0, [], positions, 0)
     cache.sync(0)

@@ -130,9 +130,8 @@ class Scheduler:
                  eos: set[int] | None = None, spec_policy: str = "fixed"):
         from engine.common.step_model import StepCost
         from engine.infer.spec_policy import SpecPolicy
-        from engine.infer.tokens import eos_ids
-
         from engine.infer.paged import window_reach
+        from engine.infer.tokens import eos_ids
 
         self.settings = settings.validate(gamma if proposer_spec else 0)
         self.headroom = speculation_headroom(proposer_spec, gamma)
