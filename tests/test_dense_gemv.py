@@ -8,6 +8,8 @@ greedy-generating the same tokens with the kernel on and off.
 """
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -73,6 +75,21 @@ def test_kernels_match_reference_and_torch(ext, dtype, N, K):
                     assert ((y.double() - yt.double()).abs() <= ulp + tol).all(), (dense.DENSE_KERNELS[k], M)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+def test_every_row_count_up_to_64(ext, dtype):
+    """Each kernel at every M the dispatch may give it (1-64: every m-block tail and 4-row block), one call each."""
+    bf16 = dtype is torch.bfloat16
+    g = torch.Generator().manual_seed(64)
+    N, K = 67, 1536 + 5
+    w = torch.randn(N, K, generator=g).to(dtype)
+    x = torch.randn(64, K, generator=g).to(dtype)
+    ref, tol = _bound(x, w, None, bf16)
+    for k in _kernels(ext, bf16):
+        for M in range(1, 65):
+            err = (ext.dense_gemm(x[:M], w, None, k).double() - ref[:M]).abs()
+            assert (err <= tol[:M]).all(), (dense.DENSE_KERNELS[k], M)
+
+
 @pytest.mark.parametrize("wdtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("N,K", SHAPES)
 def test_half_weights_with_fp32_x_are_the_fp32_linear_of_the_widened_weights(ext, wdtype, N, K):
@@ -97,8 +114,9 @@ def test_dense_linear_on_half_weights_takes_the_kernel_then_torch_by_chunks(ext,
     monkeypatch.setattr(ext, "dense_gemm", lambda *a: calls.append(a[3]) or torch.zeros(1))
     dense.dense_linear(torch.randn(1, 64), w)
     assert calls  # M = 1: the kernel
-    x = torch.randn(config.DEFAULT_DENSE_M + 1, 64)  # M past dense_m: torch on the widened rows, by chunks
-    y = dense.dense_linear(x, w)
+    x = torch.randn(17, 64)  # M past dense_m: torch on the widened rows, by chunks
+    with ops.using(dense_m=16):
+        y = dense.dense_linear(x, w)
     ref, tol = _bound(x, w.float(), None, False)
     assert len(calls) == 1 and y.shape == ref.shape and ((y.double() - ref).abs() <= tol).all()
 
@@ -146,15 +164,15 @@ def test_dispatch_threshold_dtypes_and_isa(ext, monkeypatch):
     real = ext.dense_gemm
     monkeypatch.setattr(ext, "dense_gemm", lambda *a: calls.append(a[3]) or real(*a))
     w = torch.randn(40, 64).bfloat16()
-    lim = ops.kernel_config().dense_m
-    assert lim == config.DEFAULT_DENSE_M
-    for M, used in ((1, True), (lim, True), (lim + 1, False)):
-        calls.clear()
-        x = torch.randn(M, 64).bfloat16()
-        y = dense.dense_linear(x, w)
-        assert bool(calls) is used, M
-        if not used:
-            assert torch.equal(y, F.linear(x, w))
+    for lim in (16, 3):
+        with ops.using(dense_m=lim):
+            for M, used in ((1, True), (lim, True), (lim + 1, False)):
+                calls.clear()
+                x = torch.randn(M, 64).bfloat16()
+                y = dense.dense_linear(x, w)
+                assert bool(calls) is used, M
+                if not used:
+                    assert torch.equal(y, F.linear(x, w))
     best = 3 if ext.has_avx512_bf16() else int(ext.best_isa())
     calls.clear()
     dense.dense_linear(torch.randn(1, 64).bfloat16(), w)
@@ -183,6 +201,49 @@ def test_dispatch_threshold_dtypes_and_isa(ext, monkeypatch):
     assert calls == [int(ext.best_isa())]
     with pytest.raises(RuntimeError):                                          # bf16 x, fp32 w: torch's own error
         dense.dense_linear(torch.randn(1, 64).bfloat16(), w.float())
+
+
+def test_the_row_limit_is_measured_once_per_machine_and_kept(ext, monkeypatch, tmp_path):
+    """dense_m unset: the kernel takes the rows up to the M measured against torch's F.linear on this machine,
+    stored beside the extension; the next process (a cleared in-process cache) reads it and measures nothing,
+    the dispatch and the run record follow what is stored."""
+    from engine.ops import build, dense_crossover as dc
+    from engine.ops.info import backend_info
+
+    monkeypatch.setitem(build._cpu_state, "build_dir", str(tmp_path))
+    monkeypatch.setattr(dc, "_known", {})
+    measured, real = [], dc.measure
+    monkeypatch.setattr(dc, "measure", lambda *a: measured.append(a) or real(*a))
+    cfg = ops.kernel_config()
+    assert cfg.dense_m is None
+    kernel = dense.dense_kernel(ext, cfg, True)
+    lim = dense.dense_rows(ext, cfg, kernel, "bf16")
+    assert dense.dense_rows(ext, cfg, kernel, "bf16") == lim and len(measured) == 1
+    stored = json.loads((tmp_path / dc.FILE).read_text())
+    (key, entry), = stored.items()
+    assert entry["limit"] == lim == dc.limit_of(entry["rows"], entry["kernel_ms"], entry["torch_ms"])
+    assert f"threads{torch.get_num_threads()}" in key and len(entry["kernel_ms"]) == len(dc.ROWS)
+
+    entry["limit"] = 8
+    (tmp_path / dc.FILE).write_text(json.dumps(stored))
+    dc._known.clear()
+    calls, real_gemm = [], ext.dense_gemm
+    monkeypatch.setattr(ext, "dense_gemm", lambda *a: calls.append(a[0].shape[0]) or real_gemm(*a))
+    w = torch.randn(40, 64).bfloat16()
+    for M in (1, 8, 9):
+        dense.dense_linear(torch.randn(M, 64).bfloat16(), w)
+    assert calls == [1, 8] and len(measured) == 1
+    assert f"bf16 {dense.DENSE_KERNELS[kernel]} M <= 8" in backend_info()["dense_kernel"]
+
+
+def test_torch_takes_the_rows_only_where_measured_faster_by_the_margin():
+    from engine.ops.dense_crossover import MARGIN, limit_of
+
+    rows = (2, 4, 8, 16)
+    assert limit_of(rows, [1.0] * 4, [1.0] * 4) == 16                       # level: the kernel
+    assert limit_of(rows, [1.0] * 4, [1 / (1 + MARGIN) + 0.01] * 4) == 16   # faster, within the margin
+    assert limit_of(rows, [1.0] * 4, [1.0, 1.0, 0.5, 2.0]) == 4            # the first clear loss ends it
+    assert limit_of(rows, [1.0] * 4, [0.5] * 4) == 1                       # one row stays the kernel's
 
 
 def test_adopt_keeps_parameters_and_ties():

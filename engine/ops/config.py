@@ -7,7 +7,8 @@ The environment is the initial source, read once at first use (the first prepare
 ``SCL_KERNEL_ISA=scalar|avx2|avx512``  ``isa``: cap the CPU ISA (default: the best the CPU has).
 ``SCL_KERNEL_SMALL_M=n``         ``small_m``: largest M for the small-M CPU kernel (default 32, 0..64).
 ``SCL_KERNEL_DENSE_M=n``         ``dense_m``: largest M for which bf16/fp32 nn.Linear on CPU runs the dense C++ kernel
-                                 (engine/ops/dense.py; default DEFAULT_DENSE_M, 0..64; 0 = torch's F.linear).
+                                 (engine/ops/dense.py; 0..64; 0 = torch's F.linear; unset or ``auto``: the M
+                                 measured on this machine, engine/ops/dense_crossover.py).
 ``SCL_KERNEL_PREFILL=dequant``   ``prefill="dequant"``: M above ``small_m`` dequantizes weight blocks for a
                                  torch matmul; the default ``"chunks"`` runs the small-M kernel in chunks.
 ``SCL_KERNEL_ACT=fp32|int8``     ``act_int8``: int4 CPU kernels quantize activations to int8 per 32-k block
@@ -43,7 +44,7 @@ ISA_NAMES = {0: "scalar", 1: "avx2", 2: "avx512"}
 ISA_IDS = {v: k for k, v in ISA_NAMES.items()}
 KERNEL_MAX_M = 64      # MAX_M in the C++ code
 DEFAULT_SMALL_M = 32   # M above this -> the small-M kernel in chunks, or (past PREFILL_CHUNKS_MAX_M) dequantize
-DEFAULT_DENSE_M = 16   # bf16/fp32 linears: M above this -> torch's F.linear (docs/runs/2026-12-02/bf16_baseline.md)
+DEFAULT_DENSE_M = None  # bf16/fp32 linears: the kernel up to the M measured on this machine (ops.dense_crossover)
 PREFILL_MODES = ("chunks", "dequant")
 _OFF_VALUES = ("torch", "fallback", "off", "0", "none")
 _ACT_FP32_VALUES = ("fp32", "f32", "float", "float32", "0", "off")   # anything else (int8, unset): int8
@@ -56,7 +57,7 @@ class KernelConfig:
     enabled: bool = True               # False: plain PyTorch everywhere (CPU and CUDA kernels off)
     isa: Optional[str] = None          # CPU ISA cap: None (best available), "scalar", "avx2", "avx512"
     small_m: int = DEFAULT_SMALL_M     # largest M for the small-M CPU kernel
-    dense_m: int = DEFAULT_DENSE_M     # largest M for the dense bf16/fp32 CPU kernel (0: torch F.linear)
+    dense_m: Optional[int] = DEFAULT_DENSE_M  # largest M for the dense CPU kernel (None: measured; 0: torch)
     prefill: str = "chunks"            # M > small_m on CPU: "chunks" (small-M kernel) or "dequant"
     act_int8: bool = True              # int4 CPU kernels: int8 activations (VNNI / AVX2 maddubs / scalar)
     fuse: bool = True                  # engine.quant fuses q/k/v and gate/up before quantizing
@@ -71,6 +72,8 @@ class KernelConfig:
             raise ValueError(f"KernelConfig.isa must be None or one of {list(ISA_IDS)}, got {self.isa!r}")
         for name in ("small_m", "dense_m"):
             v = getattr(self, name)
+            if name == "dense_m" and v is None:
+                continue
             if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= KERNEL_MAX_M:
                 raise ValueError(f"KernelConfig.{name} must be an int in 0..{KERNEL_MAX_M}, got {v!r}")
         if self.prefill not in PREFILL_MODES:
@@ -89,8 +92,8 @@ class KernelConfig:
             log.warning("SCL_KERNEL_ISA=%r not one of %s; using the best available", isa, list(ISA_IDS))
             isa = None
 
-        def rows(name: str, default: int) -> int:
-            if not get(name):
+        def rows(name: str, default: Optional[int]) -> Optional[int]:
+            if not get(name) or (default is None and get(name) == "auto"):
                 return default
             try:
                 return max(0, min(KERNEL_MAX_M, int(get(name))))

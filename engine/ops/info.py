@@ -5,13 +5,25 @@ import torch
 
 from engine.ops import build as _build
 from engine.ops import config as _config
-from engine.ops.dense import DENSE_KERNELS, dense_kernel
+from engine.ops.dense import DENSE_KERNELS, dense_kernel, dense_rows
 from engine.ops.fused import fused_info
 from engine.ops.prepared import TILE
 
 __all__ = ["backend_info"]
 
 _DISABLED = "kernels disabled (SCL_KERNELS=torch or ops.configure(enabled=False))"
+
+
+def _dense_text(ext, cfg) -> str:
+    """Which kernel runs bf16 and fp32 linears, up to which M (torch's F.linear past it), and where M comes from."""
+    if cfg.dense_m == 0:
+        return "off (dense_m = 0: torch F.linear)"
+    parts = []
+    for kind, bf16 in (("bf16", True), ("fp32", False)):
+        kernel = dense_kernel(ext, cfg, bf16)
+        parts.append(f"{kind} {DENSE_KERNELS[kernel]} M <= {dense_rows(ext, cfg, kernel, kind)}")
+    src = "dense_m" if cfg.dense_m is not None else "measured against torch's F.linear on this machine"
+    return f"{', '.join(parts)} ({src}; torch past it)"
 
 
 def backend_info(build: bool = True) -> dict:
@@ -45,9 +57,7 @@ def backend_info(build: bool = True) -> dict:
                     "scalar": "scalar reference"}[ext.q8_kernel(isa)]
             info["int4_activations"] = f"int8 per-32 block ({kern})" if cfg.act_int8 else "fp32"
             info["int4_q8_kernel"] = kern
-            info["dense_kernel"] = (f"bf16 {DENSE_KERNELS[dense_kernel(ext, cfg, True)]}, fp32 "
-                                    f"{DENSE_KERNELS[dense_kernel(ext, cfg, False)]}, M <= {cfg.dense_m}"
-                                    if cfg.dense_m else "off (dense_m = 0: torch F.linear)")
+            info["dense_kernel"] = _dense_text(ext, cfg)
     info.update(fused_info())
     if not cfg.enabled:
         info["cuda"] = "unavailable: " + _DISABLED
