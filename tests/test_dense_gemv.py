@@ -173,7 +173,7 @@ def test_dispatch_threshold_dtypes_and_isa(ext, monkeypatch):
                 assert bool(calls) is used, M
                 if not used:
                     assert torch.equal(y, F.linear(x, w))
-    best = 3 if ext.has_avx512_bf16() else int(ext.best_isa())
+    best = (4 if ext.has_amx_bf16() else 3) if ext.has_avx512_bf16() else int(ext.best_isa())
     calls.clear()
     dense.dense_linear(torch.randn(1, 64).bfloat16(), w)
     assert calls == [best]

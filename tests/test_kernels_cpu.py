@@ -203,7 +203,9 @@ def test_int4_small_m(ext, isa, gs, N, K):
 
 @pytest.mark.parametrize("isa", ISAS)
 def test_kernel_max_m_and_offsets(ext, isa):
-    """M up to the kernel limit (several m-blocks, k-blocking) via small_m=64."""
+    """Every M from 1 to the kernel limit (every m-block tail, several m-blocks, k-blocking) via small_m=64:
+    int8 and int4 with fp32 activations against the float64 reference, int4 with int8 activations against
+    the portable reference kernel."""
     _isa_or_skip(ext, isa)
     ops.configure(small_m=64)
     N, K = 70, 600
@@ -212,12 +214,16 @@ def test_kernel_max_m_and_offsets(ext, isa):
     p8 = ops.prepare_int8(q, s)
     packed, sc, mn = ops.quantize_int4(w, 32)
     p4 = ops.prepare_int4(packed, sc, mn, K, 32)
-    for M in (17, 31, 64):
-        x = torch.randn(M, K)
-        ref, mag = _ref(x, ops.dequantize_int8(q, s))
-        _assert_close(ops.int8_linear(x, p8), ref, mag, what=f"int8 M={M}")
-        ref, mag = _ref(x, ops.dequantize_int4(packed, sc, mn, K))
-        _assert_close(ops.int4_linear(x, p4), ref, mag, what=f"int4 M={M}")
+    xs = torch.randn(64, K, generator=torch.Generator().manual_seed(64))
+    ref8, mag8 = _ref(xs, ops.dequantize_int8(q, s))
+    ref4, mag4 = _ref(xs, ops.dequantize_int4(packed, sc, mn, K))
+    for M in range(1, 65):
+        x = xs[:M]
+        _assert_close(ops.int8_linear(x, p8), ref8[:M], mag8[:M], what=f"int8 M={M}")
+        _assert_close(ops.int4_linear(x, p4), ref4[:M], mag4[:M], what=f"int4 M={M}")
+        y = ext.int4_gemm_q8(x, p4.w, p4.sm, None, N, K, 32, config.ISA_IDS[isa])
+        y0 = ext.int4_gemm_q8(x, p4.w, p4.sm, None, N, K, 32, 0)
+        assert torch.allclose(y, y0, rtol=1e-5, atol=1e-5 * float(ref4.abs().max())), f"int4 q8 M={M}"
 
 
 @pytest.mark.parametrize("mode", ["chunks", "dequant"])

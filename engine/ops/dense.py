@@ -8,12 +8,13 @@ and fp32 linears whose weights are held in half precision (a checkpoint's dense 
 | fp32 x, bf16 or fp16 W | more, or no kernel | torch's F.linear on W widened to fp32, HALF_CHUNK rows at a time |
 | anything else (prefill M, mixed dtypes, CUDA, grad, kernels off) | any | torch's F.linear |
 
-Kernel per ISA cap (``KernelConfig.isa``): avx512 -> VDPBF16PS for bf16 where the CPU has AVX512_BF16 (else
-the AVX-512 shift/FMA kernel), avx2 -> the AVX2 shift/FMA kernel, scalar -> the portable reference.
+Kernel per ISA cap (``KernelConfig.isa``): avx512 -> AMX's TDPBF16PS for bf16 where the CPU has AMX-BF16 and
+the OS grants the tiles, else VDPBF16PS where it has AVX512_BF16, else the AVX-512 shift/FMA kernel; avx2 -> the
+AVX2 shift/FMA kernel, scalar -> the portable reference.
 The limit is ``dense_m`` where the config sets it, else the M up to which the kernel is no slower than torch
 on this machine (``dense_rows``, measured once: engine/ops/dense_crossover.py): decode and speculative
-verification take the kernel; prefill stays on torch (oneDNN's bf16 GEMM wins once the weights are reused
-across rows, from 4-8 rows where it has AMX tiles).
+verification take the kernel, and prefill chunks where it wins (oneDNN's bf16 GEMM reorders the weight on
+every call, but past 4-8 rows on AMX tiles it still beats the AVX-512 kernels; the AMX kernel wins to 64).
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ from engine.ops import dense_crossover as _crossover
 
 __all__ = ["DENSE_KERNELS", "dense_kernel", "dense_rows", "dense_linear", "DenseLinear", "adopt_dense_linears"]
 
-DENSE_KERNELS = {0: "scalar", 1: "avx2", 2: "avx512", 3: "avx512-bf16"}   # ids of ext.dense_gemm
+DENSE_KERNELS = {0: "scalar", 1: "avx2", 2: "avx512", 3: "avx512-bf16", 4: "amx-bf16"}   # ids of ext.dense_gemm
 _DTYPES = (torch.bfloat16, torch.float32)
 _KIND = {torch.bfloat16: "bf16", torch.float32: "fp32"}
 HALF_WEIGHTS = (torch.bfloat16, torch.float16)  # held as stored, widened to fp32 against fp32 x
@@ -43,7 +44,7 @@ def dense_kernel(ext, cfg: "_config.KernelConfig", bf16: bool) -> int:
     hit = _resolved.get(key)
     if hit is None:
         isa = _build.cpu_isa(ext, cfg)
-        hit = 3 if isa == 2 and bf16 and ext.has_avx512_bf16() else isa
+        hit = (4 if ext.has_amx_bf16() else 3) if isa == 2 and bf16 and ext.has_avx512_bf16() else isa
         _resolved[key] = hit
     return hit
 

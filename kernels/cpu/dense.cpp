@@ -2,7 +2,8 @@
 // (dense_kernels.h).  Registered into the scl_qgemm_cpu module by qgemm.cpp.
 //
 // Kernel ids (the `kernel` argument; tests and benchmarks force each one):
-//   0 scalar reference, 1 AVX2 shift/FMA, 2 AVX-512 shift/FMA, 3 AVX-512 BF16 VDPBF16PS (bf16 w and x only).
+//   0 scalar reference, 1 AVX2 shift/FMA, 2 AVX-512 shift/FMA, 3 AVX-512 BF16 VDPBF16PS (bf16 w and x only),
+//   4 AMX TDPBF16PS (bf16 w and x only; dense_amx.cpp).
 // Threads: at::parallel_for over blocks of DR rows of W (OpenMP, honours torch.set_num_threads).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -42,6 +43,7 @@ bool kernel_supported(int64_t kernel, bool io_bf16, bool w_f16) {
     case 1: return cpu_isa_supported(1) && (!w_f16 || has_f16c());
     case 2: return cpu_isa_supported(2);
     case 3: return io_bf16 && has_avx512_bf16();
+    case 4: return io_bf16 && has_avx512_bf16() && amx::available();
     default: return false;
   }
 }
@@ -98,6 +100,17 @@ torch::Tensor dense_gemm(torch::Tensor x, torch::Tensor w, c10::optional<torch::
   } else if (!io_bf16) {
     p.xp = x.data_ptr<float>();
   }
+  if (kernel == 4) {  // blocks of AMX_ROWS rows of W, fixed by N (a row's path does not depend on threads)
+    std::vector<uint32_t> xb((size_t)(((M + 15) / 16) * (Kc / 32) * 256));
+    amx::pack_x(reinterpret_cast<const uint16_t*>(x.data_ptr()), M, K, Kc, xb.data());
+    p.xb = xb.data();
+    const int64_t nb = (N + amx::AMX_ROWS - 1) / amx::AMX_ROWS;
+    const int64_t grain = std::max<int64_t>(1, MIN_THREAD_ELEMS / (amx::AMX_ROWS * K));
+    at::parallel_for(0, nb, grain, [&](int64_t b0, int64_t b1) {
+      amx::dense_rows(p, b0 * amx::AMX_ROWS, std::min(N, b1 * amx::AMX_ROWS));
+    });
+    return y;
+  }
   using Fn = void (*)(const DenseParams&, int64_t, int64_t);
   const Fn fn = kernel == 3 ? avx512::dense_rows_dp
               : kernel == 2 ? avx512::dense_rows
@@ -115,11 +128,13 @@ void register_dense(pybind11::module& m) {
   m.def("dense_gemm", &dense_gemm,
         "y = x @ w^T + bias for bf16, fp16 or fp32 weights in their natural [N, K] layout (x bf16 with bf16 w, "
         "else fp32), fp32 accumulation; "
-        "kernel 0 scalar, 1 avx2, 2 avx512 shift/FMA, 3 avx512_bf16 vdpbf16ps",
+        "kernel 0 scalar, 1 avx2, 2 avx512 shift/FMA, 3 avx512_bf16 vdpbf16ps, 4 amx tdpbf16ps",
         py::arg("x"), py::arg("w"), py::arg("bias"), py::arg("kernel"));
   m.def("dense_kernel_supported", &kernel_supported, "whether a dense kernel id can run here for a dtype",
         py::arg("kernel"), py::arg("bf16"), py::arg("w_f16") = false);
   m.def("has_avx512_bf16", &has_avx512_bf16, "AVX512_BF16 (VDPBF16PS) available");
+  m.def("has_amx_bf16", [] { return has_avx512_bf16() && amx::available(); },
+        "AMX-BF16 tiles available to this process (TDPBF16PS)");
 }
 
 }  // namespace scl

@@ -37,6 +37,7 @@ struct DenseParams {
   void* y;              // [M][N], x's dtype
   int64_t M, N, K, Kc;  // Kc: k covered by whole SIMD chunks (multiple of the chunk, <= K)
   bool w_bf16, w_f16, io_bf16, bias_bf16;
+  const uint32_t* xb = nullptr;  // AMX kernel: x packed as TDPBF16PS's B operand (amx::pack_x)
 };
 
 inline float bf16_to_float(uint16_t h) {
@@ -113,6 +114,13 @@ void dense_prep_x(const uint16_t* x, int64_t M, int64_t K, int64_t Kc, float* xp
 void dense_prep_x(const float* x, int64_t M, int64_t K, int64_t Kc, float* xp);
 void dense_rows(const DenseParams& p, int64_t n0, int64_t n1);
 void dense_rows_dp(const DenseParams& p, int64_t n0, int64_t n1);  // needs AVX512_BF16, bf16 w and x only
+}
+namespace amx {  // dense_amx.cpp: TDPBF16PS, bf16 w and x only; rows in blocks of AMX_ROWS (fixed by N)
+constexpr int AMX_ROWS = 32;
+bool compiled();
+bool available();  // AMX-TILE + AMX-BF16 + AVX512_BF16, and the OS lets this process use the tiles
+void pack_x(const uint16_t* x, int64_t M, int64_t K, int64_t Kc, uint32_t* xb);  // [ceil(M/16)][Kc/32][16][16]
+void dense_rows(const DenseParams& p, int64_t n0, int64_t n1);
 }
 
 }  // namespace scl
