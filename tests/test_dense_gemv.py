@@ -1,10 +1,11 @@
 """The dense bf16/fp32 CPU GEMV kernels (kernels/cpu/dense*, engine/ops/dense.py) against torch's F.linear,
 and fp32 activations against bf16/fp16 weights (a checkpoint's head held as stored) against the fp32 linear.
 
-Every kernel id the CPU can run (scalar, AVX2, AVX-512 shift/FMA, AVX512_BF16 VDPBF16PS) on shapes that
-are not multiples of the SIMD chunk or the 4-row block, M from 1 past the default threshold, with and
-without bias; the dispatch (threshold, dtypes, ISA cap, fallbacks); and the 0.5B model at bf16
-greedy-generating the same tokens with the kernel on and off.
+Every kernel id the CPU can run (scalar, AVX2, AVX-512 shift/FMA, AVX512_BF16 VDPBF16PS, AMX TDPBF16PS) on
+shapes that are not multiples of the SIMD chunk, the 4-row block or the AMX kernel's 16-row tiles, M from 1 to
+17 and every M to 64 on one shape, with and without bias; the dispatch (threshold, dtypes, ISA cap, fallbacks),
+the row limit measured per machine; and the 0.5B model at bf16 greedy-generating the same tokens with the kernel
+on and off.
 """
 from __future__ import annotations
 
@@ -75,12 +76,15 @@ def test_kernels_match_reference_and_torch(ext, dtype, N, K):
                     assert ((y.double() - yt.double()).abs() <= ulp + tol).all(), (dense.DENSE_KERNELS[k], M)
 
 
+@pytest.mark.parametrize("K", [1536 + 5, 1024])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
-def test_every_row_count_up_to_64(ext, dtype):
-    """Each kernel at every M the dispatch may give it (1-64: every m-block tail and 4-row block), one call each."""
+def test_every_row_count_up_to_64(ext, dtype, K):
+    """Each kernel at every M the dispatch may give it (1-64: every m-block tail and 4-row block), one call each;
+    83 rows of W: the AMX kernel's 32-row blocks, a 16-row block and 3 rows left to VDPBF16PS; K with a tail (the
+    scalar finish) and without (the vector finish)."""
     bf16 = dtype is torch.bfloat16
     g = torch.Generator().manual_seed(64)
-    N, K = 67, 1536 + 5
+    N = 83
     w = torch.randn(N, K, generator=g).to(dtype)
     x = torch.randn(64, K, generator=g).to(dtype)
     ref, tol = _bound(x, w, None, bf16)
