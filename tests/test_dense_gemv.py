@@ -226,7 +226,8 @@ def test_the_row_limit_is_measured_once_per_machine_and_kept(ext, monkeypatch, t
     stored = json.loads((tmp_path / dc.FILE).read_text())
     (key, entry), = stored.items()
     assert entry["limit"] == lim == dc.limit_of(entry["rows"], entry["kernel_ms"], entry["torch_ms"])
-    assert f"threads{torch.get_num_threads()}" in key and len(entry["kernel_ms"]) == len(dc.ROWS)
+    assert f"threads{torch.get_num_threads()}" in key and entry["rows"] == list(dc.ROWS[:len(entry["kernel_ms"])])
+    assert entry["rows"][-1] == lim or entry["torch_ms"][-1] * (1 + dc.MARGIN) < entry["kernel_ms"][-1]
 
     entry["limit"] = 8
     (tmp_path / dc.FILE).write_text(json.dumps(stored))
@@ -238,6 +239,20 @@ def test_the_row_limit_is_measured_once_per_machine_and_kept(ext, monkeypatch, t
         dense.dense_linear(torch.randn(M, 64).bfloat16(), w)
     assert calls == [1, 8] and len(measured) == 1
     assert f"bf16 {dense.DENSE_KERNELS[kernel]} M <= 8" in backend_info()["dense_kernel"]
+
+
+def test_amx_kernel_and_torchs_own_amx_gemm_take_turns(ext):
+    """The AMX kernel configures the tiles per call and releases them after: torch's bf16 GEMM (oneDNN, on the
+    same tiles where the CPU has them) runs right after it, and it right after torch, with the same results."""
+    if not ext.has_amx_bf16():
+        pytest.skip("AMX-BF16 not available to this process (the kernel is not offered)")
+    g = torch.Generator().manual_seed(5)
+    w = torch.randn(512, 1024, generator=g).bfloat16()
+    x = torch.randn(128, 1024, generator=g).bfloat16()
+    ref, first = F.linear(x, w), ext.dense_gemm(x[:40], w, None, 4)
+    for i in range(8):
+        assert torch.equal(ext.dense_gemm(x[:40], w, None, 4), first)
+        assert torch.equal(F.linear(x, w), ref)
 
 
 def test_torch_takes_the_rows_only_where_measured_faster_by_the_margin():

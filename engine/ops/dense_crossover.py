@@ -1,10 +1,11 @@
 """The largest M at which the dense C++ kernel is no slower than torch's F.linear, measured on this machine.
 
-Where torch's bf16 GEMM has AMX tiles (oneDNN on Sapphire Rapids and later) it is 1.7x the kernel at 8 rows;
-where it has AVX-512 BF16 only the two are level up to 16-32 rows (docs/runs/2026-12-06/dense-crossover).
-So the row count up to which ``dense_linear`` takes the kernel is measured, not fixed: once per machine,
-kernel and thread count, kept in ``dense_crossover.json`` beside the built extension (a rebuilt kernel is
-measured again), and the same for every process after, so one configuration runs one path.
+Where torch's bf16 GEMM has AMX tiles (oneDNN on Sapphire Rapids and later) it is 1.3x the VDPBF16PS kernel at
+8 rows and 5.5x at 64, and slower than the AMX kernel at every M; where it has AVX-512 BF16 only it is level with
+VDPBF16PS up to 16 rows (docs/runs/2026-12-05/session27-dense-rows, docs/KERNELS.md). So the row count up to
+which ``dense_linear`` takes the kernel is measured, not fixed: once per machine (CPU model), kernel, kind and
+thread count, kept in ``dense_crossover.json`` beside the built extension (a rebuilt kernel is measured again),
+and the same for every process after, so one configuration runs one path.
 
 How: an 8 MB weight ([4096, 1024] in the weight dtype), M in ``ROWS``, both paths timed in turn, the min of
 ``REPS`` calls each. Torch takes over at the first M where it is faster by more than ``MARGIN``; one row is
@@ -24,7 +25,7 @@ import torch
 
 from engine.ops import build as _build
 
-__all__ = ["ROWS", "MARGIN", "crossover", "measure", "limit_of", "known"]
+__all__ = ["ROWS", "MARGIN", "crossover", "measure", "limit_of"]
 
 ROWS = (2, 4, 8, 16, 32, 64)
 MARGIN = 0.10   # torch must be this much faster to take the rows (one noisy pass must not flip the path)
@@ -38,9 +39,19 @@ _lock = threading.Lock()
 _known: dict = {}
 
 
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown-cpu"
+
+
 def _key(kernel: int, kind: str) -> str:
     onednn = os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or "any"
-    return f"{kind}-kernel{kernel}-threads{torch.get_num_threads()}-onednn-{onednn}"
+    return f"{kind}-kernel{kernel}-threads{torch.get_num_threads()}-onednn-{onednn}-{_cpu_model()}"
 
 
 def _file() -> Path | None:
@@ -55,7 +66,8 @@ def _torch_path(kind: str):
 
 
 def measure(ext, kernel: int, kind: str) -> dict:
-    """{"limit", "rows", "kernel_ms", "torch_ms"}: both paths at each M in ROWS (min of REPS calls)."""
+    """{"limit", "rows", "kernel_ms", "torch_ms"}: both paths at each M in ROWS (min of REPS calls), up to the
+    first M torch takes."""
     xd, wd = KINDS[kind]
     gen = torch.Generator().manual_seed(0)
     w = torch.randn(SHAPE, generator=gen).to(wd)
@@ -76,7 +88,10 @@ def measure(ext, kernel: int, kind: str) -> dict:
                 best = [min(best[0], t1 - t0), min(best[1], t2 - t1)]
             ours.append(round(best[0] * 1e3, 4))
             theirs.append(round(best[1] * 1e3, 4))
-    return {"limit": limit_of(ROWS, ours, theirs), "rows": list(ROWS), "kernel_ms": ours, "torch_ms": theirs}
+            if limit_of(ROWS, ours, theirs) < m:  # torch has taken these rows: more rows cannot change the limit
+                break
+    rows = list(ROWS[:len(ours)])
+    return {"limit": limit_of(rows, ours, theirs), "rows": rows, "kernel_ms": ours, "torch_ms": theirs}
 
 
 def limit_of(rows, kernel_ms, torch_ms) -> int:
@@ -116,9 +131,3 @@ def crossover(ext, kernel: int, kind: str) -> int:
                     pass
         _known[key] = entry["limit"]
         return entry["limit"]
-
-
-def known() -> dict:
-    """The limits this process has resolved so far, by key (for the run record)."""
-    with _lock:
-        return dict(_known)

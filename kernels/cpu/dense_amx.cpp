@@ -3,15 +3,15 @@
 // copy of W, nothing reordered per call) against x packed once per call as the B operand (16 columns = 16
 // rows of x, k in pairs), so each tile product is a 16 x 16 block of y^T.
 //
-// Why not torch's bf16 GEMM, which also runs on AMX here: oneDNN reorders the [K, N] weight into its blocked
-// layout on every call, so at 8 rows it reads ~12 GB/s of a 22 GB/s machine (profile in
-// docs/runs/2026-12-05/session27-dense-rows); this kernel streams W once.
+// Why not torch's bf16 GEMM, which also runs on AMX here: through F.linear oneDNN packs the weight into its
+// blocked layout on every call, so in a batch-8 step the projections read 8-15 GB/s of a 22 GB/s machine
+// (profile-bf16-batch8.txt in docs/runs/2026-12-05/session27-dense-rows); this kernel reads W once.
 //
 // Tiles: C 0-3 = (two 16-row blocks of W) x (two 16-row blocks of x), A 4-5, B 6-7; 32 rows of W per block,
 // 32 rows of x per pass (M up to 64: two passes, the block's rows re-read from L2). Rows past the last whole
 // 16 go to the VDPBF16PS kernel, so a row's path depends on N only (blocks are fixed by N, not by threads).
 // Sums: fp32, the hardware's order within a tile product (round to nearest even, denormals flushed), then the
-// tail k in [Kc, K), bias and one rounding to bf16 in dense_finish.
+// tail k in [Kc, K), bias and one rounding to bf16 (finish_tile: 16 outputs at a time, or dense_finish).
 #include "dense_kernels.h"
 
 #if defined(__x86_64__) && defined(__linux__)
@@ -123,8 +123,6 @@ inline void rows_all_m(const DenseParams& p, int64_t n0) {
 
 }  // namespace
 
-bool compiled() { return true; }
-
 bool available() {
   static const bool ok = [] {
     __builtin_cpu_init();
@@ -172,7 +170,6 @@ void dense_rows(const DenseParams& p, int64_t n0, int64_t n1) {
 
 namespace scl {
 namespace amx {
-bool compiled() { return false; }
 bool available() { return false; }
 void pack_x(const uint16_t*, int64_t, int64_t, int64_t, uint32_t*) {}
 void dense_rows(const DenseParams&, int64_t, int64_t) {}

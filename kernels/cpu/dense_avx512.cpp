@@ -89,14 +89,14 @@ static inline void dp_rows_m(const DenseParams& p, int64_t n0) {
 // One row of W at a time, in address order, no software prefetch: a thread's rows are one sequential
 // stream, which the hardware prefetcher follows at full speed. Measured cold (48 distinct 4864 x 896
 // bf16 matrices, this EPYC VM, 2 threads): 4 interleaved rows with a 1 KB prefetch read 16 GB/s at
-// M = 1 and 9.3 at M = 8; one row at a time 23.1 and 12.3.
-#ifndef SCL_DP_R
-#define SCL_DP_R 4
-#endif
+// M = 1 and 9.3 at M = 8; one row at a time 23.1 and 12.3.  At M >= 2 one row's 4 accumulator chains wait
+// on VDPBF16PS's latency, so DP_ROWS rows go together (16 chains); each output's sum runs in the same
+// order either way.
+constexpr int DP_ROWS = 4;
 void dense_rows_dp(const DenseParams& p, int64_t n0, int64_t n1) {
   int64_t n = n0;
   if (p.M > 1)
-    for (; n + SCL_DP_R <= n1; n += SCL_DP_R) dp_rows_m<SCL_DP_R>(p, n);
+    for (; n + DP_ROWS <= n1; n += DP_ROWS) dp_rows_m<DP_ROWS>(p, n);
   for (; n < n1; ++n) dp_rows_m<1>(p, n);
 }
 

@@ -117,7 +117,6 @@ void dense_rows_dp(const DenseParams& p, int64_t n0, int64_t n1);  // needs AVX5
 }
 namespace amx {  // dense_amx.cpp: TDPBF16PS, bf16 w and x only; rows in blocks of AMX_ROWS (fixed by N)
 constexpr int AMX_ROWS = 32;
-bool compiled();
 bool available();  // AMX-TILE + AMX-BF16 + AVX512_BF16, and the OS lets this process use the tiles
 void pack_x(const uint16_t* x, int64_t M, int64_t K, int64_t Kc, uint32_t* xb);  // [ceil(M/16)][Kc/32][16][16]
 void dense_rows(const DenseParams& p, int64_t n0, int64_t n1);
