@@ -188,7 +188,12 @@ def test_eval_text_has_8000_tokens_of_chat_and_code_by_default(small_fp32):
 def test_fp32_against_itself_is_exact(small_fp32):
     q = quality.evaluate(small_fp32, SHORT)  # also caches the reference the tests below share
     assert q["kld_mean"] < 1e-6 and q["top1_agreement"] == 1.0 and q["delta_p_rms"] < 1e-6
-    assert 1.0 < q["perplexity"] < 150 and q["perplexity"] == q["ref_perplexity"]
+    # Exact against a reference this process computes: a cached one may come from an earlier engine whose
+    # kernels summed in another order (session 27's measured dense limit: perplexity 5e-7 apart, KLD ~0).
+    docs = eval_docs(small_fp32.tokenizer, SHORT)
+    fresh = quality.results(quality.score_model(small_fp32, docs, quality.compute_reference(small_fp32, docs)), docs)
+    assert 1.0 < fresh["perplexity"] < 150 and fresh["perplexity"] == fresh["ref_perplexity"]
+    assert fresh["kld_mean"] < 1e-6 and fresh["perplexity"] == q["perplexity"]
 
 
 def test_int8_is_close_to_fp32_and_int4_drifts(small_int8, small_int4, small_fp32):
