@@ -1,11 +1,11 @@
 """The largest M at which the dense C++ kernel is no slower than torch's F.linear, measured on this machine.
 
 Where torch's bf16 GEMM has AMX tiles (oneDNN on Sapphire Rapids and later) it is 1.3x the VDPBF16PS kernel at
-8 rows and 5.5x at 64, and slower than the AMX kernel at every M; where it has AVX-512 BF16 only it is level with
-VDPBF16PS up to 16 rows (docs/runs/2026-12-05/session27-dense-rows, docs/KERNELS.md). So the row count up to
-which ``dense_linear`` takes the kernel is measured, not fixed: once per machine (CPU model), kernel, kind and
-thread count, kept in ``dense_crossover.json`` beside the built extension (a rebuilt kernel is measured again),
-and the same for every process after, so one configuration runs one path.
+8 rows and 5.5x at 64, and slower than the AMX kernel at every M; without AMX (an EPYC) VDPBF16PS led it up to 16
+rows (docs/runs/2026-12-05/session27-dense-rows, docs/runs/2026-12-02/bf16_baseline.md, docs/KERNELS.md).
+So the row count up to which ``dense_linear`` takes the kernel is measured, not fixed: once per machine (CPU
+model), kernel, kind and thread count, kept in ``dense_crossover.json`` beside the built extension (a rebuilt
+kernel is measured again), and the same for every process after, so one configuration runs one path.
 
 How: an 8 MB weight ([4096, 1024] in the weight dtype), M in ``ROWS``, both paths timed in turn, the min of
 ``REPS`` calls each. Torch takes over at the first M where it is faster by more than ``MARGIN``; one row is
