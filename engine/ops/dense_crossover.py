@@ -15,6 +15,7 @@ floor: bench/kernel_speed.py).
 from __future__ import annotations
 
 import datetime
+import functools
 import json
 import os
 import threading
@@ -39,6 +40,7 @@ _lock = threading.Lock()
 _known: dict = {}
 
 
+@functools.cache
 def _cpu_model() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
