@@ -8,6 +8,7 @@ import subprocess
 
 import torch
 
+from engine.common.cpu import cpu_model  # noqa: F401 - machine.cpu_model, where records and probes read it
 from engine.common.paths import REPO_ROOT
 
 
@@ -31,17 +32,6 @@ def simd_level() -> str:
     if "sse4_2" in flags:
         return "sse4.2"
     return platform.machine()
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def gpu_facts() -> dict:

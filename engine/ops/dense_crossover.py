@@ -15,7 +15,6 @@ floor: bench/kernel_speed.py).
 from __future__ import annotations
 
 import datetime
-import functools
 import json
 import os
 import threading
@@ -24,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from engine.common.cpu import cpu_model
 from engine.ops import build as _build
 
 __all__ = ["ROWS", "MARGIN", "crossover", "measure", "limit_of"]
@@ -40,20 +40,9 @@ _lock = threading.Lock()
 _known: dict = {}
 
 
-@functools.cache
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown-cpu"
-
-
 def _key(kernel: int, kind: str) -> str:
     onednn = os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or "any"
-    return f"{kind}-kernel{kernel}-threads{torch.get_num_threads()}-onednn-{onednn}-{_cpu_model()}"
+    return f"{kind}-kernel{kernel}-threads{torch.get_num_threads()}-onednn-{onednn}-{cpu_model()}"
 
 
 def _file() -> Path | None:
