@@ -335,6 +335,33 @@ def test_a_backend_killed_mid_run_keeps_finished_runs_and_the_client_says_so(tmp
         again.stop()
 
 
+def test_a_finished_run_is_shown_only_once_it_is_journaled():
+    """The race the test above once lost (0 runs listed after the restart, 1 seen before the kill): a reader
+    waits while add_run journals, so nothing a client saw can be missing from a restarted backend's list."""
+    from engine.backend.jobs import Job
+
+    job = Job(None)
+    journaling, journaled = threading.Event(), threading.Event()
+
+    def journal(j):
+        journaling.set()
+        assert journaled.wait(10)
+
+    job.on_change = journal
+    writer = threading.Thread(target=job.add_run, args=("r1",))
+    writer.start()
+    assert journaling.wait(10)
+    seen: list[dict] = []
+    reader = threading.Thread(target=lambda: seen.append(job.to_dict()))
+    reader.start()
+    reader.join(0.3)
+    assert reader.is_alive() and not seen  # the reader waits for the journal
+    journaled.set()
+    writer.join(10)
+    reader.join(10)
+    assert seen[0]["run_ids"] == ["r1"] and seen[0]["done"] == 1
+
+
 def test_a_non_loopback_bind_needs_a_token_and_every_request_carries_it(tmp_path):
     refused = BackendProc(tmp_path / "no-token", "--host", "0.0.0.0", wait=False)
     assert refused.proc.wait(timeout=120) == 2

@@ -67,6 +67,9 @@ class Job:
         self.events: list[dict] = []  # streamed tokens of the first run (work.stream)
         self.stream_done = False
         self.on_change = lambda job: None  # the journal's hook
+        # A finished run is shown (to_dict) only once it is journaled: a backend killed between the two
+        # would otherwise have shown a client a run its restarted self does not list.
+        self._publish = threading.RLock()
 
     @property
     def cancelled(self) -> bool:
@@ -81,24 +84,31 @@ class Job:
             self.message = msg
 
     def add_run(self, run_id: str) -> None:
-        """A run finished and is stored: counted, with the time left at the pace so far."""
-        self.run_ids.append(run_id)
-        self.done += 1
-        elapsed = time.time() - (self.started_at or self.created_at)
-        self.eta_s = elapsed / self.done * max(0, self.total - self.done)
-        self.on_change(self)
+        """A run finished and is stored: counted, with the time left at the pace so far, journaled before any
+        reader sees it."""
+        with self._publish:
+            self.run_ids.append(run_id)
+            self.done += 1
+            elapsed = time.time() - (self.started_at or self.created_at)
+            self.eta_s = elapsed / self.done * max(0, self.total - self.done)
+            self.on_change(self)
 
     def skip(self, what: str, runs: int = 0) -> None:
         """Something this job could not measure (with why), and the runs it will therefore not make."""
-        self.skipped.append(what)
-        self.total = max(self.done, self.total - runs)
-        self.on_change(self)
+        with self._publish:
+            self.skipped.append(what)
+            self.total = max(self.done, self.total - runs)
+            self.on_change(self)
 
     def token(self, i: int, token_id: int, text: str, origin: str) -> None:
         if i == 0:  # the first sequence, as the playground draws it
             self.events.append(token_event(text, origin, token_id))
 
     def to_dict(self, position: int | None = None) -> dict:
+        with self._publish:
+            return self._as_dict(position)
+
+    def _as_dict(self, position: int | None) -> dict:
         return {"job_id": self.job_id, "title": self.title, "client": self.client, "kind": self.kind,
                 "state": self.state, "position": position, "done": self.done, "total": self.total,
                 "eta_s": self.eta_s, "message": self.message, "run_ids": list(self.run_ids),
