@@ -245,7 +245,8 @@ def test_amx_kernel_and_torchs_own_amx_gemm_take_turns(ext):
     """The AMX kernel configures the tiles per call and releases them after: torch's bf16 GEMM (oneDNN, on the
     same tiles where the CPU has them) runs right after it, and it right after torch, with the same results."""
     if not ext.has_amx_bf16():
-        pytest.skip("AMX-BF16 not supported by this CPU, or its tiles not granted to this process (the kernel is not offered)")
+        pytest.skip("AMX-BF16 not supported by this CPU, or its tiles not granted to this process "
+                    "(the kernel is not offered)")
     g = torch.Generator().manual_seed(5)
     w = torch.randn(512, 1024, generator=g).bfloat16()
     x = torch.randn(128, 1024, generator=g).bfloat16()
