@@ -34,14 +34,16 @@ run: setup kernels models workloads
 	@case "$(HOST)" in 127.*|localhost|::1) ;; *) echo "WARNING: serving the dashboard on $(HOST):$(PORT): anyone who can reach this machine can load models, start processes and write your store." >&2;; esac
 	$(PY) -m engine.dashboard_launch --host $(HOST) --port $(PORT)
 
-# pytest's exit 5 (no tests collected) is turned into a failure.
+# pytest's exit 5 (no tests collected) is turned into a failure. Every run leaves its per-test times in
+# $(VENV)/last-test-run.xml and prints seconds per module (tests/suite_time.py): where the 30 minutes go.
 # The architecture contract and ruff first (pyproject.toml [tool.importlinter], [tool.ruff]): a broken layer,
 # a name used before it is defined or a line past 120 characters fails in seconds.
 test: setup kernels models workloads cluster browser eval
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/ruff check .
-	@start=$$(date +%s); $(PY) -m pytest -q --durations=25 tests; rc=$$?; \
+	@start=$$(date +%s); $(PY) -m pytest -q --durations=25 --junitxml=$(VENV)/last-test-run.xml tests; rc=$$?; \
 	  echo "make test: pytest took $$(( $$(date +%s) - start )) s (budget: 1800 s on the slowest host)"; \
+	  $(PY) tests/suite_time.py $(VENV)/last-test-run.xml || true; \
 	  [ $$rc -ne 5 ] || { echo "pytest collected no tests"; exit 1; }; exit $$rc
 
 test-fast: setup
