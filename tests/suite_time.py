@@ -1,4 +1,4 @@
-"""Where the suite's time goes, from pytest's junit file: seconds per module and the slowest tests.
+"""Where the suite's time goes, from pytest's junit file: seconds per module (--durations lists the slowest).
 
     .venv/bin/python tests/suite_time.py .venv/last-test-run.xml      (make test runs it after every run)
 

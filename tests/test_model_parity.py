@@ -64,3 +64,22 @@ def test_incremental_decode_matches_full_pass(small_fp32):
         small_fp32.model(ids[:, : n - 3], 0, cache)
         part = small_fp32.model(ids[:, n - 3 :], n - 3, cache)
     assert (part - full[:, n - 3 :]).abs().max().item() < 1e-3
+
+
+def test_a_half_precision_decode_rows_attention_is_sdpas_in_fp32():
+    """A bf16/fp16 decode row on CPU takes _attend_row (fp32 bmm, not torch's SDPA flash kernel): the fp32 SDPA of
+    the same half-precision inputs, rounded once, with query head i on KV head i // (H / KV), windows included."""
+    import torch.nn.functional as F
+
+    from engine.infer.model import _attend
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, h, m, 64, generator=g) for h, m in ((14, 1), (2, 37), (2, 37)))
+    for dt in (torch.bfloat16, torch.float16):
+        qh, kh, vh = q.to(dt), k.to(dt), v.to(dt)
+        for k0 in (0, 29):  # all 37 keys; a window of 8 whose first key is at position 29
+            want = F.scaled_dot_product_attention(qh.float(), kh[:, :, k0:].float(), vh[:, :, k0:].float(),
+                                                  scale=0.125, enable_gqa=True)
+            got = _attend(qh, kh[:, :, k0:], vh[:, :, k0:], 36, k0, 8 if k0 else 0, 0.125, 0.0)
+            assert got.dtype is dt and got.shape == (1, 14, 1, 64)
+            torch.testing.assert_close(got.float(), want.to(dt).float(), rtol=2 ** -7, atol=1e-5)
