@@ -67,9 +67,9 @@ class Job:
         self.events: list[dict] = []  # streamed tokens of the first run (work.stream)
         self.stream_done = False
         self.on_change = lambda job: None  # the journal's hook
-        # A finished run is shown (to_dict) only once it is journaled: a backend killed between the two
-        # would otherwise have shown a client a run its restarted self does not list.
-        self._publish = threading.RLock()
+        # Held while a change is made and journaled; to_dict waits on it, so a client is never shown a run or a
+        # state that a backend killed before the write would not list after its restart.
+        self.publish = threading.RLock()
 
     @property
     def cancelled(self) -> bool:
@@ -86,7 +86,7 @@ class Job:
     def add_run(self, run_id: str) -> None:
         """A run finished and is stored: counted, with the time left at the pace so far, journaled before any
         reader sees it."""
-        with self._publish:
+        with self.publish:
             self.run_ids.append(run_id)
             self.done += 1
             elapsed = time.time() - (self.started_at or self.created_at)
@@ -95,7 +95,7 @@ class Job:
 
     def skip(self, what: str, runs: int = 0) -> None:
         """Something this job could not measure (with why), and the runs it will therefore not make."""
-        with self._publish:
+        with self.publish:
             self.skipped.append(what)
             self.total = max(self.done, self.total - runs)
             self.on_change(self)
@@ -105,16 +105,13 @@ class Job:
             self.events.append(token_event(text, origin, token_id))
 
     def to_dict(self, position: int | None = None) -> dict:
-        with self._publish:
-            return self._as_dict(position)
-
-    def _as_dict(self, position: int | None) -> dict:
-        return {"job_id": self.job_id, "title": self.title, "client": self.client, "kind": self.kind,
-                "state": self.state, "position": position, "done": self.done, "total": self.total,
-                "eta_s": self.eta_s, "message": self.message, "run_ids": list(self.run_ids),
-                "skipped": list(self.skipped), "error": self.error, "result": self.result,
-                "created_at": self.created_at, "started_at": self.started_at, "finished_at": self.finished_at,
-                "pid": self.pid}
+        with self.publish:
+            return {"job_id": self.job_id, "title": self.title, "client": self.client, "kind": self.kind,
+                    "state": self.state, "position": position, "done": self.done, "total": self.total,
+                    "eta_s": self.eta_s, "message": self.message, "run_ids": list(self.run_ids),
+                    "skipped": list(self.skipped), "error": self.error, "result": self.result,
+                    "created_at": self.created_at, "started_at": self.started_at, "finished_at": self.finished_at,
+                    "pid": self.pid}
 
     @classmethod
     def from_journal(cls, d: dict) -> "Job":
@@ -235,15 +232,16 @@ class JobQueue:
     def cancel(self, job: Job) -> Job:
         """A queued job is dropped; a running one stops before its next run (finished runs stay stored)."""
         with self.cond:
-            if job.state == "queued":
-                self.queue.remove(job.job_id)
-                job.state, job.finished_at, job.message = "cancelled", time.time(), "cancelled before it started"
-                job.cancel_event.set()
-                self._persist(job)
-            elif job.state == "running" and not job.cancelled:
-                job.cancel_event.set()
-                job.message = CANCELLING
-                self._persist(job)
+            with job.publish:
+                if job.state == "queued":
+                    self.queue.remove(job.job_id)
+                    job.state, job.finished_at, job.message = "cancelled", time.time(), "cancelled before it started"
+                    job.cancel_event.set()
+                    self._persist(job)
+                elif job.state == "running" and not job.cancelled:
+                    job.cancel_event.set()
+                    job.message = CANCELLING
+                    self._persist(job)
         return job
 
     def status(self) -> dict:
@@ -255,11 +253,12 @@ class JobQueue:
             self.stopping = True
             for jid in list(self.queue) + ([self.running] if self.running else []):
                 job = self.jobs[jid]
-                job.cancel_event.set()
-                was = job.state
-                job.state, job.finished_at = "failed", time.time()
-                job.error = f"{reason} while this job was {was}: its {job.done} finished run(s) are stored"
-                self._persist(job)
+                with job.publish:
+                    job.cancel_event.set()
+                    was = job.state
+                    job.state, job.finished_at = "failed", time.time()
+                    job.error = f"{reason} while this job was {was}: its {job.done} finished run(s) are stored"
+                    self._persist(job)
             self.queue.clear()
             self.cond.notify_all()
 
@@ -273,8 +272,9 @@ class JobQueue:
                     return
                 job = self.jobs[self.queue.popleft()]
                 self.running = job.job_id
-                job.state, job.started_at, job.message = "running", time.time(), "starting"
-                self._persist(job)
+                with job.publish:
+                    job.state, job.started_at, job.message = "running", time.time(), "starting"
+                    self._persist(job)
             try:
                 self._run(job)
             except UserError as e:
@@ -283,7 +283,7 @@ class JobQueue:
                 log.exception("job %s failed", job.job_id)
                 job.error = f"{type(e).__name__}: {e}"
             finally:
-                with self.cond:
+                with self.cond, job.publish:
                     self.running = None
                     nothing = not job.run_ids and job.skipped
                     if job.state == "running" and not job.error and not job.cancelled and nothing:
