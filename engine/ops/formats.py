@@ -56,20 +56,26 @@ def quantize_int4(w: torch.Tensor, group_size: int = 64) -> tuple[torch.Tensor, 
     G = (K + gs - 1) // gs
     Kp = G * gs
     w32 = w.detach().to(torch.float32)
-    wp = torch.zeros(N, Kp, dtype=torch.float32, device=w.device)
-    wp[:, :K] = w32
-    valid = torch.zeros(N, Kp, dtype=torch.bool, device=w.device)
-    valid[:, :K] = True
-    wg, vg = wp.view(N, G, gs), valid.view(N, G, gs)
-    inf = torch.tensor(float("inf"), device=w.device)
-    wmin = torch.where(vg, wg, inf).amin(dim=2)
-    wmax = torch.where(vg, wg, -inf).amax(dim=2)
+    if Kp == K:  # every group whole (all catalog shapes): no padding, no masks (a model's load is mostly this)
+        wg = w32.reshape(N, G, gs)
+        wmin, wmax = torch.aminmax(wg, dim=2)
+    else:
+        wp = torch.zeros(N, Kp, dtype=torch.float32, device=w.device)
+        wp[:, :K] = w32
+        valid = torch.zeros(N, Kp, dtype=torch.bool, device=w.device)
+        valid[:, :K] = True
+        wg, vg = wp.view(N, G, gs), valid.view(N, G, gs)
+        inf = torch.tensor(float("inf"), device=w.device)
+        wmin = torch.where(vg, wg, inf).amin(dim=2)
+        wmax = torch.where(vg, wg, -inf).amax(dim=2)
     scale = ((wmax - wmin) / 15.0).to(torch.float16)
     mins = wmin.to(torch.float16)
     scale = torch.where(scale > 0, scale, torch.ones_like(scale))  # constant group / fp16 underflow
     s32, m32 = scale.float()[:, :, None], mins.float()[:, :, None]
-    q = torch.round((wg - m32) / s32).clamp_(0, 15).to(torch.uint8)
-    q = torch.where(vg, q, torch.zeros_like(q)).view(N, Kp)
+    q = (wg - m32).div_(s32).round_().clamp_(0, 15).to(torch.uint8)
+    if Kp != K:
+        q = torch.where(vg, q, torch.zeros_like(q))
+    q = q.view(N, Kp)
     packed = (q[:, 0::2] | (q[:, 1::2] << 4)).contiguous()
     return packed, scale.contiguous(), mins.contiguous()
 
