@@ -47,3 +47,20 @@ def test_llama_server_rows_find_llama_cpp_kld_of_the_same_gguf(q4km_server):
     assert row["KLD mean"] == f"{q['kld_mean']:.5f}" and row["KLD p99"] == f"{q['kld_p99']:.4f}"
     (row,) = accuracy_rows([acc], [llama_cpp_record("default", q)])  # the 1.5B's: not this row's
     assert row["KLD mean"] == "–"
+
+
+def test_a_server_that_never_answers_is_named_with_the_fix():
+    """A request past its timeout ends the run with the server, the problem and the timeout named (was a bare
+    httpx traceback after 600 s, seen with a 2-core host shared with a compile)."""
+    import socket
+
+    from engine.common.errors import UserError
+
+    with socket.socket() as silent:  # accepts connections (the kernel's backlog) and never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        _, probs = accuracy.select(ids=IDS[:1])
+        with pytest.raises(UserError, match=r"no answer to HumanEval/\d+ within 1 s") as e:
+            accuracy.complete_endpoint(url, None, probs, 4, timeout_s=1.0)
+    assert "--batch" in e.value.fix

@@ -133,7 +133,11 @@ def complete_endpoint(url: str, model: str | None, problems: list[dict], max_new
                 "stop": list(STOPS), "cache_prompt": False}
         if model:
             body["model"] = model
-        r = c.post("/v1/completions", json=body)
+        try:
+            r = c.post("/v1/completions", json=body)
+        except httpx.TimeoutException as e:
+            raise UserError(f"{url} gave no answer to {p['task_id']} within {timeout_s:.0f} s ({e})",
+                            "give the server the machine to itself, or fewer slots (--batch)") from e
         if r.status_code != 200:
             raise UserError(f"{url} answered {r.status_code} to a completion: {r.text[:200]}",
                             "check that it serves /v1/completions (llama-server, vLLM, python -m engine serve)")
