@@ -56,9 +56,18 @@ def _task(name: str) -> dict:
     return cfg
 
 
+def _tasks(metadata: dict | None = None):
+    """lm_eval's task manager without its built-in tasks: ours are passed as configs, and indexing the thousands
+    of built-in YAMLs took 3-6 s per run (simple_evaluate makes one per call when given none)."""
+    from lm_eval.tasks import TaskManager
+
+    return TaskManager(include_defaults=False, metadata=metadata)
+
+
 def _evaluate(task: str, model: str, model_args: dict, chat: bool = False) -> tuple[dict, dict]:
     """(metrics, {doc_id: responses}) of one lm_eval run."""
     out = lm_eval.simple_evaluate(model=model, model_args=model_args, tasks=[_task(task)], batch_size=1,
+                                  task_manager=_tasks(model_args),
                                   apply_chat_template=chat, bootstrap_iters=0, log_samples=True,
                                   random_seed=0, numpy_random_seed=0, torch_random_seed=0, fewshot_random_seed=0)
     return out["results"][task], {s["doc_id"]: s["resps"] for s in out["samples"][task]}
@@ -130,7 +139,7 @@ def test_loglikelihood_matches_transformers(server, folder, hf):
 
 
 def _evaluate_hf(task: str, hf, chat: bool = False) -> tuple[dict, dict]:
-    out = lm_eval.simple_evaluate(model=hf, tasks=[_task(task)], apply_chat_template=chat, bootstrap_iters=0,
-                                  log_samples=True, random_seed=0, numpy_random_seed=0, torch_random_seed=0,
-                                  fewshot_random_seed=0)
+    out = lm_eval.simple_evaluate(model=hf, tasks=[_task(task)], task_manager=_tasks(), apply_chat_template=chat,
+                                  bootstrap_iters=0, log_samples=True, random_seed=0, numpy_random_seed=0,
+                                  torch_random_seed=0, fewshot_random_seed=0)
     return out["results"][task], {s["doc_id"]: s["resps"] for s in out["samples"][task]}
