@@ -16,12 +16,14 @@ from engine.ops.fused import FUSED_MAX_ROWS, StepCounts, count_steps, fused_forw
 from engine.ops.formats import dequantize_int4, dequantize_int8, quantize_int4, quantize_int8, unpack_int4
 from engine.ops.info import backend_info
 from engine.ops.linear import int4_linear, int8_linear
-from engine.ops.prepared import TILE, PreparedInt4, PreparedInt8, prepare_int4, prepare_int8
+from engine.ops.prepared import (TILE, PreparedInt4, PreparedInt8, prepare_int4, prepare_int8, quantize_int4_at_load,
+                                 quantize_int8_at_load)
 from engine.ops.verify import verify_drafts, verify_drafts_torch
 
 __all__ = [
     "quantize_int8", "dequantize_int8", "quantize_int4", "dequantize_int4", "unpack_int4",
-    "PreparedInt8", "PreparedInt4", "prepare_int8", "prepare_int4", "TILE",
+    "PreparedInt8", "PreparedInt4", "prepare_int8", "prepare_int4", "quantize_int4_at_load", "quantize_int8_at_load",
+    "TILE",
     "int8_linear", "int4_linear", "dense_linear", "DenseLinear", "adopt_dense_linears",
     "verify_drafts", "verify_drafts_torch",
     "KernelConfig", "kernel_config", "configure", "using",

@@ -14,9 +14,10 @@ import dataclasses
 import torch
 
 from engine.ops import build as _build
-from engine.ops.formats import check_group_size, dequantize_int4, unpack_int4
+from engine.ops.formats import check_group_size, dequantize_int4, quantize_int4, quantize_int8, unpack_int4
 
-__all__ = ["TILE", "PreparedInt8", "PreparedInt4", "prepare_int8", "prepare_int4"]
+__all__ = ["TILE", "PreparedInt8", "PreparedInt4", "prepare_int8", "prepare_int4", "quantize_int4_at_load",
+           "quantize_int8_at_load"]
 
 TILE = 64  # output rows per packed CPU tile (must match kernels/cpu/qgemm_kernels.h)
 
@@ -136,6 +137,41 @@ def _octets_to_canonical(dw: torch.Tensor) -> torch.Tensor:
     return (q[:, 0::2] | (q[:, 1::2] << 4)).contiguous()
 
 
+def quantize_int4_at_load(w: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """formats.quantize_int4's codes, by the CPU extension where it is built (the same values, one pass in C++: in
+    torch this was most of an int4 load); the torch definition on other devices and for non-finite weights."""
+    ext = _build.cpu_extension() if w.device.type == "cpu" else None
+    if ext is not None and w.dim() == 2:
+        check_group_size(group_size)
+        packed, scales, mins, finite = ext.int4_quantize(w.detach().to(torch.float32), group_size)
+        if bool(finite):
+            return packed, scales, mins
+    return quantize_int4(w, group_size)
+
+
+def quantize_int8_at_load(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """formats.quantize_int8's codes and scales, by the CPU extension where it is built (the same values, one
+    pass); the torch definition on other devices and for non-finite weights."""
+    ext = _build.cpu_extension() if w.device.type == "cpu" else None
+    if ext is not None and w.dim() == 2:
+        q, scale, finite = ext.int8_quantize(w.detach().to(torch.float32))
+        if bool(finite):
+            return q, scale
+    return quantize_int8(w)
+
+
+def tile_int8(qweight: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The CPU tiled layout of canonical int8 (the module's docstring), in torch: its definition, which the
+    extension's int8_tile reproduces byte for byte (tests/test_kernels_cpu.py)."""
+    N, K = qweight.shape
+    NT = (N + TILE - 1) // TILE
+    wp = torch.zeros(NT * TILE, K, dtype=torch.int8)
+    wp[:N] = qweight
+    sp = torch.zeros(NT * TILE, dtype=torch.float32)
+    sp[:N] = scale
+    return wp.view(NT, TILE, K).permute(0, 2, 1).contiguous(), sp
+
+
 def _use_cpu_tiled(device: torch.device) -> bool:
     return device.type == "cpu" and _build.cpu_extension() is not None
 
@@ -148,13 +184,8 @@ def prepare_int8(qweight: torch.Tensor, scale: torch.Tensor) -> PreparedInt8:
     if scale.numel() != N:
         raise ValueError(f"scale has {scale.numel()} elements, expected N={N}")
     scale = scale.reshape(N).to(torch.float32)
-    if _use_cpu_tiled(qweight.device):
-        NT = (N + TILE - 1) // TILE
-        wp = torch.zeros(NT * TILE, K, dtype=torch.int8)
-        wp[:N] = qweight
-        w = wp.view(NT, TILE, K).permute(0, 2, 1).contiguous()
-        sp = torch.zeros(NT * TILE, dtype=torch.float32)
-        sp[:N] = scale
+    if _use_cpu_tiled(qweight.device):  # the same bytes as tile_int8 (above), in one pass
+        w, sp = _build.cpu_extension().int8_tile(qweight, scale)
         return PreparedInt8(N, K, "cpu_tiled", w, sp)
     if qweight.device.type == "cuda":
         # CUDA kernel: row-major, K padded to 16 bytes so every row is 16-byte aligned.
@@ -165,6 +196,19 @@ def prepare_int8(qweight: torch.Tensor, scale: torch.Tensor) -> PreparedInt8:
             qweight = wp
         return PreparedInt8(N, K, "canonical", qweight.contiguous(), scale.contiguous())
     return PreparedInt8(N, K, "canonical", qweight.contiguous(), scale.contiguous())
+
+
+def tile_int4(packed: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The CPU tiled layout of canonical int4 (the module's docstring), in torch: its definition, which the
+    extension's int4_tile reproduces byte for byte (tests/test_kernels_cpu.py)."""
+    N, G, Kp = packed.shape[0], scales.shape[1], packed.shape[1] * 2
+    NT = (N + TILE - 1) // TILE
+    pp = torch.zeros(NT * TILE, Kp // 2, dtype=torch.uint8)
+    pp[:N] = packed
+    w = _canonical_to_octets(pp).view(NT, TILE, Kp // 8).permute(0, 2, 1).contiguous()
+    smp = torch.zeros(NT * TILE, G, 2, dtype=torch.float16)
+    smp[:N] = torch.stack([scales.to(torch.float16), mins.to(torch.float16)], dim=-1)
+    return w, smp.view(NT, TILE, G, 2).permute(0, 2, 3, 1).contiguous()
 
 
 def prepare_int4(packed: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor, K: int,
@@ -180,14 +224,9 @@ def prepare_int4(packed: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor,
     N = packed.shape[0]
     if tuple(scales.shape) != (N, G) or tuple(mins.shape) != (N, G):
         raise ValueError(f"scales/mins must be [N, G] = [{N}, {G}]")
-    sm = torch.stack([scales.to(torch.float16), mins.to(torch.float16)], dim=-1)  # [N, G, 2]
-    if _use_cpu_tiled(packed.device):
-        NT = (N + TILE - 1) // TILE
-        pp = torch.zeros(NT * TILE, Kp // 2, dtype=torch.uint8)
-        pp[:N] = packed
-        w = _canonical_to_octets(pp).view(NT, TILE, Kp // 8).permute(0, 2, 1).contiguous()
-        smp = torch.zeros(NT * TILE, G, 2, dtype=torch.float16)
-        smp[:N] = sm
-        smt = smp.view(NT, TILE, G, 2).permute(0, 2, 3, 1).contiguous()
+    s16, m16 = scales.to(torch.float16), mins.to(torch.float16)
+    if _use_cpu_tiled(packed.device):  # the same bytes as tile_int4 (above), in one pass
+        w, smt = _build.cpu_extension().int4_tile(packed, s16, m16)
         return PreparedInt4(N, K, gs, "cpu_tiled", w, smt)
+    sm = torch.stack([s16, m16], dim=-1)  # [N, G, 2]
     return PreparedInt4(N, K, gs, "canonical", packed.contiguous(), sm.contiguous())

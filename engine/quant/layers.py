@@ -20,7 +20,7 @@ class Int8Linear(nn.Module):
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
         super().__init__()
         self.out_features, self.in_features = weight.shape
-        q, s = ops.quantize_int8(weight.float())
+        q, s = ops.quantize_int8_at_load(weight)
         self.prepared = ops.prepare_int8(q, s)
         self.bias = None if bias is None else nn.Parameter(bias.float(), requires_grad=False)
 
@@ -42,7 +42,7 @@ class Int4Linear(nn.Module):
         super().__init__()
         self.out_features, self.in_features = weight.shape
         self.group_size = group_size
-        packed, scales, mins = codes if codes is not None else ops.quantize_int4(weight.float(), group_size)
+        packed, scales, mins = codes if codes is not None else ops.quantize_int4_at_load(weight, group_size)
         self.prepared = ops.prepare_int4(packed, scales, mins, self.in_features, group_size)
         self.bias = None if bias is None else nn.Parameter(bias.float(), requires_grad=False)
         self.register_buffer("in_perm", None if in_perm is None else in_perm.to(torch.int32).contiguous())
@@ -129,7 +129,7 @@ class QuantEmbedding(nn.Module):
 
     def __init__(self, weight: torch.Tensor, out_dtype):
         super().__init__()
-        q, s = ops.quantize_int8(weight.float())
+        q, s = ops.quantize_int8_at_load(weight)
         self.register_buffer("q", q)
         self.register_buffer("s", s)
         self.out_dtype = out_dtype

@@ -10,6 +10,8 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -258,6 +260,177 @@ torch::Tensor int4_dequant(torch::Tensor w, torch::Tensor sm, int64_t N, int64_t
   return out;
 }
 
+// Group-wise asymmetric int4 of fp32 rows, bit-identical to engine/ops/formats.quantize_int4 (the definition):
+// per group min/max; scale = half((max - min) / 15), 1 where that half is 0; min = half(min);
+// q = round-half-even((w - float(min)) / float(scale)) clamped to 0..15, 0 past K; two codes a byte, low nibble
+// first. Plain IEEE float arithmetic (no -ffast-math), so each value is the one torch computes. A load spends
+// most of its time here in torch (15-30 ns a weight); this is one pass. Returns {packed, scales, mins, finite}:
+// finite is false when a weight is NaN or infinite, and then the torch definition decides.
+// One row of int4_quantize; cloned for AVX2 so the division and the rounding vectorize (vdivps, vroundps: the
+// same IEEE results as the scalar clone, which other hosts run).
+__attribute__((target_clones("avx2", "default")))
+static bool int4_quantize_row(const float* x, int64_t K, int64_t gs, uint8_t* q, at::Half* S, at::Half* M) {
+  const int64_t G = (K + gs - 1) / gs;
+  bool ok = true;
+  for (int64_t g = 0; g < G; ++g) {
+    const int64_t k0 = g * gs, k1 = std::min(K, k0 + gs);
+    float lo = x[k0], hi = x[k0];
+    for (int64_t k = k0; k < k1; ++k) {
+      ok &= std::isfinite(x[k]);
+      lo = std::min(lo, x[k]);
+      hi = std::max(hi, x[k]);
+    }
+    at::Half s16 = at::Half((hi - lo) / 15.0f);
+    float s = static_cast<float>(s16);
+    if (!(s > 0.0f)) {
+      s16 = at::Half(1.0f);
+      s = 1.0f;
+    }
+    const at::Half m16 = at::Half(lo);
+    const float m = static_cast<float>(m16);
+    for (int64_t k = k0; k < k1; ++k) {
+      const float v = std::nearbyint((x[k] - m) / s);
+      q[k] = static_cast<uint8_t>(std::min(std::max(v, 0.0f), 15.0f));
+    }
+    for (int64_t k = k1; k < k0 + gs; ++k) q[k] = 0;
+    S[g] = s16;
+    M[g] = m16;
+  }
+  return ok;
+}
+
+std::vector<torch::Tensor> int4_quantize(torch::Tensor w, int64_t gs) {
+  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == torch::kFloat32 && w.device().is_cpu(),
+              "int4_quantize: w must be a 2-D float32 CPU tensor");
+  TORCH_CHECK(gs == 32 || gs == 64 || gs == 128, "int4_quantize: group size must be 32, 64 or 128");
+  w = w.contiguous();
+  const int64_t N = w.size(0), K = w.size(1), G = (K + gs - 1) / gs, Kp = G * gs;
+  auto packed = torch::empty({N, Kp / 2}, torch::kUInt8);
+  auto scales = torch::empty({N, G}, torch::kHalf);
+  auto mins = torch::empty({N, G}, torch::kHalf);
+  const float* W = w.data_ptr<float>();
+  uint8_t* P = packed.data_ptr<uint8_t>();
+  at::Half* S = scales.data_ptr<at::Half>();
+  at::Half* M = mins.data_ptr<at::Half>();
+  std::atomic<bool> finite{true};
+  at::parallel_for(0, N, 16, [&](int64_t r0, int64_t r1) {
+    std::vector<uint8_t> q(Kp);
+    for (int64_t r = r0; r < r1; ++r) {
+      if (!int4_quantize_row(W + r * K, K, gs, q.data(), S + r * G, M + r * G))
+        finite.store(false, std::memory_order_relaxed);
+      uint8_t* out = P + r * (Kp / 2);
+      for (int64_t j = 0; j < Kp / 2; ++j) out[j] = static_cast<uint8_t>(q[2 * j] | (q[2 * j + 1] << 4));
+    }
+  });
+  return {packed, scales, mins, torch::scalar_tensor(finite.load(), torch::kBool)};
+}
+
+// Per-row symmetric int8 of fp32 rows, bit-identical to engine/ops/formats.quantize_int8 (the definition):
+// scale = max|w| / 127 (1 for an all-zero row), q = round-half-even(w / scale) clamped to +-127.
+// Returns {qweight, scale, finite}; finite false leaves the row to the torch definition.
+std::vector<torch::Tensor> int8_quantize(torch::Tensor w) {
+  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == torch::kFloat32 && w.device().is_cpu(),
+              "int8_quantize: w must be a 2-D float32 CPU tensor");
+  w = w.contiguous();
+  const int64_t N = w.size(0), K = w.size(1);
+  auto q = torch::empty({N, K}, torch::kInt8);
+  auto scale = torch::empty({N}, torch::kFloat32);
+  const float* W = w.data_ptr<float>();
+  int8_t* Q = q.data_ptr<int8_t>();
+  float* S = scale.data_ptr<float>();
+  std::atomic<bool> finite{true};
+  at::parallel_for(0, N, 16, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* x = W + r * K;
+      float amax = 0.0f;
+      bool ok = true;
+      for (int64_t k = 0; k < K; ++k) {
+        ok &= std::isfinite(x[k]);
+        amax = std::max(amax, std::fabs(x[k]));
+      }
+      if (!ok) finite.store(false, std::memory_order_relaxed);
+      float s = amax / 127.0f;
+      if (!(s > 0.0f)) s = 1.0f;
+      S[r] = s;
+      for (int64_t k = 0; k < K; ++k)
+        Q[r * K + k] = static_cast<int8_t>(std::min(std::max(std::nearbyint(x[k] / s), -127.0f), 127.0f));
+    }
+  });
+  return {q, scale, torch::scalar_tensor(finite.load(), torch::kBool)};
+}
+
+// Canonical int8 (qweight [N, K], scale fp32 [N]) -> the CPU tiled layout: w int8 [NT, K, 64] (tile t, column
+// k, row r), scale fp32 [NT * 64]; rows past N are zero. prepare_int8's torch form, in one pass.
+std::vector<torch::Tensor> int8_tile(torch::Tensor qweight, torch::Tensor scale) {
+  TORCH_CHECK(qweight.dim() == 2 && qweight.scalar_type() == torch::kInt8 && qweight.device().is_cpu() &&
+              scale.scalar_type() == torch::kFloat32 && scale.numel() == qweight.size(0),
+              "int8_tile: qweight must be int8 [N, K] on the CPU with a float32 scale [N]");
+  qweight = qweight.contiguous();
+  scale = scale.contiguous();
+  const int64_t N = qweight.size(0), K = qweight.size(1), NT = (N + TILE - 1) / TILE;
+  auto w = torch::empty({NT, K, TILE}, torch::kInt8);
+  auto sp = torch::zeros({NT * TILE}, torch::kFloat32);
+  const int8_t* Q = qweight.data_ptr<int8_t>();
+  int8_t* Wt = w.data_ptr<int8_t>();
+  std::memcpy(sp.data_ptr<float>(), scale.data_ptr<float>(), N * sizeof(float));
+  at::parallel_for(0, NT, 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t)
+      for (int64_t r = 0; r < TILE; ++r) {
+        const int64_t n = t * TILE + r;
+        for (int64_t k = 0; k < K; ++k) Wt[(t * K + k) * TILE + r] = n < N ? Q[n * K + k] : 0;
+      }
+  });
+  return {w, sp};
+}
+
+// Canonical int4 (packed uint8 [N, Kp/2], scales/mins fp16 [N, G]) -> the CPU tiled layout engine/ops/prepared.py
+// documents: w int32 [NT, Kp/8, 64], dword (t, o, r) byte i = q[8o+i] | q[8o+4+i] << 4 of row 64t + r;
+// sm fp16 [NT, G, 2, 64]; rows past N are zero. The same bytes as prepare_int4's torch form, in one pass.
+std::vector<torch::Tensor> int4_tile(torch::Tensor packed, torch::Tensor scales, torch::Tensor mins) {
+  TORCH_CHECK(packed.dim() == 2 && packed.scalar_type() == torch::kUInt8 && packed.device().is_cpu(),
+              "int4_tile: packed must be a 2-D uint8 CPU tensor");
+  TORCH_CHECK(scales.scalar_type() == torch::kHalf && mins.scalar_type() == torch::kHalf,
+              "int4_tile: scales and mins must be float16");
+  packed = packed.contiguous();
+  scales = scales.contiguous();
+  mins = mins.contiguous();
+  const int64_t N = packed.size(0), Kp = packed.size(1) * 2, G = scales.size(1), NT = (N + TILE - 1) / TILE;
+  TORCH_CHECK(Kp % 8 == 0 && scales.size(0) == N && mins.size(0) == N && mins.size(1) == G,
+              "int4_tile: shapes do not agree");
+  auto w = torch::empty({NT, Kp / 8, TILE}, torch::kInt32);
+  auto sm = torch::empty({NT, G, 2, TILE}, torch::kHalf);
+  const uint8_t* P = packed.data_ptr<uint8_t>();
+  const at::Half* S = scales.data_ptr<at::Half>();
+  const at::Half* M = mins.data_ptr<at::Half>();
+  uint8_t* Wb = reinterpret_cast<uint8_t*>(w.data_ptr<int32_t>());
+  at::Half* SM = sm.data_ptr<at::Half>();
+  const int64_t O = Kp / 8;
+  at::parallel_for(0, NT, 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      for (int64_t r = 0; r < TILE; ++r) {
+        const int64_t n = t * TILE + r;
+        for (int64_t o = 0; o < O; ++o) {
+          uint8_t* d = Wb + ((t * O + o) * TILE + r) * 4;
+          if (n >= N) {
+            d[0] = d[1] = d[2] = d[3] = 0;
+            continue;
+          }
+          const uint8_t* c = P + n * (Kp / 2) + 4 * o;  // q[8o..8o+7], two a byte, low nibble first
+          d[0] = static_cast<uint8_t>((c[0] & 0x0F) | ((c[2] & 0x0F) << 4));
+          d[1] = static_cast<uint8_t>((c[0] >> 4) | (c[2] & 0xF0));
+          d[2] = static_cast<uint8_t>((c[1] & 0x0F) | ((c[3] & 0x0F) << 4));
+          d[3] = static_cast<uint8_t>((c[1] >> 4) | (c[3] & 0xF0));
+        }
+        for (int64_t g = 0; g < G; ++g) {
+          SM[((t * G + g) * 2 + 0) * TILE + r] = n < N ? S[n * G + g] : at::Half(0.0f);
+          SM[((t * G + g) * 2 + 1) * TILE + r] = n < N ? M[n * G + g] : at::Half(0.0f);
+        }
+      }
+    }
+  });
+  return {w, sm};
+}
+
 }  // namespace
 
 namespace scl {
@@ -283,6 +456,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("gs"), py::arg("isa"));
   m.def("int8_dequant", &int8_dequant, "dequantise int8 tiles [t0, t1) to fp32 rows");
   m.def("int4_dequant", &int4_dequant, "dequantise int4 tiles [t0, t1) to fp32 rows");
+  m.def("int4_quantize", &int4_quantize, "round-to-nearest int4 of fp32 rows, bit-identical to formats.quantize_int4",
+        py::arg("w"), py::arg("group_size"));
+  m.def("int8_quantize", &int8_quantize, "per-row int8 of fp32 rows, bit-identical to formats.quantize_int8",
+        py::arg("w"));
+  m.def("int8_tile", &int8_tile, "canonical int8 -> the CPU tiled layout (prepare_int8's, one pass)",
+        py::arg("qweight"), py::arg("scale"));
+  m.def("int4_tile", &int4_tile, "canonical int4 -> the CPU tiled layout (prepare_int4's, one pass)",
+        py::arg("packed"), py::arg("scales"), py::arg("mins"));
   m.def("q8_kernel", [](int64_t isa) -> std::string {
     if (isa == 2 && has_vnni()) return "avx512-vnni";
     return isa >= 1 ? "avx2-maddubs" : "scalar";
