@@ -328,6 +328,23 @@ std::vector<torch::Tensor> int4_quantize(torch::Tensor w, int64_t gs) {
 // Per-row symmetric int8 of fp32 rows, bit-identical to engine/ops/formats.quantize_int8 (the definition):
 // scale = max|w| / 127 (1 for an all-zero row), q = round-half-even(w / scale) clamped to +-127.
 // Returns {qweight, scale, finite}; finite false leaves the row to the torch definition.
+// One row of int8_quantize; cloned for AVX2 as int4_quantize_row is (the same IEEE results on every clone).
+__attribute__((target_clones("avx2", "default")))
+static bool int8_quantize_row(const float* x, int64_t K, int8_t* q, float* scale) {
+  float amax = 0.0f;
+  bool ok = true;
+  for (int64_t k = 0; k < K; ++k) {
+    ok &= std::isfinite(x[k]);
+    amax = std::max(amax, std::fabs(x[k]));
+  }
+  float s = amax / 127.0f;
+  if (!(s > 0.0f)) s = 1.0f;
+  *scale = s;
+  for (int64_t k = 0; k < K; ++k)
+    q[k] = static_cast<int8_t>(std::min(std::max(std::nearbyint(x[k] / s), -127.0f), 127.0f));
+  return ok;
+}
+
 std::vector<torch::Tensor> int8_quantize(torch::Tensor w) {
   TORCH_CHECK(w.dim() == 2 && w.scalar_type() == torch::kFloat32 && w.device().is_cpu(),
               "int8_quantize: w must be a 2-D float32 CPU tensor");
@@ -340,21 +357,8 @@ std::vector<torch::Tensor> int8_quantize(torch::Tensor w) {
   float* S = scale.data_ptr<float>();
   std::atomic<bool> finite{true};
   at::parallel_for(0, N, 16, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      const float* x = W + r * K;
-      float amax = 0.0f;
-      bool ok = true;
-      for (int64_t k = 0; k < K; ++k) {
-        ok &= std::isfinite(x[k]);
-        amax = std::max(amax, std::fabs(x[k]));
-      }
-      if (!ok) finite.store(false, std::memory_order_relaxed);
-      float s = amax / 127.0f;
-      if (!(s > 0.0f)) s = 1.0f;
-      S[r] = s;
-      for (int64_t k = 0; k < K; ++k)
-        Q[r * K + k] = static_cast<int8_t>(std::min(std::max(std::nearbyint(x[k] / s), -127.0f), 127.0f));
-    }
+    for (int64_t r = r0; r < r1; ++r)
+      if (!int8_quantize_row(W + r * K, K, Q + r * K, S + r)) finite.store(false, std::memory_order_relaxed);
   });
   return {q, scale, torch::scalar_tensor(finite.load(), torch::kBool)};
 }
