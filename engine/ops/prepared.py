@@ -162,7 +162,7 @@ def quantize_int8_at_load(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def tile_int8(qweight: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The CPU tiled layout of canonical int8 (the module's docstring), in torch: its definition, which the
-    extension's int8_tile reproduces byte for byte (tests/test_kernels_cpu.py)."""
+    extension's int8_tile reproduces byte for byte (tests/test_load_codes.py)."""
     N, K = qweight.shape
     NT = (N + TILE - 1) // TILE
     wp = torch.zeros(NT * TILE, K, dtype=torch.int8)
@@ -200,7 +200,7 @@ def prepare_int8(qweight: torch.Tensor, scale: torch.Tensor) -> PreparedInt8:
 
 def tile_int4(packed: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The CPU tiled layout of canonical int4 (the module's docstring), in torch: its definition, which the
-    extension's int4_tile reproduces byte for byte (tests/test_kernels_cpu.py)."""
+    extension's int4_tile reproduces byte for byte (tests/test_load_codes.py)."""
     N, G, Kp = packed.shape[0], scales.shape[1], packed.shape[1] * 2
     NT = (N + TILE - 1) // TILE
     pp = torch.zeros(NT * TILE, Kp // 2, dtype=torch.uint8)
