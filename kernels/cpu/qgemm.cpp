@@ -260,14 +260,8 @@ torch::Tensor int4_dequant(torch::Tensor w, torch::Tensor sm, int64_t N, int64_t
   return out;
 }
 
-// Group-wise asymmetric int4 of fp32 rows, bit-identical to engine/ops/formats.quantize_int4 (the definition):
-// per group min/max; scale = half((max - min) / 15), 1 where that half is 0; min = half(min);
-// q = round-half-even((w - float(min)) / float(scale)) clamped to 0..15, 0 past K; two codes a byte, low nibble
-// first. Plain IEEE float arithmetic (no -ffast-math), so each value is the one torch computes. A load spends
-// most of its time here in torch (15-30 ns a weight); this is one pass. Returns {packed, scales, mins, finite}:
-// finite is false when a weight is NaN or infinite, and then the torch definition decides.
-// One row of int4_quantize; cloned for AVX2 so the division and the rounding vectorize (vdivps, vroundps: the
-// same IEEE results as the scalar clone, which other hosts run).
+// One row of int4_quantize (below); cloned for AVX2 so the division and the rounding vectorize (vdivps, vroundps:
+// the same IEEE results as the scalar clone, which other hosts run). False when a weight is NaN or infinite.
 __attribute__((target_clones("avx2", "default")))
 static bool int4_quantize_row(const float* x, int64_t K, int64_t gs, uint8_t* q, at::Half* S, at::Half* M) {
   const int64_t G = (K + gs - 1) / gs;
@@ -299,6 +293,12 @@ static bool int4_quantize_row(const float* x, int64_t K, int64_t gs, uint8_t* q,
   return ok;
 }
 
+// Group-wise asymmetric int4 of fp32 rows, the same values as engine/ops/formats.quantize_int4 (the definition):
+// per group min/max; scale = half((max - min) / 15), 1 where that half is 0; min = half(min);
+// q = round-half-even((w - float(min)) / float(scale)) clamped to 0..15, 0 past K; two codes a byte, low nibble
+// first. Plain IEEE float arithmetic (no -ffast-math), so each value is the one torch computes; one pass, where
+// torch's ops took most of a load. Returns {packed, scales, mins, finite}: finite is false when a weight is NaN or
+// infinite, and then the torch definition decides.
 std::vector<torch::Tensor> int4_quantize(torch::Tensor w, int64_t gs) {
   TORCH_CHECK(w.dim() == 2 && w.scalar_type() == torch::kFloat32 && w.device().is_cpu(),
               "int4_quantize: w must be a 2-D float32 CPU tensor");
@@ -325,10 +325,7 @@ std::vector<torch::Tensor> int4_quantize(torch::Tensor w, int64_t gs) {
   return {packed, scales, mins, torch::scalar_tensor(finite.load(), torch::kBool)};
 }
 
-// Per-row symmetric int8 of fp32 rows, bit-identical to engine/ops/formats.quantize_int8 (the definition):
-// scale = max|w| / 127 (1 for an all-zero row), q = round-half-even(w / scale) clamped to +-127.
-// Returns {qweight, scale, finite}; finite false leaves the row to the torch definition.
-// One row of int8_quantize; cloned for AVX2 as int4_quantize_row is (the same IEEE results on every clone).
+// One row of int8_quantize (below); cloned for AVX2 as int4_quantize_row is (the same IEEE results on every clone).
 __attribute__((target_clones("avx2", "default")))
 static bool int8_quantize_row(const float* x, int64_t K, int8_t* q, float* scale) {
   float amax = 0.0f;
@@ -345,6 +342,9 @@ static bool int8_quantize_row(const float* x, int64_t K, int8_t* q, float* scale
   return ok;
 }
 
+// Per-row symmetric int8 of fp32 rows, the same values as engine/ops/formats.quantize_int8 (the definition):
+// scale = max|w| / 127 (1 for an all-zero row), q = round-half-even(w / scale) clamped to +-127.
+// Returns {qweight, scale, finite}; finite false leaves the weight to the torch definition.
 std::vector<torch::Tensor> int8_quantize(torch::Tensor w) {
   TORCH_CHECK(w.dim() == 2 && w.scalar_type() == torch::kFloat32 && w.device().is_cpu(),
               "int8_quantize: w must be a 2-D float32 CPU tensor");
