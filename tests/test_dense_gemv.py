@@ -306,8 +306,9 @@ def small_bf16(pool):
 
 
 def test_bf16_model_same_tokens_with_kernel_on_and_off(small_bf16):
-    """The 0.5B at bf16: every linear is a DenseLinear on its own bf16 weight, and greedy decoding (M = 1,
-    the kernel) picks the tokens torch's F.linear (dense_m = 0) ranks first, read back in one teacher-forced pass.
+    """The 0.5B at bf16 on the PyTorch path (the fused step off: it runs its own bf16 linears, test_fused_bf16):
+    every linear is a DenseLinear on its own bf16 weight, and greedy decoding (M = 1, the kernel) picks the tokens
+    torch's F.linear (dense_m = 0) ranks first, read back in one teacher-forced pass.
 
     Two bf16 GEMMs that sum in another order move a logit by up to about 1 after 24 layers (measured on an AMX host,
     where torch's bf16 runs on AMX tiles), so a near tie may go either way: at most one of the 64 tokens may be
@@ -320,12 +321,13 @@ def test_bf16_model_same_tokens_with_kernel_on_and_off(small_bf16):
     if m.cfg.tie_embeddings:  # a tied head stays tied: no second copy
         assert m.lm_head.weight.data_ptr() == m.model.embed_tokens.weight.data_ptr()
     prompts = ["def quicksort(arr):", "Explain what a hash map is."]
-    on = generate(small_bf16, prompts, 32, chat=False, stop_at_eos=False).new_tokens
+    with ops.using(fused=False):
+        on = generate(small_bf16, prompts, 32, chat=False, stop_at_eos=False).new_tokens
     gaps = []
     for prompt, new in zip(prompts, on):
         ids = small_bf16.tokenizer(prompt)["input_ids"]
         full = torch.tensor([ids + new])
-        with ops.using(dense_m=0), torch.no_grad():
+        with ops.using(dense_m=0, fused=False), torch.no_grad():
             logits = m(full, 0, m.new_cache(1, full.shape[1]))[0, len(ids) - 1:-1].float()
         gaps += (logits.max(-1).values - logits[torch.arange(len(new)), torch.tensor(new)]).tolist()
     assert len(gaps) == 64 and sum(g > 0 for g in gaps) <= 1 and max(gaps) <= 0.25, gaps

@@ -4,11 +4,17 @@
 tries first. It returns the fp32 logits, or ``None`` when the fused path does not apply; the model
 then runs its PyTorch path, which stays the reference. It applies on CPU, with the extension built,
 ``KernelConfig.fused`` (``SCL_FUSED=0`` turns it off), an fp32 KV cache (slots or paged, read through its
-block table) or a paged int8 one (quantized and dequantized in the step), and a model whose
+block table), a bf16 one, or a paged int8 one (quantized and dequantized in the step), and a model whose
 projections are our int4/int8 linears in the tiled CPU layout (q/k/v and gate/up fused, as the
 default conversion makes them, or separate), head_dim 64, 96, 128 or 256. The head may be our quantized linear
 (computed in the same call) or a float nn.Linear (run here on the normed rows; fp32, or a DenseLinear holding a
 checkpoint's head in bf16/fp16 as stored).
+
+A bf16 model (bf16 embeddings and linears, ``quantize_model`` at bf16) runs the same step on its own bf16 weights
+(kernels/cpu/fused_bf16.h): each linear's input rounded once to bf16, fp32 products and sums, and everything
+between the linears (norms, RoPE, attention, residual) in fp32 over a bf16 KV cache, as llama.cpp's BF16
+computes. Its PyTorch path rounds after every op, so the two differ by bf16's rounding (tests/test_fused_bf16.py
+bounds it), and the record's ``kernels`` says which ran.
 
 The dense families run in the C++ step (``FUSED_FEATURES``, names from ``ModelConfig.features()``):
 sliding windows per layer (attention reads only the window's keys), q/k norms, a rotary setting per
@@ -132,7 +138,7 @@ def fused_info() -> dict:
         state = "off: CPU extension not built" + (f" ({_build._cpu_state['reason']})"
                                                   if _build._cpu_state["tried"] else "")
     else:
-        state = "on (CPU int4/int8 models)"
+        state = "on (CPU int4/int8/bf16 models)"
     runs = _open.get()
     with _count_lock:
         counts = (runs[-1] if runs else _process).as_dict()
@@ -156,11 +162,18 @@ def reset_fused_stats() -> None:
         _process = StepCounts()
 
 
-def _lin_spec(mod, what: str, optional: bool = False):
-    """(kind, w, s, bias, N, K, gs, input order) of one of our quantized linears in the tiled CPU layout; the order
-    (an act-order checkpoint's, int32 [K]) is an empty tensor for none."""
+def _lin_spec(mod, what: str, optional: bool = False, bf16: bool = False):
+    """(kind, w, s, bias, N, K, gs, input order) of one of our quantized linears in the tiled CPU layout (or, in a
+    bf16 model, of a bf16 linear: kind 16, its own weight); the order (an act-order checkpoint's, int32 [K]) is an
+    empty tensor for none."""
     perm = getattr(mod, "in_perm", None)
     perm = torch.empty(0, dtype=torch.int32) if perm is None else perm
+    if bf16 and isinstance(mod, torch.nn.Linear) and mod.weight.dtype == torch.bfloat16:
+        w, b = mod.weight.detach(), mod.bias
+        if not w.is_contiguous() or w.shape[1] % 32:
+            raise _Unsupported(f"{what} bf16 weight is not contiguous with K a multiple of 32")
+        b = None if b is None else b.detach().float().contiguous()
+        return (16, w, torch.empty(0), b, w.shape[0], w.shape[1], 0, perm)
     p = getattr(mod, "prepared", None)
     if isinstance(p, (PreparedInt4, PreparedInt8)) and p.layout == "cpu_tiled":
         b = getattr(mod, "bias", None)
@@ -178,32 +191,39 @@ def _lin_spec(mod, what: str, optional: bool = False):
     raise _Unsupported(f"{what} is not an int4/int8 linear in the tiled CPU layout ({type(mod).__name__})")
 
 
-def _norm_w(mod, what: str) -> torch.Tensor:
+def _norm_w(mod, what: str, bf16: bool = False) -> torch.Tensor:
     """An RMSNorm's fp32 weight as the C++ step multiplies by it: Gemma's (1 + w) folded in (the same
-    fp32 sum the model computes on every call)."""
+    fp32 sum the model computes on every call); a bf16 model's weight widened (exact)."""
     w = getattr(mod, "weight", None)
-    if w is None or w.dtype != torch.float32 or w.device.type != "cpu":
+    if w is None or w.dtype not in ((torch.float32, torch.bfloat16) if bf16 else (torch.float32,)) \
+            or w.device.type != "cpu":
         raise _Unsupported(f"{what} weight is not fp32 on CPU")
-    w = w.detach()
+    w = w.detach().float()
     return (1.0 + w).contiguous() if getattr(mod, "gemma", False) else w.contiguous()
 
 
-def _layer_norms(i: int, blk) -> list[torch.Tensor]:
+def _layer_norms(i: int, blk, bf16: bool) -> list[torch.Tensor]:
     """make_fused_plan's 6 norms of a layer: input, MLP input, attention output, MLP output, q, k
     (an empty tensor where the model has none)."""
     none = torch.empty(0)
     if getattr(blk, "sandwich", False):  # Gemma: post_attention_layernorm normalizes the attention output
-        out = [_norm_w(blk.input_layernorm, f"layer {i} input norm"),
-               _norm_w(blk.pre_feedforward_layernorm, f"layer {i} pre-feedforward norm"),
-               _norm_w(blk.post_attention_layernorm, f"layer {i} post-attention norm"),
-               _norm_w(blk.post_feedforward_layernorm, f"layer {i} post-feedforward norm")]
+        out = [_norm_w(blk.input_layernorm, f"layer {i} input norm", bf16),
+               _norm_w(blk.pre_feedforward_layernorm, f"layer {i} pre-feedforward norm", bf16),
+               _norm_w(blk.post_attention_layernorm, f"layer {i} post-attention norm", bf16),
+               _norm_w(blk.post_feedforward_layernorm, f"layer {i} post-feedforward norm", bf16)]
     else:
-        out = [_norm_w(blk.input_layernorm, f"layer {i} input norm"),
-               _norm_w(blk.post_attention_layernorm, f"layer {i} post-attention norm"), none, none]
+        out = [_norm_w(blk.input_layernorm, f"layer {i} input norm", bf16),
+               _norm_w(blk.post_attention_layernorm, f"layer {i} post-attention norm", bf16), none, none]
     a = blk.self_attn
     if getattr(a, "q_norm", None) is not None:
-        return out + [_norm_w(a.q_norm, f"layer {i} q norm"), _norm_w(a.k_norm, f"layer {i} k norm")]
+        return out + [_norm_w(a.q_norm, f"layer {i} q norm", bf16), _norm_w(a.k_norm, f"layer {i} k norm", bf16)]
     return out + [none, none]
+
+
+def _is_bf16_model(model) -> bool:
+    """A model converted to bf16 (its embedding bf16): its bf16 linears and norms go into the plan."""
+    w = getattr(model.model.embed_tokens, "weight", None)
+    return w is not None and w.dtype == torch.bfloat16
 
 
 def _build_plan(model, ext):
@@ -218,22 +238,24 @@ def _build_plan(model, ext):
     norms, lins = [], []
     e = torch.empty(0)
     absent = (0, e, e, None, 0, 0, 0, e)
+    bf16 = _is_bf16_model(model)
     for i, blk in enumerate(model.model.layers):
         a, m = blk.self_attn, blk.mlp
-        norms += _layer_norms(i, blk)
+        norms += _layer_norms(i, blk, bf16)
         # per layer: qkv (or q), k, v, o, gate_up (or gate), up, down; k, v, up absent when fused
         if getattr(a, "qkv_proj", None) is not None:
-            lins += [_lin_spec(a.qkv_proj, f"layer {i} qkv_proj"), absent, absent]
+            lins += [_lin_spec(a.qkv_proj, f"layer {i} qkv_proj", bf16=bf16), absent, absent]
         else:
-            lins += [_lin_spec(getattr(a, n), f"layer {i} {n}") for n in ("q_proj", "k_proj", "v_proj")]
-        lins.append(_lin_spec(a.o_proj, f"layer {i} o_proj"))
+            lins += [_lin_spec(getattr(a, n), f"layer {i} {n}", bf16=bf16) for n in ("q_proj", "k_proj", "v_proj")]
+        lins.append(_lin_spec(a.o_proj, f"layer {i} o_proj", bf16=bf16))
         if getattr(m, "gate_up_proj", None) is not None:
-            lins += [_lin_spec(m.gate_up_proj, f"layer {i} gate_up_proj"), absent]
+            lins += [_lin_spec(m.gate_up_proj, f"layer {i} gate_up_proj", bf16=bf16), absent]
         else:
-            lins += [_lin_spec(m.gate_proj, f"layer {i} gate_proj"), _lin_spec(m.up_proj, f"layer {i} up_proj")]
-        lins.append(_lin_spec(m.down_proj, f"layer {i} down_proj"))
-    norms.append(_norm_w(model.model.norm, "final norm"))
-    lins.append(_lin_spec(model.lm_head, "lm_head", optional=True))
+            lins += [_lin_spec(m.gate_proj, f"layer {i} gate_proj", bf16=bf16),
+                     _lin_spec(m.up_proj, f"layer {i} up_proj", bf16=bf16)]
+        lins.append(_lin_spec(m.down_proj, f"layer {i} down_proj", bf16=bf16))
+    norms.append(_norm_w(model.model.norm, "final norm", bf16))
+    lins.append(_lin_spec(model.lm_head, "lm_head", optional=True, bf16=bf16))
     if cfg.intermediate_size % 64 or cfg.hidden_size % 32:
         raise _Unsupported("intermediate size not a multiple of 64 or hidden size not of 32")
     dims = [cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
@@ -283,7 +305,7 @@ def fused_forward_rows(model, tokens: torch.Tensor, rows, cache, logits_at: Opti
     if n < 1:
         return _decline("no rows")
     q8 = getattr(cache, "quantized", False)  # a paged int8 cache: the step quantizes and dequantizes itself
-    if (cache.k.dtype != torch.float32 and not q8) or cache.k.device.type != "cpu":
+    if (cache.k.dtype not in (torch.float32, torch.bfloat16) and not q8) or cache.k.device.type != "cpu":
         return _decline(f"KV cache dtype {str(cache.k.dtype).replace('torch.', '')}")
     ext = _build._cpu_state["ext"] or _build.load_cpu_extension()
     if ext is None:
@@ -301,11 +323,12 @@ def fused_forward_rows(model, tokens: torch.Tensor, rows, cache, logits_at: Opti
             return _decline("logits_at is not a 1-D index tensor")
         out_rows = [r % n for r in logits_at.tolist()]
     x = model.model.embed_tokens(tokens)
-    if x.dtype != torch.float32:
+    if x.dtype not in (torch.float32, torch.bfloat16):
         return _decline(f"compute dtype {x.dtype}")
     mc = model.cfg
     if mc.embed_scale != 1.0:  # Gemma: the scale rounded to the compute dtype, as the model applies it
         x = x * torch.tensor(mc.embed_scale, dtype=x.dtype)
+    x = x.float()  # a bf16 model's embeddings widened (exact): the step computes in fp32
     isa = _build.cpu_isa(ext, cfg)
     # a paged cache (engine/infer/paged.py) hands its block table; a slot cache an empty one
     args = (cache.k, cache.v, cache.table if getattr(cache, "paged", False) else _NO_TABLE,

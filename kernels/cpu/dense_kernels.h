@@ -38,6 +38,7 @@ struct DenseParams {
   int64_t M, N, K, Kc;  // Kc: k covered by whole SIMD chunks (multiple of the chunk, <= K)
   bool w_bf16, w_f16, io_bf16, bias_bf16;
   const uint32_t* xb = nullptr;  // AMX kernel: x packed as TDPBF16PS's B operand (amx::pack_x)
+  bool y_f32 = false;            // bf16 x with an fp32 y (the fused step's bf16 linears: no rounding of the output)
 };
 
 inline float bf16_to_float(uint16_t h) {
@@ -90,7 +91,7 @@ inline void dense_finish(const DenseParams& p, int64_t m, int64_t n, float s) {
   for (int64_t k = p.Kc; k < p.K; ++k) s += dense_w(p, n, k) * dense_x(p, m, k);
   if (p.bias)
     s += p.bias_bf16 ? bf16_to_float(((const uint16_t*)p.bias)[n]) : ((const float*)p.bias)[n];
-  if (p.io_bf16)
+  if (p.io_bf16 && !p.y_f32)
     ((uint16_t*)p.y)[m * p.N + n] = float_to_bf16(s);
   else
     ((float*)p.y)[m * p.N + n] = s;

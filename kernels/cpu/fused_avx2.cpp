@@ -25,6 +25,10 @@ struct FOps {
   static inline V load_i8(const int8_t* p) {
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
   }
+  static inline V load_bf16(const uint16_t* p) {   // bf16 -> fp32 is a shift into the high half: exact
+    return _mm256_castsi256_ps(
+        _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
+  }
   static inline void store(float* p, V v) { _mm256_storeu_ps(p, v); }
   static inline V add(V a, V b) { return _mm256_add_ps(a, b); }
   static inline V sub(V a, V b) { return _mm256_sub_ps(a, b); }

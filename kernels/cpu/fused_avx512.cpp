@@ -26,6 +26,10 @@ struct FOps {
   static inline V load_i8(const int8_t* p) {
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
   }
+  static inline V load_bf16(const uint16_t* p) {   // bf16 -> fp32 is a shift into the high half: exact
+    return _mm512_castsi512_ps(
+        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
+  }
   static inline void store(float* p, V v) { _mm512_storeu_ps(p, v); }
   static inline V add(V a, V b) { return _mm512_add_ps(a, b); }
   static inline V sub(V a, V b) { return _mm512_sub_ps(a, b); }

@@ -2,8 +2,8 @@
 // rows (decode batches, speculative verification, prefill chunks; engine/ops/fused.py splits
 // larger steps into calls of 64 rows, so every step of a model takes this path).
 //
-// make_fused_plan() takes the model once (pointers into its prepared int4/int8 weights, norms,
-// RoPE frequencies) and preallocates the workspaces; fused_step() then runs all layers, the
+// make_fused_plan() takes the model once (pointers into its prepared int4/int8 weights, or a bf16 model's own
+// bf16 weights (fused_bf16.h), norms, RoPE frequencies) and preallocates the workspaces; fused_step() then runs all layers, the
 // final norm and the head in ONE OpenMP parallel region, with a barrier between the phases of
 // a layer:
 //   A  RMSNorm -> activation prep (each thread its own copy: cheaper than a barrier)
@@ -69,12 +69,15 @@ struct LinCall {
   const float* x;        // fp32 input rows [M][K] (int8 weights read it)
   const Act* act;        // prepared input (int4 weights)
   float* y;              // [M][N]
+  const BAct* bact;      // the input as bf16 weights read it
 };
 
 // Tiles [tb, te) of one projection (xsum: this thread's group sums of the input rows).
 inline void run_tiles(const IsaFns& F, bool q8, const LinCall& c, const float* xsum, int64_t tb, int64_t te) {
   const Lin& l = *c.lin;
-  if (l.kind == 8) {
+  if (l.kind == 16) {
+    bf16_tiles(F.dense_rows, l.w, l.bias, l.N, l.K, *c.bact, c.M, c.y, tb, te);
+  } else if (l.kind == 8) {
     Int8Params p{(const int8_t*)l.w, (const float*)l.s, l.bias, c.x, c.y, c.M, l.N, l.K};
     F.int8_tiles(p, tb, te);
   } else if (q8) {
@@ -129,6 +132,9 @@ struct KVLayout {
   int8_t* v8 = nullptr;
   c10::Half* ksc = nullptr;
   c10::Half* vsc = nullptr;
+  uint16_t* k16 = nullptr;         // a bf16 cache: its values' bits
+  uint16_t* v16 = nullptr;
+  bool staged() const { return k8 || k16; }   // a row's K is built in a scratch row, then stored converted
   int64_t off(int64_t l, int64_t slot, int64_t kh, int64_t pos) const {
     if (!table) return (((l * n1 + slot) * KV + kh) * n3 + pos) * D;
     const int64_t b = table[slot * tw + pos / n3];
@@ -155,10 +161,15 @@ inline void quantize_int8(const float* x, int64_t D, int64_t groups, int8_t* q, 
   }
 }
 
-// One position's K and V of (layer l, slot, kv head kh) into the cache (quantized in an int8 one).
+// One position's K and V of (layer l, slot, kv head kh) into the cache (quantized in an int8 one, rounded in a
+// bf16 one).
 inline void store_kv(const KVLayout& lay, float* kc, float* vc, int64_t l, int64_t slot, int64_t kh, int64_t pos,
                      const float* k, const float* v) {
   const int64_t off = lay.off(l, slot, kh, pos);
+  if (lay.k16) {   // rounded to bf16 as torch's .to(bfloat16) rounds
+    for (int64_t i = 0; i < lay.D; ++i) lay.k16[off + i] = float_to_bf16(k[i]), lay.v16[off + i] = float_to_bf16(v[i]);
+    return;
+  }
   if (!lay.k8) {
     if (kc + off != k) std::memcpy(kc + off, k, sizeof(float) * (size_t)lay.D);
     std::memcpy(vc + off, v, sizeof(float) * (size_t)lay.D);
@@ -174,14 +185,14 @@ void write_kv(const FusedPlan& P, const QKV& x, const IsaFns& F, int64_t l, int6
               float* kc, float* vc, const KVLayout& lay, float* krow) {
   const LayerW& lw = P.layers[(size_t)l];
   for (int64_t kh = 0; kh < P.KV; ++kh) {
-    float* kdst = lay.k8 ? krow : kc + lay.off(l, slot, kh, pos);
+    float* kdst = lay.staged() ? krow : kc + lay.off(l, slot, kh, pos);
     head_in(P, lw, F, lw.k_norm, x.k + r * x.ldk + kh * P.D, r, kdst);
     store_kv(lay, kc, vc, l, slot, kh, pos, kdst, x.v + r * x.ldv + kh * P.D);
   }
 }
 
 // Key/value tiles [first / KEY_TILE, p_end) of (layer l, slot, kv head kh) for the attention kernel: pointers
-// into the cache (a float one, or an int8 one's values and fp16 scales); tiles before `first` are never read
+// into the cache (a float or bf16 one, or an int8 one's values and fp16 scales); tiles before `first` are never read
 // (before the window; their blocks may have gone back).
 inline void gather_tiles(const KVLayout& lay, float* kc, float* vc, int64_t l, int64_t slot, int64_t kh,
                          int64_t first, int64_t p_end, Thread& me) {
@@ -191,9 +202,15 @@ inline void gather_tiles(const KVLayout& lay, float* kc, float* vc, int64_t l, i
     if (t < t0) {
       me.ktiles[i] = me.vtiles[i] = nullptr;
       if (lay.k8) me.k8tiles[i] = me.v8tiles[i] = nullptr, me.kstiles[i] = me.vstiles[i] = nullptr;
+      if (lay.k16) me.k16tiles[i] = me.v16tiles[i] = nullptr;
       continue;
     }
     const int64_t off = lay.off(l, slot, kh, t * KEY_TILE), row = off / lay.D;
+    if (lay.k16) {
+      me.k16tiles[i] = lay.k16 + off;
+      me.v16tiles[i] = lay.v16 + off;
+      continue;
+    }
     if (!lay.k8) {
       me.ktiles[i] = kc + off;
       me.vtiles[i] = vc + off;
@@ -245,11 +262,13 @@ torch::Tensor fused_step(FusedPlan& P, torch::Tensor x_in, std::vector<int64_t> 
   // attention work items: (segment, block of ATT_ROWS rows); x KV heads
   std::vector<int64_t> items;   // (segment, first row offset, rows)
   bool long_seg = false;
-  const bool q8 = kc.scalar_type() == torch::kInt8;
+  const bool q8 = kc.scalar_type() == torch::kInt8, b16 = kc.scalar_type() == torch::kBFloat16;
   for (auto* c : {&kc, &vc})
-    TORCH_CHECK((c->scalar_type() == torch::kFloat32 || c->scalar_type() == torch::kInt8) && c->is_contiguous() &&
+    TORCH_CHECK((c->scalar_type() == torch::kFloat32 || c->scalar_type() == torch::kInt8 ||
+                 c->scalar_type() == torch::kBFloat16) && c->is_contiguous() &&
                     c->dim() == 5 && c->size(0) == P.L && c->size(2) == P.KV && c->size(4) == P.D,
-                "cache must be contiguous fp32 or int8 [layers, slots or blocks, kv_heads, positions, head_dim]");
+                "cache must be contiguous fp32, bf16 or int8 [layers, slots or blocks, kv_heads, positions, "
+                "head_dim]");
   TORCH_CHECK(kc.sizes() == vc.sizes() && kc.scalar_type() == vc.scalar_type(), "k and v caches differ");
   const bool paged = table.numel() > 0;
   TORCH_CHECK(!q8 || (paged && P.D % KV_K_GROUP == 0 && ks.scalar_type() == torch::kHalf &&
@@ -267,6 +286,10 @@ torch::Tensor fused_step(FusedPlan& P, torch::Tensor x_in, std::vector<int64_t> 
     lay.v8 = vc.data_ptr<int8_t>();
     lay.ksc = ks.data_ptr<c10::Half>();
     lay.vsc = vs.data_ptr<c10::Half>();
+  }
+  if (b16) {
+    lay.k16 = reinterpret_cast<uint16_t*>(kc.data_ptr<at::BFloat16>());
+    lay.v16 = reinterpret_cast<uint16_t*>(vc.data_ptr<at::BFloat16>());
   }
   const int64_t slots = paged ? table.size(0) : kc.size(1);
   const int64_t cap = paged ? table.size(1) * kc.size(3) : kc.size(3);
@@ -314,6 +337,8 @@ torch::Tensor fused_step(FusedPlan& P, torch::Tensor x_in, std::vector<int64_t> 
     Thread& th = P.th[(size_t)t];
     th.ktiles.resize((size_t)ntiles);
     th.vtiles.resize((size_t)ntiles);
+    if (b16)
+      for (auto* v : {&th.k16tiles, &th.v16tiles}) v->resize((size_t)ntiles);
     if (q8) {
       for (auto* v : {&th.k8tiles, &th.v8tiles}) v->resize((size_t)ntiles);
       for (auto* v : {&th.kstiles, &th.vstiles}) v->resize((size_t)ntiles);
@@ -351,8 +376,8 @@ torch::Tensor fused_step(FusedPlan& P, torch::Tensor x_in, std::vector<int64_t> 
     ++P.prof_steps;
   }
   const int64_t HD = P.H * P.D;
-  float* kcw = q8 ? nullptr : kc.data_ptr<float>();
-  float* vcw = q8 ? nullptr : vc.data_ptr<float>();
+  float* kcw = lay.staged() ? nullptr : kc.data_ptr<float>();
+  float* vcw = lay.staged() ? nullptr : vc.data_ptr<float>();
 
 #pragma omp parallel num_threads((int)nt)
   {
@@ -406,11 +431,14 @@ torch::Tensor fused_step(FusedPlan& P, torch::Tensor x_in, std::vector<int64_t> 
     // int4 consumers read the prepared rows, int8 ones the normed rows: prepare when any consumer is int4
     // (in the consumers' input order when they have one: then all of them are int4, make_fused_plan checked)
     auto norm_prep = [&](const float* w, bool int4_consumer, int64_t rows, const int64_t* which,
-                         const int32_t* perm) {
+                         const int32_t* perm, bool bf16_consumer) {
       for (int64_t m = 0; m < rows; ++m) {
         const int64_t src = which ? which[m] : m;
         F.rmsnorm(P.x.data() + src * P.hidden, w, P.eps, P.hidden, me.xn.data() + m * P.hidden);
       }
+      if (bf16_consumer)
+        for (int64_t m = 0; m < rows; ++m)
+          prep_bf16_cols(F.dense_split, me.xn.data() + m * P.hidden, 0, P.hidden, m, me.bact);
       if (perm)
         for (int64_t m = 0; m < rows; ++m)
           gather_prep_row(F, act_int8, me.xn.data() + m * P.hidden, perm, P.hidden, m, me.xg.data(), me.act);
@@ -433,13 +461,17 @@ torch::Tensor fused_step(FusedPlan& P, torch::Tensor x_in, std::vector<int64_t> 
     for (int64_t l = 0; l < P.L; ++l) {
       const LayerW& lw = P.layers[(size_t)l];
       // ---- A: norm, qkv
-      norm_prep(lw.ln1, lw.qkv.kind == 4 || lw.k.kind == 4 || lw.v.kind == 4, M, nullptr, lw.qkv.perm);
+      norm_prep(lw.ln1, lw.qkv.kind == 4 || lw.k.kind == 4 || lw.v.kind == 4, M, nullptr, lw.qkv.perm,
+                lw.qkv.kind == 16 || lw.k.kind == 16 || lw.v.kind == 16);
       mark(P_NORM1);
       const QKV qx = qkv_views(P, lw, M);
-      project(LinCall{&lw.qkv, M, me.xn.data(), &me.act, const_cast<float*>(qx.q)}, [](int64_t, int64_t) {});
+      project(LinCall{&lw.qkv, M, me.xn.data(), &me.act, const_cast<float*>(qx.q), &me.bact},
+              [](int64_t, int64_t) {});
       if (lw.sep_qkv()) {   // the same normed input, into their own blocks (no barrier between them)
-        project(LinCall{&lw.k, M, me.xn.data(), &me.act, const_cast<float*>(qx.k)}, [](int64_t, int64_t) {});
-        project(LinCall{&lw.v, M, me.xn.data(), &me.act, const_cast<float*>(qx.v)}, [](int64_t, int64_t) {});
+        project(LinCall{&lw.k, M, me.xn.data(), &me.act, const_cast<float*>(qx.k), &me.bact},
+                [](int64_t, int64_t) {});
+        project(LinCall{&lw.v, M, me.xn.data(), &me.act, const_cast<float*>(qx.v), &me.bact},
+                [](int64_t, int64_t) {});
       }
       mark(P_QKV);
 #pragma omp barrier
@@ -471,7 +503,7 @@ torch::Tensor fused_step(FusedPlan& P, torch::Tensor x_in, std::vector<int64_t> 
           for (int64_t i = 0; i < n; ++i) {
             const int64_t r = r0 + i, pos = p0 + i;
             if (!long_seg) {
-              float* kdst = q8 ? me.kvrow.data() : kcw + lay.off(l, slot, kh, pos);
+              float* kdst = lay.staged() ? me.kvrow.data() : kcw + lay.off(l, slot, kh, pos);
               head_in(P, lw, F, lw.k_norm, qx.k + r * qx.ldk + kh * P.D, r, kdst);
               store_kv(lay, kcw, vcw, l, slot, kh, pos, kdst, qx.v + r * qx.ldv + kh * P.D);
             }
@@ -491,12 +523,14 @@ torch::Tensor fused_step(FusedPlan& P, torch::Tensor x_in, std::vector<int64_t> 
             a.kt8 = me.k8tiles.data(), a.vt8 = me.v8tiles.data(), a.ks = me.kstiles.data(), a.vs = me.vstiles.data();
             a.q8 = me.q8.data(), a.qs = me.qs.data();
           }
+          if (b16) a.kt16 = me.k16tiles.data(), a.vt16 = me.v16tiles.data();
           F.attention(a);
           const int64_t c0 = kh * P.G * P.D, c1 = c0 + P.G * P.D;
           for (int64_t i = 0; i < n; ++i) {
             float* arow = P.attn.data() + (r0 + i) * HD;
             std::memcpy(arow + c0, me.out.data() + i * P.G * P.D, sizeof(float) * (size_t)(P.G * P.D));
             if (lw.o.kind == 4 && !lw.o.perm) prep_cols(F, oq8, arow, HD, c0, c1, r0 + i, P.act_o);
+            if (lw.o.kind == 16) prep_bf16_cols(F.dense_split, arow, c0, c1, r0 + i, P.bact_o);
           }
         }
       }
@@ -506,16 +540,17 @@ torch::Tensor fused_step(FusedPlan& P, torch::Tensor x_in, std::vector<int64_t> 
       if (lw.o.perm) gather_phase(P.attn.data(), HD, lw.o, P.act_o, P_ATT);
       // ---- C: o projection + residual (Gemma: the residual adds the normed projection, once it is whole)
       if (lw.post_attn) {
-        project(LinCall{&lw.o, M, P.attn.data(), &P.act_o, P.tmp.data()}, [](int64_t, int64_t) {});
+        project(LinCall{&lw.o, M, P.attn.data(), &P.act_o, P.tmp.data(), &P.bact_o}, [](int64_t, int64_t) {});
         post_norm_residual(lw.post_attn, P_O);
       } else {
-        project(LinCall{&lw.o, M, P.attn.data(), &P.act_o, P.tmp.data()}, residual);
+        project(LinCall{&lw.o, M, P.attn.data(), &P.act_o, P.tmp.data(), &P.bact_o}, residual);
       }
       mark(P_O);
 #pragma omp barrier
       mark(P_WAIT);
       // ---- D: norm, gate/up pairs, silu * up, prep of the down input
-      norm_prep(lw.ln2, lw.gu.kind == 4 || lw.up.kind == 4, M, nullptr, lw.gu.perm);
+      norm_prep(lw.ln2, lw.gu.kind == 4 || lw.up.kind == 4, M, nullptr, lw.gu.perm,
+                lw.gu.kind == 16 || lw.up.kind == 16);
       mark(P_NORM2);
       {
         // fused: tiles t and t + I/64 of one weight into [M][2I]; separate: tile t of each into [M][I] twice
@@ -523,8 +558,8 @@ torch::Tensor fused_step(FusedPlan& P, torch::Tensor x_in, std::vector<int64_t> 
         float* gbuf = P.gu.data();
         float* ubuf = sep ? gbuf + M * P.I : gbuf + P.I;
         const int64_t ld = sep ? P.I : 2 * P.I;
-        const LinCall cg{&lw.gu, M, me.xn.data(), &me.act, gbuf};
-        const LinCall cu{sep ? &lw.up : &lw.gu, M, me.xn.data(), &me.act, sep ? ubuf : gbuf};
+        const LinCall cg{&lw.gu, M, me.xn.data(), &me.act, gbuf, &me.bact};
+        const LinCall cu{sep ? &lw.up : &lw.gu, M, me.xn.data(), &me.act, sep ? ubuf : gbuf, &me.bact};
         // one input, one group size: the same sums for both (a mixed pair: from its int4 member)
         group_sums(lw.gu.kind == 4 ? cg : cu, me.xsum.data());
         const bool q8 = act_int8;   // run_tiles reads it for int4 weights only
@@ -542,6 +577,7 @@ torch::Tensor fused_step(FusedPlan& P, torch::Tensor x_in, std::vector<int64_t> 
             float* hrow = P.h.data() + m * P.I;
             (P.act ? F.gelu_tanh_mul : F.silu_mul)(gbuf + m * ld + c0, ubuf + m * ld + c0, hrow + c0, c1 - c0);
             if (lw.down.kind == 4 && !lw.down.perm) prep_cols(F, dq8, hrow, P.I, c0, c1, m, P.act_d);
+            if (lw.down.kind == 16) prep_bf16_cols(F.dense_split, hrow, c0, c1, m, P.bact_d);
           }
         }
       }
@@ -551,10 +587,10 @@ torch::Tensor fused_step(FusedPlan& P, torch::Tensor x_in, std::vector<int64_t> 
       if (lw.down.perm) gather_phase(P.h.data(), P.I, lw.down, P.act_d, P_GU);
       // ---- E: down + residual
       if (lw.post_mlp) {
-        project(LinCall{&lw.down, M, P.h.data(), &P.act_d, P.tmp.data()}, [](int64_t, int64_t) {});
+        project(LinCall{&lw.down, M, P.h.data(), &P.act_d, P.tmp.data(), &P.bact_d}, [](int64_t, int64_t) {});
         post_norm_residual(lw.post_mlp, P_DOWN);
       } else {
-        project(LinCall{&lw.down, M, P.h.data(), &P.act_d, P.tmp.data()}, residual);
+        project(LinCall{&lw.down, M, P.h.data(), &P.act_d, P.tmp.data(), &P.bact_d}, residual);
       }
       mark(P_DOWN);
 #pragma omp barrier
@@ -563,8 +599,8 @@ torch::Tensor fused_step(FusedPlan& P, torch::Tensor x_in, std::vector<int64_t> 
     // ---- final norm of the wanted rows, head
     if (R > 0) {
       if (has_head) {
-        norm_prep(P.norm_w, P.head.kind == 4, R, out_rows.data(), P.head.perm);
-        project(LinCall{&P.head, R, me.xn.data(), &me.act, outp}, [](int64_t, int64_t) {});
+        norm_prep(P.norm_w, P.head.kind == 4, R, out_rows.data(), P.head.perm, P.head.kind == 16);
+        project(LinCall{&P.head, R, me.xn.data(), &me.act, outp, &me.bact}, [](int64_t, int64_t) {});
       } else if (tid == 0) {
         for (int64_t m = 0; m < R; ++m)
           F.rmsnorm(P.x.data() + out_rows[(size_t)m] * P.hidden, P.norm_w, P.eps, P.hidden, outp + m * P.hidden);

@@ -4,7 +4,8 @@
 // parallel region: per layer RMSNorm, the fused qkv projection, RoPE, the KV-cache write,
 // attention over each sequence's own length, o projection + residual, RMSNorm, gate/up,
 // silu * up, down + residual; then the final norm and the head.  The projections are the
-// per-op kernels' tile functions (qgemm_kernels.h); the rest is here, compiled once per ISA
+// per-op kernels' tile functions (qgemm_kernels.h; a bf16 model's, dense_kernels.h through
+// fused_bf16.h); the rest is here, compiled once per ISA
 // (fused_avx512.cpp, fused_avx2.cpp, fused_scalar.cpp) from fused_simd_body.h.
 #pragma once
 #include <cstdint>
@@ -46,6 +47,9 @@ struct AttnItem {
   const uint16_t* const* vs = nullptr;
   const int8_t* q8 = nullptr;
   const float* qs = nullptr;
+  // a bf16 cache (a bf16 model's): kt/vt unused; tile t's bf16 keys/values [KEY_TILE][D], widened as read
+  const uint16_t* const* kt16 = nullptr;
+  const uint16_t* const* vt16 = nullptr;
 };
 
 #define SCL_DECLARE_FUSED                                                        \

@@ -6,17 +6,36 @@
 namespace scl {
 namespace fused {
 
+namespace {
+
+bool cpu_has_avx512_bf16() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_cpu_init();
+  return avx512::dense_bf16_compiled() && __builtin_cpu_supports("avx512bf16");
+#else
+  return false;
+#endif
+}
+
+using SplitBf16 = void (*)(const uint16_t*, int64_t, int64_t, int64_t, float*);
+
+}  // namespace
+
 IsaFns isa_fns(int64_t isa, bool vnni) {
-  if (isa == 2)
+  if (isa == 2) {
+    const bool dp = cpu_has_avx512_bf16();
     return {avx512::int8_tiles, avx512::int4_tiles, vnni ? avx512::int4q8_tiles : avx2::int4q8_tiles,
             avx512::prep_xp, avx512::prep_q8, avx512::rmsnorm, avx512::silu_mul, avx512::gelu_tanh_mul, avx512::rope,
-            avx512::attention, avx512::add_inplace};
+            avx512::attention, avx512::add_inplace, dp ? avx512::dense_rows_dp : avx512::dense_rows,
+            dp ? nullptr : static_cast<SplitBf16>(avx512::dense_prep_x)};
+  }
   if (isa == 1)
     return {avx2::int8_tiles, avx2::int4_tiles, avx2::int4q8_tiles, avx2::prep_xp, avx2::prep_q8,
-            avx2::rmsnorm, avx2::silu_mul, avx2::gelu_tanh_mul, avx2::rope, avx2::attention, avx2::add_inplace};
+            avx2::rmsnorm, avx2::silu_mul, avx2::gelu_tanh_mul, avx2::rope, avx2::attention, avx2::add_inplace,
+            avx2::dense_rows, static_cast<SplitBf16>(avx2::dense_prep_x)};
   return {scalar::int8_tiles, scalar::int4_tiles, scalar::int4q8_tiles, scalar::prep_xp,
           scalar::prep_q8, scalar::rmsnorm, scalar::silu_mul, scalar::gelu_tanh_mul, scalar::rope, scalar::attention,
-          scalar::add_inplace};
+          scalar::add_inplace, scalar::dense_rows, nullptr};
 }
 
 const char* const PROF_NAMES[NPROF] = {
@@ -32,32 +51,42 @@ Lin make_lin(int64_t kind, const torch::Tensor& w, const torch::Tensor& s,
              std::vector<torch::Tensor>& keep) {
   Lin l;
   if (kind == 0) return l;
-  TORCH_CHECK(kind == 4 || kind == 8, "linear kind must be 4 or 8");
-  TORCH_CHECK(w.is_contiguous() && s.is_contiguous() && w.dim() == 3 && w.size(2) == TILE,
-              "weights must be in the tiled CPU layout");
+  TORCH_CHECK(kind == 4 || kind == 8 || kind == 16, "linear kind must be 4, 8 or 16");
   l.kind = (int)kind;
   l.N = N;
   l.K = K;
-  l.NT = w.size(0);
-  TORCH_CHECK(N > (l.NT - 1) * TILE && N <= l.NT * TILE, "N inconsistent with tiles");
-  if (kind == 4) {
-    TORCH_CHECK(w.scalar_type() == torch::kInt32, "int4 w must be int32");
-    l.gs = gs;
-    l.Kp = w.size(1) * 8;
-    l.G = l.Kp / gs;
-    TORCH_CHECK(l.Kp % gs == 0 && K <= l.Kp && K > l.Kp - gs, "int4 K / group size inconsistent");
-    TORCH_CHECK(s.numel() == l.NT * l.G * 2 * TILE, "int4 sm has the wrong size");
-    l.w = w.data_ptr<int32_t>();
-    l.s = s.data_ptr();
-  } else {
-    TORCH_CHECK(w.scalar_type() == torch::kInt8 && w.size(1) == K, "int8 w must be int8 [NT, K, 64]");
-    TORCH_CHECK(s.scalar_type() == torch::kFloat32 && s.numel() == l.NT * TILE, "int8 scale size");
+  if (kind == 16) {   // a bf16 model's own weight, read in place (fused_bf16.h)
+    TORCH_CHECK(w.scalar_type() == torch::kBFloat16 && w.dim() == 2 && w.is_contiguous() && w.size(0) == N &&
+                    w.size(1) == K && K % 32 == 0,
+                "a bf16 linear's weight must be contiguous bf16 [N, K], K a multiple of 32");
     l.Kp = K;
-    l.w = w.data_ptr<int8_t>();
-    l.s = s.data_ptr<float>();
+    l.NT = (N + TILE - 1) / TILE;
+    l.w = w.data_ptr();
+    keep.push_back(w);
+  } else {
+    TORCH_CHECK(w.is_contiguous() && s.is_contiguous() && w.dim() == 3 && w.size(2) == TILE,
+                "weights must be in the tiled CPU layout");
+    l.NT = w.size(0);
+    TORCH_CHECK(N > (l.NT - 1) * TILE && N <= l.NT * TILE, "N inconsistent with tiles");
+    if (kind == 4) {
+      TORCH_CHECK(w.scalar_type() == torch::kInt32, "int4 w must be int32");
+      l.gs = gs;
+      l.Kp = w.size(1) * 8;
+      l.G = l.Kp / gs;
+      TORCH_CHECK(l.Kp % gs == 0 && K <= l.Kp && K > l.Kp - gs, "int4 K / group size inconsistent");
+      TORCH_CHECK(s.numel() == l.NT * l.G * 2 * TILE, "int4 sm has the wrong size");
+      l.w = w.data_ptr<int32_t>();
+      l.s = s.data_ptr();
+    } else {
+      TORCH_CHECK(w.scalar_type() == torch::kInt8 && w.size(1) == K, "int8 w must be int8 [NT, K, 64]");
+      TORCH_CHECK(s.scalar_type() == torch::kFloat32 && s.numel() == l.NT * TILE, "int8 scale size");
+      l.Kp = K;
+      l.w = w.data_ptr<int8_t>();
+      l.s = s.data_ptr<float>();
+    }
+    keep.push_back(w);
+    keep.push_back(s);
   }
-  keep.push_back(w);
-  keep.push_back(s);
   if (bias.has_value() && bias->defined()) {
     TORCH_CHECK(bias->scalar_type() == torch::kFloat32 && bias->is_contiguous() && bias->numel() == N,
                 "bias must be contiguous fp32 [N]");
@@ -85,6 +114,7 @@ void ensure_threads(FusedPlan& P, int64_t nt) {
     t.xsum.assign((size_t)(FUSED_MAX_ROWS * gmax), 0.f);
     t.q.assign((size_t)(nq * P.D), 0.f);
     t.out.assign((size_t)(nq * P.D), 0.f);
+    if (P.bf16) t.bact.init(FUSED_MAX_ROWS, P.hidden);
   }
 }
 
@@ -234,6 +264,14 @@ std::shared_ptr<FusedPlan> make_fused_plan(std::vector<int64_t> dims, double eps
   auto padded = [&](int64_t k) { return P->gs > 0 ? (k + P->gs - 1) / P->gs * P->gs : (k + 31) / 32 * 32; };
   P->act_o.init(padded(P->H * P->D));
   P->act_d.init(padded(P->I));
+  for (const auto& lw : P->layers)
+    for (const Lin* l : std::initializer_list<const Lin*>{&lw.qkv, &lw.k, &lw.v, &lw.o, &lw.gu, &lw.up, &lw.down,
+                                                          &P->head})
+      P->bf16 = P->bf16 || l->kind == 16;
+  if (P->bf16) {
+    P->bact_o.init(M, P->H * P->D);
+    P->bact_d.init(M, P->I);
+  }
   P->nctr = 14 * P->L + 4;   // per layer at most 12 phases (q, k, v, K/V write, attention, o's gather, o, ...)
   P->ctr.reset(new std::atomic<int64_t>[(size_t)P->nctr]);
   ensure_threads(*P, std::max(1, omp_get_max_threads()));
@@ -253,6 +291,8 @@ void register_fused(pybind11::module& m) {
         size_t b = 4 * (p.x.size() + p.qkv.size() + p.attn.size() + p.gu.size() + p.h.size() + p.tmp.size());
         for (const Act* a : {&p.act_o, &p.act_d})
           b += 4 * (a->xp.size() + a->sx.size() + a->fsum.size() + a->bsum.size()) + a->xq.size();
+        for (const BAct* a : {&p.bact_o, &p.bact_d}) b += 2 * a->xb.size() + 4 * a->xs.size();
+        for (const auto& t : p.th) b += 2 * t.bact.xb.size() + 4 * t.bact.xs.size();
         for (const auto& t : p.th)
           b += 4 * (t.xn.size() + t.xg.size() + t.xsum.size() + t.q.size() + t.out.size() + t.scores.size() +
                     t.act.xp.size() + t.act.sx.size() + t.act.fsum.size() + t.act.bsum.size()) + t.act.xq.size();

@@ -14,6 +14,7 @@
 #include <tuple>
 #include <vector>
 
+#include "fused_bf16.h"
 #include "fused_kernels.h"
 
 
@@ -32,14 +33,16 @@ struct IsaFns {
   void (*rope)(float*, const float*, const float*, int64_t);
   void (*attention)(const AttnItem&);
   void (*add_inplace)(float*, const float*, int64_t);
+  DenseRowsFn dense_rows;     // bf16 linears: VDPBF16PS where the CPU has it, else the ISA's shift/FMA kernel
+  DenseSplitFn dense_split;   // the shift/FMA kernels' even/odd split of the input (nullptr: they read bf16)
 };
 
 IsaFns isa_fns(int64_t isa, bool vnni);
 
-// One quantized linear in its tiled CPU layout (engine/ops/prepared.py).
+// One linear: quantized in its tiled CPU layout (engine/ops/prepared.py), or a bf16 model's own weight.
 struct Lin {
-  int kind = 0;              // 0 absent, 4 int4, 8 int8
-  const void* w = nullptr;   // int4: uint32 [NT][Kp/8][64]; int8: int8 [NT][K][64]
+  int kind = 0;              // 0 absent, 4 int4, 8 int8, 16 bf16 (fused_bf16.h)
+  const void* w = nullptr;   // int4: uint32 [NT][Kp/8][64]; int8: int8 [NT][K][64]; bf16: bf16 [N][K] (NT = N / 64 up)
   const void* s = nullptr;   // int4: fp16 [NT][G][2][64];  int8: fp32 [NT*64]
   const float* bias = nullptr;
   const int32_t* perm = nullptr;  // int4 only: its codes multiply x[perm[k]] (an act-order checkpoint's order)
@@ -90,11 +93,13 @@ struct Thread {
   std::vector<float> xn;       // normed rows
   std::vector<float> xg;       // rows gathered in a linear's input order (act-order), before their preparation
   Act act;                     // their prepared activations (hidden-wide consumers)
+  BAct bact;                   // and as bf16 consumers read them (a bf16 model)
   std::vector<float> xsum;     // per-group sums for the current consumer
   std::vector<float> q, out, scores;
   std::vector<const float*> ktiles, vtiles;   // an attention item's key/value tiles (AttnItem::kt, vt)
   std::vector<const int8_t*> k8tiles, v8tiles;        // an int8 cache: the tiles' values (AttnItem::kt8, vt8)
   std::vector<const uint16_t*> kstiles, vstiles;      // and their fp16 scales (AttnItem::ks, vs)
+  std::vector<const uint16_t*> k16tiles, v16tiles;    // a bf16 cache: the tiles' values (AttnItem::kt16, vt16)
   std::vector<int8_t> q8;                     // an int8 cache: the item's queries quantized as keys are
   std::vector<float> qs, kvrow;               // their scales per 32 values; one row's K before it is stored
 };
@@ -117,6 +122,8 @@ struct FusedPlan {
   // shared workspaces
   std::vector<float> x, qkv, attn, gu, h, tmp, cosb, sinb;   // cosb/sinb: [nrope][FUSED_MAX_ROWS][D/2]
   Act act_o, act_d;
+  bool bf16 = false;                    // any bf16 linear: the inputs below (and each thread's bact) are sized
+  BAct bact_o, bact_d;
   std::vector<Thread> th;
   std::unique_ptr<std::atomic<int64_t>[]> ctr;
   int64_t nctr = 0;

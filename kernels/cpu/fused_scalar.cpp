@@ -15,6 +15,12 @@ struct FOps {
   static inline V set1(float f) { return f; }
   static inline V load(const float* p) { return *p; }
   static inline V load_i8(const int8_t* p) { return (float)*p; }
+  static inline V load_bf16(const uint16_t* p) {
+    const uint32_t u = (uint32_t)*p << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+  }
   static inline void store(float* p, V v) { *p = v; }
   static inline V add(V a, V b) { return a + b; }
   static inline V sub(V a, V b) { return a - b; }

@@ -1,7 +1,8 @@
 // The fused step's elementwise pieces and attention, generic over a vector type.  Included
 // (textually) by fused_avx512.cpp / fused_avx2.cpp / fused_scalar.cpp inside an ISA namespace
 // (and a `#pragma GCC target` region); the including file defines `struct FOps` with
-//   V, W (lanes), zero(), set1(f), load(p), store(p, v), add, sub, mul, div, fma(a, b, c) = a*b + c,
+//   V, W (lanes), zero(), set1(f), load(p), load_i8(p), load_bf16(p) (W int8 or bf16 values as fp32),
+//   store(p, v), add, sub, mul, div, fma(a, b, c) = a*b + c,
 //   max, min, hsum(v), hsum4(a, b, c, d, out[4]), hmax(v), round(v) (to nearest even), pow2i(v)
 //   (2^n for integral n).
 // No lambdas: GCC does not always propagate target pragmas into them.  The including file
@@ -136,6 +137,7 @@ void add_inplace(float* x, const float* y, int64_t n) {
 // A query reads only its keys [start, len): a sliding window skips the blocks before it.
 // Over an int8 cache (a.kt8 set) q.k is an integer dot product per 32 values, scaled by the query's and
 // the key's scales of those values; a value row is converted from int8 as it is read, times its scale.
+// Over a bf16 cache (a.kt16 set) keys and values are widened to fp32 as they are read (exact).
 constexpr int64_t ATT_JB = KEY_TILE;
 
 // The score of query q against 4 keys (or 1) of an int8 tile: scale * sum over groups of 32 values of
@@ -167,31 +169,48 @@ static inline void scores_q8(const AttnItem& a, int64_t qi, int64_t jb, int64_t 
   }
 }
 
-template <int NDV>
-static inline void scores_f32(const AttnItem& a, int64_t qi, int64_t jb, int64_t j0, int64_t je, float* s) {
+// A key or value vector's FW lanes as fp32, from an fp32 cache or (widened exactly) a bf16 one.
+static inline FV load_kv(const float* p) { return FOps::load(p); }
+static inline FV load_kv(const uint16_t* p) { return FOps::load_bf16(p); }
+
+// Scores of query qi against keys [j0, je) of the block at jb, from a float (T = float) or bf16 (uint16_t) tile:
+// the same products and sums either way (a bf16 key widened is exactly the float key).
+template <int NDV, typename T>
+static inline void scores_fp(const AttnItem& a, const T* ktile, int64_t qi, int64_t jb, int64_t j0, int64_t je,
+                             float* s) {
   constexpr int64_t D = (int64_t)NDV * FW;
   FV qv[NDV];
   for (int d = 0; d < NDV; ++d) qv[d] = FOps::load(a.q + qi * D + d * FW);
-  const float* ktile = a.kt[jb / ATT_JB];   // keys jb .. jb + ATT_JB - 1, one block
   int64_t j = j0;
   for (; j + 4 <= je; j += 4) {   // 4 keys at once: one 4-way horizontal sum instead of four
-    const float* kr = ktile + (j - jb) * D;
-    FV c0 = FOps::mul(qv[0], FOps::load(kr)), c1 = FOps::mul(qv[0], FOps::load(kr + D));
-    FV c2 = FOps::mul(qv[0], FOps::load(kr + 2 * D)), c3 = FOps::mul(qv[0], FOps::load(kr + 3 * D));
+    const T* kr = ktile + (j - jb) * D;
+    FV c0 = FOps::mul(qv[0], load_kv(kr)), c1 = FOps::mul(qv[0], load_kv(kr + D));
+    FV c2 = FOps::mul(qv[0], load_kv(kr + 2 * D)), c3 = FOps::mul(qv[0], load_kv(kr + 3 * D));
     for (int d = 1; d < NDV; ++d) {
-      c0 = FOps::fma(qv[d], FOps::load(kr + d * FW), c0);
-      c1 = FOps::fma(qv[d], FOps::load(kr + D + d * FW), c1);
-      c2 = FOps::fma(qv[d], FOps::load(kr + 2 * D + d * FW), c2);
-      c3 = FOps::fma(qv[d], FOps::load(kr + 3 * D + d * FW), c3);
+      c0 = FOps::fma(qv[d], load_kv(kr + d * FW), c0);
+      c1 = FOps::fma(qv[d], load_kv(kr + D + d * FW), c1);
+      c2 = FOps::fma(qv[d], load_kv(kr + 2 * D + d * FW), c2);
+      c3 = FOps::fma(qv[d], load_kv(kr + 3 * D + d * FW), c3);
     }
     FOps::hsum4(c0, c1, c2, c3, s + j);
     for (int t = 0; t < 4; ++t) s[j + t] *= a.scale;
   }
   for (; j < je; ++j) {
-    const float* kr = ktile + (j - jb) * D;
-    FV acc = FOps::mul(qv[0], FOps::load(kr));
-    for (int d = 1; d < NDV; ++d) acc = FOps::fma(qv[d], FOps::load(kr + d * FW), acc);
+    const T* kr = ktile + (j - jb) * D;
+    FV acc = FOps::mul(qv[0], load_kv(kr));
+    for (int d = 1; d < NDV; ++d) acc = FOps::fma(qv[d], load_kv(kr + d * FW), acc);
     s[j] = FOps::hsum(acc) * a.scale;
+  }
+}
+
+// out[qi] += sum over keys [j0, je) of e_j * v_j, from a float or bf16 value tile.
+template <int NDV, typename T>
+static inline void values_fp(const T* vtile, const float* e, int64_t jb, int64_t j0, int64_t je, FV* acc) {
+  constexpr int64_t D = (int64_t)NDV * FW;
+  for (int64_t j = j0; j < je; ++j) {
+    const FV p = FOps::set1(e[j]);
+    const T* vr = vtile + (j - jb) * D;
+    for (int d = 0; d < NDV; ++d) acc[d] = FOps::fma(p, load_kv(vr + d * FW), acc[d]);
   }
 }
 
@@ -210,7 +229,8 @@ static void attention_t(const AttnItem& a) {
       if (je <= j0) continue;
       float* s = a.scores + qi * ML;
       if (q8) scores_q8<D>(a, qi, jb, j0, je, s);
-      else scores_f32<NDV>(a, qi, jb, j0, je, s);
+      else if (a.kt16) scores_fp<NDV>(a, a.kt16[jb / ATT_JB], qi, jb, j0, je, s);
+      else scores_fp<NDV>(a, a.kt[jb / ATT_JB], qi, jb, j0, je, s);
       if (a.softcap > 0.f) {   // cap * tanh(score / cap), before the softmax (Gemma 2)
         const FV cap = FOps::set1(a.softcap);
         int64_t j = j0;
@@ -260,13 +280,10 @@ static void attention_t(const AttnItem& a) {
           const int8_t* vr = vtile + (j - jb) * D;
           for (int d = 0; d < NDV; ++d) acc[d] = FOps::fma(p, FOps::load_i8(vr + d * FW), acc[d]);
         }
+      } else if (a.vt16) {
+        values_fp<NDV>(a.vt16[jb / ATT_JB], e, jb, j0, je, acc);
       } else {
-        const float* vtile = a.vt[jb / ATT_JB];
-        for (int64_t j = j0; j < je; ++j) {
-          const FV p = FOps::set1(e[j]);
-          const float* vr = vtile + (j - jb) * D;
-          for (int d = 0; d < NDV; ++d) acc[d] = FOps::fma(p, FOps::load(vr + d * FW), acc[d]);
-        }
+        values_fp<NDV>(a.vt[jb / ATT_JB], e, jb, j0, je, acc);
       }
       for (int d = 0; d < NDV; ++d) FOps::store(o + d * FW, acc[d]);
     }
