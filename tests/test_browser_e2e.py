@@ -18,6 +18,8 @@ Options (environment):
   SCL_E2E_PLAYGROUND=1  on the real pair, also stream a short speculative generation in the playground
   SCL_E2E_QUALITY=1     keep "measure quality vs fp32" on (the cost-vs-quality frontier; a few minutes more)
   SCL_E2E_TIMEOUT=s     how long the default comparison may take (default 900 s)
+  SCL_E2E_PEERS=1       also a Compare sweep of our int8 and int4 beside llama.cpp's Q8_0 and Q4_K_M and
+                        transformers at bf16 (docs/screenshots/07-compare-peers.png comes from it, SCL_E2E_REAL=1)
 
 Never runs `playwright install`: it needs Debian's chromium at /usr/bin/chromium and skips without it.
 """
@@ -460,3 +462,63 @@ def test_dashboard_in_a_browser(server, browser, tmp_path):
     timings["total"] = time.time() - t0
     print("e2e timings (s):", {k: round(v, 1) for k, v in timings.items()})
 
+
+
+PEERS = ("llama.cpp Q4_K_M", "llama.cpp Q8_0", "transformers bf16")
+
+
+def multiselect_set(page, label: str, options) -> None:
+    """Remove a multiselect's values (each tag's Remove button), then type each option into it and pick it."""
+    ms = page.locator('[data-testid="stMultiSelect"]', has_text=label).first
+    remove = ms.locator('button[aria-label^="Remove "]:visible')
+    while remove.count():
+        remove.first.click()
+        settle(page)
+    box = page.get_by_role("combobox", name=re.compile(re.escape(label)))
+    for option in options:
+        box.click()
+        box.fill(option)
+        opts = page.get_by_role("option")
+        opts.first.wait_for()
+        texts = [t.strip() for t in opts.all_inner_texts()]
+        opts.nth(texts.index(option)).click()
+        settle(page)
+    page.keyboard.press("Escape")
+    settle(page)
+    assert sorted(ms.locator('button[aria-label^="Remove "]:visible').evaluate_all(
+        "bs => bs.map(b => b.getAttribute('aria-label').slice(7))")) == sorted(options)
+
+
+@pytest.mark.skipif(os.environ.get("SCL_E2E_PEERS") != "1", reason="opt-in: SCL_E2E_PEERS=1 (several minutes)")
+def test_compare_sweep_with_peers(server, browser):
+    """Compare: our int8 and int4 (no draft, batch 1) and three peers, picked from what the backend reports, in
+    one sweep; the current comparison then shows the peers in their own table."""
+    page = browser.new_page(viewport={"width": 1440, "height": FOLD_PX})
+    page.set_default_timeout(60_000)
+    log = server["log"]
+    try:
+        page.goto(f"{server['url']}/compare", timeout=90_000)
+        page.get_by_role("heading", name="Compare (sweep)").first.wait_for(timeout=90_000)
+        settle(page)
+        if not TINY:
+            pick(page, "Target model", "default-draft: Qwen2.5-Coder-0.5B")
+        multiselect_set(page, "Target precisions", ["int8", "int4"])
+        multiselect_set(page, "Drafts", ["none"])
+        page.get_by_text("Peer systems as rows").first.click()
+        settle(page)
+        peers = [p for p in PEERS if not TINY or p.startswith("transformers")]
+        multiselect_set(page, "Peers to measure", peers)
+        page.get_by_text(f"{2 + len(peers)} run(s) in this grid").first.wait_for()
+        page.get_by_role("button", name="Run sweep").click()
+        ended = re.compile(r"\d+ of \d+ runs finished|Not measured: |nothing was measured")
+        page.get_by_text(ended).first.wait_for(timeout=RUN_TIMEOUT_S * 1000)
+        failed = page.get_by_text(re.compile(r"Not measured: |nothing was measured"))
+        assert not failed.count(), failed.first.inner_text()
+        settle(page)
+        assert_clean(page, "compare with peers", log)
+        page.get_by_text(f"Current comparison ({2 + len(peers)} runs)").first.wait_for()
+        for p in peers:
+            assert page.get_by_text(p).first.is_visible(), p
+        shot(page, "07-compare-peers")
+    finally:
+        page.close()
