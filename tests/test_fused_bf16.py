@@ -30,7 +30,7 @@ BF16_PATHS_REL = 0.1
 
 @pytest.fixture()
 def _default_kernel_settings():
-    with ops.using(ops.KernelConfig()):
+    with ops.using(ops.KernelConfig(fused_bf16=True)):   # on an AMX host too (its default is the PyTorch path)
         yield
 
 
@@ -171,3 +171,33 @@ def test_the_window_is_what_the_bf16_step_reads(models):
         after = model.forward_rows(*step, stale)
     assert stale.k.dtype == torch.bfloat16 and counts.reference == 0
     assert torch.equal(before, after)
+
+
+class _Ext:
+    """The extension as bf16_in_step reads it: whether the CPU has AMX-BF16."""
+
+    def __init__(self, amx: bool):
+        self.amx = amx
+
+    def has_amx_bf16(self):
+        return self.amx
+
+
+@pytest.mark.parametrize("amx,cfg,want", [
+    (False, ops.KernelConfig(), True),
+    (True, ops.KernelConfig(), False),                      # the AMX kernel on the PyTorch path
+    (True, ops.KernelConfig(isa="avx2"), True),             # under an AVX2 cap there is no AMX kernel to keep
+    (True, ops.KernelConfig(fused_bf16=True), True),
+    (False, ops.KernelConfig(fused_bf16=False), False)])
+def test_where_a_bf16_model_runs_the_step(amx, cfg, want, monkeypatch):
+    from engine.ops import build, fused
+
+    monkeypatch.setattr(build, "cpu_isa", lambda ext, c: ops.config.ISA_IDS[c.isa or "avx512"])
+    assert fused.bf16_in_step(_Ext(amx), cfg) is want
+
+
+def test_a_bf16_model_off_the_step_says_why(models):
+    model = models("mistral", "bf16")
+    with ops.using(fused_bf16=False), ops.count_steps() as counts:
+        model.forward_rows(IDS[:3], Rows.of([(0, 0, 3)], "cpu"), model.new_cache(1, 8))
+    assert counts.fused == 0 and dict(counts.reasons) == {"bf16 model: KernelConfig.fused_bf16=False": 1}

@@ -428,16 +428,18 @@ def test_build_failure_is_caught(monkeypatch, tmp_path):
 def test_config_from_env_and_validation(monkeypatch):
     env = {"SCL_KERNELS": "torch", "SCL_KERNEL_ISA": "AVX2", "SCL_KERNEL_SMALL_M": "99",
            "SCL_KERNEL_PREFILL": "dequant", "SCL_KERNEL_ACT": "fp32", "SCL_FUSE": "0", "SCL_FUSED": "0",
-           "SCL_CUDA_GRAPH": "1"}
+           "SCL_CUDA_GRAPH": "1", "SCL_FUSED_BF16": "0"}
     assert ops.KernelConfig.from_env(env) == ops.KernelConfig(enabled=False, isa="avx2", small_m=64,
                                                               prefill="dequant", act_int8=False, fuse=False,
-                                                              fused=False, cuda_graph=True)
+                                                              fused=False, fused_bf16=False, cuda_graph=True)
+    assert ops.KernelConfig.from_env({"SCL_FUSED_BF16": "1"}).fused_bf16 is True
     assert ops.KernelConfig.from_env({}) == ops.KernelConfig()
     assert ops.KernelConfig().act_int8 and ops.KernelConfig().fused and not ops.KernelConfig().cuda_graph
     assert ops.KernelConfig.from_env({"SCL_KERNEL_ACT": "int8"}).act_int8
     # unusable values are logged and left at their defaults
     assert ops.KernelConfig.from_env({"SCL_KERNEL_ISA": "avx9", "SCL_KERNEL_SMALL_M": "many"}) == ops.KernelConfig()
-    for bad in (dict(isa="avx9"), dict(small_m=65), dict(small_m=-1), dict(prefill="x"), dict(act_int8="yes")):
+    for bad in (dict(isa="avx9"), dict(small_m=65), dict(small_m=-1), dict(prefill="x"), dict(act_int8="yes"),
+                dict(fused_bf16="yes")):
         with pytest.raises((ValueError, TypeError)):
             ops.KernelConfig(**bad)
     with pytest.raises(TypeError, match="unknown kernel setting"):

@@ -18,6 +18,9 @@ The environment is the initial source, read once at first use (the first prepare
 ``SCL_FUSE=0``                   ``fuse=False``: engine.quant does not fuse q/k/v and gate/up at load.
 ``SCL_FUSED=0``                  ``fused=False``: no fused forward pass (engine/ops/fused.py); every step runs
                                  the model's PyTorch path (the reference).
+``SCL_FUSED_BF16=0|1``           ``fused_bf16``: a bf16 model in the fused step (0: its PyTorch path; 1: the step).
+                                 Unset: the step, except where the CPU has AMX-BF16 (there the PyTorch path's
+                                 AMX kernel was measured and the step has no AMX kernel).
 ``SCL_CUDA_GRAPH=1``             ``cuda_graph=True``: on CUDA, plain decode steps replay a captured CUDA graph
                                  (engine/ops/cuda_graph.py); off by default until checked on a GPU.
 
@@ -62,12 +65,15 @@ class KernelConfig:
     act_int8: bool = True              # int4 CPU kernels: int8 activations (VNNI / AVX2 maddubs / scalar)
     fuse: bool = True                  # engine.quant fuses q/k/v and gate/up before quantizing
     fused: bool = True                 # CPU forward passes run as one fused C++ call per 64 rows (ops.fused)
+    fused_bf16: Optional[bool] = None  # a bf16 model in that step (None: yes unless the CPU has AMX-BF16)
     cuda_graph: bool = False           # CUDA plain decode steps replay a captured graph (ops.cuda_graph)
 
     def __post_init__(self):
         for name in ("enabled", "act_int8", "fuse", "fused", "cuda_graph"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"KernelConfig.{name} must be a bool, got {getattr(self, name)!r}")
+        if self.fused_bf16 is not None and not isinstance(self.fused_bf16, bool):
+            raise TypeError(f"KernelConfig.fused_bf16 must be None or a bool, got {self.fused_bf16!r}")
         if self.isa is not None and self.isa not in ISA_IDS:
             raise ValueError(f"KernelConfig.isa must be None or one of {list(ISA_IDS)}, got {self.isa!r}")
         for name in ("small_m", "dense_m"):
@@ -111,6 +117,7 @@ class KernelConfig:
                    act_int8=get("SCL_KERNEL_ACT") not in _ACT_FP32_VALUES,
                    fuse=get("SCL_FUSE") != "0",
                    fused=get("SCL_FUSED") not in ("0", "off", "false", "no"),
+                   fused_bf16={"0": False, "off": False, "1": True, "on": True}.get(get("SCL_FUSED_BF16")),
                    cuda_graph=get("SCL_CUDA_GRAPH") in ("1", "on", "true", "yes"))
 
     def to_dict(self) -> dict:

@@ -226,6 +226,14 @@ def _is_bf16_model(model) -> bool:
     return w is not None and w.dtype == torch.bfloat16
 
 
+def bf16_in_step(ext, cfg) -> bool:
+    """Whether a bf16 model runs the fused step: as ``fused_bf16`` says, and when unset everywhere but on a CPU with
+    AMX-BF16 under an AVX-512 cap (there the PyTorch path's AMX kernel was measured; the step has no AMX kernel)."""
+    if cfg.fused_bf16 is not None:
+        return cfg.fused_bf16
+    return not (_build.cpu_isa(ext, cfg) == 2 and ext.has_amx_bf16())
+
+
 def _build_plan(model, ext):
     cfg = model.cfg
     beyond = [f for f in getattr(cfg, "features", lambda: ())() if f not in FUSED_FEATURES]
@@ -310,6 +318,9 @@ def fused_forward_rows(model, tokens: torch.Tensor, rows, cache, logits_at: Opti
     ext = _build._cpu_state["ext"] or _build.load_cpu_extension()
     if ext is None:
         return _decline("CPU extension not built")
+    if _is_bf16_model(model) and not bf16_in_step(ext, cfg):
+        return _decline("bf16 on an AMX host: the PyTorch path's AMX kernel (SCL_FUSED_BF16=1: the fused step)"
+                        if cfg.fused_bf16 is None else "bf16 model: KernelConfig.fused_bf16=False")
     plan, why = _plan_for(model, ext)
     if plan is None:
         return _decline(why)
