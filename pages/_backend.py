@@ -378,6 +378,7 @@ def finish_job(key: str, source: str) -> RemoteJob | None:
         st.session_state[f"{key}-reported"] = job.job_id
         if job.run_ids:
             _ui.set_current(job.keep_ids + job.run_ids, source)
+            st.rerun()  # the page above this section drew the previous comparison: its answer row first
     if job.error:
         st.error(job.error)
     for s in job.skipped:
