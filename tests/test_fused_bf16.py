@@ -201,3 +201,22 @@ def test_a_bf16_model_off_the_step_says_why(models):
     with ops.using(fused_bf16=False), ops.count_steps() as counts:
         model.forward_rows(IDS[:3], Rows.of([(0, 0, 3)], "cpu"), model.new_cache(1, 8))
     assert counts.fused == 0 and dict(counts.reasons) == {"bf16 model: KernelConfig.fused_bf16=False": 1}
+
+
+def test_a_quantized_model_holding_bf16_embeddings_is_not_a_bf16_model(models):
+    """A user's int4 checkpoint may hold its embedding (and a tied head) in bf16 as stored: it computes in fp32, so it
+    is not a bf16 model (its held head keeps fp32 semantics; a host where bf16 stays off the step keeps its step)."""
+    from engine.ops import fused
+    from engine.quant.layers import HalfEmbedding
+
+    assert fused._is_bf16_model(models("mistral", "bf16"))
+    model = models("mistral", "int4")
+    emb = model.model.embed_tokens
+    model.model.embed_tokens = HalfEmbedding(torch.nn.Parameter(emb.weight.detach().bfloat16(), requires_grad=False))
+    try:
+        assert not fused._is_bf16_model(model)
+        with ops.using(fused_bf16=False), ops.count_steps() as counts:
+            model.forward_rows(IDS[:3], Rows.of([(0, 0, 3)], "cpu"), model.new_cache(1, 8))
+        assert counts.fused == 1 and counts.reference == 0, counts.as_dict()
+    finally:
+        model.model.embed_tokens = emb

@@ -221,8 +221,9 @@ def _layer_norms(i: int, blk, bf16: bool) -> list[torch.Tensor]:
 
 
 def _is_bf16_model(model) -> bool:
-    """A model converted to bf16 (its embedding bf16): its bf16 linears and norms go into the plan."""
-    w = getattr(model.model.embed_tokens, "weight", None)
+    """A model converted to bf16 (it computes in bf16: its norms are bf16): its bf16 linears and norms go into the
+    plan. A quantized model holding a checkpoint's embedding or head in bf16 computes in fp32 and is not one."""
+    w = getattr(model.model.norm, "weight", None)
     return w is not None and w.dtype == torch.bfloat16
 
 
