@@ -16,8 +16,6 @@
 namespace scl {
 bool cpu_isa_supported(int64_t isa);  // qgemm.cpp
 
-namespace {
-
 bool has_avx512_bf16() {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_cpu_init();
@@ -26,6 +24,8 @@ bool has_avx512_bf16() {
   return false;
 #endif
 }
+
+namespace {
 
 bool has_f16c() {
 #if defined(__x86_64__) || defined(__i386__)

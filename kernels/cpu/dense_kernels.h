@@ -116,6 +116,8 @@ void dense_prep_x(const float* x, int64_t M, int64_t K, int64_t Kc, float* xp);
 void dense_rows(const DenseParams& p, int64_t n0, int64_t n1);
 void dense_rows_dp(const DenseParams& p, int64_t n0, int64_t n1);  // needs AVX512_BF16, bf16 w and x only
 }
+bool has_avx512_bf16();  // dense.cpp: AVX512_BF16 compiled in and on this CPU (VDPBF16PS can run)
+
 namespace amx {  // dense_amx.cpp: TDPBF16PS, bf16 w and x only; rows in blocks of AMX_ROWS (fixed by N)
 constexpr int AMX_ROWS = 32;
 bool available();  // AMX-TILE + AMX-BF16 + AVX512_BF16, and the OS lets this process use the tiles

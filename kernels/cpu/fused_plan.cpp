@@ -6,33 +6,18 @@
 namespace scl {
 namespace fused {
 
-namespace {
-
-bool cpu_has_avx512_bf16() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_cpu_init();
-  return avx512::dense_bf16_compiled() && __builtin_cpu_supports("avx512bf16");
-#else
-  return false;
-#endif
-}
-
-using SplitBf16 = void (*)(const uint16_t*, int64_t, int64_t, int64_t, float*);
-
-}  // namespace
-
 IsaFns isa_fns(int64_t isa, bool vnni) {
   if (isa == 2) {
-    const bool dp = cpu_has_avx512_bf16();
+    const bool dp = has_avx512_bf16();
     return {avx512::int8_tiles, avx512::int4_tiles, vnni ? avx512::int4q8_tiles : avx2::int4q8_tiles,
             avx512::prep_xp, avx512::prep_q8, avx512::rmsnorm, avx512::silu_mul, avx512::gelu_tanh_mul, avx512::rope,
             avx512::attention, avx512::add_inplace, dp ? avx512::dense_rows_dp : avx512::dense_rows,
-            dp ? nullptr : static_cast<SplitBf16>(avx512::dense_prep_x)};
+            dp ? nullptr : static_cast<DenseSplitFn>(avx512::dense_prep_x)};
   }
   if (isa == 1)
     return {avx2::int8_tiles, avx2::int4_tiles, avx2::int4q8_tiles, avx2::prep_xp, avx2::prep_q8,
             avx2::rmsnorm, avx2::silu_mul, avx2::gelu_tanh_mul, avx2::rope, avx2::attention, avx2::add_inplace,
-            avx2::dense_rows, static_cast<SplitBf16>(avx2::dense_prep_x)};
+            avx2::dense_rows, static_cast<DenseSplitFn>(avx2::dense_prep_x)};
   return {scalar::int8_tiles, scalar::int4_tiles, scalar::int4q8_tiles, scalar::prep_xp,
           scalar::prep_q8, scalar::rmsnorm, scalar::silu_mul, scalar::gelu_tanh_mul, scalar::rope, scalar::attention,
           scalar::add_inplace, scalar::dense_rows, nullptr};
