@@ -63,7 +63,9 @@ REQUANT, SHIPPED, F32 = "llama.cpp Q4_K_M (requantized from the reference)", \
 
 def requant_label(gguf_type: str) -> str:
     """A row of llama.cpp quantizing the reference's F32 GGUF to `gguf_type` (REQUANT for Q4_K_M)."""
-    return REQUANT if gguf_type == "Q4_K_M" else f"llama.cpp {gguf_type} (quantized from the reference)"
+    if gguf_type.removesuffix("-requant") == "Q4_K_M":
+        return REQUANT
+    return f"llama.cpp {gguf_type} (quantized from the reference)"
 
 
 # ---------------------------------------------------------------- the rows

@@ -174,6 +174,9 @@ def test_pipeline_writes_every_row_the_pick_and_the_files(tiny_run):
     assert set(rep["rows"]) == {qm.F32, qm.REQUANT, "ours int4-g32"} | imat
     assert rep["tokens"] == 96 and all(rep["positions"][k]["0"]["documents"] >= 2 for k in rep["rows"])
     assert Path(rep["gguf"]["Q4_K_M"]).exists() and Path(rep["gguf"]["F32"]).exists()
+    # llama-server's Q4_K_M-requant is this file (built once, one file under both names)
+    again = gguf_tools.reference_ggufs(rep["model"], Path(rep["folder"]), ("Q4_K_M" + gguf_tools.REQUANT,))
+    assert again["Q4_K_M-requant"] == again["Q4_K_M"] == Path(rep["gguf"]["Q4_K_M"])
     assert rep["match"]["pick"] in (None, "ours int4-g32")
     assert set(rep["match"]["matched"]) | set(rep["match"]["misses"]) == {"ours int4-g32"}
     assert len(rep["probe"]["modes"]) == 3
@@ -218,7 +221,7 @@ def test_llama_precisions_are_one_vocabulary_and_a_missing_tool_is_named(monkeyp
     from engine.common.errors import UserError
 
     assert tuple(servers.LLAMA_PRECISIONS) == peer.LLAMA_PRECISIONS == tuple(gguf_tools.LLAMA_PRECISIONS)
-    with pytest.raises(UserError, match="runs Q4_K_M, Q4_K_M-imatrix, IQ4_XS.*not 'Q4_K_Z'"):
+    with pytest.raises(UserError, match="runs Q4_K_M, Q4_K_M-requant, Q4_K_M-imatrix, IQ4_XS.*not 'Q4_K_Z'"):
         peer.PeerConfig.of(system="llama.cpp", precision="Q4_K_Z").validate()
     monkeypatch.setenv("SCL_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("PATH", str(tmp_path))

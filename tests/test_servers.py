@@ -27,7 +27,7 @@ def _alive(pid: int) -> bool:
 def test_specs_are_validated_with_the_fix():
     for spec, word in [(ServerSpec.of("tgi"), "unknown server"), (ServerSpec.of("url"), "needs its URL"),
                        (ServerSpec.of("llama-server", precision="int4"),
-                        "Q4_K_M, Q4_K_M-imatrix, IQ4_XS, IQ4_XS-imatrix, Q8_0, BF16"),
+                        "Q4_K_M, Q4_K_M-requant, Q4_K_M-imatrix, IQ4_XS, IQ4_XS-imatrix, Q8_0, BF16"),
                        (ServerSpec.of("vllm", draft="ngram"), "without a draft"),
                        (ServerSpec.of("vllm", precision="int4"), "AWQ or GPTQ checkpoint"),
                        (ServerSpec.of("llama-server", slots=0), "slots")]:

@@ -35,20 +35,25 @@ from pathlib import Path
 from engine.common.errors import UserError
 from engine.common.paths import cache_dir
 
-__all__ = ["CONVERTER_TYPES", "FTYPES", "IMATRIX", "LLAMA_CPP_VERSION", "LLAMA_PRECISIONS", "convert", "convert_f32",
-           "gguf_dir", "imatrix", "llama_cpp_source", "llama_gguf", "llama_precision_unavailable", "llama_tool",
-           "quantize", "reference_ggufs"]
+__all__ = ["CONVERTER_TYPES", "FTYPES", "IMATRIX", "LLAMA_CPP_VERSION", "LLAMA_PRECISIONS", "REQUANT", "convert",
+           "convert_f32", "gguf_dir", "imatrix", "llama_cpp_source", "llama_gguf", "llama_precision_unavailable",
+           "llama_tool", "quantize", "reference_ggufs"]
 
 LLAMA_CPP_VERSION = "0.3.36"  # the llama-cpp-python sdist whose vendored llama.cpp `make peers` builds
 
 FTYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K_S", "Q3_K_M", "Q3_K_L",
           "Q4_K_S", "Q4_K_M", "Q5_K_S", "Q5_K_M", "Q6_K", "IQ4_NL", "IQ4_XS")
 IMATRIX = "-imatrix"  # a type's suffix when it is quantized with an importance matrix: Q4_K_M-imatrix
+# Q4_K_M's suffix when llama.cpp quantizes the catalog weights itself (no matrix, llama-quantize's default), as a
+# user quantizing their own model would; plain "Q4_K_M" is the catalog GGUF as shipped
+REQUANT = "-requant"
 # llama.cpp's weights as the peers (llama-server, the llama-cpp-python peer) run them: the catalog GGUF as
 # shipped (Q4_K_M), or the same weights our engine quantizes (the catalog folder, Q4_K_M dequantized)
 # converted or quantized by llama.cpp's own tools (reference_ggufs, built once). The -imatrix types are
 # llama.cpp at its best: an importance matrix computed on the calibration text our GPTQ/AWQ read.
 LLAMA_PRECISIONS = {"Q4_K_M": "the catalog GGUF as shipped",
+                    "Q4_K_M" + REQUANT: "quantized by llama.cpp from the catalog weights without an importance "
+                                        "matrix (llama-quantize's default)",
                     "Q4_K_M" + IMATRIX: "quantized by llama.cpp from the catalog weights with an importance matrix "
                                         "(llama-imatrix on the calibration text)",
                     "IQ4_XS": "quantized by llama.cpp from the catalog weights (4.25 bits, non-linear grid)",
@@ -270,10 +275,11 @@ def reference_ggufs(name: str, folder: Path, types=("Q4_K_M",), progress=None) -
     """{type: the folder's weights as that GGUF} (built once). The converter writes CONVERTER_TYPES
     itself; the others are quantized by llama.cpp's quantizer from an F32 conversion, which is then
     returned too ("F32"). `<type>-imatrix`: quantized with llama-imatrix's matrix of that F32 GGUF on the
-    calibration text (returned too, as "imatrix")."""
+    calibration text (returned too, as "imatrix"). `Q4_K_M-requant` is the type Q4_K_M (one file, both names)."""
     say = progress or (lambda s: None)
     d = gguf_dir(name, folder)
     out: dict[str, Path] = {}
+    asked, types = types, tuple(dict.fromkeys(t.removesuffix(REQUANT) for t in types))
     for t in types:
         if t in CONVERTER_TYPES and t != "F32":
             if not (d / f"model-{t}.gguf").exists():
@@ -299,6 +305,7 @@ def reference_ggufs(name: str, folder: Path, types=("Q4_K_M",), progress=None) -
                 say(f"quantizing the F32 GGUF to {ftype} with llama.cpp's quantizer"
                     + (" and the importance matrix" if imat else ""))
             out[t] = quantize(f32, d / f"model-{t}.gguf", ftype, out["imatrix"] if imat else None)
+    out.update({t: out[t.removesuffix(REQUANT)] for t in asked})
     return out
 
 
