@@ -137,12 +137,16 @@ def test_fp32_bias_on_bf16_weights_and_leading_dims(ext):
 
 
 def test_rows_are_independent_of_m(ext):
-    """A row's output does not depend on the other rows of the call (m-blocking is per row)."""
-    w = torch.randn(45, 200).bfloat16()
-    x = torch.randn(9, 200).bfloat16()
-    for k in _kernels(ext, True):
-        alone = torch.cat([ext.dense_gemm(x[i:i + 1], w, None, k) for i in range(9)])
-        assert torch.equal(ext.dense_gemm(x, w, None, k), alone), dense.DENSE_KERNELS[k]
+    """A row's output does not depend on the other rows of the call (m-blocking is per row): K = 200 has a k
+    tail; K = 256 none (a whole 4 x 4 block's sums and rounding then run vectorized); 18 rows run the next rows'
+    prefetch; with no bias, an fp32 one and a bf16 one."""
+    for K, M in ((200, 9), (256, 18)):
+        w = torch.randn(45, K).bfloat16()
+        x = torch.randn(M, K).bfloat16()
+        for b in (None, torch.randn(45), torch.randn(45).bfloat16()):
+            for k in _kernels(ext, True):
+                alone = torch.cat([ext.dense_gemm(x[i:i + 1], w, b, k) for i in range(M)])
+                assert torch.equal(ext.dense_gemm(x, w, b, k), alone), (dense.DENSE_KERNELS[k], K, b)
 
 
 def test_unsupported_inputs_are_refused(ext):
@@ -164,6 +168,9 @@ def test_unsupported_inputs_are_refused(ext):
 
 
 def test_dispatch_threshold_dtypes_and_isa(ext, monkeypatch):
+    best = (4 if ext.has_amx_bf16() else 3) if ext.has_avx512_bf16() else int(ext.best_isa())
+    # the machine's row limit, measured now if this build has none yet (its timing calls are not the dispatch's)
+    dense.dense_rows(ext, config.kernel_config(), best, "bf16")
     calls = []
     real = ext.dense_gemm
     monkeypatch.setattr(ext, "dense_gemm", lambda *a: calls.append(a[3]) or real(*a))
@@ -177,7 +184,6 @@ def test_dispatch_threshold_dtypes_and_isa(ext, monkeypatch):
                 assert bool(calls) is used, M
                 if not used:
                     assert torch.equal(y, F.linear(x, w))
-    best = (4 if ext.has_amx_bf16() else 3) if ext.has_avx512_bf16() else int(ext.best_isa())
     calls.clear()
     dense.dense_linear(torch.randn(1, 64).bfloat16(), w)
     assert calls == [best]

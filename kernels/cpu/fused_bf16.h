@@ -18,7 +18,8 @@ namespace scl {
 namespace fused {
 
 // Rows of one input prepared for bf16 consumers: rounded to bf16 ([rows][K]), and for the shift/FMA
-// kernels (AVX2, AVX-512 without BF16) the even/odd-split fp32 copy of those bf16 values ([rows][K]).
+// kernels (AVX2, AVX-512 without BF16) the even/odd-split fp32 copy of those bf16 values ([rows][K]), made
+// by the first step that runs those kernels (VDPBF16PS reads xb: the copy would be twice xb's bytes unread).
 struct BAct {
   int64_t K = 0;
   std::vector<uint16_t> xb;
@@ -26,7 +27,10 @@ struct BAct {
   void init(int64_t rows, int64_t k) {
     K = k;
     xb.assign((size_t)(rows * k), 0);
-    xs.assign((size_t)(rows * k), 0.f);
+    xs.clear();
+  }
+  void need_split() {  // before a step's threads start: never resized while they run
+    if (xs.size() != xb.size()) xs.assign(xb.size(), 0.f);
   }
 };
 

@@ -366,6 +366,11 @@ torch::Tensor fused_step(FusedPlan& P, torch::Tensor x_in, std::vector<int64_t> 
   }
 
   const IsaFns F = isa_fns(isa, vnni);
+  if (P.bf16 && F.dense_split) {  // the shift/FMA kernels read bf16 inputs split into fp32 halves
+    P.bact_o.need_split();
+    P.bact_d.need_split();
+    for (int64_t t = 0; t < nt; ++t) P.th[(size_t)t].bact.need_split();
+  }
   const bool prof = P.profiling;
   if (prof) {
     if (P.prof_threads < nt) {
