@@ -6,7 +6,7 @@
 # SCL_FUSED_BF16=0, the PyTorch path session 30 replaced), the prefill's phase profile, and the servers under vLLM's
 # client at concurrency 8 (session 30's workload), ours bf16 before, then after with vLLM's CPU bf16.
 # Clean checkouts (the servers build the extension from the working tree):
-#   git worktree add /tmp/w31/before 2bcdc32; git worktree add /tmp/w31/after 2229820  (.venv, .venv-vllm linked)
+#   git worktree add /tmp/w31/before 2bcdc32; git worktree add /tmp/w31/after cf36448 (2229820 plus this script)  (.venv, .venv-vllm linked)
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 before="${1:-/tmp/w31/before}"
