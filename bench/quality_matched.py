@@ -50,6 +50,7 @@ import torch  # noqa: E402
 from engine.common.errors import UserError  # noqa: E402
 from engine.measure import quality  # noqa: E402
 from engine.measure.kld import Scores  # noqa: E402
+from engine.peers import gguf_tools  # noqa: E402
 from engine.peers.gguf_tools import reference_ggufs  # noqa: E402
 from engine.quant.gguf_codes import gguf_name, hf_name  # noqa: E402
 
@@ -63,7 +64,7 @@ REQUANT, SHIPPED, F32 = "llama.cpp Q4_K_M (requantized from the reference)", \
 
 def requant_label(gguf_type: str) -> str:
     """A row of llama.cpp quantizing the reference's F32 GGUF to `gguf_type` (REQUANT for Q4_K_M)."""
-    if gguf_type.removesuffix("-requant") == "Q4_K_M":
+    if gguf_type.removesuffix(gguf_tools.REQUANT) == "Q4_K_M":
         return REQUANT
     return f"llama.cpp {gguf_type} (quantized from the reference)"
 
