@@ -28,6 +28,8 @@
 namespace scl {
 namespace amx {
 
+#include "dense_bf16_x86.h"
+
 namespace {
 
 constexpr int ARCH_REQ_XCOMP_PERM = 0x1023;  // Linux: ask for a dynamically enabled XSAVE feature
@@ -49,8 +51,8 @@ inline void configure() {
 }
 
 // y[m0 + j][n0 .. n0 + 16) for j < mn from a stored tile c[n][m]: the tile's column j gathered, bias added,
-// rounded to bf16 to nearest even with NaN kept quiet (float_to_bf16, 16 lanes at once). With k beyond the
-// last whole 32 (K % 32) the scalar dense_finish adds the tail first.
+// rounded to bf16 to nearest even with NaN kept quiet (bf16_round16: float_to_bf16, 16 lanes at once). With k
+// beyond the last whole 32 (K % 32) the scalar dense_finish adds the tail first.
 inline void finish_tile(const DenseParams& p, const float (*c)[16], int64_t n0, int64_t m0, int64_t mn) {
   if (p.Kc != p.K) {
     for (int i = 0; i < 16; ++i)
@@ -64,16 +66,10 @@ inline void finish_tile(const DenseParams& p, const float (*c)[16], int64_t n0, 
                        : _mm512_loadu_ps((const float*)p.bias + n0);
   const __m512i rows = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
                                           _mm512_set1_epi32(16));
-  const __m512i abs_mask = _mm512_set1_epi32(0x7FFFFFFF), inf = _mm512_set1_epi32(0x7F800000);
   for (int64_t j = 0; j < mn; ++j) {
     const __m512 v = _mm512_add_ps(_mm512_i32gather_ps(_mm512_add_epi32(rows, _mm512_set1_epi32((int)j)), &c[0][0], 4),
                                    bias);
-    const __m512i u = _mm512_castps_si512(v);
-    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF))), 16);
-    const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, abs_mask), inf);
-    r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40)));
-    _mm256_storeu_si256((__m256i*)((uint16_t*)p.y + (m0 + j) * p.N + n0), _mm512_cvtepi32_epi16(r));
+    _mm256_storeu_si256((__m256i*)((uint16_t*)p.y + (m0 + j) * p.N + n0), bf16_round16(v));
   }
 }
 

@@ -14,6 +14,8 @@
 namespace scl {
 namespace avx512 {
 
+#include "dense_bf16_x86.h"
+
 // One output's sum of its 16 lanes, in GCC's _mm512_reduce_add_ps order written out (so it does not hang on a
 // compiler's choice): lanes at distance 8, then 4, then 2, then 1.
 static inline float hsum1(__m512 v) {
@@ -55,15 +57,8 @@ static inline void finish4x4(const DenseParams& p, int64_t n0, int64_t m0, __m51
     s = _mm512_add_ps(s, _mm512_broadcast_f32x4(b));
   }
   if (p.io_bf16 && !p.y_f32) {
-    const __m512i u = _mm512_castps_si512(s);
-    const __m512i rne = _mm512_srli_epi32(
-        _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7FFF)),
-                         _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1))), 16);
-    const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7FFFFFFF)),
-                                                  _mm512_set1_epi32(0x7F800000));
-    const __m512i h = _mm512_mask_or_epi32(rne, nan, _mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
     alignas(32) uint16_t o[16];
-    _mm256_store_si256((__m256i*)o, _mm512_cvtepi32_epi16(h));
+    _mm256_store_si256((__m256i*)o, bf16_round16(s));
     for (int m = 0; m < 4; ++m) std::memcpy((uint16_t*)p.y + (m0 + m) * p.N + n0, o + 4 * m, 8);
   } else {
     alignas(64) float o[16];
@@ -79,7 +74,7 @@ struct DOps {
   static inline V zero() { return _mm512_setzero_ps(); }
   static inline V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
   static inline V loadf(const float* p) { return _mm512_loadu_ps(p); }
-  static inline float hsum(V v) { return _mm512_reduce_add_ps(v); }
+  static inline float hsum(V v) { return hsum1(v); }
   static inline void prefetch(const char* p) { _mm_prefetch(p, _MM_HINT_T0); }
   static inline void split_bf16(const uint16_t* p, V& a, V& b) {
     const __m512i v = _mm512_loadu_si512((const void*)p);
