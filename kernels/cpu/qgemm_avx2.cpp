@@ -52,64 +52,80 @@ bool compiled() { return true; }
 // Then the same centring and scaling as the VNNI kernel (qgemm_avx512.cpp): identical integers.
 constexpr int MBQ = 5;   // 2*MBQ accumulators + 5 temporaries fit the 16 ymm registers
 
-template <int MB>
+// NV 8-row slices at once (NV * MB <= 4): with few activation rows (decode's one) each activation broadcast
+// then serves NV weight vectors and each k step reads NV * 32 contiguous bytes, which is what bounds this kernel
+// on CPUs without VNNI (its instructions, not memory: session 31's hot/cold profile). Each slice's float steps are
+// the same, in the same order, as with NV = 1: identical outputs.
+template <int MB, int NV>
 static inline void uk4q8(const uint32_t* __restrict w, int64_t nb, const int8_t* __restrict xq,
                          int64_t ldq, const float* __restrict sx, const int32_t* __restrict bsum,
                          int64_t ldsx, const float* __restrict xs, int64_t ldxs,
                          const uint16_t* __restrict sm, float* __restrict C) {
   const __m256i mask = _mm256_set1_epi8(0x0F);
   const __m256i ones = _mm256_set1_epi16(1);
-  __m256 accg[MB];
-  for (int m = 0; m < MB; ++m) accg[m] = _mm256_setzero_ps();
+  __m256 accg[MB][NV];
+  for (int m = 0; m < MB; ++m)
+    for (int n = 0; n < NV; ++n) accg[m][n] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
-    __m256i acc16[MB];
-    for (int m = 0; m < MB; ++m) acc16[m] = _mm256_setzero_si256();
+    __m256i acc16[MB][NV];
+    for (int m = 0; m < MB; ++m)
+      for (int n = 0; n < NV; ++n) acc16[m][n] = _mm256_setzero_si256();
 #pragma GCC unroll 4
     for (int o = 0; o < 4; ++o) {
       const uint32_t* wo = w + (b * 4 + o) * TILE;
-      _mm_prefetch((const char*)wo + SCL_PF_BYTES, _MM_HINT_T0);
-      const __m256i q = _mm256_loadu_si256((const __m256i*)wo);
-      const __m256i lo = _mm256_and_si256(q, mask);
-      const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), mask);
+      for (int l = 0; l < NV * 32; l += 64)  // the cache lines of this k step's NV * 32 bytes
+        _mm_prefetch((const char*)(wo + l / 4) + SCL_PF_BYTES, _MM_HINT_T0);
       const int8_t* xo = xq + (b * 4 + o) * 8;
+#pragma GCC unroll 4
+      for (int n = 0; n < NV; ++n) {
+        const __m256i q = _mm256_loadu_si256((const __m256i*)(wo + 8 * n));
+        const __m256i lo = _mm256_and_si256(q, mask);
+        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), mask);
 #pragma GCC unroll 8
-      for (int m = 0; m < MB; ++m) {
-        int32_t x0, x1;
-        __builtin_memcpy(&x0, xo + m * ldq, 4);
-        __builtin_memcpy(&x1, xo + m * ldq + 4, 4);
-        const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_set1_epi32(x0)),
-                                           _mm256_maddubs_epi16(hi, _mm256_set1_epi32(x1)));
-        acc16[m] = _mm256_add_epi16(acc16[m], p);
+        for (int m = 0; m < MB; ++m) {
+          int32_t x0, x1;
+          __builtin_memcpy(&x0, xo + m * ldq, 4);
+          __builtin_memcpy(&x1, xo + m * ldq + 4, 4);
+          const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_set1_epi32(x0)),
+                                             _mm256_maddubs_epi16(hi, _mm256_set1_epi32(x1)));
+          acc16[m][n] = _mm256_add_epi16(acc16[m][n], p);
+        }
       }
     }
 #pragma GCC unroll 8
     for (int m = 0; m < MB; ++m) {
-      const __m256i i32 = _mm256_madd_epi16(acc16[m], ones);
-      const __m256i c = _mm256_sub_epi32(i32, _mm256_set1_epi32(8 * bsum[m * ldsx + b]));
-      accg[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(c), _mm256_set1_ps(sx[m * ldsx + b]), accg[m]);
+      const __m256i b8 = _mm256_set1_epi32(8 * bsum[m * ldsx + b]);
+      const __m256 sxm = _mm256_set1_ps(sx[m * ldsx + b]);
+      for (int n = 0; n < NV; ++n) {
+        const __m256i c = _mm256_sub_epi32(_mm256_madd_epi16(acc16[m][n], ones), b8);
+        accg[m][n] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(c), sxm, accg[m][n]);
+      }
     }
   }
-  const __m256 s = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)sm));
-  const __m256 mn = _mm256_fmadd_ps(s, _mm256_set1_ps(8.f),
-                                    _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(sm + TILE))));
+  for (int n = 0; n < NV; ++n) {
+    const __m256 s = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(sm + 8 * n)));
+    const __m256 mn = _mm256_fmadd_ps(s, _mm256_set1_ps(8.f),
+                                      _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(sm + TILE + 8 * n))));
 #pragma GCC unroll 8
-  for (int m = 0; m < MB; ++m) {
-    float* c = C + m * TILE;
-    __m256 cv = _mm256_fmadd_ps(accg[m], s, _mm256_loadu_ps(c));
-    cv = _mm256_fmadd_ps(mn, _mm256_set1_ps(xs[m * ldxs]), cv);
-    _mm256_storeu_ps(c, cv);
+    for (int m = 0; m < MB; ++m) {
+      float* c = C + m * TILE + 8 * n;
+      __m256 cv = _mm256_fmadd_ps(accg[m][n], s, _mm256_loadu_ps(c));
+      cv = _mm256_fmadd_ps(mn, _mm256_set1_ps(xs[m * ldxs]), cv);
+      _mm256_storeu_ps(c, cv);
+    }
   }
 }
 
 template <int MB>
 static void uk4q8_groups(const Int4Q8Params& p, const uint32_t* wt, const uint16_t* smt,
                          int64_t g0, int64_t g1, int64_t m0, float* C) {
+  constexpr int NV = MB == 1 ? 8 : MB == 2 ? 4 : MB <= 4 ? 2 : 1;
   const int64_t no = p.gs / 8, nb = p.gs / 32, nbk = p.Kp / 32;
   for (int64_t g = g0; g < g1; ++g)
-    for (int v = 0; v < TILE; v += 8)
-      uk4q8<MB>(wt + g * no * TILE + v, nb, p.xq + m0 * p.Kp + g * p.gs, p.Kp,
-                p.sx + m0 * nbk + g * nb, p.bsum + m0 * nbk + g * nb, nbk, p.xsum + m0 * p.G + g, p.G,
-                smt + g * 2 * TILE + v, C + m0 * TILE + v);
+    for (int v = 0; v < TILE; v += 8 * NV)
+      uk4q8<MB, NV>(wt + g * no * TILE + v, nb, p.xq + m0 * p.Kp + g * p.gs, p.Kp,
+                    p.sx + m0 * nbk + g * nb, p.bsum + m0 * nbk + g * nb, nbk, p.xsum + m0 * p.G + g, p.G,
+                    smt + g * 2 * TILE + v, C + m0 * TILE + v);
 }
 
 void int4q8_tiles(const Int4Q8Params& p, int64_t tb, int64_t te) {
