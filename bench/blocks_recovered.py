@@ -63,16 +63,15 @@ def compare(ref_raw, req_raw, req_kind: str, n: int, k: int) -> dict[str, int]:
 
 
 def run(model: str, progress=print, llama_type: str = "Q4_K_M") -> dict:
-    from gguf import GGUFReader
+    from engine.quant.gguf_file import read_gguf
 
     t0 = time.time()
     folder = catalog.resolve(model)
-    shipped = GGUFReader(str(catalog.gguf_path(model)))
-    requant = GGUFReader(str(reference_ggufs(catalog.canonical_name(model), Path(folder), (llama_type,),
-                                             progress)[llama_type]))
-    req = {t.name: t for t in requant.tensors}
+    shipped = read_gguf(catalog.gguf_path(model))
+    req = read_gguf(reference_ggufs(catalog.canonical_name(model), Path(folder), (llama_type,),
+                                    progress)[llama_type]).tensors
     kinds: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
-    for t in shipped.tensors:
+    for t in shipped.tensors.values():
         if t.tensor_type.name != "Q4_K":
             continue
         k, n = (int(x) for x in t.shape)

@@ -52,6 +52,7 @@ from engine.measure import quality  # noqa: E402
 from engine.measure.kld import Scores  # noqa: E402
 from engine.peers import gguf_tools  # noqa: E402
 from engine.peers.gguf_tools import reference_ggufs  # noqa: E402
+from engine.quant.gguf_file import gguf_tensor_types, read_gguf  # noqa: E402
 from engine.quant.gguf_codes import gguf_name, hf_name  # noqa: E402
 
 F32_MAX_KLD = 1e-3  # the F32 GGUF through llama.cpp against the reference: above this, something differs
@@ -105,7 +106,6 @@ def weights_equal(gguf: Path, folder: Path) -> dict:
     difference per GGUF type, and the tensors that differ. The shipped GGUF against the reference folder
     says whether llama.cpp runs exactly the reference's weights (then its KL is arithmetic, not weights)."""
     import numpy as np
-    from gguf import GGUFReader
     from gguf.quants import dequantize
     from safetensors import safe_open
 
@@ -115,7 +115,7 @@ def weights_equal(gguf: Path, folder: Path) -> dict:
         with safe_open(str(f), "pt") as h:
             where.update({k: f for k in h.keys()})
     worst, differ = {}, []
-    for t in GGUFReader(str(gguf)).tensors:
+    for t in read_gguf(gguf).tensors.values():
         name = hf_name(t.name)
         if name not in where:
             differ.append(f"{t.name}: no {name} in the folder")
@@ -131,13 +131,6 @@ def weights_equal(gguf: Path, folder: Path) -> dict:
 
 
 # ---------------------------------------------------------------- the position-0 probe
-
-def _gguf_types(gguf: Path) -> dict[str, str]:
-    """{tensor name: GGUF type name} of a GGUF file."""
-    from gguf import GGUFReader
-
-    return {t.name: t.tensor_type.name for t in GGUFReader(str(gguf)).tensors}
-
 
 def act_block(gguf_type: str) -> int | None:
     """The block llama.cpp's CPU backend rounds a matmul's activations in, for weights of this GGUF type:
@@ -351,7 +344,7 @@ def run(model: str, tokens: int, out_dir: Path | None, command: str, *, group_si
     rep["gguf"] = {t: str(p) for t, p in ggufs.items()}
     # the probe needs the fp32 model: run it now and free the model after
     if probe:
-        types = _gguf_types(ggufs["Q4_K_M"])
+        types = gguf_tensor_types(ggufs["Q4_K_M"])
         pdocs = docs if probe_tokens is None else eval_docs(load_tokenizer(folder), probe_tokens)
         rep["probe"] = {"prefix": probe_prefix, "documents": len(pdocs), "q4_k_m_types": _count(types),
                         "modes": activation_probe(fp32, pdocs, probe_blocks(fp32, types), prefix=probe_prefix)}

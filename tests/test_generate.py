@@ -69,3 +69,28 @@ def test_over_long_request_refused(small_int4):
 def test_sampling_params_validated(bad):
     with pytest.raises(UserError):
         SamplingParams(**{"temperature": 1.0, **bad}).validate()
+
+
+def test_a_folders_tokenizer_is_parsed_once_and_again_when_its_files_change(tmp_path):
+    """load_tokenizer shares one parse per folder within a process, and parses again when a tokenizer file
+    changes (a saved chat template must not be served from the old parse)."""
+    import json
+    import os
+
+    from engine.infer.loader import load_tokenizer
+    from tests import families
+
+    folder = families.build("qwen2", tmp_path / "m")
+    first = load_tokenizer(folder)
+    assert load_tokenizer(folder) is first and load_tokenizer(str(folder) + "/") is first
+    (folder / "model.safetensors").touch()  # weights are not the tokenizer
+    assert load_tokenizer(folder) is first
+    cfg_path = folder / "tokenizer_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["chat_template"] = "{% for m in messages %}[{{ m['content'] }}]{% endfor %}"
+    cfg_path.write_text(json.dumps(cfg))
+    st = cfg_path.stat()
+    os.utime(cfg_path, ns=(st.st_atime_ns, st.st_mtime_ns + 1))  # a changed file even on a coarse clock
+    again = load_tokenizer(folder)
+    assert again is not first
+    assert again.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False) == "[hi]"

@@ -195,21 +195,21 @@ def test_imatrix_row_is_llama_cpp_quantizing_with_its_importance_matrix_of_the_c
     if "imatrix" not in rep["gguf"]:
         pytest.skip("llama-imatrix/llama-quantize not built (make peers)")
     import numpy as np
-    from gguf import GGUFReader
 
     from engine.infer.calibrate import CALIBRATION_SET, DEFAULT_TOKENS
+    from engine.quant.gguf_file import read_gguf
 
     im = Path(rep["gguf"]["imatrix"])
     assert im.name == f"imatrix-{CALIBRATION_SET}-{DEFAULT_TOKENS}.gguf" and im.exists()
     text = im.with_suffix(".txt").read_text()
     assert text == gguf_tools.calibration_text(root / "tiny-qwen2", DEFAULT_TOKENS)  # what GPTQ/AWQ read
     imat_gguf = Path(rep["gguf"]["F32"]).with_name("model-Q4_K_M-imatrix.gguf")
-    r = GGUFReader(str(imat_gguf))
-    stored = bytes(r.fields["quantize.imatrix.file"].parts[-1]).decode()
+    r = read_gguf(imat_gguf)
+    stored = r.metadata["quantize.imatrix.file"]
     # llama-quantize keeps the path's first 127 bytes (seen: a 131-byte path stored cut after ".g")
     assert str(im).startswith(stored) and len(stored) >= min(len(str(im)), 127)
-    plain = {t.name: t for t in GGUFReader(rep["gguf"]["Q4_K_M"]).tensors}
-    differ = [t.name for t in r.tensors if t.name in plain and t.tensor_type == plain[t.name].tensor_type
+    plain = read_gguf(rep["gguf"]["Q4_K_M"]).tensors
+    differ = [t.name for t in r.tensors.values() if t.name in plain and t.tensor_type == plain[t.name].tensor_type
               and t.tensor_type.name not in ("F32", "F16", "Q8_0") and not np.array_equal(t.data, plain[t.name].data)]
     assert len(differ) >= 10, "the importance matrix changed too few 4-5-bit tensors"
     row = rep["rows"][qm.requant_label("Q4_K_M-imatrix")]

@@ -16,7 +16,7 @@ from engine.planner.counts import (decode_read_bytes, kv_bytes_per_token, linear
                                    weight_bytes, weight_bytes_breakdown)
 from engine.planner.shapes import get_model, load_models  # noqa: E402
 from engine.quant.accounting import state_dict_bytes, state_dict_param_count  # noqa: E402
-from engine.peers.gguf_tools import gguf_tensor_shapes  # noqa: E402
+from engine.quant.gguf_file import gguf_tensor_shapes  # noqa: E402
 from engine.planner.hf_config import shape_from_hf_config  # noqa: E402
 
 MODELS = load_models()
@@ -285,6 +285,51 @@ def test_gguf_header_of_the_lab_default_models(pkg, name):
     assert total == param_count(m) + extra
 
 
+def test_gguf_header_reader_gives_gguf_readers_names_shapes_and_types(tmp_path):
+    """gguf_tools reads tensor names, shapes and ggml types from the header alone, skipping every kind of
+    metadata (strings, string and number arrays, scalars): the same as gguf's own GGUFReader."""
+    import numpy as np
+    from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter
+
+    from engine.common.errors import UserError
+    from engine.quant.gguf_file import gguf_tensor_types, read_gguf
+
+    path = tmp_path / "t.gguf"
+    w = GGUFWriter(str(path), "qwen2")
+    w.add_uint32("qwen2.block_count", 1)
+    w.add_float32("qwen2.rope.freq_base", 1e6)
+    w.add_bool("x.flag", True)
+    w.add_token_list(["a", "bc", "\u0120d", ""])
+    w.add_array("x.ints", [1, 2, 3])
+    w.add_array("x.floats", [0.5, 1.5])
+    rng = np.random.default_rng(0)
+    w.add_tensor("a.weight", rng.standard_normal((3, 64)).astype(np.float32))
+    w.add_tensor("b.weight", rng.standard_normal((2, 32)).astype(np.float16))
+    w.add_tensor("c.weight", rng.integers(0, 256, (2, 68), dtype=np.uint8),  # 2 rows x 64: Q8_0's 34-byte blocks
+                 raw_dtype=GGMLQuantizationType.Q8_0)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    reader = GGUFReader(str(path))
+    assert gguf_tensor_types(path) == {t.name: t.tensor_type.name for t in reader.tensors} == {
+        "a.weight": "F32", "b.weight": "F16", "c.weight": "Q8_0"}
+    assert gguf_tensor_shapes(path) == {t.name: tuple(int(d) for d in t.shape) for t in reader.tensors} == {
+        "a.weight": (64, 3), "b.weight": (32, 2), "c.weight": (64, 2)}
+    got = read_gguf(path)  # the data as GGUFReader gives it: dtype, shape (outermost first) and values
+    for t in reader.tensors:
+        mine = got.tensors[t.name]
+        assert mine.tensor_type == t.tensor_type and mine.shape == tuple(int(d) for d in t.shape)
+        assert mine.data.dtype == t.data.dtype and mine.data.shape == t.data.shape
+        assert np.array_equal(mine.data, t.data)
+    assert got.metadata["general.architecture"] == "qwen2" and got.metadata["qwen2.block_count"] == 1
+    assert got.metadata["tokenizer.ggml.tokens"] == 4 and got.metadata["x.flag"] is True
+    cut = tmp_path / "cut.gguf"  # a file cut short is refused naming the tensor, not read as garbage
+    cut.write_bytes(path.read_bytes()[:-64])  # past the alignment padding, into c.weight's 136 bytes
+    with pytest.raises(UserError, match="tensor c.weight runs past the end of the file"):
+        read_gguf(cut)
+
+
 def _safetensors_shapes(folder: Path) -> dict[str, tuple[int, ...]]:
     """Tensor shapes from safetensors headers, without reading the weights."""
     from safetensors import safe_open
@@ -331,12 +376,14 @@ def test_int4_mixed_holds_at_int8_exactly_the_tensors_the_shipped_q4_k_m_gives_m
     """The planner's int4-mixed is what our int4-gguf reads from the 1.5B's Q4_K_M: attn_v and ffn_down in as many
     layers as llama.cpp's more-bits rule picks are 6-bit (int8 in ours), every other block linear Q4_K (int4).
     (The shipped file picked other layers than the rule does, 14 of 28 either way: the bytes are the same.)"""
-    gguf = pytest.importorskip("gguf")
+    pytest.importorskip("gguf")
     from engine.infer import catalog
+    from engine.quant.gguf_file import read_gguf
 
     m = MODELS["qwen2.5-coder-1.5b"]
-    r = gguf.GGUFReader(str(catalog.gguf_path("qwen2.5-coder-1.5b")))
-    linears = {t.name: t.tensor_type.name for t in r.tensors if t.name.startswith("blk.") and len(t.shape) == 2}
+    r = read_gguf(catalog.gguf_path("qwen2.5-coder-1.5b"))
+    linears = {t.name: t.tensor_type.name for t in r.tensors.values()
+               if t.name.startswith("blk.") and len(t.shape) == 2}
     assert len(linears) == 7 * m.layers
     more = [n.split(".")[2] for n, t in linears.items() if t != "Q4_K"]
     assert sorted(more) == ["attn_v"] * 14 + ["ffn_down"] * 14 and counts.more_bits_layers(m.layers) == 14

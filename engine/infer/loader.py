@@ -51,10 +51,24 @@ def resolve_device(device: str | None) -> str:
     return device
 
 
+_TOKENIZERS: dict = {}  # (folder, its files' stamps) -> tokenizer: a Qwen tokenizer takes about a second to parse
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf", ".pt", ".pth")
+
+
 def load_tokenizer(folder: Path):
+    """The folder's tokenizer, parsed once per process while the folder's files are unchanged (name, size and
+    mtime of every file but the weights). Shared by every caller in the process: never change it."""
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(str(folder))
+    folder = Path(folder).resolve()
+    stamp = tuple((f.name, st.st_size, st.st_mtime_ns) for f in sorted(folder.iterdir())
+                  if f.is_file() and f.suffix not in _WEIGHT_SUFFIXES for st in (f.stat(),))
+    key = (str(folder), stamp)
+    if key not in _TOKENIZERS:
+        if len(_TOKENIZERS) >= 4:  # a few folders at a time (the target's and the draft's), not every one ever seen
+            _TOKENIZERS.pop(next(iter(_TOKENIZERS)))
+        _TOKENIZERS[key] = AutoTokenizer.from_pretrained(str(folder))
+    return _TOKENIZERS[key]
 
 
 def _release_source(model) -> None:

@@ -11,7 +11,6 @@
 - imatrix(gguf, dest, tokenizer_folder): llama-imatrix's importance matrix of a GGUF, computed on the
   calibration text our GPTQ and AWQ read (engine.infer.calibrate), never on the text KLD or pass@1 score.
 - convert(folder, dest, ftype): the same converter writing F16, BF16 or Q8_0 itself.
-- gguf_tensor_shapes(path): tensor name -> shape from a GGUF header (the weights are not read).
 - reference_ggufs(name, folder, types): a model folder's weights as each type (converted, or quantized
   from the F32 conversion; `<type>-imatrix` with an importance matrix computed on that F32 GGUF), cached
   by what the weights are (quality.weights_fingerprint), not by their name.
@@ -24,11 +23,9 @@ shipped Q4_K_M: the same weights our engine quantizes, converted by llama.cpp).
 from __future__ import annotations
 
 import hashlib
-import math
 import os
 import subprocess
 import sys
-import struct
 import tarfile
 from pathlib import Path
 
@@ -36,8 +33,9 @@ from engine.common.errors import UserError
 from engine.common.paths import cache_dir
 
 __all__ = ["CONVERTER_TYPES", "FTYPES", "IMATRIX", "LLAMA_CPP_VERSION", "LLAMA_PRECISIONS", "REQUANT", "convert",
-           "convert_f32", "gguf_dir", "imatrix", "llama_cpp_source", "llama_gguf", "llama_precision_unavailable",
-           "llama_tool", "quantize", "reference_ggufs"]
+           "convert_f32", "gguf_dir", "imatrix",
+           "llama_cpp_source", "llama_gguf", "llama_precision_unavailable", "llama_tool", "quantize",
+           "reference_ggufs"]
 
 LLAMA_CPP_VERSION = "0.3.36"  # the llama-cpp-python sdist whose vendored llama.cpp `make peers` builds
 
@@ -313,60 +311,3 @@ def _calibration_tag() -> str:
     from engine.infer.calibrate import CALIBRATION_SET, DEFAULT_TOKENS
 
     return f"{CALIBRATION_SET}-{DEFAULT_TOKENS}"
-
-
-# ------------------------------------------------------------------ a GGUF header's tensor shapes
-
-_GGUF_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
-
-
-def gguf_tensor_shapes(path: str | Path) -> dict[str, tuple[int, ...]]:
-    """Tensor name -> shape from a GGUF file's header (only the header is read, so the first
-    chunk of a split file is enough). GGUF lists dimensions innermost first, as stored."""
-    with open(path, "rb") as f:
-        def rd(fmt):
-            return struct.unpack("<" + fmt, f.read(struct.calcsize(fmt)))
-
-        def rstr():
-            (n,) = rd("Q")
-            return f.read(n).decode("utf-8", "replace")
-
-        def skip_value(t):
-            if t == 8:
-                rstr()
-            elif t == 9:
-                (et,) = rd("I")
-                (n,) = rd("Q")
-                if et in _GGUF_SCALARS:
-                    f.seek(n * struct.calcsize(_GGUF_SCALARS[et]), 1)
-                else:
-                    for _ in range(n):
-                        skip_value(et)
-            else:
-                rd(_GGUF_SCALARS[t])
-
-        if f.read(4) != b"GGUF":
-            raise UserError(f"{path} is not a GGUF file",
-                            "pass a .gguf file (the first chunk of a split one is enough)")
-        (version,) = rd("I")
-        if version < 2:
-            raise UserError(f"{path}: GGUF version {version} is too old", "convert it again with a current llama.cpp")
-        (n_tensors,) = rd("Q")
-        (n_kv,) = rd("Q")
-        for _ in range(n_kv):
-            rstr()
-            (t,) = rd("I")
-            skip_value(t)
-        shapes: dict[str, tuple[int, ...]] = {}
-        for _ in range(n_tensors):
-            name = rstr()
-            (nd,) = rd("I")
-            dims = rd("Q" * nd)
-            rd("I")  # ggml type
-            rd("Q")  # data offset
-            shapes[name] = tuple(int(d) for d in dims)
-        return shapes
-
-
-def gguf_param_count(path: str | Path) -> int:
-    return sum(math.prod(s) for s in gguf_tensor_shapes(path).values())

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from engine.common.errors import UserError
+from engine.quant.gguf_file import read_gguf
 from engine.quant.gptq import pack_codes
 
 __all__ = ["GgufCodes", "read_gguf_codes", "decode_int4_blocks", "hf_name", "gguf_name", "INT4_TYPES", "INT8_TYPES"]
@@ -113,24 +114,17 @@ class GgufCodes:
                 f"{sum(self.types['int8'].values())} at int8 ({part(self.types['int8'])})")
 
 
-def _arch(reader) -> str:
-    f = reader.fields.get("general.architecture")
-    return bytes(f.parts[-1]).decode() if f is not None else "?"
-
-
 def read_gguf_codes(path: Path, model, check: bool = True) -> GgufCodes:
     """The int4 codes of `model`'s linears from the GGUF it was converted from. With `check`, each int4
     tensor's codes must reproduce the model's fp32 weight (within the fp16 rounding of its scales): a GGUF
     that is not the folder's is refused, never run as if it were."""
-    from gguf import GGUFReader
-
-    reader = GGUFReader(str(path))
-    arch = _arch(reader)
+    gguf = read_gguf(path)
+    arch = gguf.metadata.get("general.architecture", "?")
     if arch not in READ_ARCHS:
         raise UserError(f"{Path(path).name}: int4-gguf reads {', '.join(READ_ARCHS)} GGUFs; this one is {arch!r} "
                         "(llama.cpp's converter permutes its q/k rows)",
                         "load it at int4-gptq or int4 (requantized from its weights), or int8")
-    tensors = {t.name: t for t in reader.tensors}
+    tensors = gguf.tensors
     out = GgufCodes()
     names = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
     for name in names:
