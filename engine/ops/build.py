@@ -1,7 +1,7 @@
 """Building and loading the C++ and CUDA extensions (kernels/cpu, kernels/cuda): lazy, cached, never fatal.
 
 The first use builds with torch.utils.cpp_extension (about a minute on 2 cores) into
-``<cache_dir>/kernels/<kind>-torch<ver>-py<ver>-<hash of the sources>`` (``SCL_KERNEL_CACHE``
+``<cache_dir>/kernels/<kind>-torch<ver>-py<ver>-<hash of the sources and their folder>`` (``SCL_KERNEL_CACHE``
 overrides the root, a temp dir is used if it is not writable; ``SCL_KERNEL_VERBOSE=1`` shows the
 compiler). A failed build is caught: the engine runs on PyTorch and `backend_info()` says why.
 """
@@ -51,7 +51,10 @@ def _cache_root() -> Path:
 
 
 def _build_dir(kind: str, files: list[Path]) -> Path:
+    """One build dir per source tree and content: torch's ninja file names the sources by path, so two checkouts
+    sharing one dir would each rebuild everything (75 s here) whenever the other built last."""
     h = hashlib.sha1()
+    h.update(str(files[0].resolve().parent).encode())
     for f in files:
         h.update(f.name.encode())
         h.update(f.read_bytes())
