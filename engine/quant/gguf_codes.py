@@ -161,15 +161,22 @@ def read_gguf_codes(path: Path, model, check: bool = True) -> GgufCodes:
 
 
 def _check_codes(codes, w: torch.Tensor, what: str) -> None:
-    from engine.ops.formats import dequantize_int4
+    from engine.ops.formats import unpack_int4
 
     packed, scales, mins = codes
-    got = dequantize_int4(packed, scales, mins, w.shape[1])
+    N, G = scales.shape
+    s, m = scales.float()[:, :, None], mins.float()[:, :, None]
+    q = unpack_int4(packed).view(N, G, 32).float()  # int4-gguf's groups are llama.cpp's blocks of 32
+    # dequantize_int4's values (q * scale, then + min, in fp32), compared group by group in place (llama.cpp's
+    # 4-bit rows are whole blocks: K = 32 G)
+    diff = q.mul_(s).add_(m).sub_(w.float().view(N, G, 32)).abs_()
     # fp16 scales and mins: a weight moves by at most ~2^-11 of (15 |scale| + |min|), far below one step
-    bound = (15 * scales.float().abs() + mins.float().abs()).repeat_interleave(32, 1)[:, :w.shape[1]] * 2 ** -10
-    bad = (got - w.float()).abs() > bound + 1e-12
+    bound = (15 * s.abs() + m.abs()) * 2 ** -10 + 1e-12
+    bad = diff > bound
     if bool(bad.any()):
-        r, c = (int(i) for i in bad.nonzero()[0])
-        raise UserError(f"{what} does not hold the model's weight: row {r} column {c} is {float(got[r, c]):.6g} "
+        r, g, j = (int(i) for i in bad.nonzero()[0])
+        c = g * 32 + j
+        got = float(unpack_int4(packed[r:r + 1])[0, c].float() * s[r, g, 0] + m[r, g, 0])
+        raise UserError(f"{what} does not hold the model's weight: row {r} column {c} is {got:.6g} "
                         f"in the GGUF and {float(w[r, c]):.6g} in the folder",
                         "give the GGUF this folder was converted from (the catalog's own, for catalog models)")
