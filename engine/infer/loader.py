@@ -60,6 +60,8 @@ def load_tokenizer(folder: Path):
     mtime of every file but the weights). Shared by every caller in the process: never change it."""
     from transformers import AutoTokenizer
 
+    if not Path(folder).is_dir():  # a hub id (online users): transformers resolves and caches it itself
+        return AutoTokenizer.from_pretrained(str(folder))
     folder = Path(folder).resolve()
     stamp = tuple((f.name, st.st_size, st.st_mtime_ns) for f in sorted(folder.iterdir())
                   if f.is_file() and f.suffix not in _WEIGHT_SUFFIXES for st in (f.stat(),))

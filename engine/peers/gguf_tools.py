@@ -33,9 +33,8 @@ from engine.common.errors import UserError
 from engine.common.paths import cache_dir
 
 __all__ = ["CONVERTER_TYPES", "FTYPES", "IMATRIX", "LLAMA_CPP_VERSION", "LLAMA_PRECISIONS", "REQUANT", "convert",
-           "convert_f32", "gguf_dir", "imatrix",
-           "llama_cpp_source", "llama_gguf", "llama_precision_unavailable", "llama_tool", "quantize",
-           "reference_ggufs"]
+           "convert_f32", "gguf_dir", "imatrix", "llama_cpp_source", "llama_gguf", "llama_precision_unavailable",
+           "llama_tool", "quantize", "reference_ggufs"]
 
 LLAMA_CPP_VERSION = "0.3.36"  # the llama-cpp-python sdist whose vendored llama.cpp `make peers` builds
 
