@@ -47,9 +47,9 @@ class _Header:
         self.buf, self.pos, self.path = buf, 0, path
 
     def read(self, fmt: str):
-        v = struct.unpack_from("<" + fmt, self.buf, self.pos)
+        (v,) = struct.unpack_from("<" + fmt, self.buf, self.pos)
         self.pos += struct.calcsize("<" + fmt)
-        return v if len(v) > 1 else v[0]
+        return v
 
     def string(self) -> str:
         n = self.read("Q")
@@ -91,17 +91,28 @@ def _tensor_infos(h: _Header, path) -> tuple[dict, list]:
     infos = []
     for _ in range(n_tensors):
         name, nd = h.string(), h.read("I")
-        dims = h.read("Q" * nd) if nd else ()
-        dims = (dims,) if isinstance(dims, int) else dims
-        infos.append((name, tuple(int(d) for d in dims), h.read("I"), h.read("Q")))
+        dims = tuple(h.read("Q") for _ in range(nd))
+        infos.append((name, dims, h.read("I"), h.read("Q")))
     return meta, infos
+
+
+def _parse(path: str | Path) -> tuple[_Header, dict, list]:
+    """The header parsed from a memory map of the file: only the pages it touches are read (the first chunk of a
+    split file is enough)."""
+    if Path(path).stat().st_size < 4:
+        raise UserError(f"{path} is not a GGUF file", "pass a .gguf file (the first chunk of a split one is enough)")
+    h = _Header(np.memmap(str(path), dtype=np.uint8, mode="r"), path)
+    try:
+        meta, infos = _tensor_infos(h, path)
+    except struct.error:
+        raise UserError(f"{path}: the GGUF header is cut short", "download or convert the file again") from None
+    return h, meta, infos
 
 
 def read_gguf(path: str | Path) -> GgufFile:
     """The file's metadata and tensors; the data stays on disk until read."""
-    buf = np.memmap(str(path), dtype=np.uint8, mode="r")
-    h = _Header(buf, path)
-    meta, infos = _tensor_infos(h, path)
+    h, meta, infos = _parse(path)
+    buf = h.buf
     align = int(meta.get("general.alignment", 32))
     start = h.pos + (-h.pos % align)
     tensors = {}
@@ -126,28 +137,13 @@ def read_gguf(path: str | Path) -> GgufFile:
     return GgufFile(meta, tensors)
 
 
-def _header_only(path: str | Path) -> tuple[dict, list]:
-    """Metadata and tensor infos, reading only the header (the first chunk of a split file is enough)."""
-    with open(path, "rb") as f:
-        size = 1 << 20
-        while True:  # the header is a few MB (the vocabulary's arrays): grow the read until it parses
-            f.seek(0)
-            head = f.read(size)
-            try:
-                return _tensor_infos(_Header(memoryview(head), path), path)
-            except struct.error:
-                if len(head) < size:
-                    raise UserError(f"{path}: the GGUF header is cut short", "download or convert the file again")
-                size *= 4
-
-
 def gguf_tensor_shapes(path: str | Path) -> dict[str, tuple[int, ...]]:
     """Tensor name -> shape (innermost first, as stored) from the header alone."""
-    return {name: dims for name, dims, _, _ in _header_only(path)[1]}
+    return {name: dims for name, dims, _, _ in _parse(path)[2]}
 
 
 def gguf_tensor_types(path: str | Path) -> dict[str, str]:
     """Tensor name -> ggml type name (Q4_K, F32, ...) from the header alone."""
     from gguf import GGMLQuantizationType
 
-    return {name: GGMLQuantizationType(t).name for name, _, t, _ in _header_only(path)[1]}
+    return {name: GGMLQuantizationType(t).name for name, _, t, _ in _parse(path)[2]}
