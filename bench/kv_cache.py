@@ -42,7 +42,7 @@ def capacity(a) -> list[str]:
     lm = ModelPool(keep=1).get(a.big, make_spec("fp32"), "cpu")
     cfg, rows, fits = lm.model.cfg, [], {}
     for kv in ("fp32", "bf16", "int8"):
-        n = blocks_in_budget(cfg, 64, kv, a.kv_gib, a.seq_len)
+        n, _ = blocks_in_budget(cfg, 64, kv, a.kv_gib, a.seq_len)
         cache = PagedKVCache(cfg, 1, a.seq_len, n, 64, torch.float32, "cpu", kv)  # what is really allocated
         fits[kv] = sequences_in_blocks(n, 64, a.seq_len)
         rows.append((kv, n, cache.nbytes() / 2 ** 30, fits[kv]))

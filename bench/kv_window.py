@@ -1,10 +1,11 @@
 """What a windowed model's KV cache holds at long context (issue 41, item 3): a Mistral-architecture model
-(every layer windowed, GQA; small random weights: what the cache holds does not depend on their values)
+(every layer windowed, GQA; small random weights: what the cache holds does not depend on their values), or
+with --family gemma3 a Gemma 3 one (5 windowed layers to 1 full, the windowed ones in a pool of their own),
 with a 4,096-token window, sequences of 32,768 positions, scheduled as `serve` schedules them (decode-first,
 paged, prefill chunks of 64), against the same model with a cache that keeps every block; the planner's
 projection (engine/planner/counts.py kv_cache_bytes) beside both; the greedy tokens of the two runs compared.
 
-    PYTHONPATH=. .venv/bin/python bench/kv_window.py --out docs/runs/<date>/<folder>
+    PYTHONPATH=. .venv/bin/python bench/kv_window.py [--family gemma3] --out docs/runs/<date>/<folder>
 """
 from __future__ import annotations
 
@@ -28,6 +29,8 @@ from tests import families  # noqa: E402
 
 SHAPE = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=8,
              num_key_value_heads=2, head_dim=32, max_position_embeddings=65536)
+GEMMA3 = dict(SHAPE, num_hidden_layers=6, head_dim=64, query_pre_attn_scalar=64,
+              layer_types=["sliding_attention"] * 5 + ["full_attention"])  # Gemma 3's 5 local : 1 global
 
 
 def run(lm, settings, prompts, new, keep_all: bool):
@@ -35,12 +38,12 @@ def run(lm, settings, prompts, new, keep_all: bool):
 
     reach = paged.window_reach
     if keep_all:  # the cache as it was before windows gave blocks back
-        paged.window_reach = lambda cfg: 0
+        paged.window_reach = lambda cfg, second_pool=False: 0
     try:
         sched = Scheduler(lm, settings)
     finally:
         paged.window_reach = reach
-    seqs, most, t0 = {}, 0, time.perf_counter()
+    seqs, most, most_bytes, t0 = {}, 0, 0, time.perf_counter()
     for i, p in enumerate(prompts):
         r = Request(p, new, SamplingParams(), stop_at_eos=False)
         r.on_token = lambda s, *a, i=i: seqs.setdefault(i, s)
@@ -48,8 +51,9 @@ def run(lm, settings, prompts, new, keep_all: bool):
     while sched.has_work():
         sched.step()
         most = max([most] + [sched.blocks.held(s.slot) for s in sched.running])
+        most_bytes = max([most_bytes] + [sched.batch.cache.held_nbytes(s.slot) for s in sched.running])
     return dict(tokens=[list(seqs[i].out) for i in range(len(prompts))], wall_s=time.perf_counter() - t0,
-                seq_blocks_most=most, blocks_peak=sched.blocks.peak, kv=sched.kv_facts(),
+                seq_blocks_most=most, seq_bytes_most=most_bytes, blocks_peak=sched.blocks.peak, kv=sched.kv_facts(),
                 allocated_bytes=sched.batch.cache.nbytes())
 
 
@@ -61,13 +65,15 @@ def main() -> None:
     ap.add_argument("--seqs", type=int, default=2)
     ap.add_argument("--chunk", type=int, default=64)
     ap.add_argument("--precision", default="int4", help="the weights' (int4 and int8 run the fused C++ step)")
+    ap.add_argument("--family", choices=("mistral", "gemma3"), default="mistral")
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args()
     from engine.infer.loader import load
     from engine.planner.counts import kv_cache_bytes
     from engine.planner.hf_config import shape_from_hf_config_file
 
-    folder = families.build("mistral", cache_dir() / "bench" / f"kv-window-{a.window}", **SHAPE,
+    shape = GEMMA3 if a.family == "gemma3" else SHAPE
+    folder = families.build(a.family, cache_dir() / "bench" / f"kv-window-{a.family}-{a.window}", **shape,
                             sliding_window=a.window)
     lm = load(str(folder), a.precision)
     g = torch.Generator().manual_seed(0)
@@ -76,34 +82,39 @@ def main() -> None:
                              prefill_chunk=a.chunk, kv_cache="paged")
     windowed = run(lm, settings, prompts, a.new, keep_all=False)
     full = run(lm, settings, prompts, a.new, keep_all=True)
-    bs, per = 64, block_bytes(lm.model.cfg, 64, "fp32")
-    shape = shape_from_hf_config_file(folder / "config.json")
-    planner = kv_cache_bytes(shape, a.context, "fp32")
-    res = dict(precision=a.precision, window=a.window, context=a.context, seqs=a.seqs, chunk=a.chunk, block_size=bs,
+    bs = 64
+    planner = kv_cache_bytes(shape_from_hf_config_file(folder / "config.json"), a.context, "fp32")
+    res = dict(family=a.family, precision=a.precision, window=a.window, context=a.context, seqs=a.seqs, chunk=a.chunk,
+               block_size=bs,
                formula_blocks=sequence_blocks(a.context, bs, a.window, a.chunk),
                full_blocks=sequence_blocks(a.context, bs),
                windowed={k: v for k, v in windowed.items() if k != "tokens"},
                kept_all={k: v for k, v in full.items() if k != "tokens"},
-               planner_bytes_per_sequence=planner, block_bytes=per,
+               planner_bytes_per_sequence=planner, block_bytes=block_bytes(lm.model.cfg, bs, "fp32"),
                tokens_identical=windowed["tokens"] == full["tokens"])
-    held = windowed["seq_blocks_most"] * per
-    res["held_over_full"] = windowed["seq_blocks_most"] / full["seq_blocks_most"]
-    res["held_over_planner"] = held / planner
+    res["held_over_full"] = windowed["seq_bytes_most"] / full["seq_bytes_most"]
+    res["held_over_planner"] = windowed["seq_bytes_most"] / planner
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "kv_window.json").write_text(json.dumps(res, indent=1) + "\n")
-    lines = [f"Mistral architecture (every layer windowed), window {a.window}, {a.seqs} sequences of {a.context} "
+    arch = ("Gemma 3 architecture (5 windowed layers to 1 full; the windowed ones in a pool of their own)"
+            if a.family == "gemma3" else "Mistral architecture (every layer windowed)")
+    lines = [f"{arch}, window {a.window}, {a.seqs} sequences of {a.context} "
              f"positions, prefill chunks of {a.chunk}, blocks of {bs}, {a.precision} weights, fp32 KV "
              "(wall times: once each, one after the other, on a noisy host)\n",
-             "| cache | most blocks one sequence held | blocks allocated (default budget) | allocated MiB | wall s |",
-             "| --- | ---: | ---: | ---: | ---: |"]
+             "| cache | most blocks one sequence held | most MiB one sequence held | blocks allocated (default "
+             "budget) | allocated MiB | wall s |",
+             "| --- | ---: | ---: | ---: | ---: | ---: |"]
     for name, r in (("gives back blocks behind the window", windowed), ("keeps every block", full)):
-        lines.append(f"| {name} | {r['seq_blocks_most']} | {r['kv']['num_blocks']} | "
+        kv = r["kv"]
+        alloc = f"{kv['num_blocks']}" + (f" + {kv['window_blocks']} windowed" if kv.get("window_blocks") else "")
+        lines.append(f"| {name} | {r['seq_blocks_most']} | {r['seq_bytes_most'] / 2 ** 20:.2f} | {alloc} | "
                      f"{r['allocated_bytes'] / 2 ** 20:.1f} | {r['wall_s']:.1f} |")
     lines += ["",
-              f"- held / full context: **{res['held_over_full']:.3f}** (target <= 1/6 = 0.167); the formula's bound "
-              f"{res['formula_blocks']} blocks",
-              f"- held / the planner's projection (window {a.window} x layers x KV bytes): "
-              f"**{res['held_over_planner']:.3f}** (the engine also holds the next chunk, and whole blocks)",
+              f"- held / full context (bytes one sequence held at most): **{res['held_over_full']:.3f}**; the "
+              f"formula's bound {res['formula_blocks']} blocks a windowed layer",
+              f"- held / the planner's projection (engine/planner/counts.py kv_cache_bytes at {a.context} positions: "
+              f"windowed layers count their window): **{res['held_over_planner']:.3f}** (the engine also holds the "
+              "next chunk, and whole blocks)",
               f"- greedy tokens identical: **{res['tokens_identical']}**"]
     (a.out / "kv_window.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

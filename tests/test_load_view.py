@@ -213,3 +213,12 @@ def test_records_without_kv_facts_group_as_before():
     assert L.kv_of(recs[0]) is None and list(L.configurations(recs)) == ["int4 · qwen2.5-coder-0.5b",
                                                                          "int4 ngram · qwen2.5-coder-0.5b"]
     assert L.kv_cost_rows(recs, 0.5) == []
+
+
+def test_the_kv_text_says_which_layers_hold_a_window():
+    kv_text = L.kv_text
+    base = {"dtype": "fp32", "cache": "paged", "blocks": 10}
+    assert kv_text(base) == "fp32 paged (10 blocks)"
+    assert kv_text({**base, "window": 4096}) == "fp32 paged (10 blocks), holds a 4096-token window"
+    assert kv_text({**base, "window": 4096, "window_layers": 5}) == \
+        "fp32 paged (10 blocks), 5 windowed layers hold a 4096-token window"

@@ -165,6 +165,27 @@ def test_block_manager_shares_by_reference_and_evicts_least_recently_freed():
     assert bm.evictions == 2 and not bm.cached
 
 
+def test_two_pools_take_blocks_in_both_or_neither_and_reuse_what_both_hold():
+    """blocks.TwoPools (a model's windowed layers in a pool of their own): a prompt the full pool cannot hold
+    takes nothing from the windowed pool either; a prefix is reused only as far as both pools still hold it."""
+    from engine.infer.blocks import TwoPools
+
+    pools = TwoPools(BlockManager(6, 64, True), BlockManager(4, 64, True))
+    first = lambda reused, end: min(end, (reused // 64 + 1) * 64)  # noqa: E731  (the scheduler's first chunk)
+    a = list(range(64 * 5 + 5))
+    assert pools.admit(0, a + [1] * 64, len(a) + 64, len(a), first) is None  # 7 full blocks: does not fit
+    assert (pools.full.available(), pools.window.available()) == (6, 4)
+    assert pools.admit(0, a, len(a), len(a) - 1, first) == 0
+    assert (pools.full.entries(0), pools.window.entries(0)) == (6, 1) and pools.held(0) == 7
+    assert pools.grow(0, 3 * 64) and pools.window.entries(0) == 3 and not pools.grow(0, 5 * 64)
+    pools.register(0, a, 3 * 64)
+    assert pools.trim(0, 2 * 64 + 1) and pools.trimmed[0] == 2 and pools.window.held(0) == 1
+    pools.release(0)
+    # keyed blocks behind the window stay cached in both pools; a second prompt reuses the 3 blocks both hold
+    assert pools.admit(1, a, len(a), len(a) - 1, first) == 3 * 64 and pools.stats.hits == 3 * 64
+    assert pools.stats.queries == 2 * len(a)
+
+
 def test_int8_kv_runs_in_the_fused_step_within_the_same_bound(small_int4):
     """The int4 model's fused C++ step quantizes and dequantizes an int8 paged cache itself (no fallback to
     PyTorch), the table's blocks out of order. Against the same model with an fp32 cache (measured with the

@@ -11,7 +11,9 @@ prompt starts with and prefills only the rest. A block is shared by reference co
 sequence holds stays cached, and is evicted least recently freed first when a block is needed.
 Sliding windows: when every layer of the model attends within a window, a sequence's blocks wholly
 behind its window are given back as it moves on (`trim`); their table entries become RELEASED, which
-no kernel reads (the fused step and the PyTorch path read keys from the window's start on).
+no kernel reads (the fused step and the PyTorch path read keys from the window's start on). A model
+with full layers beside windowed ones (Gemma 2/3, Qwen2 with max_window_layers) keeps its windowed
+layers in blocks of their own (`TwoPools`): those go back behind the window, the full layers' stay.
 Pure Python: the tensors live in engine/infer/paged.py.
 """
 from __future__ import annotations
@@ -79,6 +81,10 @@ class BlockManager:
     def held(self, slot: int) -> int:
         """Blocks the slot's sequence holds now (its entries behind a window went back)."""
         return len(self.tables.get(slot, [])) - self.trimmed.get(slot, 0)
+
+    def entries(self, slot: int) -> int:
+        """The slot's table entries (held or given back): when they change, the kernels' table must follow."""
+        return len(self.tables.get(slot, []))
 
     # ------------------------------------------------------------ sequences
 
@@ -200,3 +206,77 @@ class BlockManager:
             self.evictions += 1
         self.ref[b] = 1
         return b
+
+
+class TwoPools:
+    """The block managers of a cache whose windowed layers keep blocks of their own: `full` holds each sequence's
+    every position (its layers read from position 0), `window` the positions its windowed layers can still read
+    (trim gives back the blocks behind the window). A sequence takes and gives back blocks in both at once; a
+    prompt reuses cached blocks as far as both pools hold them (blocks behind the window that went back stay
+    cached while not evicted, as in a one-pool windowed cache). The prefix statistics are the pair's."""
+
+    def __init__(self, full: BlockManager, window: BlockManager):
+        self.full, self.window = full, window
+        self.block_size, self.prefix_caching = full.block_size, full.prefix_caching
+        self.stats = PrefixStats()
+
+    def reset(self) -> None:
+        self.full.reset()
+        self.window.reset()
+        self.stats = PrefixStats()
+
+    @property
+    def trimmed(self) -> dict[int, int]:
+        return self.window.trimmed
+
+    @property
+    def peak(self) -> int:
+        return self.full.peak
+
+    @property
+    def evictions(self) -> int:
+        return self.full.evictions + self.window.evictions
+
+    def used(self) -> int:
+        """The full layers' blocks in use (the window pool's: window.used())."""
+        return self.full.used()
+
+    def held(self, slot: int) -> int:
+        """Blocks of both pools the slot's sequence holds now."""
+        return self.full.held(slot) + self.window.held(slot)
+
+    def entries(self, slot: int) -> int:
+        return self.full.entries(slot) + self.window.entries(slot)
+
+    def admit(self, slot: int, tokens: list[int], positions: int, reuse_limit: int, first=None) -> int | None:
+        """As BlockManager.admit: the full pool takes every position now, the window pool what `first` asks."""
+        hits = min(len(self.full.match(tokens, reuse_limit)), len(self.window.match(tokens, reuse_limit)))
+        reuse = hits * self.block_size
+        got = self.window.admit(slot, tokens, positions, reuse, first)
+        if got is None:
+            return None
+        if self.full.admit(slot, tokens, positions, reuse) is None:
+            self.window.release(slot)
+            return None
+        if self.prefix_caching and reuse_limit > 0:
+            self.stats.queries += positions
+            self.stats.hits += got
+        return got
+
+    def grow(self, slot: int, positions: int) -> bool:
+        return self.full.grow(slot, positions) and self.window.grow(slot, positions)
+
+    def trim(self, slot: int, below: int) -> bool:
+        return self.window.trim(slot, below)
+
+    def share(self, src: int, dst: int, n_blocks: int) -> None:
+        self.full.share(src, dst, n_blocks)
+        self.window.share(src, dst, n_blocks)
+
+    def register(self, slot: int, tokens: list[int], valid: int) -> None:
+        self.full.register(slot, tokens, valid)
+        self.window.register(slot, tokens, valid)
+
+    def release(self, slot: int) -> None:
+        self.full.release(slot)
+        self.window.release(slot)

@@ -15,6 +15,11 @@ KV precision (`kv_dtype`, independent of the weights'):
 - fp8 (e4m3): a cast with a per-tensor scale of 1, as vLLM stores it without calibrated scales;
   CUDA only (a GPU with fp8: compute capability 8.9 or newer).
 Bytes per block come from engine.common.formulas.kv_pair_bytes, the planner's formula.
+
+Windowed layers beside full ones (Gemma 2/3, Qwen2 with max_window_layers): with `window_blocks`, the
+windowed layers keep their K/V in a second pool (wk, wv [windowed layers, window_blocks, ...], its own
+table `wtable` and block manager), whose blocks behind the window go back (blocks.TwoPools); k, v and
+`table` then hold the full layers. Each pool keeps its layers in layer order (`pool_of`).
 """
 from __future__ import annotations
 
@@ -24,7 +29,7 @@ from torch import nn
 from engine.common.errors import UserError
 from engine.common.formulas import INT8_K_GROUP, kv_pair_bytes, sequence_blocks
 from engine.common.vocab import KV_DTYPES
-from engine.infer.blocks import BlockManager
+from engine.infer.blocks import BlockManager, TwoPools
 
 BLOCK_SIZE = 64  # positions per block by default: one key tile of the fused attention
 _TORCH = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "int8": torch.int8,
@@ -49,35 +54,51 @@ def check_kv_dtype(kv_dtype: str, device) -> str:
     return kv_dtype
 
 
-def block_bytes(cfg, block_size: int, kv_name: str) -> float:
-    """Bytes one block holds across all layers: layers * kv_heads * block_size * (K + V bytes of a position)."""
-    return cfg.num_layers * cfg.num_kv_heads * block_size * kv_pair_bytes(cfg.head_dim, kv_name)
+def block_bytes(cfg, block_size: int, kv_name: str, layers: int = 0) -> float:
+    """Bytes one block holds across all layers (or `layers` of them): layers * kv_heads * block_size * (K + V
+    bytes of a position)."""
+    return (layers or cfg.num_layers) * cfg.num_kv_heads * block_size * kv_pair_bytes(cfg.head_dim, kv_name)
 
 
-def window_reach(cfg) -> int:
-    """How far back any layer reads keys when every layer attends within a sliding window (the largest
-    window), else 0: then a sequence's blocks behind it can go back (engine/infer/blocks.py trim)."""
+def windowed_layers(cfg) -> tuple[int, ...]:
+    """The windowed layers of a model with full layers beside them (a second pool holds them), else ()."""
+    w = tuple(i for i in range(cfg.num_layers) if cfg.window(i))
+    return w if len(w) < cfg.num_layers else ()
+
+
+def window_reach(cfg, second_pool: bool = False) -> int:
+    """How far back the layers whose blocks can go back read keys (engine/infer/blocks.py trim): every layer
+    when all attend within a sliding window, or with `second_pool` the windowed layers beside full ones (the
+    largest window); else 0."""
     windows = [cfg.window(i) for i in range(cfg.num_layers)]
-    return max(windows) if all(windows) else 0
+    return max(windows) if all(windows) or second_pool else 0
 
 
-def blocks_in_budget(cfg, block_size: int, kv_name: str, gib: float, max_model_len: int, one: int = 0) -> int:
-    """The blocks a budget of `gib` GiB holds; refused when it cannot hold one sequence of max_model_len
-    (`one` blocks when given: engine.common.formulas.sequence_blocks)."""
-    per = block_bytes(cfg, block_size, kv_name)
-    n = int(gib * 2 ** 30 // per)
+def blocks_in_budget(cfg, block_size: int, kv_name: str, gib: float, max_model_len: int, one: int = 0,
+                     window_one: int = 0) -> tuple[int, int]:
+    """(blocks, windowed layers' blocks) a budget of `gib` GiB holds: with `window_one` (the blocks one sequence
+    holds in a second pool for the windowed layers, beside full ones) the budget is shared between the pools as
+    one sequence's blocks are, else (n, 0). Refused when it cannot hold one sequence of max_model_len (`one`
+    blocks when given: engine.common.formulas.sequence_blocks)."""
     full = sequence_blocks(max_model_len, block_size)
     one = one or full
-    if n < one:
+    wl = len(windowed_layers(cfg)) if window_one else 0
+    per = block_bytes(cfg, block_size, kv_name, cfg.num_layers - wl)
+    wper = block_bytes(cfg, block_size, kv_name, wl) if wl else 0.0
+    need = one * per + window_one * wper  # one sequence's bytes
+    n = int(gib * 2 ** 30 * (one * per / need) // per)
+    wn = int(gib * 2 ** 30 * (window_one * wper / need) // wper) if wl else 0
+    if n < one or wn < window_one:
         fits = n * block_size
-        held = f"{one} blocks, {one * per / 2 ** 30:.3f} GiB" + (
-            "" if one == full else ": every layer is windowed, so a sequence holds its window and one step's rows")
+        held = f"{one} blocks, {need / 2 ** 30:.3f} GiB" + (
+            f": its {wl} windowed layers hold their window and one step's rows in {window_one} blocks more" if wl
+            else "" if one == full else ": every layer is windowed, so a sequence holds its window and one step's rows")
         raise UserError(f"a KV-cache budget of {gib:g} GiB holds {n} blocks of {block_size} positions at {kv_name} "
                         f"({fits} positions), less than one sequence of max_model_len {max_model_len} ({held})",
-                        f"raise --kv-cache-gib to at least {one * per / 2 ** 30:.3f}, or lower --max-model-len to "
-                        f"{fits} or less" if fits and one == full
-                        else f"raise --kv-cache-gib to at least {one * per / 2 ** 30:.3f}")
-    return n
+                        f"raise --kv-cache-gib to at least {need / 2 ** 30:.3f}, or lower --max-model-len to "
+                        f"{fits} or less" if fits and one == full and not wl
+                        else f"raise --kv-cache-gib to at least {need / 2 ** 30:.3f}")
+    return n, wn
 
 
 class PagedKVCache(nn.Module):
@@ -86,60 +107,106 @@ class PagedKVCache(nn.Module):
     paged = True
 
     def __init__(self, cfg, slots: int, max_model_len: int, num_blocks: int, block_size: int, compute_dtype,
-                 device, kv_dtype: str = "auto", prefix_caching: bool = False):
+                 device, kv_dtype: str = "auto", prefix_caching: bool = False, window_blocks: int = 0):
         super().__init__()
         self.kv_name = kv_dtype_name(kv_dtype, compute_dtype)
         self.compute_dtype, self.block_size = compute_dtype, block_size
         self.max_blocks = -(-max_model_len // block_size)
         self.slots, self.capacity, self.num_blocks = slots, self.max_blocks * block_size, num_blocks
-        shape = (cfg.num_layers, num_blocks, cfg.num_kv_heads, block_size, cfg.head_dim)
-        dt = _TORCH[self.kv_name]
-        self.register_buffer("k", torch.zeros(shape, dtype=dt, device=device), persistent=False)
-        self.register_buffer("v", torch.zeros(shape, dtype=dt, device=device), persistent=False)
         self.quantized = self.kv_name == "int8"
         if self.quantized and cfg.head_dim % INT8_K_GROUP:
             raise UserError(f"an int8 KV cache scales keys per {INT8_K_GROUP} values; head_dim {cfg.head_dim} is not a "
                             "multiple", "use --kv-dtype auto for this model")
         self.groups = {"k": -(-cfg.head_dim // INT8_K_GROUP), "v": 1}  # int8 scales per K / V vector
+        windowed = windowed_layers(cfg) if window_blocks else ()
+        if window_blocks and not windowed:
+            raise ValueError("a second pool is for a model with windowed layers beside full ones")
+        self.window_blocks = window_blocks
+        full = [i for i in range(cfg.num_layers) if i not in windowed]
+        self.pool_of = {layer: (0, j) for j, layer in enumerate(full)}  # layer -> (pool, its index there)
+        self.pool_of |= {layer: (1, j) for j, layer in enumerate(windowed)}
+        self._pool("", cfg, len(full), num_blocks, device)
+        managers = [BlockManager(num_blocks, block_size, prefix_caching)]
+        if windowed:
+            self._pool("w", cfg, len(windowed), window_blocks, device)
+            managers.append(BlockManager(window_blocks, block_size, prefix_caching))
+        self.blocks = TwoPools(*managers) if windowed else managers[0]
+        self._where: dict = {}  # pool -> (rows, block per row, offset per row) of the current forward
+
+    def _pool(self, p: str, cfg, layers: int, blocks: int, device) -> None:
+        """A pool's K/V [layers, blocks, KV, block_size, D] (and int8 scales), and its block table."""
+        shape = (layers, blocks, cfg.num_kv_heads, self.block_size, cfg.head_dim)
+        dt = _TORCH[self.kv_name]
+        self.register_buffer(f"{p}k", torch.zeros(shape, dtype=dt, device=device), persistent=False)
+        self.register_buffer(f"{p}v", torch.zeros(shape, dtype=dt, device=device), persistent=False)
         if self.quantized:  # fp16 scales per (layer, block, kv head, position, group)
             for n in ("k", "v"):
-                self.register_buffer(f"{n}_scale", torch.zeros(shape[:-1] + (self.groups[n],), dtype=torch.float16,
-                                                               device=device), persistent=False)
-        self.table = torch.zeros((slots, self.max_blocks), dtype=torch.int32, device=device)
-        self.blocks = BlockManager(num_blocks, block_size, prefix_caching)
-        self._where: tuple | None = None  # (rows, block per row, offset per row) of the current forward
+                self.register_buffer(f"{p}{n}_scale", torch.zeros(shape[:-1] + (self.groups[n],),
+                                                                  dtype=torch.float16, device=device), persistent=False)
+        setattr(self, f"{p}table", torch.zeros((self.slots, self.max_blocks), dtype=torch.int32, device=device))
+
+    def _tensors(self, pool: int) -> tuple:
+        """(k, v, k scales, v scales, table) of pool 0 (the full layers, or all) or 1 (the windowed layers)."""
+        p = "w" if pool else ""
+        return tuple(getattr(self, f"{p}{n}", None) for n in ("k", "v", "k_scale", "v_scale", "table"))
+
+    def block_nbytes(self, pool: int = 0) -> int:
+        """Bytes one block of a pool holds across its layers (int8 scales included)."""
+        return sum(t[:, 0].numel() * t.element_size() for t in self._tensors(pool)[:4] if t is not None)
+
+    def held_nbytes(self, slot: int) -> int:
+        """The K/V bytes the slot's sequence holds now: its blocks in each pool."""
+        b = self.blocks
+        if not self.two_pools:
+            return b.held(slot) * self.block_nbytes(0)
+        return b.full.held(slot) * self.block_nbytes(0) + b.window.held(slot) * self.block_nbytes(1)
+
+    @property
+    def two_pools(self) -> bool:
+        return bool(self.window_blocks)
 
     def nbytes(self) -> int:
-        n = self.k.numel() * self.k.element_size() * 2
-        if self.quantized:
-            n += (self.k_scale.numel() + self.v_scale.numel()) * 2
+        n = 0
+        for pool in range(1 + self.two_pools):
+            k, v, ks, vs, _ = self._tensors(pool)
+            n += k.numel() * k.element_size() * 2
+            if self.quantized:
+                n += (ks.numel() + vs.numel()) * 2
         return n
 
     def sync(self, slot: int) -> None:
-        """Copy the slot's block list into the table the kernels read."""
-        blocks = self.blocks.tables.get(slot, [])
-        if blocks:
-            self.table[slot, :len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
+        """Copy the slot's block lists into the tables the kernels read."""
+        pools = [(self.blocks.full, self.table), (self.blocks.window, self.wtable)] if self.two_pools \
+            else [(self.blocks, self.table)]
+        for manager, table in pools:
+            blocks = manager.tables.get(slot, [])
+            if blocks:
+                table[slot, :len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
 
     # ------------------------------------------------------------ the PyTorch path
 
-    def _rows_where(self, rows):
-        if self._where is None or self._where[0] is not rows:
+    def _rows_where(self, pool: int, rows):
+        where = self._where.get(pool)
+        if where is None or where[0] is not rows:
             pos = rows.pos
-            blk = self.table[rows.slot, pos // self.block_size].long()
-            self._where = (rows, blk, pos % self.block_size)
-        return self._where[1], self._where[2]
+            blk = self._tensors(pool)[4][rows.slot, pos // self.block_size].long()
+            if bool((blk < 0).any()):  # as the fused step checks: no row writes into a block that went back
+                raise RuntimeError("a row's block went back behind the window (RELEASED): it was not reserved")
+            where = self._where[pool] = (rows, blk, pos % self.block_size)
+        return where[1], where[2]
 
     def write(self, layer: int, rows, k: torch.Tensor, v: torch.Tensor) -> None:
         """Row r's K/V [N, KV, D] at its slot's block and offset."""
-        blk, off = self._rows_where(rows)
-        for cache, scale, x in ((self.k, "k_scale", k), (self.v, "v_scale", v)):
+        pool, j = self.pool_of[layer]
+        blk, off = self._rows_where(pool, rows)
+        kc, vc, ks, vs, _ = self._tensors(pool)
+        for cache, scale, g, x in ((kc, ks, "k", k), (vc, vs, "v", v)):
             if self.quantized:
-                q, s = quantize_int8(x, self.groups[scale[0]])
-                cache[layer, blk, :, off] = q
-                getattr(self, scale)[layer, blk, :, off] = s
+                q, s = quantize_int8(x, self.groups[g])
+                cache[j, blk, :, off] = q
+                scale[j, blk, :, off] = s
             else:
-                cache[layer, blk, :, off] = x.to(cache.dtype)
+                cache[j, blk, :, off] = x.to(cache.dtype)
 
     def queries(self, q: torch.Tensor) -> torch.Tensor:
         """q [N, H, D] as attention over this cache reads it: at int8, quantized per 32 values as the keys are,
@@ -153,12 +220,14 @@ class PagedKVCache(nn.Module):
         """Slot's K and V at positions [k0, end): [KV, end - k0, D] in the compute dtype."""
         bs = self.block_size
         b0, b1 = k0 // bs, -(-end // bs)
-        idx = self.table[slot, b0:b1].long()
+        pool, j = self.pool_of[layer]
+        kc, vc, ks, vs, table = self._tensors(pool)
+        idx = table[slot, b0:b1].long()
         out = []
-        for cache, scale in ((self.k, "k_scale"), (self.v, "v_scale")):
-            x = cache[layer, idx]  # [nb, KV, bs, D]
+        for cache, scale in ((kc, ks), (vc, vs)):
+            x = cache[j, idx]  # [nb, KV, bs, D]
             if self.quantized:
-                x = dequantize_int8(x, getattr(self, scale)[layer, idx])
+                x = dequantize_int8(x, scale[j, idx])
             x = x.to(self.compute_dtype).transpose(0, 1).reshape(x.shape[1], -1, x.shape[-1])
             out.append(x[:, k0 - b0 * bs:end - b0 * bs])
         return out[0], out[1]

@@ -135,9 +135,10 @@ class Scheduler:
 
         self.settings = settings.validate(gamma if proposer_spec else 0)
         self.headroom = speculation_headroom(proposer_spec, gamma)
-        # the keys a sequence's next step can read start `reach` positions back: blocks before go back
-        self.reach = window_reach(target.model.cfg) if (settings.kv_cache == "paged"
-                                                         and settings.policy == "decode-first") else 0
+        # the keys a sequence's next step can read start `reach` positions back: blocks before go back (every
+        # layer's, or the windowed layers' pool beside full layers)
+        self.reach = window_reach(target.model.cfg, second_pool=True) if (settings.kv_cache == "paged"
+                                                                          and settings.policy == "decode-first") else 0
         self.step_rows = max(settings.prefill_chunk, 1 + (gamma if proposer_spec else 0))
         cache = self._paged_cache(target) if settings.kv_cache == "paged" else None
         self.blocks = cache.blocks if cache is not None else None
@@ -197,16 +198,22 @@ class Scheduler:
 
     def _paged_cache(self, target):
         from engine.common.formulas import sequence_blocks
-        from engine.infer.paged import PagedKVCache, block_bytes, blocks_in_budget, check_kv_dtype, kv_dtype_name
+        from engine.infer.paged import (PagedKVCache, block_bytes, blocks_in_budget, check_kv_dtype, kv_dtype_name,
+                                        windowed_layers)
 
         st, cfg = self.settings, target.model.cfg
         check_kv_dtype(st.kv_dtype, target.device)
         name = kv_dtype_name(st.kv_dtype, target.model.compute_dtype)
-        one = self.sequence_blocks = sequence_blocks(st.max_model_len, st.block_size, self.reach, self.step_rows)
-        gib = st.kv_cache_gib or st.max_seqs * one * block_bytes(cfg, st.block_size, name) / 2 ** 30
-        n = blocks_in_budget(cfg, st.block_size, name, gib, st.max_model_len, one)
+        wl = len(windowed_layers(cfg)) if self.reach else 0  # windowed layers beside full ones: a pool of their own
+        windowed = sequence_blocks(st.max_model_len, st.block_size, self.reach, self.step_rows)
+        one = self.sequence_blocks = sequence_blocks(st.max_model_len, st.block_size) if wl else windowed
+        self.window_sequence_blocks = windowed if wl else 0
+        per = one * block_bytes(cfg, st.block_size, name, cfg.num_layers - wl) + \
+            self.window_sequence_blocks * (block_bytes(cfg, st.block_size, name, wl) if wl else 0)
+        gib = st.kv_cache_gib or st.max_seqs * per / 2 ** 30
+        n, wn = blocks_in_budget(cfg, st.block_size, name, gib, st.max_model_len, one, self.window_sequence_blocks)
         return PagedKVCache(cfg, st.max_seqs, st.max_model_len, n, st.block_size, target.model.compute_dtype,
-                            target.device, st.kv_dtype, st.prefix_caching)
+                            target.device, st.kv_dtype, st.prefix_caching, window_blocks=wn)
 
     def kv_facts(self) -> dict:
         """What the KV cache is and holds: recorded beside the settings (and /metrics' gauges)."""
@@ -219,6 +226,11 @@ class Scheduler:
                        kv_window=self.reach, sequence_blocks=self.sequence_blocks,
                        prefix_caching=b.prefix_caching, prefix_cache_queries=b.stats.queries,
                        prefix_cache_hits=b.stats.hits, prefix_cache_evictions=b.evictions)
+            if c.two_pools:  # the windowed layers' own blocks (the fields above: the full layers')
+                w = b.window
+                out.update(window_layers=len(c.pool_of) - c.k.shape[0], window_blocks=c.window_blocks,
+                           window_blocks_used=w.used(), window_blocks_peak=w.peak,
+                           window_sequence_blocks=self.window_sequence_blocks)
         return out
 
     # ------------------------------------------------------------ requests in
@@ -376,13 +388,13 @@ class Scheduler:
             need = self._next_end(s) if s in self.running else None
             if need is None:
                 continue
-            held = len(self.blocks.tables[s.slot])
+            held = self.blocks.entries(s.slot)
             while not self.blocks.grow(s.slot, need):
                 victim = max(self.running, key=_arrival)
                 self._preempt(victim)
                 if victim is s:
                     break
-            if s in self.running and len(self.blocks.tables[s.slot]) != held:  # the kernels read the new blocks
+            if s in self.running and self.blocks.entries(s.slot) != held:  # the kernels read the new blocks
                 self.batch.cache.sync(s.slot)
 
     def plan(self) -> tuple[list[Sequence], list[tuple[Sequence, int]]]:
@@ -429,6 +441,10 @@ class Scheduler:
         s.req.prefix_from = None
         with self.lock:
             self.shared_prompt_tokens += n
+        if n and self.reach:  # admitted with its first chunk's blocks: those of the chunk after the shared ones
+            grown = self.blocks.grow(s.slot, self._first_chunk(n, s.prefill_end))
+            self.batch.cache.sync(s.slot)
+            return grown  # none left: it waits for the next step's _reserve
         return True
 
     def step(self) -> tuple[StepStats | None, list[Sequence]]:

@@ -143,6 +143,8 @@ def cache_supported(model, cache) -> str | None:
     (engine/infer/paged.py kv_dtype) are not read by the decode-attention kernel."""
     if getattr(cache, "quantized", False):
         return "int8 KV cache (the graphed step reads K/V in the compute dtype)"
+    if getattr(cache, "two_pools", False):
+        return "windowed layers in a KV pool of their own (the graphed step reads one pool)"
     want = model.model.norm.weight.dtype
     if cache.k.dtype != want:
         return (f"KV cache dtype {str(cache.k.dtype).replace('torch.', '')} is not the compute dtype "

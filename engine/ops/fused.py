@@ -346,6 +346,8 @@ def fused_forward_rows(model, tokens: torch.Tensor, rows, cache, logits_at: Opti
     args = (cache.k, cache.v, cache.table if getattr(cache, "paged", False) else _NO_TABLE,
             cache.k_scale if q8 else _NO_SCALE, cache.v_scale if q8 else _NO_SCALE)
     opts = (isa, bool(ext.has_vnni()), cfg.act_int8, torch.get_num_threads())
+    if getattr(cache, "two_pools", False):  # the windowed layers' pool (paged.py)
+        opts += ([cache.wk, cache.wv, cache.wtable] + ([cache.wk_scale, cache.wv_scale] if q8 else [_NO_SCALE] * 2),)
     if n <= FUSED_MAX_ROWS:
         out = ext.fused_step(plan, x.contiguous(), [v for s in segs for v in s], *args, out_rows, *opts)
     else:

@@ -75,7 +75,8 @@ def kv_of(rec) -> dict | None:
            "blocks": kv.get("num_blocks"), "block_size": kv.get("block_size"), "bytes": kv.get("kv_bytes"),
            "max_model_len": st.get("max_model_len") or srv.get("max_model_len"),
            "prefix_caching": kv.get("prefix_caching", st.get("prefix_caching")),
-           "window": kv.get("kv_window") or None}  # every layer windowed: a sequence holds its window
+           "window": kv.get("kv_window") or None,  # a sequence holds its window (every layer's, or:)
+           "window_layers": kv.get("window_layers") or None}  # those layers' in a pool of their own
     if out["cache"] == "slots":
         out["sequences"] = st.get("max_seqs") or srv.get("slots")
     elif out["blocks"] and out["block_size"] and out["max_model_len"]:
@@ -88,12 +89,13 @@ def kv_of(rec) -> dict | None:
 
 def kv_text(kv: dict | None) -> str | None:
     """'int8 paged, 0.25 GiB (1126 blocks)'; 'fp32 slots'; ', holds a 4096-token window' when every layer
-    is windowed; None for no KV facts."""
+    is windowed, ', 5 windowed layers hold a 4096-token window' beside full ones; None for no KV facts."""
     if not kv:
         return None
     where = f", {kv['budget_gib']:g} GiB" if kv.get("budget_gib") else ""
     blocks = f" ({kv['blocks']} blocks)" if kv.get("blocks") else ""
-    window = f", holds a {kv['window']}-token window" if kv.get("window") else ""
+    window = "" if not kv.get("window") else f", holds a {kv['window']}-token window" if not kv.get("window_layers") \
+        else f", {kv['window_layers']} windowed layers hold a {kv['window']}-token window"
     return f"{kv.get('dtype') or '?'} {kv.get('cache')}{where}{blocks}{window}"
 
 

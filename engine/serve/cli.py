@@ -11,7 +11,7 @@ DEFAULT_PORT = 8000
 STEP_FACTOR = 2.5  # ITL p99 <= 3x p50 at concurrency 8 on the 0.5B and the 1.5B (docs/BENCHMARKS.md, session 25)
 DEATH_GRACE_S = 2.0  # after the engine dies: in-flight requests get their errors, /health says 503, then exit 1
 KV_FACTS = ("kv_cache", "kv_dtype", "block_size", "num_blocks", "kv_bytes", "prefix_caching", "kv_window",
-            "sequence_blocks")  # fixed at start
+            "sequence_blocks", "window_layers", "window_blocks", "window_sequence_blocks")  # fixed at start
 
 
 def add_parser(sub) -> argparse.ArgumentParser:

@@ -113,6 +113,8 @@ def prometheus_text(stats: ServerStats, running: int, waiting: int, slots_used: 
     lbl = f'model_name="{model}"'
     kv = kv or {}
     usage = kv["blocks_used"] / kv["num_blocks"] if kv.get("num_blocks") else (slots_used / slots if slots else 0.0)
+    if kv.get("window_blocks"):  # the windowed layers' pool, when it is the fuller one
+        usage = max(usage, kv["window_blocks_used"] / kv["window_blocks"])
     with stats.lock:
         lines = [
             "# HELP vllm:num_requests_running Requests in the running batch.", "# TYPE vllm:num_requests_running gauge",

@@ -121,24 +121,40 @@ inline void head_in(const FusedPlan& P, const LayerW& lw, const IsaFns& F, const
   F.rope(dst, P.cosb.data() + off, P.sinb.data() + off, P.rope_dim[(size_t)lw.rope]);
 }
 
-// Where the cache keeps position pos of (layer l, slot, kv head kh): a slot cache [L, slots, KV, cap, D]
-// (table null), or a paged one [L, blocks, KV, bs, D] whose slot s holds block table[s * tw + pos / bs].
-struct KVLayout {
-  int64_t L, KV, D, n1, n3;        // n1: slots or blocks, n3: capacity or block size
-  const int32_t* table;
-  int64_t tw;                      // table row width (blocks per slot)
-  // an int8 cache (paged.py): int8 values, fp16 scales per KV_K_GROUP values of K and per V vector
+// One tensor pair of the cache: a slot cache [layers, slots, KV, cap, D] (table null), or a paged one [layers,
+// blocks, KV, bs, D] whose slot s holds block table[s * tw + pos / bs]; fp32 values, or an int8 cache's values
+// and fp16 scales (per KV_K_GROUP values of K, per V vector; paged.py), or a bf16 cache's value bits.
+struct KVPool {
+  int64_t n1 = 0;                  // slots or blocks
+  const int32_t* table = nullptr;
+  int64_t tw = 0;                  // table row width (blocks per slot)
+  float* kf = nullptr;
+  float* vf = nullptr;
   int8_t* k8 = nullptr;
   int8_t* v8 = nullptr;
   c10::Half* ksc = nullptr;
   c10::Half* vsc = nullptr;
-  uint16_t* k16 = nullptr;         // a bf16 cache: its values' bits
+  uint16_t* k16 = nullptr;
   uint16_t* v16 = nullptr;
-  bool staged() const { return k8 || k16; }   // a row's K is built in a scratch row, then stored converted
+  std::vector<int64_t> table_sizes;
+};
+
+// Where the cache keeps position pos of (layer l, slot, kv head kh). A paged cache may keep the windowed layers
+// of a model with full layers beside them in a second pool (paged.py), whose blocks behind the window go back:
+// layer l is layer lidx[l] of pool lpool[l].
+struct KVLayout {
+  int64_t L, KV, D, n3;            // n3: capacity or block size
+  bool q8 = false, b16 = false;
+  KVPool pool[2];
+  std::vector<int64_t> lpool, lidx;
+  bool staged() const { return q8 || b16; }   // a row's K is built in a scratch row, then stored converted
+  const KVPool& of(int64_t l) const { return pool[lpool[(size_t)l]]; }
   int64_t off(int64_t l, int64_t slot, int64_t kh, int64_t pos) const {
-    if (!table) return (((l * n1 + slot) * KV + kh) * n3 + pos) * D;
-    const int64_t b = table[slot * tw + pos / n3];
-    return (((l * n1 + b) * KV + kh) * n3 + pos % n3) * D;
+    const KVPool& p = of(l);
+    const int64_t li = lidx[(size_t)l];
+    if (!p.table) return (((li * p.n1 + slot) * KV + kh) * n3 + pos) * D;
+    const int64_t b = p.table[slot * p.tw + pos / n3];
+    return (((li * p.n1 + b) * KV + kh) * n3 + pos % n3) * D;
   }
 };
 
@@ -163,63 +179,65 @@ inline void quantize_int8(const float* x, int64_t D, int64_t groups, int8_t* q, 
 
 // One position's K and V of (layer l, slot, kv head kh) into the cache (quantized in an int8 one, rounded in a
 // bf16 one).
-inline void store_kv(const KVLayout& lay, float* kc, float* vc, int64_t l, int64_t slot, int64_t kh, int64_t pos,
-                     const float* k, const float* v) {
+inline void store_kv(const KVLayout& lay, int64_t l, int64_t slot, int64_t kh, int64_t pos, const float* k,
+                     const float* v) {
   const int64_t off = lay.off(l, slot, kh, pos);
-  if (lay.k16) {   // rounded to bf16 as torch's .to(bfloat16) rounds
-    for (int64_t i = 0; i < lay.D; ++i) lay.k16[off + i] = float_to_bf16(k[i]), lay.v16[off + i] = float_to_bf16(v[i]);
+  const KVPool& p = lay.of(l);
+  if (lay.b16) {   // rounded to bf16 as torch's .to(bfloat16) rounds
+    for (int64_t i = 0; i < lay.D; ++i) p.k16[off + i] = float_to_bf16(k[i]), p.v16[off + i] = float_to_bf16(v[i]);
     return;
   }
-  if (!lay.k8) {
-    if (kc + off != k) std::memcpy(kc + off, k, sizeof(float) * (size_t)lay.D);
-    std::memcpy(vc + off, v, sizeof(float) * (size_t)lay.D);
+  if (!lay.q8) {
+    if (p.kf + off != k) std::memcpy(p.kf + off, k, sizeof(float) * (size_t)lay.D);
+    std::memcpy(p.vf + off, v, sizeof(float) * (size_t)lay.D);
     return;
   }
   const int64_t kg = lay.D / KV_K_GROUP;
-  quantize_int8(k, lay.D, kg, lay.k8 + off, lay.ksc + off / lay.D * kg);
-  quantize_int8(v, lay.D, 1, lay.v8 + off, lay.vsc + off / lay.D);
+  quantize_int8(k, lay.D, kg, p.k8 + off, p.ksc + off / lay.D * kg);
+  quantize_int8(v, lay.D, 1, p.v8 + off, p.vsc + off / lay.D);
 }
 
 // Row r's K (normed, RoPE applied) and V of layer l into the cache at its slot and position, all kv heads.
 void write_kv(const FusedPlan& P, const QKV& x, const IsaFns& F, int64_t l, int64_t r, int64_t pos, int64_t slot,
-              float* kc, float* vc, const KVLayout& lay, float* krow) {
+              const KVLayout& lay, float* krow) {
   const LayerW& lw = P.layers[(size_t)l];
   for (int64_t kh = 0; kh < P.KV; ++kh) {
-    float* kdst = lay.staged() ? krow : kc + lay.off(l, slot, kh, pos);
+    float* kdst = lay.staged() ? krow : lay.of(l).kf + lay.off(l, slot, kh, pos);
     head_in(P, lw, F, lw.k_norm, x.k + r * x.ldk + kh * P.D, r, kdst);
-    store_kv(lay, kc, vc, l, slot, kh, pos, kdst, x.v + r * x.ldv + kh * P.D);
+    store_kv(lay, l, slot, kh, pos, kdst, x.v + r * x.ldv + kh * P.D);
   }
 }
 
 // Key/value tiles [first / KEY_TILE, p_end) of (layer l, slot, kv head kh) for the attention kernel: pointers
 // into the cache (a float or bf16 one, or an int8 one's values and fp16 scales); tiles before `first` are never read
 // (before the window; their blocks may have gone back).
-inline void gather_tiles(const KVLayout& lay, float* kc, float* vc, int64_t l, int64_t slot, int64_t kh,
-                         int64_t first, int64_t p_end, Thread& me) {
+inline void gather_tiles(const KVLayout& lay, int64_t l, int64_t slot, int64_t kh, int64_t first, int64_t p_end,
+                         Thread& me) {
   const int64_t t0 = first / KEY_TILE, kg = lay.D / KV_K_GROUP;
+  const KVPool& p = lay.of(l);
   for (int64_t t = 0; t * KEY_TILE < p_end; ++t) {
     const size_t i = (size_t)t;
     if (t < t0) {
       me.ktiles[i] = me.vtiles[i] = nullptr;
-      if (lay.k8) me.k8tiles[i] = me.v8tiles[i] = nullptr, me.kstiles[i] = me.vstiles[i] = nullptr;
-      if (lay.k16) me.k16tiles[i] = me.v16tiles[i] = nullptr;
+      if (lay.q8) me.k8tiles[i] = me.v8tiles[i] = nullptr, me.kstiles[i] = me.vstiles[i] = nullptr;
+      if (lay.b16) me.k16tiles[i] = me.v16tiles[i] = nullptr;
       continue;
     }
     const int64_t off = lay.off(l, slot, kh, t * KEY_TILE), row = off / lay.D;
-    if (lay.k16) {
-      me.k16tiles[i] = lay.k16 + off;
-      me.v16tiles[i] = lay.v16 + off;
+    if (lay.b16) {
+      me.k16tiles[i] = p.k16 + off;
+      me.v16tiles[i] = p.v16 + off;
       continue;
     }
-    if (!lay.k8) {
-      me.ktiles[i] = kc + off;
-      me.vtiles[i] = vc + off;
+    if (!lay.q8) {
+      me.ktiles[i] = p.kf + off;
+      me.vtiles[i] = p.vf + off;
       continue;
     }
-    me.k8tiles[i] = lay.k8 + off;
-    me.v8tiles[i] = lay.v8 + off;
-    me.kstiles[i] = reinterpret_cast<const uint16_t*>(lay.ksc + row * kg);
-    me.vstiles[i] = reinterpret_cast<const uint16_t*>(lay.vsc + row);
+    me.k8tiles[i] = p.k8 + off;
+    me.v8tiles[i] = p.v8 + off;
+    me.kstiles[i] = reinterpret_cast<const uint16_t*>(p.ksc + row * kg);
+    me.vstiles[i] = reinterpret_cast<const uint16_t*>(p.vsc + row);
   }
 }
 
@@ -240,17 +258,62 @@ inline int64_t chunk_of(int64_t units, int64_t nt) {
   return std::max<int64_t>(1, units / (8 * nt));
 }
 
+// A pool's tensors checked and entered into lay.pool[i]: `layers` of the model's layers, the same dtype and block
+// size as pool 0.
+void enter_pool(const FusedPlan& P, KVLayout& lay, int i, int64_t layers, torch::Tensor& kc, torch::Tensor& vc,
+                torch::Tensor& table, torch::Tensor& ks, torch::Tensor& vs) {
+  for (auto* c : {&kc, &vc})
+    TORCH_CHECK((c->scalar_type() == torch::kFloat32 || c->scalar_type() == torch::kInt8 ||
+                 c->scalar_type() == torch::kBFloat16) && c->is_contiguous() &&
+                    c->dim() == 5 && c->size(0) == layers && c->size(2) == P.KV && c->size(4) == P.D,
+                "cache must be contiguous fp32, bf16 or int8 [layers, slots or blocks, kv_heads, positions, "
+                "head_dim]");
+  TORCH_CHECK(kc.sizes() == vc.sizes() && kc.scalar_type() == vc.scalar_type(), "k and v caches differ");
+  const bool paged = table.numel() > 0;
+  TORCH_CHECK(!lay.q8 || (paged && P.D % KV_K_GROUP == 0 && ks.scalar_type() == torch::kHalf &&
+                          vs.scalar_type() == torch::kHalf && ks.is_contiguous() && vs.is_contiguous() &&
+                          ks.numel() == kc.numel() / KV_K_GROUP && vs.numel() == vc.numel() / P.D),
+              "an int8 cache is paged, with fp16 scales per ", KV_K_GROUP, " key values and per value vector");
+  TORCH_CHECK(!paged || (table.scalar_type() == torch::kInt32 && table.is_contiguous() && table.dim() == 2 &&
+                         kc.size(3) % KEY_TILE == 0),
+              "a paged cache needs a contiguous int32 block table [slots, blocks] and a block size that is a "
+              "multiple of ", KEY_TILE);
+  TORCH_CHECK(i == 0 || (paged && kc.scalar_type() == (lay.q8 ? torch::kInt8 : lay.b16 ? torch::kBFloat16
+                                                                                     : torch::kFloat32) &&
+                         kc.size(3) == lay.n3 && table.sizes() == lay.pool[0].table_sizes),
+              "the windowed layers' pool must be paged like the first, in its dtype, block size and table shape");
+  KVPool& p = lay.pool[i];
+  p.n1 = kc.size(1);
+  p.table = paged ? table.data_ptr<int32_t>() : nullptr;
+  p.tw = paged ? table.size(1) : 0;
+  p.table_sizes = table.sizes().vec();
+  if (lay.q8) {
+    p.k8 = kc.data_ptr<int8_t>();
+    p.v8 = vc.data_ptr<int8_t>();
+    p.ksc = ks.data_ptr<c10::Half>();
+    p.vsc = vs.data_ptr<c10::Half>();
+  } else if (lay.b16) {
+    p.k16 = reinterpret_cast<uint16_t*>(kc.data_ptr<at::BFloat16>());
+    p.v16 = reinterpret_cast<uint16_t*>(vc.data_ptr<at::BFloat16>());
+  } else {
+    p.kf = kc.data_ptr<float>();
+    p.vf = vc.data_ptr<float>();
+  }
+}
+
 }  // namespace
 
 // One forward pass. x: [N, hidden] fp32 embeddings; segs: (slot, first row, rows, first position)
 // per sequence; kc/vc: [L, slots, KV, capacity, D] fp32 with an empty block_table, or [L, blocks, KV,
-// block size, D] with block_table [slots, blocks per slot] int32 (a paged cache); out_rows: rows whose
+// block size, D] with block_table [slots, blocks per slot] int32 (a paged cache); window_pool: empty, or a
+// paged cache's second pool (k, v, table, k scales, v scales) that holds the windowed layers of a model with
+// full layers beside them, kc/vc then holding the full layers (in layer order each); out_rows: rows whose
 // logits are wanted.
 // Returns logits [R, V] (or the final-normed hidden rows [R, hidden] when the head is not ours).
 torch::Tensor fused_step(FusedPlan& P, torch::Tensor x_in, std::vector<int64_t> segs, torch::Tensor kc,
                          torch::Tensor vc, torch::Tensor table, torch::Tensor ks, torch::Tensor vs,
                          std::vector<int64_t> out_rows, int64_t isa, bool vnni, bool act_int8,
-                         int64_t nthreads) {
+                         int64_t nthreads, std::vector<torch::Tensor> window_pool) {
   std::lock_guard<std::mutex> lock(P.mu);
   const double t_setup = P.profiling ? now_s() : 0.0;
   TORCH_CHECK(x_in.scalar_type() == torch::kFloat32 && x_in.is_contiguous() && x_in.dim() == 2 &&
@@ -258,46 +321,36 @@ torch::Tensor fused_step(FusedPlan& P, torch::Tensor x_in, std::vector<int64_t> 
   const int64_t M = x_in.size(0);
   TORCH_CHECK(M >= 1 && M <= FUSED_MAX_ROWS, "fused step takes 1..", FUSED_MAX_ROWS, " rows, got ", M);
   TORCH_CHECK(segs.size() % 4 == 0 && !segs.empty(), "segments: 4 ints each");
+  TORCH_CHECK(window_pool.empty() || window_pool.size() == 5, "window_pool: k, v, table, k scales, v scales");
   const int64_t S = (int64_t)segs.size() / 4;
   // attention work items: (segment, block of ATT_ROWS rows); x KV heads
   std::vector<int64_t> items;   // (segment, first row offset, rows)
   bool long_seg = false;
   const bool q8 = kc.scalar_type() == torch::kInt8, b16 = kc.scalar_type() == torch::kBFloat16;
-  for (auto* c : {&kc, &vc})
-    TORCH_CHECK((c->scalar_type() == torch::kFloat32 || c->scalar_type() == torch::kInt8 ||
-                 c->scalar_type() == torch::kBFloat16) && c->is_contiguous() &&
-                    c->dim() == 5 && c->size(0) == P.L && c->size(2) == P.KV && c->size(4) == P.D,
-                "cache must be contiguous fp32, bf16 or int8 [layers, slots or blocks, kv_heads, positions, "
-                "head_dim]");
-  TORCH_CHECK(kc.sizes() == vc.sizes() && kc.scalar_type() == vc.scalar_type(), "k and v caches differ");
-  const bool paged = table.numel() > 0;
-  TORCH_CHECK(!q8 || (paged && P.D % KV_K_GROUP == 0 && ks.scalar_type() == torch::kHalf &&
-                      vs.scalar_type() == torch::kHalf && ks.is_contiguous() && vs.is_contiguous() &&
-                      ks.numel() == kc.numel() / KV_K_GROUP && vs.numel() == vc.numel() / P.D),
-              "an int8 cache is paged, with fp16 scales per ", KV_K_GROUP, " key values and per value vector");
-  TORCH_CHECK(!paged || (table.scalar_type() == torch::kInt32 && table.is_contiguous() && table.dim() == 2 &&
-                         kc.size(3) % KEY_TILE == 0),
-              "a paged cache needs a contiguous int32 block table [slots, blocks] and a block size that is a "
-              "multiple of ", KEY_TILE);
-  KVLayout lay{P.L, P.KV, P.D, kc.size(1), kc.size(3), paged ? table.data_ptr<int32_t>() : nullptr,
-               paged ? table.size(1) : 0};
-  if (q8) {
-    lay.k8 = kc.data_ptr<int8_t>();
-    lay.v8 = vc.data_ptr<int8_t>();
-    lay.ksc = ks.data_ptr<c10::Half>();
-    lay.vsc = vs.data_ptr<c10::Half>();
+  const bool two = !window_pool.empty();
+  KVLayout lay{P.L, P.KV, P.D, kc.size(3)};
+  lay.q8 = q8, lay.b16 = b16;
+  int64_t per_pool[2] = {0, 0};
+  for (const auto& lw : P.layers) {   // layer order within each pool
+    const int64_t i = two && lw.window ? 1 : 0;
+    lay.lpool.push_back(i);
+    lay.lidx.push_back(per_pool[i]++);
   }
-  if (b16) {
-    lay.k16 = reinterpret_cast<uint16_t*>(kc.data_ptr<at::BFloat16>());
-    lay.v16 = reinterpret_cast<uint16_t*>(vc.data_ptr<at::BFloat16>());
-  }
+  TORCH_CHECK(!two || (per_pool[0] > 0 && per_pool[1] > 0), "a second pool is for a model with windowed and full "
+              "layers");
+  enter_pool(P, lay, 0, per_pool[0], kc, vc, table, ks, vs);
+  if (two) enter_pool(P, lay, 1, per_pool[1], window_pool[0], window_pool[1], window_pool[2], window_pool[3],
+                      window_pool[4]);
+  const bool paged = lay.pool[0].table != nullptr;
   const int64_t slots = paged ? table.size(0) : kc.size(1);
   const int64_t cap = paged ? table.size(1) * kc.size(3) : kc.size(3);
   int64_t rows_seen = 0, maxlen = 0;
-  int64_t reach = 0;   // the earliest key any layer reads is p0 - reach + 1; 0: position 0 (a full layer)
-  for (const auto& lw : P.layers) {
-    if (!lw.window) { reach = 0; break; }
-    reach = std::max(reach, lw.window);
+  // per pool, the earliest key any of its layers reads is p0 - reach + 1; 0: position 0 (a full layer)
+  int64_t reach[2] = {-1, -1};
+  for (int64_t l = 0; l < P.L; ++l) {
+    int64_t& r = reach[lay.lpool[(size_t)l]];
+    const int64_t w = P.layers[(size_t)l].window;
+    r = (r == 0 || !w) ? 0 : std::max(r, w);
   }
   std::vector<int64_t> row_pos((size_t)M, -1), row_slot((size_t)M, -1);
   for (int64_t s = 0; s < S; ++s) {
@@ -306,12 +359,17 @@ torch::Tensor fused_step(FusedPlan& P, torch::Tensor x_in, std::vector<int64_t> 
     TORCH_CHECK(r0 == rows_seen && n >= 1 && p0 >= 0 && p0 + n <= cap, "segments must tile the rows in order "
                 "and fit the cache");
     for (int64_t t = 0; t < s; ++t) TORCH_CHECK(segs[4 * t] != slot, "two segments of one slot in a step");
-    if (paged)   // every block the segment reads or writes is a block of the cache (blocks behind every
-                 // layer's window may have gone back: engine/infer/blocks.py RELEASED)
-      for (int64_t b = reach ? std::max<int64_t>(0, p0 - reach + 1) / lay.n3 : 0; b <= (p0 + n - 1) / lay.n3; ++b) {
-        const int32_t id = lay.table[slot * lay.tw + b];
-        TORCH_CHECK(id >= 0 && id < lay.n1, "block table entry ", id, " of slot ", slot, " is not a block");
+    // every block the segment reads or writes is a block of its pool (blocks behind the window of every layer of a
+    // pool may have gone back: engine/infer/blocks.py RELEASED)
+    for (int i = 0; paged && i < (two ? 2 : 1); ++i) {
+      const KVPool& p = lay.pool[i];
+      for (int64_t b = reach[i] > 0 ? std::max<int64_t>(0, p0 - reach[i] + 1) / lay.n3 : 0;
+           b <= (p0 + n - 1) / lay.n3; ++b) {
+        const int32_t id = p.table[slot * p.tw + b];
+        TORCH_CHECK(id >= 0 && id < p.n1, "block table entry ", id, " of slot ", slot, " is not a block",
+                    two ? (i ? " (windowed layers' pool)" : " (full layers' pool)") : "");
       }
+    }
     for (int64_t i = 0; i < n; ++i) row_pos[(size_t)(r0 + i)] = p0 + i, row_slot[(size_t)(r0 + i)] = slot;
     for (int64_t b = 0; b < n; b += ATT_ROWS) items.insert(items.end(), {s, b, std::min<int64_t>(ATT_ROWS, n - b)});
     long_seg = long_seg || n > ATT_ROWS;
@@ -381,8 +439,6 @@ torch::Tensor fused_step(FusedPlan& P, torch::Tensor x_in, std::vector<int64_t> 
     ++P.prof_steps;
   }
   const int64_t HD = P.H * P.D;
-  float* kcw = lay.staged() ? nullptr : kc.data_ptr<float>();
-  float* vcw = lay.staged() ? nullptr : vc.data_ptr<float>();
 
 #pragma omp parallel num_threads((int)nt)
   {
@@ -489,7 +545,7 @@ torch::Tensor fused_step(FusedPlan& P, torch::Tensor x_in, std::vector<int64_t> 
         for (;;) {
           const int64_t r = ctr.fetch_add(1, std::memory_order_relaxed);
           if (r >= M) break;
-          write_kv(P, qx, F, l, r, row_pos[(size_t)r], row_slot[(size_t)r], kcw, vcw, lay, me.kvrow.data());
+          write_kv(P, qx, F, l, r, row_pos[(size_t)r], row_slot[(size_t)r], lay, me.kvrow.data());
         }
         mark(P_KVW);
 #pragma omp barrier
@@ -508,9 +564,9 @@ torch::Tensor fused_step(FusedPlan& P, torch::Tensor x_in, std::vector<int64_t> 
           for (int64_t i = 0; i < n; ++i) {
             const int64_t r = r0 + i, pos = p0 + i;
             if (!long_seg) {
-              float* kdst = lay.staged() ? me.kvrow.data() : kcw + lay.off(l, slot, kh, pos);
+              float* kdst = lay.staged() ? me.kvrow.data() : lay.of(l).kf + lay.off(l, slot, kh, pos);
               head_in(P, lw, F, lw.k_norm, qx.k + r * qx.ldk + kh * P.D, r, kdst);
-              store_kv(lay, kcw, vcw, l, slot, kh, pos, kdst, qx.v + r * qx.ldv + kh * P.D);
+              store_kv(lay, l, slot, kh, pos, kdst, qx.v + r * qx.ldv + kh * P.D);
             }
             for (int64_t g = 0; g < P.G; ++g)
               head_in(P, lw, F, lw.q_norm, qx.q + r * qx.ldq + (kh * P.G + g) * P.D, r,
@@ -520,7 +576,7 @@ torch::Tensor fused_step(FusedPlan& P, torch::Tensor x_in, std::vector<int64_t> 
           }
           int64_t first = p0 + n;
           for (int64_t i = 0; i < n; ++i) first = std::min(first, starts[i]);
-          gather_tiles(lay, kcw, vcw, l, slot, kh, first, p0 + n, me);
+          gather_tiles(lay, l, slot, kh, first, p0 + n, me);
           AttnItem a{me.q.data(), n * P.G, P.G, starts, lens, me.ktiles.data(), me.vtiles.data(), me.scores.data(),
                      me.out.data(), P.D, p0 + n, P.scale, P.softcap};
           if (q8) {

@@ -308,7 +308,8 @@ void register_fused(pybind11::module& m) {
         py::arg("linears"), py::arg("perms") = std::vector<torch::Tensor>());
   m.def("fused_step", &fused_step, "one fused forward pass of 1..64 rows", py::arg("plan"), py::arg("x"),
         py::arg("segments"), py::arg("k_cache"), py::arg("v_cache"), py::arg("block_table"), py::arg("k_scale"), py::arg("v_scale"), py::arg("out_rows"), py::arg("isa"),
-        py::arg("vnni"), py::arg("act_int8"), py::arg("threads"), py::call_guard<py::gil_scoped_release>());
+        py::arg("vnni"), py::arg("act_int8"), py::arg("threads"), py::arg("window_pool") = std::vector<torch::Tensor>(),
+        py::call_guard<py::gil_scoped_release>());
   m.def("fused_max_rows", []() { return (int64_t)FUSED_MAX_ROWS; });
 }
 

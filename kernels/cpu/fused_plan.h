@@ -147,7 +147,7 @@ std::shared_ptr<FusedPlan> make_fused_plan(std::vector<int64_t> dims, double eps
 torch::Tensor fused_step(FusedPlan& P, torch::Tensor x_in, std::vector<int64_t> segs, torch::Tensor kc,
                          torch::Tensor vc, torch::Tensor table, torch::Tensor ks, torch::Tensor vs,
                          std::vector<int64_t> out_rows, int64_t isa, bool vnni, bool act_int8,
-                         int64_t nthreads);
+                         int64_t nthreads, std::vector<torch::Tensor> window_pool);
 
 }  // namespace fused
 }  // namespace scl
