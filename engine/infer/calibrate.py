@@ -23,7 +23,7 @@ import json
 import os
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -32,7 +32,7 @@ from torch import nn
 from engine.common import datasets
 from engine.common.errors import UserError
 from engine.common.paths import cache_dir
-from engine.infer.model import Rows, rope_tables
+from engine.infer.model import KVCache, Rows, rope_tables
 from engine.quant.convert import QuantSpec
 from engine.quant.awq import search_scale
 from engine.quant.gptq import dequantize_codes, gptq_quantize, group_grid, pack_codes, rtn_codes
@@ -247,12 +247,63 @@ def _check_calibratable(model, spec: QuantSpec) -> None:
 SAMPLE_ROWS = 2048  # AWQ's scale search scores each candidate on this many input rows per layer group
 
 
+GROUP_ROWS = 8192  # calibration rows per forward pass (the default calibration set is one pass)
+
+
+class _Seen(Exception):
+    """Raised by the hook on a block's last input: the rest of that forward pass is not needed."""
+
+
+@dataclass
+class _DocGroup:
+    """Documents that go through each block in one forward pass, each in a slot of its own: the linears take all
+    their rows at once (the same bits per row as one document at a time), attention and the hooks go document by
+    document. x: their hidden rows at the block being calibrated."""
+
+    rows: Rows
+    bounds: list[tuple[int, int]]
+    tables: dict
+    x: torch.Tensor
+
+
+def _doc_groups(model, docs: list[list[int]]) -> list[_DocGroup]:
+    cfg, groups, cut = model.cfg, [], [[]]
+    for ids in docs:  # consecutive documents, up to GROUP_ROWS rows a group
+        if cut[-1] and sum(map(len, cut[-1])) + len(ids) > GROUP_ROWS:
+            cut.append([])
+        cut[-1].append(ids)
+    for part in cut:
+        rows = Rows.of([(slot, 0, len(ids)) for slot, ids in enumerate(part)], "cpu")
+        x = model.model.embed_tokens(torch.tensor([t for ids in part for t in ids], dtype=torch.long)).float()
+        if cfg.embed_scale != 1.0:
+            x = x * torch.tensor(cfg.embed_scale, dtype=x.dtype)
+        groups.append(_DocGroup(rows, [(r0, n) for _, r0, n, _ in rows.segments], rope_tables(cfg, rows), x))
+    return groups
+
+
+class _LayerCache(KVCache):
+    """One layer's K/V for a group's documents (a slot each): the pass runs one block at a time, so every layer
+    writes and reads the same storage."""
+
+    def __init__(self, cfg, slots: int, capacity: int):
+        super().__init__(replace(cfg, num_layers=1), slots, capacity, torch.float32, "cpu")
+
+    def write(self, layer: int, rows, k: torch.Tensor, v: torch.Tensor) -> None:
+        super().write(0, rows, k, v)
+
+    def read(self, layer: int, slot: int, k0: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return super().read(0, slot, k0, end)
+
+
 class _Inputs:
     """What hooks see of each input kind over the calibration rows: the mean of x xᵀ (GPTQ), or the
-    per-channel mean of |x| and of x² and a strided sample of rows (AWQ)."""
+    per-channel mean of |x| and of x² and a strided sample of rows (AWQ). A forward pass's rows are several
+    documents' one after another (`bounds`: each one's first row and count); each document is summed and
+    sampled on its own, in order."""
 
-    def __init__(self, full: bool, stride: int = 1):
-        self.full, self.stride = full, stride
+    def __init__(self, full: bool, stride: int = 1, last: str | None = None):
+        self.full, self.stride, self.last = full, stride, last
+        self.bounds: list[tuple[int, int]] = []  # the documents of the rows hooks see next
         self.sums: dict[str, torch.Tensor] = {}
         self.abs: dict[str, torch.Tensor] = {}
         self.rows: dict[str, int] = {}
@@ -261,27 +312,34 @@ class _Inputs:
 
     def hook(self, key: str):
         def add(_mod, args):
-            x = args[0].detach().reshape(-1, args[0].shape[-1]).float()
+            rows = args[0].detach().reshape(-1, args[0].shape[-1]).float()
             if key not in self.rows:
-                K = x.shape[1]
+                K = rows.shape[1]
                 self.sums[key] = torch.zeros(K, K) if self.full else torch.zeros(K)
                 self.abs[key], self.rows[key], self.sample[key] = torch.zeros(K), 0, []
-            if self.full:
-                _add_gram(self.sums[key], x)
-            else:
-                self.sums[key] += (x * x).sum(0)
-                self.abs[key] += x.abs().sum(0)
-                self.sample[key].append(x[::self.stride][:SAMPLE_ROWS])
-            self.rows[key] += x.shape[0]
+            for r0, n in self.bounds:
+                x = rows[r0:r0 + n]
+                if self.full:
+                    _add_gram(self.sums[key], x)
+                else:
+                    self.sums[key] += (x * x).sum(0)
+                    self.abs[key] += x.abs().sum(0)
+                    self.sample[key].append(x[::self.stride][:SAMPLE_ROWS])
+                self.rows[key] += n
+            if key == self.last:  # nothing after this input is needed from this pass
+                raise _Seen()
         return add
 
     def signal_hook(self, name: str):
         """A forward hook summing a linear's squared outputs less its bias: their mean over rows is tr(W H Wᵀ)."""
         def add(mod, _args, out):
-            y = (out if mod.bias is None else out - mod.bias).detach()
-            total, rows = self.outputs.get(name, (0.0, 0))
-            self.outputs[name] = (total + float(y.float().pow(2).sum(dtype=torch.float64)),
-                                  rows + y.numel() // y.shape[-1])
+            ys = (out if mod.bias is None else out - mod.bias).detach()
+            ys = ys.reshape(-1, ys.shape[-1])
+            for r0, n in self.bounds:
+                y = ys[r0:r0 + n]
+                total, rows = self.outputs.get(name, (0.0, 0))
+                self.outputs[name] = (total + float(y.float().pow(2).sum(dtype=torch.float64)),
+                                      rows + y.numel() // y.shape[-1])
         return add
 
     def signal(self, name: str) -> float | None:
@@ -363,15 +421,8 @@ def calibrate(model, spec: QuantSpec, docs: list[list[int]], say=None, should_st
         raise UserError(f"calibration method {spec.method!r} is not built", "use int4-gptq, int4-awq or int4 (rtn)")
     _check_calibratable(model, spec)
     cfg = model.cfg
-    cache = model.new_cache(1, max(map(len, docs)), torch.float32)
-    seqs = []
-    for ids in docs:
-        t = torch.tensor(ids, dtype=torch.long)
-        rows = Rows.of([(0, 0, len(ids))], "cpu")
-        x = model.model.embed_tokens(t).float()
-        if cfg.embed_scale != 1.0:
-            x = x * torch.tensor(cfg.embed_scale, dtype=x.dtype)
-        seqs.append([x, rows, rope_tables(cfg, rows)])
+    groups = _doc_groups(model, docs)
+    cache = _LayerCache(cfg, max(len(g.bounds) for g in groups), max(map(len, docs)))
     stride = max(1, sum(map(len, docs)) // SAMPLE_ROWS)
     codes: dict = {}
     errors: dict[str, float] = {}
@@ -381,15 +432,20 @@ def calibrate(model, spec: QuantSpec, docs: list[list[int]], say=None, should_st
         if should_stop and should_stop():
             raise Cancelled()
         say(f"calibrating {spec.label}: layer {i + 1}/{n_layers}")
-        seen = _Inputs(full=method == "gptq", stride=stride)
+        # AWQ needs no output of this pass: it ends at down_proj's input (GPTQ sums every linear's output)
+        seen = _Inputs(method == "gptq", stride, last=None if method == "gptq" else "down_in")
         linears = _block_linears(blk)
         handles = [lin.register_forward_pre_hook(seen.hook(key)) for key, lin in
                    {k: lin for k, lin in linears.values()}.items()]
         if seen.full:
             handles += [lin.register_forward_hook(seen.signal_hook(f"model.layers.{i}.{lname}"))
                         for lname, (_, lin) in linears.items()]
-        for x, rows, tables in seqs:
-            blk(x, *tables[cfg.ropes[i]], cache, rows)
+        for g in groups:
+            seen.bounds = g.bounds
+            try:
+                blk(g.x, *g.tables[cfg.ropes[i]], cache, g.rows)
+            except _Seen:
+                pass
         for h in handles:
             h.remove()
         scale = _awq_block(blk, i, seen, spec, floats) if method == "awq" else {}
@@ -406,14 +462,14 @@ def calibrate(model, spec: QuantSpec, docs: list[list[int]], say=None, should_st
                 codes[name] = (packed[r0:r1].contiguous(), scales[r0:r1].contiguous(), mins[r0:r1].contiguous())
                 errors[name] = _relative_error(lin.weight.data, dq[r0:r1], H, seen.signal(name))
                 lin.weight.data, r0 = dq[r0:r1].clone(), r1
-        for s in seqs:
-            s[0] = blk(s[0], *s[2][cfg.ropes[i]], cache, s[1])
+        for g in groups:
+            g.x = blk(g.x, *g.tables[cfg.ropes[i]], cache, g.rows)
     if spec.quantize_head:
         say(f"calibrating {spec.label}: the output head")
-        seen = _Inputs(full=method == "gptq", stride=stride)
-        hook = seen.hook("head_in")
-        for x, _, _ in seqs:
-            hook(None, (model.model.norm(x).float(),))
+        seen = _Inputs(method == "gptq", stride)
+        for g in groups:
+            seen.bounds = g.bounds
+            seen.hook("head_in")(None, (model.model.norm(g.x).float(),))
         head = model.lm_head.weight.data
         s = None
         if method == "awq":  # the final norm feeds only the head: fold there (a tied embedding is not touched)
