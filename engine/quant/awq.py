@@ -7,8 +7,10 @@ before) leaves the float layer unchanged while giving the salient weights more o
 mean|x|^α per channel, α searched per layer group for the least output error on calibration inputs.
 
 The rounding after scaling is gptq.group_grid's searched clip (weighted by the scaled inputs' energy)
-and round-to-nearest: AWQ's own clip search does the same job. The search's cost is one product of the
-sampled rows with each candidate's weights; each candidate's rounding is one pass over memory in scratch made once.
+and round-to-nearest: AWQ's own clip search does the same job. The search's cost is one product per
+candidate: of the sampled rows with its weights, or where the input is narrower than the sample (q/k/v,
+gate/up, the head) of its weight error with the rows' Gram matrix; each candidate's rounding is one pass
+over memory in scratch made once.
 """
 from __future__ import annotations
 
@@ -36,15 +38,24 @@ def search_scale(weights: list[torch.Tensor], x: torch.Tensor, x_abs_mean: torch
     give the least squared output error on x, summed over the linears (α = 0 is s = 1: plain rounding). Each
     candidate is rounded by min/max (as AWQ searches); the clip search runs once, on the chosen scales."""
     w = torch.cat([t.float() for t in weights], 0)
-    ref = x @ w.T
+    (T, K), N = x.shape, w.shape[0]
+    # the error mean((x Δᵀ)²) over T rows and N outputs, Δ = rounded - w: as sum((Δ G) ⊙ Δ) / (T N) with the Gram
+    # matrix G = xᵀx when K < T (K² N multiply-adds a candidate instead of T K N)
+    gram = x.T @ x if K < T else None
+    ref = x @ w.T if gram is None else None
     base = x_abs_mean.float().clamp(min=1e-8)
     best = (float("inf"), torch.ones_like(base), 0.0)
-    scratch, out = torch.empty_like(w), torch.empty_like(ref)  # the head's are 0.9 and 1.2 GB: made once
+    scratch = torch.empty_like(w)  # the head's is 0.9 GB, and so is `out`: made once
+    out = torch.empty_like(w) if gram is not None else torch.empty_like(ref)
     for a in ALPHAS:
         s = base.pow(a)
         s = (s / (s.max() * s.min()).sqrt()).clamp(min=1e-4)
-        torch.matmul(x, _minmax_roundtrip(w, s, group_size, scratch).T, out=out)
-        err = float(out.sub_(ref).square_().mean())
+        rounded = _minmax_roundtrip(w, s, group_size, scratch)
+        if gram is None:
+            err = float(torch.matmul(x, rounded.T, out=out).sub_(ref).square_().mean())
+        else:
+            d = rounded.sub_(w)
+            err = float(torch.matmul(d, gram, out=out).mul_(d).sum()) / (T * N)
         if err < best[0]:
             best = (err, s, a)
     return best[1], best[2]
