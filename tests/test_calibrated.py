@@ -133,6 +133,25 @@ def test_awq_protects_salient_channels():
     assert alpha > 0 and awq < grid / 1.2
 
 
+@pytest.mark.parametrize("T", [512, 128])  # K = 256: the Gram matrix's product at 512 rows, the rows' at 128
+def test_awq_search_picks_the_alpha_of_least_output_error(T):
+    """Through the rows or through their Gram matrix, the search minimizes mean((x (rounded - w)ᵀ)²): it picks the
+    α this float64 loop over the definition picks, and that α is not a near tie."""
+    from engine.quant.awq import ALPHAS, _minmax_roundtrip, search_scale
+
+    W, X = _layer(seed=4, N=64, T=T)
+    base = X.abs().mean(0)
+    errs = []
+    for a in ALPHAS:
+        s = base.pow(a)
+        s = (s / (s.max() * s.min()).sqrt()).clamp(min=1e-4)
+        d = _minmax_roundtrip(W, s, 32, torch.empty_like(W)).double() - W.double()
+        errs.append(float(((X.double() @ d.T) ** 2).mean()))
+    best = min(range(len(ALPHAS)), key=errs.__getitem__)
+    _, alpha = search_scale([W], X, base, X.pow(2).mean(0), 32)
+    assert alpha == ALPHAS[best] and sorted(errs)[1] > errs[best] * 1.001
+
+
 def test_awq_search_round_trip_is_the_quantizers_bit_for_bit():
     """The α search's fused round trip gives exactly the values quantize_scaled and dequantize_codes give: the
     fusion changed the search's time, not its choice (cached AWQ entries stay valid at the same version)."""
