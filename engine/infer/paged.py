@@ -54,10 +54,11 @@ def check_kv_dtype(kv_dtype: str, device) -> str:
     return kv_dtype
 
 
-def block_bytes(cfg, block_size: int, kv_name: str, layers: int = 0) -> float:
+def block_bytes(cfg, block_size: int, kv_name: str, layers: int | None = None) -> float:
     """Bytes one block holds across all layers (or `layers` of them): layers * kv_heads * block_size * (K + V
     bytes of a position)."""
-    return (layers or cfg.num_layers) * cfg.num_kv_heads * block_size * kv_pair_bytes(cfg.head_dim, kv_name)
+    n = cfg.num_layers if layers is None else layers
+    return n * cfg.num_kv_heads * block_size * kv_pair_bytes(cfg.head_dim, kv_name)
 
 
 def windowed_layers(cfg) -> tuple[int, ...]:
