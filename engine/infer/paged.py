@@ -75,6 +75,14 @@ def window_reach(cfg, second_pool: bool = False) -> int:
     return max(windows) if all(windows) or second_pool else 0
 
 
+def sequence_bytes(cfg, block_size: int, kv_name: str, one: int, window_one: int = 0) -> float:
+    """The K/V bytes of one sequence holding `one` blocks, and `window_one` more in a second pool for its windowed
+    layers (beside full ones) when given."""
+    wl = len(windowed_layers(cfg)) if window_one else 0
+    return one * block_bytes(cfg, block_size, kv_name, cfg.num_layers - wl) + \
+        (window_one * block_bytes(cfg, block_size, kv_name, wl) if wl else 0.0)
+
+
 def blocks_in_budget(cfg, block_size: int, kv_name: str, gib: float, max_model_len: int, one: int = 0,
                      window_one: int = 0) -> tuple[int, int]:
     """(blocks, windowed layers' blocks) a budget of `gib` GiB holds: with `window_one` (the blocks one sequence
@@ -86,7 +94,7 @@ def blocks_in_budget(cfg, block_size: int, kv_name: str, gib: float, max_model_l
     wl = len(windowed_layers(cfg)) if window_one else 0
     per = block_bytes(cfg, block_size, kv_name, cfg.num_layers - wl)
     wper = block_bytes(cfg, block_size, kv_name, wl) if wl else 0.0
-    need = one * per + window_one * wper  # one sequence's bytes
+    need = sequence_bytes(cfg, block_size, kv_name, one, window_one)
     n = int(gib * 2 ** 30 * (one * per / need) // per)
     wn = int(gib * 2 ** 30 * (window_one * wper / need) // wper) if wl else 0
     if n < one or wn < window_one:

@@ -198,7 +198,7 @@ class Scheduler:
 
     def _paged_cache(self, target):
         from engine.common.formulas import sequence_blocks
-        from engine.infer.paged import (PagedKVCache, block_bytes, blocks_in_budget, check_kv_dtype, kv_dtype_name,
+        from engine.infer.paged import (PagedKVCache, blocks_in_budget, check_kv_dtype, kv_dtype_name, sequence_bytes,
                                         windowed_layers)
 
         st, cfg = self.settings, target.model.cfg
@@ -208,9 +208,8 @@ class Scheduler:
         windowed = sequence_blocks(st.max_model_len, st.block_size, self.reach, self.step_rows)
         one = self.sequence_blocks = sequence_blocks(st.max_model_len, st.block_size) if wl else windowed
         self.window_sequence_blocks = windowed if wl else 0
-        per = one * block_bytes(cfg, st.block_size, name, cfg.num_layers - wl) + \
-            self.window_sequence_blocks * (block_bytes(cfg, st.block_size, name, wl) if wl else 0)
-        gib = st.kv_cache_gib or st.max_seqs * per / 2 ** 30
+        gib = st.kv_cache_gib or \
+            st.max_seqs * sequence_bytes(cfg, st.block_size, name, one, self.window_sequence_blocks) / 2 ** 30
         n, wn = blocks_in_budget(cfg, st.block_size, name, gib, st.max_model_len, one, self.window_sequence_blocks)
         return PagedKVCache(cfg, st.max_seqs, st.max_model_len, n, st.block_size, target.model.compute_dtype,
                             target.device, st.kv_dtype, st.prefix_caching, window_blocks=wn)
