@@ -4,8 +4,10 @@ with --family gemma3 a Gemma 3 one (5 windowed layers to 1 full, the windowed on
 with a 4,096-token window, sequences of 32,768 positions, scheduled as `serve` schedules them (decode-first,
 paged, prefill chunks of 64), against the same model with a cache that keeps every block; the planner's
 projection (engine/planner/counts.py kv_cache_bytes) beside both; the greedy tokens of the two runs compared.
+With --static, the static batch `bench` and `generate` run instead (engine/infer/generate.py run_static:
+prefill-first, chunks of 512), its windowed paged cache against slots that keep every position.
 
-    PYTHONPATH=. .venv/bin/python bench/kv_window.py [--family gemma3] --out docs/runs/<date>/<folder>
+    PYTHONPATH=. .venv/bin/python bench/kv_window.py [--family gemma3] [--static] --out docs/runs/<date>/<folder>
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from engine.common.formulas import sequence_blocks  # noqa: E402
@@ -57,6 +60,40 @@ def run(lm, settings, prompts, new, keep_all: bool):
                 allocated_bytes=sched.batch.cache.nbytes())
 
 
+def run_static_pair(lm, prompts, new, planner: float, out: Path, title: str) -> None:
+    """bench's static batch of the prompts with the cache it picks (paged, windows given back) and with slots."""
+    from engine.infer.generate import run_static
+
+    runs = {}
+    for kv in (None, "slots"):
+        r = run_static(lm, prompts, new, SamplingParams(), stop_at_eos=False, kv_cache=kv)
+        runs[r.settings["kv_cache"]] = r
+    paged, slots = runs["paged"], runs["slots"]
+    per_seq = paged.kv_bytes / len(prompts)
+    res = dict(kv_bytes={k: r.kv_bytes for k, r in runs.items()}, planner_bytes_per_sequence=planner,
+               held_over_full=paged.kv_bytes / slots.kv_bytes, held_over_planner=per_seq / planner,
+               tokens_identical=paged.new_tokens == slots.new_tokens,
+               prefill_s={k: r.prefill_s for k, r in runs.items()},
+               decode_step_median_s={k: float(np.median(r.step_s)) for k, r in runs.items()},
+               settings={k: r.settings for k, r in runs.items()})
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "kv_window_static.json").write_text(json.dumps(res, indent=1) + "\n")
+    lines = [f"{title}; the static batch of `bench` (run_static: prefill-first, chunks of 512) "
+             "(wall times: once each, one after the other, on a noisy host)\n",
+             "| cache | allocated MiB (the whole batch) | prefill s | decode step median ms |",
+             "| --- | ---: | ---: | ---: |"]
+    for name, k in (("paged, gives back blocks behind the window (picked)", "paged"),
+                    ("slots, every position", "slots")):
+        r = runs[k]
+        lines.append(f"| {name} | {r.kv_bytes / 2 ** 20:.1f} | {r.prefill_s:.1f} | "
+                     f"{res['decode_step_median_s'][k] * 1e3:.2f} |")
+    lines += ["", f"- held / full context: **{res['held_over_full']:.3f}**",
+              f"- held / the planner's projection: **{res['held_over_planner']:.3f}**",
+              f"- greedy tokens identical: **{res['tokens_identical']}**"]
+    (out / "kv_window_static.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--window", type=int, default=4096)
@@ -66,6 +103,7 @@ def main() -> None:
     ap.add_argument("--chunk", type=int, default=64)
     ap.add_argument("--precision", default="int4", help="the weights' (int4 and int8 run the fused C++ step)")
     ap.add_argument("--family", choices=("mistral", "gemma3"), default="mistral")
+    ap.add_argument("--static", action="store_true", help="bench's static batch (prefill-first) against slots")
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args()
     from engine.infer.loader import load
@@ -78,12 +116,18 @@ def main() -> None:
     lm = load(str(folder), a.precision)
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(3, families.VOCAB, (a.context - a.new,), generator=g).tolist() for _ in range(a.seqs)]
+    planner = kv_cache_bytes(shape_from_hf_config_file(folder / "config.json"), a.context, "fp32")
+    arch = ("Gemma 3 architecture (5 windowed layers to 1 full; the windowed ones in a pool of their own)"
+            if a.family == "gemma3" else "Mistral architecture (every layer windowed)")
+    if a.static:
+        title = f"{arch}, window {a.window}, {a.seqs} sequences of {a.context} positions, {a.precision} weights, " \
+                "fp32 KV"
+        return run_static_pair(lm, prompts, a.new, planner, a.out, title)
     settings = BatchSettings(max_seqs=a.seqs, max_model_len=a.context, max_batched_tokens=a.seqs + a.chunk,
                              prefill_chunk=a.chunk, kv_cache="paged")
     windowed = run(lm, settings, prompts, a.new, keep_all=False)
     full = run(lm, settings, prompts, a.new, keep_all=True)
     bs = 64
-    planner = kv_cache_bytes(shape_from_hf_config_file(folder / "config.json"), a.context, "fp32")
     res = dict(family=a.family, precision=a.precision, window=a.window, context=a.context, seqs=a.seqs, chunk=a.chunk,
                block_size=bs,
                formula_blocks=sequence_blocks(a.context, bs, a.window, a.chunk),
@@ -96,8 +140,6 @@ def main() -> None:
     res["held_over_planner"] = windowed["seq_bytes_most"] / planner
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "kv_window.json").write_text(json.dumps(res, indent=1) + "\n")
-    arch = ("Gemma 3 architecture (5 windowed layers to 1 full; the windowed ones in a pool of their own)"
-            if a.family == "gemma3" else "Mistral architecture (every layer windowed)")
     lines = [f"{arch}, window {a.window}, {a.seqs} sequences of {a.context} "
              f"positions, prefill chunks of {a.chunk}, blocks of {bs}, {a.precision} weights, fp32 KV "
              "(wall times: once each, one after the other, on a noisy host)\n",

@@ -192,3 +192,26 @@ def test_a_budget_below_one_sequence_of_both_pools_is_refused_naming_both(gemma)
     msg = str(e.value)
     assert "(22 blocks" in msg and "2 windowed layers hold their window and one step's rows in 3 blocks more" in msg
     assert f"at least {need:.3f}" in msg
+
+
+@pytest.mark.parametrize("model, pools", [("mistral", (10, 0)), ("gemma_int8", (21, 10))])
+def test_a_static_batch_holds_its_window_with_the_tokens_of_slots(request, model, pools):
+    """bench and generate's static batch (prefill-first, 512-row chunks): a windowed model's K/V go in the paged
+    cache that gives blocks back, one chunk a step, with the tokens of slots that keep every position. 1,341
+    positions a sequence: the window's 63 keys and a chunk span 10 blocks (Mistral: every layer; Gemma: its two
+    windowed layers, its full one all 21). Short sequences stay in slots, which hold less than whole blocks."""
+    from engine.infer.generate import run_static
+
+    lm = request.getfixturevalue(model)
+    cfg, prompts = lm.model.cfg, _prompts((1300, 700), seed=11)
+    paged = run_static(lm, prompts, N_NEW, SamplingParams(), stop_at_eos=False)
+    slots = run_static(lm, prompts, N_NEW, SamplingParams(), stop_at_eos=False, kv_cache="slots")
+    assert (paged.settings["kv_cache"], slots.settings["kv_cache"]) == ("paged", "slots")
+    assert paged.new_tokens == slots.new_tokens and all(len(t) == N_NEW for t in paged.new_tokens)
+    one, window_one = pools
+    layers = cfg.num_layers - 2 if window_one else cfg.num_layers
+    assert paged.kv_bytes == 2 * (one * block_bytes(cfg, 64, "fp32", layers) +
+                                  window_one * block_bytes(cfg, 64, "fp32", 2))
+    assert slots.kv_bytes == 2 * 1341 * block_bytes(cfg, 1, "fp32")
+    short = run_static(lm, _prompts((40,)), N_NEW, SamplingParams(), stop_at_eos=False)
+    assert short.settings["kv_cache"] == "slots"

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import torch
 
 from engine.infer.batch import Request
+from engine.infer.paged import windows_pay
 from engine.infer.sampling import SamplingParams
 from engine.infer.scheduler import BatchSettings, Scheduler, speculation_headroom
 from engine.infer.spec_stats import SpecStats
@@ -43,18 +44,24 @@ class GenerationResult:
 
 def run_static(lm, ids: list[list[int]], max_new_tokens: int, sp: SamplingParams, on_token=None,
                stop_at_eos: bool = True, proposer_spec=None, gamma: int = 0, adaptive: bool = False,
-               stop: tuple[str, ...] = (), max_seqs: int | None = None) -> GenerationResult:
+               stop: tuple[str, ...] = (), max_seqs: int | None = None, kv_cache: str | None = None
+               ) -> GenerationResult:
     """Run a static batch of already-encoded prompts to completion and time it; `stop` ends a sequence at
     the first of these strings (its tokens up to there are kept in new_tokens). `max_seqs` below the
     number of prompts batches continuously: at most that many in flight, the next admitted as one ends
-    (the step times then mix prefills into decode steps)."""
+    (the step times then mix prefills into decode steps). The K/V sit in slots of every position, or
+    (kv_cache None) for a model with sliding windows in a paged cache holding each sequence's window where
+    that is smaller (prompts then go in one chunk a step: scheduler.py); the result's settings say which."""
     b, longest = len(ids), max(len(x) for x in ids)
     m = min(b, max_seqs or b)
     headroom = speculation_headroom(proposer_spec, gamma)
     widest = sum(sorted(len(x) for x in ids)[-m:])  # the m longest prompts read in one step
-    settings = BatchSettings(max_seqs=m, max_model_len=longest + max_new_tokens + headroom + 1,
+    positions = longest + max_new_tokens + headroom + 1
+    if kv_cache is None:  # a sliding window's blocks go back behind it, where that holds less than a slot
+        kv_cache = "paged" if windows_pay(lm.model.cfg, positions, max(PREFILL_CHUNK, gamma + 1)) else "slots"
+    settings = BatchSettings(max_seqs=m, max_model_len=positions,
                              max_batched_tokens=max(widest, m * (gamma + 1)) + PREFILL_CHUNK,
-                             prefill_chunk=PREFILL_CHUNK, max_waiting=b, policy="prefill-first")
+                             prefill_chunk=PREFILL_CHUNK, max_waiting=b, policy="prefill-first", kv_cache=kv_cache)
     sched = Scheduler(lm, settings, proposer_spec, gamma, adaptive, eos=eos_ids(lm) if stop_at_eos else set())
     index = {}
 

@@ -75,6 +75,27 @@ def window_reach(cfg, second_pool: bool = False) -> int:
     return max(windows) if all(windows) or second_pool else 0
 
 
+def held_blocks(cfg, positions: int, block_size: int, reach: int, step_rows: int) -> tuple[int, int]:
+    """(blocks, windowed layers' blocks in a second pool) one sequence of `positions` holds at most when the
+    blocks `reach` positions behind its next step go back (window_reach; 0: none do): every layer's window
+    (Mistral), or every position in the full layers' pool and the window in the other (Gemma), or all (no
+    window: (all, 0)). engine.common.formulas.sequence_blocks counts them."""
+    windowed = sequence_blocks(positions, block_size, reach, step_rows)
+    if reach and windowed_layers(cfg):
+        return sequence_blocks(positions, block_size), windowed
+    return windowed, 0
+
+
+def windows_pay(cfg, positions: int, step_rows: int, block_size: int = BLOCK_SIZE) -> bool:
+    """Whether a paged cache that gives back the blocks behind a sliding window holds fewer bytes for a sequence
+    of `positions` than a slot of that many positions (a static batch takes it then: engine/infer/generate.py)."""
+    reach = window_reach(cfg, second_pool=True)
+    if not reach:
+        return False
+    one, window_one = held_blocks(cfg, positions, block_size, reach, step_rows)
+    return sequence_bytes(cfg, block_size, "fp32", one, window_one) < positions * block_bytes(cfg, 1, "fp32")
+
+
 def sequence_bytes(cfg, block_size: int, kv_name: str, one: int, window_one: int = 0) -> float:
     """The K/V bytes of one sequence holding `one` blocks, and `window_one` more in a second pool for its windowed
     layers (beside full ones) when given."""

@@ -17,10 +17,11 @@ Settings (recorded in every record that uses them):
   paged.py, blocks.py) holds blocks of block_size positions in a budget of kv_cache_gib GiB (0: as
   much as the slots would take), taken as sequences grow; prefix_caching reuses the cached blocks a
   prompt starts with; kv_dtype is the cached K/V's precision (auto: the compute dtype, int8, fp8).
-  When every layer attends within a sliding window (Mistral) and the policy is decode-first, a
-  sequence holds only its window: it is admitted with the blocks of its first prefill chunk, takes
-  each next chunk's as it comes, and gives back the blocks behind its window after every step, so
-  the default budget is what max_seqs such sequences hold (engine.common.formulas.sequence_blocks).
+  When every layer attends within a sliding window (Mistral), a sequence holds only its window: it
+  is admitted with the blocks of its first prefill chunk, takes each next chunk's as it comes (one
+  chunk a step, under either policy), and gives back the blocks behind its window after every step,
+  so the default budget is what max_seqs such sequences hold (engine.common.formulas.sequence_blocks);
+  windowed layers beside full ones (Gemma 2/3) do so in a pool of their own.
 
 Policy, every step:
 1. admit waiting requests into free slots, first come first served (a slot is freed the moment
@@ -137,8 +138,7 @@ class Scheduler:
         self.headroom = speculation_headroom(proposer_spec, gamma)
         # the keys a sequence's next step can read start `reach` positions back: blocks before go back (every
         # layer's, or the windowed layers' pool beside full layers)
-        self.reach = window_reach(target.model.cfg, second_pool=True) if (settings.kv_cache == "paged"
-                                                                          and settings.policy == "decode-first") else 0
+        self.reach = window_reach(target.model.cfg, second_pool=True) if settings.kv_cache == "paged" else 0
         self.step_rows = max(settings.prefill_chunk, 1 + (gamma if proposer_spec else 0))
         cache = self._paged_cache(target) if settings.kv_cache == "paged" else None
         self.blocks = cache.blocks if cache is not None else None
@@ -197,17 +197,15 @@ class Scheduler:
         self.step_s_ewma = 0.05
 
     def _paged_cache(self, target):
-        from engine.common.formulas import sequence_blocks
-        from engine.infer.paged import (PagedKVCache, blocks_in_budget, check_kv_dtype, kv_dtype_name, sequence_bytes,
-                                        windowed_layers)
+        from engine.infer.paged import PagedKVCache, blocks_in_budget, check_kv_dtype, held_blocks, sequence_bytes
 
         st, cfg = self.settings, target.model.cfg
         check_kv_dtype(st.kv_dtype, target.device)
         name = kv_dtype_name(st.kv_dtype, target.model.compute_dtype)
-        wl = len(windowed_layers(cfg)) if self.reach else 0  # windowed layers beside full ones: a pool of their own
-        windowed = sequence_blocks(st.max_model_len, st.block_size, self.reach, self.step_rows)
-        one = self.sequence_blocks = sequence_blocks(st.max_model_len, st.block_size) if wl else windowed
-        self.window_sequence_blocks = windowed if wl else 0
+        # windowed layers beside full ones keep blocks in a pool of their own (window_sequence_blocks > 0)
+        one, self.window_sequence_blocks = held_blocks(cfg, st.max_model_len, st.block_size, self.reach,
+                                                       self.step_rows)
+        self.sequence_blocks = one
         gib = st.kv_cache_gib or \
             st.max_seqs * sequence_bytes(cfg, st.block_size, name, one, self.window_sequence_blocks) / 2 ** 30
         n, wn = blocks_in_budget(cfg, st.block_size, name, gib, st.max_model_len, one, self.window_sequence_blocks)
@@ -415,8 +413,8 @@ class Scheduler:
                     break
                 chunks.append((s, n))
                 budget, pos = budget - n, pos + n
-                if st.policy == "decode-first":
-                    break  # one chunk per sequence per step
+                if st.policy == "decode-first" or self.reach:
+                    break  # one chunk per sequence per step (a window's blocks are taken chunk by chunk)
             if not fits:
                 break
         return decode, chunks
