@@ -165,6 +165,16 @@ def test_block_manager_shares_by_reference_and_evicts_least_recently_freed():
     assert bm.evictions == 2 and not bm.cached
 
 
+def test_a_cpu_pool_keeps_each_heads_blocks_in_one_run(small_fp32):
+    """On CPU a pool is [layers, KV, blocks, bs, D] behind its [layers, blocks, KV, bs, D] view (values and int8
+    scales alike): head h's block b + 1 starts where its block b ends."""
+    cfg = small_fp32.model.cfg
+    c = PagedKVCache(cfg, 1, 256, 8, 64, torch.float32, "cpu", "int8")
+    for t, last in ((c.k, cfg.head_dim), (c.v, cfg.head_dim), (c.k_scale, cfg.head_dim // 32), (c.v_scale, 1)):
+        assert t.shape == (cfg.num_layers, 8, cfg.num_kv_heads, 64, last) and t.transpose(1, 2).is_contiguous()
+        assert t[0, 1, 1].data_ptr() - t[0, 0, 1].data_ptr() == 64 * last * t.element_size()
+
+
 def test_two_pools_take_blocks_in_both_or_neither_and_reuse_what_both_hold():
     """blocks.TwoPools (a model's windowed layers in a pool of their own): a prompt the full pool cannot hold
     takes nothing from the windowed pool either; a prefix is reused only as far as both pools still hold it."""

@@ -164,15 +164,24 @@ class PagedKVCache(nn.Module):
         self._where: dict = {}  # pool -> (rows, block per row, offset per row) of the current forward
 
     def _pool(self, p: str, cfg, layers: int, blocks: int, device) -> None:
-        """A pool's K/V [layers, blocks, KV, block_size, D] (and int8 scales), and its block table."""
-        shape = (layers, blocks, cfg.num_kv_heads, self.block_size, cfg.head_dim)
+        """A pool's K/V [layers, blocks, KV, block_size, D] (and int8 scales), and its block table. On CPU that is a
+        view of [layers, KV, blocks, block_size, D]: one head's blocks b, b + 1 are then one run of memory, which the
+        fused step's attention reads as fast as a slot's (a block-major pool read 1.1-1.6x slower; BENCHMARKS.md,
+        session 34). CUDA's decode kernel reads the block-major layout itself."""
+        head_major = torch.device(device).type == "cpu"
+
+        def zeros(last: int, dt) -> torch.Tensor:
+            if head_major:
+                return torch.zeros((layers, cfg.num_kv_heads, blocks, self.block_size, last), dtype=dt,
+                                   device=device).transpose(1, 2)
+            return torch.zeros((layers, blocks, cfg.num_kv_heads, self.block_size, last), dtype=dt, device=device)
+
         dt = _TORCH[self.kv_name]
-        self.register_buffer(f"{p}k", torch.zeros(shape, dtype=dt, device=device), persistent=False)
-        self.register_buffer(f"{p}v", torch.zeros(shape, dtype=dt, device=device), persistent=False)
-        if self.quantized:  # fp16 scales per (layer, block, kv head, position, group)
+        self.register_buffer(f"{p}k", zeros(cfg.head_dim, dt), persistent=False)
+        self.register_buffer(f"{p}v", zeros(cfg.head_dim, dt), persistent=False)
+        if self.quantized:  # fp16 scales per (layer, block, kv head, position, group), laid out as the values
             for n in ("k", "v"):
-                self.register_buffer(f"{p}{n}_scale", torch.zeros(shape[:-1] + (self.groups[n],),
-                                                                  dtype=torch.float16, device=device), persistent=False)
+                self.register_buffer(f"{p}{n}_scale", zeros(self.groups[n], torch.float16), persistent=False)
         setattr(self, f"{p}table", torch.zeros((self.slots, self.max_blocks), dtype=torch.int32, device=device))
 
     def _tensors(self, pool: int) -> tuple:

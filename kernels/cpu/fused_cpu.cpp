@@ -123,9 +123,13 @@ inline void head_in(const FusedPlan& P, const LayerW& lw, const IsaFns& F, const
 
 // One tensor pair of the cache: a slot cache [layers, slots, KV, cap, D] (table null), or a paged one [layers,
 // blocks, KV, bs, D] whose slot s holds block table[s * tw + pos / bs]; fp32 values, or an int8 cache's values
-// and fp16 scales (per KV_K_GROUP values of K, per V vector; paged.py), or a bf16 cache's value bits.
+// and fp16 scales (per KV_K_GROUP values of K, per V vector; paged.py), or a bf16 cache's value bits. A paged
+// cache on CPU is stored head-major ([layers, KV, blocks, bs, D] behind that view: paged.py), so one head's
+// consecutive blocks are one run of memory; `st` holds the strides of dims 0-2 in rows of D values (a position's
+// row is contiguous, and so are a block's positions; the scales are laid out as the values, D -> groups).
 struct KVPool {
   int64_t n1 = 0;                  // slots or blocks
+  int64_t st[3] = {0, 0, 0};       // rows between layers, slots or blocks, kv heads
   const int32_t* table = nullptr;
   int64_t tw = 0;                  // table row width (blocks per slot)
   float* kf = nullptr;
@@ -152,9 +156,9 @@ struct KVLayout {
   int64_t off(int64_t l, int64_t slot, int64_t kh, int64_t pos) const {
     const KVPool& p = of(l);
     const int64_t li = lidx[(size_t)l];
-    if (!p.table) return (((li * p.n1 + slot) * KV + kh) * n3 + pos) * D;
+    if (!p.table) return (li * p.st[0] + slot * p.st[1] + kh * p.st[2] + pos) * D;
     const int64_t b = p.table[slot * p.tw + pos / n3];
-    return (((li * p.n1 + b) * KV + kh) * n3 + pos % n3) * D;
+    return (li * p.st[0] + b * p.st[1] + kh * p.st[2] + pos % n3) * D;
   }
 };
 
@@ -258,22 +262,40 @@ inline int64_t chunk_of(int64_t units, int64_t nt) {
   return std::max<int64_t>(1, units / (8 * nt));
 }
 
+// A paged pool stored head-major: the [layers, blocks, KV, bs, D] view of a contiguous [layers, KV, blocks, bs, D].
+bool head_major(const torch::Tensor& c) {
+  const int64_t D = c.size(4), bs = c.size(3), nb = c.size(1), KV = c.size(2);
+  return c.stride(4) == 1 && c.stride(3) == D && c.stride(1) == bs * D && c.stride(2) == nb * bs * D &&
+         c.stride(0) == KV * nb * bs * D;
+}
+
+// Scales s [..., groups] laid out as their values v [..., D]: the same order of rows (dims 0-3), groups contiguous.
+bool laid_as(const torch::Tensor& s, const torch::Tensor& v) {
+  const int64_t g = s.size(4), D = v.size(4);
+  if (s.dim() != 5 || s.stride(4) != 1) return false;
+  for (int d = 0; d < 4; ++d)
+    if (s.size(d) != v.size(d) || s.stride(d) * D != v.stride(d) * g) return false;
+  return true;
+}
+
 // A pool's tensors checked and entered into lay.pool[i]: `layers` of the model's layers, the same dtype and block
 // size as pool 0.
 void enter_pool(const FusedPlan& P, KVLayout& lay, int i, int64_t layers, torch::Tensor& kc, torch::Tensor& vc,
                 torch::Tensor& table, torch::Tensor& ks, torch::Tensor& vs) {
+  const bool paged = table.numel() > 0;
   for (auto* c : {&kc, &vc})
     TORCH_CHECK((c->scalar_type() == torch::kFloat32 || c->scalar_type() == torch::kInt8 ||
-                 c->scalar_type() == torch::kBFloat16) && c->is_contiguous() &&
-                    c->dim() == 5 && c->size(0) == layers && c->size(2) == P.KV && c->size(4) == P.D,
-                "cache must be contiguous fp32, bf16 or int8 [layers, slots or blocks, kv_heads, positions, "
-                "head_dim]");
-  TORCH_CHECK(kc.sizes() == vc.sizes() && kc.scalar_type() == vc.scalar_type(), "k and v caches differ");
-  const bool paged = table.numel() > 0;
+                 c->scalar_type() == torch::kBFloat16) && c->dim() == 5 && c->size(0) == layers &&
+                    c->size(2) == P.KV && c->size(4) == P.D && (c->is_contiguous() || (paged && head_major(*c))),
+                "cache must be fp32, bf16 or int8 [layers, slots or blocks, kv_heads, positions, head_dim], "
+                "contiguous, or (paged) a view of [layers, kv_heads, blocks, positions, head_dim]");
+  TORCH_CHECK(kc.sizes() == vc.sizes() && kc.scalar_type() == vc.scalar_type() && kc.strides() == vc.strides(),
+              "k and v caches differ");
   TORCH_CHECK(!lay.q8 || (paged && P.D % KV_K_GROUP == 0 && ks.scalar_type() == torch::kHalf &&
-                          vs.scalar_type() == torch::kHalf && ks.is_contiguous() && vs.is_contiguous() &&
-                          ks.numel() == kc.numel() / KV_K_GROUP && vs.numel() == vc.numel() / P.D),
-              "an int8 cache is paged, with fp16 scales per ", KV_K_GROUP, " key values and per value vector");
+                          vs.scalar_type() == torch::kHalf && ks.numel() == kc.numel() / KV_K_GROUP &&
+                          vs.numel() == vc.numel() / P.D && laid_as(ks, kc) && laid_as(vs, vc)),
+              "an int8 cache is paged, with fp16 scales per ", KV_K_GROUP, " key values and per value vector, "
+              "laid out as its values");
   TORCH_CHECK(!paged || (table.scalar_type() == torch::kInt32 && table.is_contiguous() && table.dim() == 2 &&
                          kc.size(3) % KEY_TILE == 0),
               "a paged cache needs a contiguous int32 block table [slots, blocks] and a block size that is a "
@@ -284,6 +306,7 @@ void enter_pool(const FusedPlan& P, KVLayout& lay, int i, int64_t layers, torch:
               "the windowed layers' pool must be paged like the first, in its dtype, block size and table shape");
   KVPool& p = lay.pool[i];
   p.n1 = kc.size(1);
+  for (int d = 0; d < 3; ++d) p.st[d] = kc.stride(d) / P.D;
   p.table = paged ? table.data_ptr<int32_t>() : nullptr;
   p.tw = paged ? table.size(1) : 0;
   p.table_sizes = table.sizes().vec();
