@@ -165,6 +165,24 @@ def test_block_manager_shares_by_reference_and_evicts_least_recently_freed():
     assert bm.evictions == 2 and not bm.cached
 
 
+def test_sequences_growing_side_by_side_keep_their_blocks_in_runs():
+    """A sequence takes the block after its last while it is free (one head's consecutive blocks are one run of
+    memory on CPU, which attention reads as fast as a slot); a second sequence starts in the middle of the free
+    run the first would grow into, so both go on in runs; a window's blocks given back are taken again in order."""
+    bm = BlockManager(num_blocks=16, block_size=64, prefix_caching=False)
+    assert bm.admit(0, [1] * 130, 130, 0) == 0 and bm.tables[0] == [0, 1, 2]
+    assert bm.admit(1, [2] * 70, 70, 0) == 0 and bm.tables[1] == [9, 10]  # the middle of the free run 3..15
+    for n in range(4, 8):
+        assert bm.grow(0, n * 64) and bm.grow(1, (n - 1) * 64)
+    assert bm.tables[0] == list(range(7)) and bm.tables[1] == list(range(9, 15))
+    bm.trim(0, 4 * 64)  # blocks 0-3 go back behind a window
+    assert bm.grow(0, 8 * 64) and bm.grow(0, 9 * 64) and bm.tables[0][7:] == [7, 8]  # 7, 8 are free: still in order
+    assert bm.grow(1, 7 * 64) and bm.tables[1][-1] == 15
+    assert bm.grow(1, 8 * 64) and bm.tables[1][-1] == 0  # 16 is past the end: the longest free run, 0-3
+    # 9 is held: the free run 1-3 follows sequence 1's last block (0), so sequence 0 starts in its middle
+    assert bm.available() == 3 and bm.grow(0, 10 * 64) and bm.tables[0][-1] == 2 and bm.used() == 14
+
+
 def test_a_cpu_pool_keeps_each_heads_blocks_in_one_run(small_fp32):
     """On CPU a pool is [layers, KV, blocks, bs, D] behind its [layers, blocks, KV, bs, D] view (values and int8
     scales alike): head h's block b + 1 starts where its block b ends."""

@@ -14,13 +14,19 @@ behind its window are given back as it moves on (`trim`); their table entries be
 no kernel reads (the fused step and the PyTorch path read keys from the window's start on). A model
 with full layers beside windowed ones (Gemma 2/3, Qwen2 with max_window_layers) keeps its windowed
 layers in blocks of their own (`TwoPools`): those go back behind the window, the full layers' stay.
+Which free block a sequence takes: the one after its last, when free, so its blocks run in order through memory
+(a head's consecutive blocks are one run on CPU: paged.py; attention reads a run as fast as a slot, blocks out of
+order 1.4x slower); else the first of the longest free run, or its middle when a sequence could grow into its
+first, so sequences growing side by side keep runs of their own.
 Pure Python: the tensors live in engine/infer/paged.py.
 """
 from __future__ import annotations
 
 import hashlib
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from dataclasses import dataclass
+
+import numpy as np
 
 _ROOT = b"scl-kv-prefix"
 RELEASED = -1  # a table entry behind the window: its block went back
@@ -48,7 +54,8 @@ class PrefixStats:
 class BlockManager:
     def __init__(self, num_blocks: int, block_size: int, prefix_caching: bool):
         self.num_blocks, self.block_size, self.prefix_caching = num_blocks, block_size, prefix_caching
-        self.free: deque[int] = deque(range(num_blocks))  # blocks holding nothing worth keeping
+        self.free = np.ones(num_blocks, dtype=bool)  # blocks holding nothing worth keeping
+        self.n_free = num_blocks
         self.ref = [0] * num_blocks
         self.key: list[bytes | None] = [None] * num_blocks
         self.cached: dict[bytes, int] = {}  # key -> block
@@ -72,7 +79,7 @@ class BlockManager:
 
     def available(self) -> int:
         """Blocks a sequence could take now: the free ones and the cached ones nobody holds."""
-        return len(self.free) + len(self.lru)
+        return self.n_free + len(self.lru)
 
     def used(self) -> int:
         """Blocks some sequence holds (vLLM's KV-cache usage counts these)."""
@@ -115,7 +122,7 @@ class BlockManager:
             return None
         for b in hits:
             self._hold(b)
-        self.tables[slot] = hits + [self._take() for _ in range(need)]
+        self.tables[slot] = self._extend(list(hits), need)
         self.trimmed[slot] = 0
         self.chain[slot] = [self.key[b] for b in hits]
         self.peak = max(self.peak, self.used())
@@ -130,7 +137,7 @@ class BlockManager:
         need = self.blocks_for(positions) - len(table)
         if need > self.available():
             return False
-        table += [self._take() for _ in range(max(0, need))]
+        self._extend(table, need)
         self.peak = max(self.peak, self.used())
         return True
 
@@ -189,16 +196,36 @@ class BlockManager:
             if self.key[b] is not None:
                 self.lru[b] = None
             else:
-                self.free.append(b)
+                self.free[b] = True
+                self.n_free += 1
 
     def _hold(self, b: int) -> None:
         if self.ref[b] == 0:
             self.lru.pop(b, None)
         self.ref[b] += 1
 
-    def _take(self) -> int:
-        if self.free:
-            b = self.free.popleft()
+    def _extend(self, table: list[int], need: int) -> list[int]:
+        """table with `need` blocks more, each taken after the one before it."""
+        for _ in range(max(0, need)):
+            table.append(self._take(table[-1] if table and table[-1] != RELEASED else None))
+        return table
+
+    def _first_free(self) -> int:
+        """The first block of the longest free run, or its middle when that run follows a sequence's last block
+        (which may grow into it)."""
+        edges = np.flatnonzero(np.diff(np.concatenate(([False], self.free, [False])).astype(np.int8)))
+        starts, ends = edges[0::2], edges[1::2]
+        i = int(np.argmax(ends - starts))
+        s, e = int(starts[i]), int(ends[i])
+        tails = {t[-1] for t in self.tables.values() if t}
+        return s if s == 0 or s - 1 not in tails else (s + e) // 2
+
+    def _take(self, after: int | None = None) -> int:
+        if self.n_free:
+            b = after + 1 if after is not None and after + 1 < self.num_blocks and self.free[after + 1] \
+                else self._first_free()
+            self.free[b] = False
+            self.n_free -= 1
         else:  # the least recently freed cached block
             b, _ = self.lru.popitem(last=False)
             del self.cached[self.key[b]]
