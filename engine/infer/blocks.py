@@ -16,7 +16,7 @@ with full layers beside windowed ones (Gemma 2/3, Qwen2 with max_window_layers) 
 layers in blocks of their own (`TwoPools`): those go back behind the window, the full layers' stay.
 Which free block a sequence takes: the one after its last, when free, so its blocks run in order through memory
 (a head's consecutive blocks are one run on CPU: paged.py; attention reads a run as fast as a slot, blocks out of
-order 1.4x slower); else the first of the longest free run, or its middle when a sequence could grow into its
+order 1.34x slower); else the first of the longest free run, or its middle when a sequence could grow into its
 first, so sequences growing side by side keep runs of their own.
 Pure Python: the tensors live in engine/infer/paged.py.
 """

@@ -168,8 +168,8 @@ class PagedKVCache(nn.Module):
     def _pool(self, p: str, cfg, layers: int, blocks: int, device) -> None:
         """A pool's K/V [layers, blocks, KV, block_size, D] (and int8 scales), and its block table. On CPU that is a
         view of [layers, KV, blocks, block_size, D]: one head's blocks b, b + 1 are then one run of memory, which the
-        fused step's attention reads as fast as a slot's (a block-major pool read 1.1-1.6x slower; BENCHMARKS.md,
-        session 34). CUDA's decode kernel reads the block-major layout itself."""
+        fused step's attention reads as fast as a slot's (a block-major pool 1.17x slower: BENCHMARKS.md, session
+        34). CUDA's decode kernel reads the block-major layout itself."""
         head_major = self.head_major = torch.device(device).type == "cpu"
 
         def zeros(last: int, dt) -> torch.Tensor:
