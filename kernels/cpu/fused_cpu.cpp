@@ -271,8 +271,8 @@ bool head_major(const torch::Tensor& c) {
 
 // Scales s [..., groups] laid out as their values v [..., D]: the same order of rows (dims 0-3), groups contiguous.
 bool laid_as(const torch::Tensor& s, const torch::Tensor& v) {
-  const int64_t g = s.size(4), D = v.size(4);
   if (s.dim() != 5 || s.stride(4) != 1) return false;
+  const int64_t g = s.size(4), D = v.size(4);
   for (int d = 0; d < 4; ++d)
     if (s.size(d) != v.size(d) || s.stride(d) * D != v.stride(d) * g) return false;
   return true;
