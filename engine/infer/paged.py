@@ -170,7 +170,7 @@ class PagedKVCache(nn.Module):
         view of [layers, KV, blocks, block_size, D]: one head's blocks b, b + 1 are then one run of memory, which the
         fused step's attention reads as fast as a slot's (a block-major pool 1.17x slower: BENCHMARKS.md, session
         34). CUDA's decode kernel reads the block-major layout itself."""
-        head_major = self.head_major = torch.device(device).type == "cpu"
+        head_major = torch.device(device).type == "cpu"
 
         def zeros(last: int, dt) -> torch.Tensor:
             if head_major:
@@ -258,31 +258,21 @@ class PagedKVCache(nn.Module):
         return dequantize_int8(qq, s).to(q.dtype)
 
     def read(self, layer: int, slot: int, k0: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Slot's K and V at positions [k0, end): [KV, end - k0, D] in the compute dtype. A head-major pool (CPU)
-        gathers each head's blocks straight into that layout, or hands a view where the blocks run in order."""
+        """Slot's K and V at positions [k0, end): [KV, end - k0, D] in the compute dtype: each head's blocks
+        gathered straight into that layout, or sliced where they run in order (on CPU's head-major pool a view,
+        as a slot's keys are)."""
         bs = self.block_size
         b0, b1 = k0 // bs, -(-end // bs)
         pool, j = self.pool_of[layer]
         kc, vc, ks, vs, table = self._tensors(pool)
         idx = table[slot, b0:b1].long()
-        if self.head_major:
-            first, nb = int(idx[0]), b1 - b0
-            run = int(idx[-1]) - first == nb - 1 and (nb < 3 or bool((idx.diff() == 1).all()))
-            pick = slice(first, first + nb) if run else idx
-            out = []
-            for cache, scale in ((kc, ks), (vc, vs)):
-                x = cache[j].transpose(0, 1)[:, pick]  # [KV, nb, bs, D]
-                if self.quantized:
-                    x = dequantize_int8(x, scale[j].transpose(0, 1)[:, pick])
-                out.append(x.to(self.compute_dtype).reshape(x.shape[0], -1, x.shape[-1])[:, k0 - b0 * bs:end - b0 * bs])
-            return out[0], out[1]
+        pick = slice(int(idx[0]), int(idx[0]) + b1 - b0) if bool((idx.diff() == 1).all()) else idx
         out = []
         for cache, scale in ((kc, ks), (vc, vs)):
-            x = cache[j, idx]  # [nb, KV, bs, D]
+            x = cache[j].transpose(0, 1)[:, pick]  # [KV, nb, bs, D]
             if self.quantized:
-                x = dequantize_int8(x, scale[j, idx])
-            x = x.to(self.compute_dtype).transpose(0, 1).reshape(x.shape[1], -1, x.shape[-1])
-            out.append(x[:, k0 - b0 * bs:end - b0 * bs])
+                x = dequantize_int8(x, scale[j].transpose(0, 1)[:, pick])
+            out.append(x.to(self.compute_dtype).reshape(x.shape[0], -1, x.shape[-1])[:, k0 - b0 * bs:end - b0 * bs])
         return out[0], out[1]
 
 
