@@ -7,7 +7,7 @@ time decoding alone. Speculative generation is the same with a proposer (specula
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -57,11 +57,13 @@ def run_static(lm, ids: list[list[int]], max_new_tokens: int, sp: SamplingParams
     headroom = speculation_headroom(proposer_spec, gamma)
     widest = sum(sorted(len(x) for x in ids)[-m:])  # the m longest prompts read in one step
     positions = longest + max_new_tokens + headroom + 1
-    if kv_cache is None:  # a sliding window's blocks go back behind it, where that holds less than a slot
-        kv_cache = "paged" if windows_pay(lm.model.cfg, positions, max(PREFILL_CHUNK, gamma + 1)) else "slots"
     settings = BatchSettings(max_seqs=m, max_model_len=positions,
                              max_batched_tokens=max(widest, m * (gamma + 1)) + PREFILL_CHUNK,
-                             prefill_chunk=PREFILL_CHUNK, max_waiting=b, policy="prefill-first", kv_cache=kv_cache)
+                             prefill_chunk=PREFILL_CHUNK, max_waiting=b, policy="prefill-first")
+    if kv_cache is None:  # a sliding window's blocks go back behind it, where that holds less than a slot
+        rows = settings.step_rows(gamma if proposer_spec else 0)
+        kv_cache = "paged" if windows_pay(lm.model.cfg, positions, rows) else "slots"
+    settings = replace(settings, kv_cache=kv_cache)
     sched = Scheduler(lm, settings, proposer_spec, gamma, adaptive, eos=eos_ids(lm) if stop_at_eos else set())
     index = {}
 

@@ -115,6 +115,11 @@ class BatchSettings:
                             f"raise max_batched_tokens to at least {need}, or lower max_seqs or prefill_chunk")
         return self
 
+    def step_rows(self, gamma: int = 0) -> int:
+        """The most rows one sequence runs in a step: a prefill chunk, or a decode round (its last token and
+        gamma drafts)."""
+        return max(self.prefill_chunk, 1 + gamma)
+
     def to_dict(self) -> dict:
         return asdict(self)
 
@@ -139,7 +144,7 @@ class Scheduler:
         # the keys a sequence's next step can read start `reach` positions back: blocks before go back (every
         # layer's, or the windowed layers' pool beside full layers)
         self.reach = window_reach(target.model.cfg, second_pool=True) if settings.kv_cache == "paged" else 0
-        self.step_rows = max(settings.prefill_chunk, 1 + (gamma if proposer_spec else 0))
+        self.step_rows = settings.step_rows(gamma if proposer_spec else 0)
         cache = self._paged_cache(target) if settings.kv_cache == "paged" else None
         self.blocks = cache.blocks if cache is not None else None
         proposer = proposer_spec.build(settings.max_seqs, settings.max_model_len) if proposer_spec else None
