@@ -217,12 +217,20 @@ def test_two_pools_take_blocks_in_both_or_neither_and_reuse_what_both_hold():
 def test_int8_kv_runs_in_the_fused_step_within_the_same_bound(small_int4):
     """The int4 model's fused C++ step quantizes and dequantizes an int8 paged cache itself (no fallback to
     PyTorch), the table's blocks out of order. Against the same model with an fp32 cache (measured with the
-    integer dot products: 0.0050 mean, 0.079 max fused; 0.0055 and 0.082 through the PyTorch path with
-    SCL_FUSED=0; the dequantizing step before them: 0.0073 and 0.167): bound 0.008 and 0.15."""
+    integer dot products: 0.0050 mean, 0.079 max fused on AVX-512; 0.0055 and 0.082 through the PyTorch path with
+    SCL_FUSED=0; the dequantizing step before them: 0.0073 and 0.167): bound 0.008 and 0.15.
+
+    The max sits at positions 1-5, where Qwen's huge first-token activations make the int8 rounding of a linear's
+    input turn on a float sum's last bits: with the fp32 cache alone, the AVX2 and scalar builds' logits there
+    differ by KL 0.076 (session 35). Each ISA's value is deterministic; AVX2's (an AVX2-only host, its float sums
+    in 8 lanes, not 16): 0.0067 and 0.171, so its max bound is 0.2 (scalar: 0.0043 and 0.055)."""
+    from engine import ops
+
     kl, steps, _, n = _kv_kl(small_int4, order=[4, 2, 0, 3, 1])
     for info in steps.values():
         assert info["fused_steps"] == -(-n // 64) and info["reference_steps"] == 0, info
-    assert float(kl.mean()) < 0.008 and float(kl.max()) < 0.15, (float(kl.mean()), float(kl.max()))
+    worst = 0.2 if ops.backend_info()["cpu"] == "avx2" else 0.15
+    assert float(kl.mean()) < 0.008 and float(kl.max()) < worst, (float(kl.mean()), float(kl.max()))
 
 
 def _int8_cache_logits(lm, n, **settings):
