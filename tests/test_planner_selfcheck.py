@@ -61,7 +61,8 @@ def _without_vnni() -> bool:
 # prefill + one decode round (engine/planner/queueing.closed_loop_point), read 0.58 and 0.86 s at C=8 against
 # 2.08 and 2.31 s measured in both measurements: there a step of 8 rows costs 7-8 one-row steps (no VNNI), and the
 # prompts' prefill chunks wait for and stretch the decode rounds, which the model does not count. Open in issue 41.
-@pytest.mark.xfail(_without_vnni(), strict=False, reason="known miss without VNNI: the closed-loop TTFT at C=8 "
+# Not run there (its two measurements took 150 s of a suite already past its budget on such a host).
+@pytest.mark.xfail(_without_vnni(), run=False, reason="known miss without VNNI: the closed-loop TTFT at C=8 "
                    "leaves out the prefills' wait behind decode rounds (measured -63% and -72%)")
 def test_the_plan_for_this_machine_predicts_our_server_under_load(our_server, tmp_path):
     recs, rows, table = _measure_and_check(our_server.url, tmp_path / "first")
