@@ -222,8 +222,8 @@ def test_int8_kv_runs_in_the_fused_step_within_the_same_bound(small_int4):
 
     The max sits at positions 1-5, where Qwen's huge first-token activations make the int8 rounding of a linear's
     input turn on a float sum's last bits: with the fp32 cache alone, the AVX2 and scalar builds' logits there
-    differ by KL 0.076 (session 35). Each ISA's value is deterministic; AVX2's (an AVX2-only host, its float sums
-    in 8 lanes, not 16): 0.0067 and 0.171, so its max bound is 0.2 (scalar: 0.0043 and 0.055)."""
+    differ by KL 0.076 (session 35). Each ISA's value is deterministic; AVX2's (an AVX2-only host): 0.0067 and
+    0.171, so its max bound is 0.2 (scalar: 0.0043 and 0.055)."""
     from engine import ops
 
     kl, steps, _, n = _kv_kl(small_int4, order=[4, 2, 0, 3, 1])
