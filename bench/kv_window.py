@@ -75,8 +75,7 @@ def run_static_pair(lm, prompts, new, planner: float, out: Path, title: str) -> 
     per_seq = paged.kv_bytes / len(prompts)
     res = dict(kv_bytes={k: r.kv_bytes for k, r in passes[0].items()}, planner_bytes_per_sequence=planner,
                held_over_full=paged.kv_bytes / slots.kv_bytes, held_over_planner=per_seq / planner,
-               tokens_identical=all(p["paged"].new_tokens == slots.new_tokens for p in passes)
-               and passes[1]["slots"].new_tokens == passes[2]["slots"].new_tokens == slots.new_tokens,
+               tokens_identical=all(r.new_tokens == slots.new_tokens for p in passes for r in p.values()),
                prefill_s=[{k: r.prefill_s for k, r in p.items()} for p in passes],
                decode_step_median_s=[{k: float(np.median(r.step_s)) for k, r in p.items()} for p in passes],
                settings={k: r.settings for k, r in passes[0].items()})
