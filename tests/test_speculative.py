@@ -7,7 +7,9 @@ import torch
 from engine.infer import speculative
 from engine.common.errors import UserError
 from engine.infer.generate import generate
+from engine.infer.batch import Request
 from engine.infer.sampling import SamplingParams, probs_from_logits
+from engine.infer.scheduler import BatchSettings, Scheduler
 from engine.common.formulas import expected_length
 from engine.infer.spec_stats import SpecStats
 from engine.infer.speculative import generate_speculative, proposer_spec
@@ -96,17 +98,32 @@ def _target_two_token_dist(target, prompt, sp):
 
 
 def _spec_counts(target, proposer_fn, prompt, sp_kw, n, gamma=3):
+    """Counts of the (2nd, 3rd) tokens over n samples: n requests of one prompt, seeds 0..n-1, ROWS of them
+    batched in one scheduler (each request samples from its own generator, as the server's do), so n independent
+    samples whose verification ran in batches of ROWS rows."""
     v = target.cfg.vocab_size
     counts = torch.zeros(v, v)
     drafted = 0
-    for seed in range(n):
-        sp = SamplingParams(**sp_kw, seed=seed)
-        out = generate_speculative(target, proposer_fn(), ["x"], 4, gamma=gamma, sampling=sp,
-                                   prompt_ids=[prompt], stop_at_eos=False)
-        drafted += out.spec["drafted"]
-        b, c = out.new_tokens[0][1:3]
-        counts[b, c] += 1
-    assert drafted > n // 2, "the proposer must actually draft for this test to mean anything"
+    for start in range(0, n, ROWS):
+        rows = min(ROWS, n - start)
+        settings = BatchSettings(max_seqs=rows, max_model_len=len(prompt) + 4 + gamma + 2,
+                                 max_batched_tokens=rows * max(len(prompt), gamma + 1) + len(prompt),
+                                 prefill_chunk=len(prompt), max_waiting=rows,
+                                 policy="prefill-first")
+        sched = Scheduler(target, settings, proposer_fn(), gamma)
+        seqs = {}
+        for seed in range(start, start + rows):
+            r = Request(list(prompt), 4, SamplingParams(**sp_kw, seed=seed), stop_at_eos=False,
+                        request_id=str(seed))
+            r.on_token = lambda s, *a, seed=seed, seqs=seqs: seqs.setdefault(seed, s)
+            sched.submit(r)
+        while sched.has_work():
+            sched.step()
+        for seq in seqs.values():
+            drafted += seq.spec_stats.drafted
+            b, c = seq.out[1:3]
+            counts[b, c] += 1
+    assert counts.sum() == n and drafted > n // 2, "the proposer must actually draft for this test to mean anything"
     return counts
 
 
@@ -125,7 +142,9 @@ def _tv_bound(joint, n, false_fail=1e-3):
     return mean + math.sqrt(math.log(1 / false_fail) / (2 * n))
 
 
-N_SEEDS = 1200
+N_SAMPLES = 1200
+# Requests a batch: one run a sample took 28 s for the three checks below on a 2-core AVX2 host.
+ROWS = 200
 
 
 SP = dict(temperature=1.0, top_k=0, top_p=1.0)
@@ -137,11 +156,11 @@ def test_speculative_sampling_reproduces_target_distribution_with_good_and_bad_d
     bad = tiny_model(seed=7, vocab=6, temp=2.0)  # a deliberately poor, peaky draft
     prompt = [1, 2, 3]
     joint = _target_two_token_dist(target, prompt, SamplingParams(**SP))
-    bound = _tv_bound(joint, N_SEEDS)
+    bound = _tv_bound(joint, N_SAMPLES)
     for draft in (good, bad):
-        counts = _spec_counts(target, lambda d=draft: speculative.ProposerSpec("model", d), prompt, SP, N_SEEDS)
+        counts = _spec_counts(target, lambda d=draft: speculative.ProposerSpec("model", d), prompt, SP, N_SAMPLES)
         assert _tv(counts, joint) < bound, draft.name
-    counts = _spec_counts(target, lambda: speculative.NgramProposer(), [1, 2, 3, 1, 2], SP, N_SEEDS)
+    counts = _spec_counts(target, lambda: speculative.NgramProposer(), [1, 2, 3, 1, 2], SP, N_SAMPLES)
     assert _tv(counts, _target_two_token_dist(target, [1, 2, 3, 1, 2], SamplingParams(**SP))) < bound
 
 
@@ -159,8 +178,8 @@ def test_statistical_test_catches_a_wrong_verifier(monkeypatch, one_thread):
     from engine.infer import batch
 
     monkeypatch.setattr(batch, "verify", accept_all)  # the verifier the batch step calls
-    counts = _spec_counts(target, lambda: speculative.ProposerSpec("model", bad), prompt, SP, N_SEEDS)
-    assert _tv(counts, joint) > _tv_bound(joint, N_SEEDS)
+    counts = _spec_counts(target, lambda: speculative.ProposerSpec("model", bad), prompt, SP, N_SAMPLES)
+    assert _tv(counts, joint) > _tv_bound(joint, N_SAMPLES)
 
 
 def test_verify_rejection_resamples_from_residual():
