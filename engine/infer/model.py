@@ -359,7 +359,11 @@ class Transformer(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.model = nn.Module()
-        self.model.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        # On meta (build_model, which fills it by load_state_dict(assign=True)) an explicit weight skips the random
+        # init, whose first normal_ there costs 1.6-1.9 s of torch's lazy setup in every process that loads a model.
+        on_meta = torch.get_default_device().type == "meta"
+        self.model.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, _weight=torch.empty(
+            cfg.vocab_size, cfg.hidden_size) if on_meta else None)
         self.model.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.num_layers))
         self.model.norm = RMSNorm(cfg.hidden_size, cfg.rms_eps, cfg.gemma_norms)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
