@@ -49,13 +49,20 @@ def ids(small_int4):
     return encode_prompts(small_int4.tokenizer, PROMPTS, chat=True)
 
 
+@pytest.fixture(scope="module")
+def slots(small_int4, ids):
+    """The slot cache's greedy tokens without speculation: what every paged run below must give (greedy
+    speculation is lossless and int4 rows are batch-invariant, so one reference serves every draft kind and
+    arrival pattern; each kind's own slot-cache run took 4-7 s more on a 2-core AVX2 host)."""
+    return _run(small_int4, SLOTS, ids)[0]
+
+
 @pytest.mark.parametrize("kind", ["none", "ngram", "model", "self"])
-def test_paged_greedy_is_token_identical_to_slots(kind, small_int4, small_int8, ids):
+def test_paged_greedy_is_token_identical_to_slots(kind, small_int4, small_int8, ids, slots):
     """Every draft kind: the paged cache (prefix caching on) gives the slot cache's tokens."""
     draft = {"model": small_int4, "self": small_int8}.get(kind)
     spec = None if kind == "none" else proposer_spec(kind, draft, small_int4)
     gamma = 0 if kind == "none" else 3
-    slots, _ = _run(small_int4, SLOTS, ids, spec, gamma)
     paged, sched = _run(small_int4, PAGED, ids, spec, gamma)
     assert paged == slots
     assert sched.batch.cache.paged and sched.preemptions == 0
@@ -63,13 +70,12 @@ def test_paged_greedy_is_token_identical_to_slots(kind, small_int4, small_int8, 
 
 
 @pytest.mark.parametrize("kind", ["none", "model"])
-def test_forced_preemption_recomputes_identical_tokens(kind, small_int4, ids):
+def test_forced_preemption_recomputes_identical_tokens(kind, small_int4, ids, slots):
     """A budget of 12 blocks (768 positions) for 8 sequences of ~50-90 positions: the newest are preempted
     and recomputed, and every sequence's tokens are still the slot cache's."""
     spec = None if kind == "none" else proposer_spec(kind, small_int4, small_int4)
     gamma = 0 if kind == "none" else 3
     settings = BatchSettings(**BASE, kv_cache="paged", prefix_caching=False, kv_cache_gib=_gib(small_int4, 6))
-    slots, _ = _run(small_int4, SLOTS, ids, spec, gamma, stagger=1)
     paged, sched = _run(small_int4, settings, ids, spec, gamma, stagger=1)
     assert sched.batch.cache.num_blocks == 6
     assert sched.preemptions > 0, "the budget was meant to force preemptions"
