@@ -18,11 +18,13 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VLLM_PY = os.path.join(ROOT, ".venv-vllm", "bin", "python")
-# Small on purpose (2 cores): 16 requests, 4 in flight, 64 random prompt tokens, 32 forced output tokens.
-N, C, IN, OUT = 16, 4, 64, 32
+# Small on purpose (2 cores): 8 requests, 4 in flight, 64 random prompt tokens, 32 forced output tokens (16 requests
+# took the module 141 s on a 2-core AVX2 host, 8 took 97 s and agreed as closely: docs/runs/2026-12-07).
+N, C, IN, OUT = 8, 4, 64, 32
 # The issue asks two clients' output tok/s to agree within 10% in the same run. Asserted per the server's e2e
-# (_per_server_e2e, the host's speed out), where it holds much tighter: measured 0.2% for both clients
-# (126.23 lab / 126.48 vLLM, 126.17 lab / 126.45 GuideLLM, docs/runs/2026-12-04); 5% leaves room for the
+# (_per_server_e2e, the host's speed out), where it holds much tighter: within 0.4% for both clients
+# (126.23 lab / 126.48 vLLM, 126.17 lab / 126.45 GuideLLM at 16 requests, docs/runs/2026-12-04; 121.87 / 121.82
+# and 121.57 / 121.12 at 8, docs/runs/2026-12-07/session36-real-clients-8); 5% leaves room for the
 # clients' ramp-up and ramp-down, and still fails a client that loses a tenth of its window.
 PER_E2E_AGREE = 0.05
 
