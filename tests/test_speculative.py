@@ -143,7 +143,8 @@ def _tv_bound(joint, n, false_fail=1e-3):
 
 
 N_SAMPLES = 1200
-# Requests a batch: one run a sample took 28 s for the three checks below on a 2-core AVX2 host.
+# Requests per scheduler batch in _spec_counts (one run per sample took 28 s for the three checks below on a
+# 2-core AVX2 host; batched, 5 s).
 ROWS = 200
 
 
