@@ -8,6 +8,7 @@ from engine.infer.proposers import proposer_spec
 from engine.infer.sampling import SamplingParams
 from engine.infer.scheduler import BatchSettings, QueueFull, Scheduler
 from engine.infer.tokens import encode_prompts
+from tests.scheduling import requests, run_to_end
 
 PROMPTS = ["Write a Python function that reverses a list.", "What is a KV cache?",
            "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
@@ -23,44 +24,14 @@ def _ids(lm, prompts=PROMPTS):
     return encode_prompts(lm.tokenizer, prompts, chat=True)
 
 
-def _run(sched, reqs, stagger=0):
-    """Submit (every `stagger` steps one more request, 0 = all at once) and step until done."""
-    pending = list(reqs)
-    if not stagger:
-        for r in pending:
-            sched.submit(r)
-        pending = []
-    steps = 0
-    while pending or sched.has_work():
-        if pending and steps % max(stagger, 1) == 0:
-            sched.submit(pending.pop(0))
-        sched.step()
-        steps += 1
-    return steps
-
-
 def _alone(lm, ids, spec=None, gamma=0, sp=None):
-    out = []
-    for x in ids:
-        sched = Scheduler(lm, SETTINGS, spec, gamma)
-        r = Request(list(x), N_NEW, sp or SamplingParams(), stop_at_eos=False)
-        seqs = []
-        r.on_token = lambda s, *a, seqs=seqs: seqs.append(s) if not seqs else None
-        _run(sched, [r])
-        out.append(list(seqs[0].out))
-    return out
+    return [list(run_to_end(Scheduler(lm, SETTINGS, spec, gamma), requests([x], N_NEW, sp))[0].out) for x in ids]
 
 
 def _together(lm, ids, spec=None, gamma=0, stagger=2, sp=None):
     sched = Scheduler(lm, SETTINGS, spec, gamma)
-    seqs = {}
-    reqs = []
-    for i, x in enumerate(ids):
-        r = Request(list(x), N_NEW, sp or SamplingParams(), stop_at_eos=False, request_id=str(i))
-        r.on_token = lambda s, *a, i=i: seqs.setdefault(i, s)
-        reqs.append(r)
-    _run(sched, reqs, stagger)
-    return [list(seqs[i].out) for i in range(len(ids))], sched, [seqs[i] for i in range(len(ids))]
+    seqs = run_to_end(sched, requests(ids, N_NEW, sp), stagger)
+    return [list(s.out) for s in seqs], sched, seqs
 
 
 @pytest.fixture(scope="module")
@@ -93,14 +64,7 @@ def test_sequences_keep_their_own_acceptance(small_int4):
     lm = small_int4
     text = "alpha beta gamma delta epsilon zeta eta theta iota kappa " * 3
     ids = encode_prompts(lm.tokenizer, ["Repeat exactly: " + text, "Name a colour."], chat=True)
-    sched = Scheduler(lm, SETTINGS, proposer_spec("ngram"), 4)
-    seqs = []
-    for x in ids:
-        r = Request(list(x), 24, stop_at_eos=False)
-        r.on_token = lambda s, *a: None if s in seqs else seqs.append(s)
-        sched.submit(r)
-    while sched.has_work():
-        sched.step()
+    seqs = run_to_end(Scheduler(lm, SETTINGS, proposer_spec("ngram"), 4), requests(ids, 24))
     rates = [s.spec_stats.acceptance_rate or 0.0 for s in seqs]
     assert len(seqs) == 2 and max(rates) > min(rates)
     assert sum(s.spec_stats.rounds for s in seqs) > 0
@@ -184,10 +148,7 @@ def test_choices_of_one_request_prefill_its_prompt_once(kind, small_int4):
     seeds = [SamplingParams(temperature=0.9, seed=5 + i) for i in range(3)]
 
     def alone(sp, n):
-        sched, got = Scheduler(lm, SETTINGS, spec, gamma), []
-        r = Request(list(ids), n, sp, stop_at_eos=False, on_token=lambda q, *a: got.append(q) if not got else None)
-        _run(sched, [r])
-        return got[0].out
+        return run_to_end(Scheduler(lm, SETTINGS, spec, gamma), requests([ids], n, sp))[0].out
 
     sched = Scheduler(lm, SETTINGS, spec, gamma)
     reqs, seqs, rows = [], {}, []

@@ -4,14 +4,13 @@ import pytest
 import torch
 
 from engine.common.errors import UserError
-from engine.infer.batch import Request
 from engine.infer.blocks import BlockManager
 from engine.infer.model import Rows
 from engine.infer.paged import PagedKVCache, block_bytes
 from engine.infer.proposers import proposer_spec
-from engine.infer.sampling import SamplingParams
 from engine.infer.scheduler import BatchSettings, Scheduler
 from engine.infer.tokens import encode_prompts
+from tests.scheduling import requests, run_to_end
 from tests.test_batching import PROMPTS
 
 N_NEW = 24
@@ -30,18 +29,7 @@ def _gib(lm, blocks: int, settings=PAGED) -> float:
 def _run(lm, settings, ids, spec=None, gamma=0, stagger=2, sp=None):
     """Requests joining two steps apart; returns each one's tokens and the scheduler."""
     sched = Scheduler(lm, settings, spec, gamma)
-    seqs, pending = {}, []
-    for i, x in enumerate(ids):
-        r = Request(list(x), N_NEW, sp or SamplingParams(), stop_at_eos=False, request_id=str(i))
-        r.on_token = lambda s, *a, i=i: seqs.setdefault(i, s)
-        pending.append(r)
-    steps = 0
-    while pending or sched.has_work():
-        if pending and steps % stagger == 0:
-            sched.submit(pending.pop(0))
-        sched.step()
-        steps += 1
-    return [list(seqs[i].out) for i in range(len(ids))], sched
+    return [list(s.out) for s in run_to_end(sched, requests(ids, N_NEW, sp), stagger)], sched
 
 
 @pytest.fixture(scope="module")

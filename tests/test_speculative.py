@@ -14,6 +14,7 @@ from engine.common.formulas import expected_length
 from engine.infer.spec_stats import SpecStats
 from engine.infer.speculative import generate_speculative, proposer_spec
 from engine.infer.verify import verify
+from tests.scheduling import run_to_end
 from tests.tiny import tiny_model
 
 PROMPTS = ["Write a Python function that checks whether a number is prime.",
@@ -110,16 +111,9 @@ def _spec_counts(target, proposer_fn, prompt, sp_kw, n, gamma=3):
                                  max_batched_tokens=rows * max(len(prompt), gamma + 1) + len(prompt),
                                  prefill_chunk=len(prompt), max_waiting=rows,
                                  policy="prefill-first")
-        sched = Scheduler(target, settings, proposer_fn(), gamma)
-        seqs = {}
-        for seed in range(start, start + rows):
-            r = Request(list(prompt), 4, SamplingParams(**sp_kw, seed=seed), stop_at_eos=False,
-                        request_id=str(seed))
-            r.on_token = lambda s, *a, seed=seed, seqs=seqs: seqs.setdefault(seed, s)
-            sched.submit(r)
-        while sched.has_work():
-            sched.step()
-        for seq in seqs.values():
+        reqs = [Request(list(prompt), 4, SamplingParams(**sp_kw, seed=seed), stop_at_eos=False, request_id=str(seed))
+                for seed in range(start, start + rows)]
+        for seq in run_to_end(Scheduler(target, settings, proposer_fn(), gamma), reqs):
             drafted += seq.spec_stats.drafted
             b, c = seq.out[1:3]
             counts[b, c] += 1
