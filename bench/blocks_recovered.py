@@ -88,6 +88,55 @@ def run(model: str, progress=print, llama_type: str = "Q4_K_M") -> dict:
             "kinds": {k: dict(v) for k, v in kinds.items()}, "wall_s": round(time.time() - t0, 1)}
 
 
+def run_folder(folder: Path, progress=print, llama_type: str = "Q4_K_M") -> dict:
+    """Against a reference folder that is on no GGUF's grid (bench/permuted_model.py): per tensor of llama.cpp's
+    requantization, the share of sub-blocks of 32 equal to the folder's weights bit for bit, by the type llama.cpp
+    chose; and ours round-to-nearest g32 equal to fp16 rounding, as above."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+    from safetensors import safe_open
+
+    from engine.quant.gguf_codes import hf_name
+    from engine.quant.gguf_file import read_gguf
+
+    t0 = time.time()
+    folder = Path(folder)
+    req = read_gguf(reference_ggufs(str(folder), folder, (llama_type,), progress)[llama_type]).tensors
+    h = safe_open(str(folder / "model.safetensors"), "pt")
+    kinds: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    for t in req.values():
+        kind = t.tensor_type.name
+        if len(t.shape) != 2 or kind in ("F32", "F16", "BF16") or hf_name(t.name) not in h.keys():
+            continue
+        k, n = (int(x) for x in t.shape)
+        ref = h.get_tensor(hf_name(t.name)).float()
+        got = torch.from_numpy(dequantize(t.data, GGMLQuantizationType[kind]).astype(np.float32).reshape(n, k))
+        c = {"sub_blocks": n * k // GROUP, "llama_exact": int((got == ref).view(n, -1, GROUP).all(-1).sum())}
+        p, s, m = quantize_int4(ref, GROUP)
+        tol = ((15 * s.float().abs() + m.float().abs()) * 2 ** -11).repeat_interleave(GROUP, 1)
+        c["rtn_exact_fp16"] = int(((dequantize_int4(p, s, m, k) - ref).abs() <= tol).view(n, -1, GROUP).all(-1).sum())
+        for key in (f"{kind} {t.name.split('.')[2] if t.name.startswith('blk.') else t.name}", f"{kind} all", "all"):
+            for f, v in c.items():
+                kinds[key][f] += v
+        progress(f"{t.name} ({kind}): {c}")
+    return {"model": str(folder), "llama_type": llama_type, "kinds": {k: dict(v) for k, v in kinds.items()},
+            "wall_s": round(time.time() - t0, 1)}
+
+
+def markdown_folder(rep: dict, command: str) -> str:
+    lines = [f"# Sub-blocks of an off-grid reference recovered exactly ({rep['model']})", "", f"Command: `{command}`",
+             "", f"Every block-quantized tensor of llama.cpp's {rep['llama_type']} requantized from the folder, per "
+             "sub-block of 32 weights, by the type llama.cpp chose for it: equal to the folder's fp32 weights bit for "
+             "bit. Ours: round-to-nearest g32 of the same tensors, equal up to the fp16 rounding of scale and min.", "",
+             "| llama.cpp type, tensors | sub-blocks | llama.cpp exact | ours RTN g32 exact |",
+             "| --- | ---: | ---: | ---: |"]
+    for kind, c in sorted(rep["kinds"].items(), key=lambda kv: (kv[0] == "all", kv[0])):
+        n = c["sub_blocks"]
+        lines.append(f"| {kind} | {n:,} | {c['llama_exact'] / n:.2%} | {c['rtn_exact_fp16'] / n:.2%} |")
+    lines += ["", f"Wall time {rep['wall_s']:.0f} s."]
+    return "\n".join(lines) + "\n"
+
+
 def markdown(rep: dict, command: str) -> str:
     lines = [f"# Sub-blocks of the reference's Q4_K grid recovered exactly ({rep['model']})", "",
              f"Command: `{command}`", "",
@@ -110,15 +159,22 @@ def main(argv=None) -> int:
     ap.add_argument("--model", default="default")
     ap.add_argument("--llama-type", default="Q4_K_M", help="llama.cpp's requantization to compare: Q4_K_M or "
                                                             "Q4_K_M-imatrix (engine.peers.gguf_tools)")
+    ap.add_argument("--folder", default=None, help="an off-grid reference folder (bench/permuted_model.py) instead "
+                                                      "of a catalog model's shipped grid")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "blocks-recovered"))
     a = ap.parse_args(argv)
     command = "python bench/blocks_recovered.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    rep = run(a.model, llama_type=a.llama_type)
+    if a.folder:
+        rep = run_folder(Path(a.folder), llama_type=a.llama_type)
+        md = markdown_folder(rep, command)
+    else:
+        rep = run(a.model, llama_type=a.llama_type)
+        md = markdown(rep, command)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "blocks_recovered.json").write_text(json.dumps(rep, indent=1))
-    (out / "blocks_recovered.md").write_text(markdown(rep, command))
-    print(markdown(rep, command))
+    (out / "blocks_recovered.md").write_text(md)
+    print(md)
     return 0
 
 

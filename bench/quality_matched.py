@@ -234,7 +234,8 @@ def markdown(rep: dict) -> str:
     out += [
            f"Scored tokens: {rep['tokens']:,} ({rep['documents']} documents, half chat half code; "
            "engine.measure.eval_text), "
-           f"every row against the same fp32 reference (the shipped Q4_K_M dequantized: {rep['reference']}). "
+           f"every row against the same fp32 reference "
+           f"({rep.get('reference_note', 'the shipped Q4_K_M dequantized')}: {rep['reference']}). "
            f"Wall time {rep['wall_s'] / 60:.1f} min on {os.cpu_count()} shared cores; load average "
            f"{rep['load_average']['before']} before, {rep['load_average']['after']} after.", "",
            "| config | " + " | ".join(c[1] for c in COLS)
@@ -314,7 +315,8 @@ def run(model: str, tokens: int, out_dir: Path | None, command: str, *, group_si
     folder = resolve(model, say)
     docs = eval_docs(load_tokenizer(folder), tokens)
     rep = {"command": command, "model": name, "folder": str(folder), "tokens": sum(d.positions for d in docs),
-           "documents": len(docs), "eval": describe(docs), "rows": {}, "positions": {}, "notes": []}
+           "documents": len(docs), "eval": describe(docs), "rows": {}, "positions": {}, "notes": [],
+           "reference_note": reference_note(folder)}
 
     def save():
         rep["wall_s"] = time.time() - t0
@@ -444,8 +446,18 @@ def _count(types: dict[str, str]) -> dict[str, int]:
     return dict(sorted(out.items()))
 
 
+def reference_note(folder: Path) -> str:
+    """What the fp32 reference is: the shipped Q4_K_M dequantized, or that permuted off its grid."""
+    perm = Path(folder) / "permutation.json"
+    if perm.is_file():
+        seed = json.loads(perm.read_text()).get("seed")
+        return (f"the shipped Q4_K_M dequantized, its hidden dimensions permuted (engine.quant.permute, seed {seed}): "
+                "the same function with every weight sub-block off Q4_K's grid, so no quantizer can copy it")
+    return "the shipped Q4_K_M dequantized"
+
+
 def notes(rep: dict) -> list[str]:
-    n = ["The reference is the shipped Q4_K_M dequantized to fp32 (the catalog's converted folder). The requantized "
+    n = [f"The reference is {rep.get('reference_note', 'the shipped Q4_K_M dequantized')} (fp32). The requantized "
          "Q4_K_M is that folder converted by llama.cpp's own convert_hf_to_gguf.py "
          "(--outtype f32, the llama-cpp-python "
          "0.3.36 sdist's) and quantized by llama.cpp's own quantizer (llama_model_quantize, what llama-quantize runs): "

@@ -216,6 +216,37 @@ def test_imatrix_row_is_llama_cpp_quantizing_with_its_importance_matrix_of_the_c
     assert row["precision"] == "Q4_K_M-imatrix" and row["kld_median"] >= 0
 
 
+def test_blocks_recovered_against_a_folder_counts_the_sub_blocks_llama_cpp_copies_bit_for_bit(tiny_run):
+    """bench/blocks_recovered.py --folder: random fp32 weights are copied nowhere; a folder holding the requantized
+    GGUF's own weights is copied almost everywhere when requantized again; its permuted copy
+    (bench/permuted_model.py's off-grid reference) nowhere, though it computes the same function."""
+    import numpy as np
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+    from safetensors.torch import load_file, save_file
+
+    from engine.quant.gguf_codes import hf_name
+    from engine.quant.gguf_file import read_gguf
+    from engine.quant.permute import write_permuted
+
+    rep, root = tiny_run
+    br = bench_script("blocks_recovered")
+    share = lambda r: r["kinds"]["all"]["llama_exact"] / r["kinds"]["all"]["sub_blocks"]  # noqa: E731
+    assert share(br.run_folder(Path(rep["folder"]), progress=lambda s: None)) == 0.0
+    on = root / "on-grid"
+    shutil.copytree(rep["folder"], on, ignore=shutil.ignore_patterns("*.safetensors"))
+    sd = load_file(str(Path(rep["folder"]) / "model.safetensors"))
+    for t in read_gguf(rep["gguf"]["Q4_K_M"]).tensors.values():
+        if len(t.shape) == 2 and t.tensor_type.name not in ("F32", "F16"):
+            k, n = (int(x) for x in t.shape)
+            deq = dequantize(t.data, GGMLQuantizationType[t.tensor_type.name]).astype(np.float32)
+            sd[hf_name(t.name)] = torch.from_numpy(deq.reshape(n, k))
+    save_file(sd, str(on / "model.safetensors"), metadata={"format": "pt"})
+    again = br.run_folder(on, progress=lambda s: None)
+    assert share(again) > 0.95, again["kinds"]
+    assert share(br.run_folder(write_permuted(on, root / "on-grid-permuted", 0), progress=lambda s: None)) < 0.05
+
+
 def test_llama_precisions_are_one_vocabulary_and_a_missing_tool_is_named(monkeypatch, tmp_path):
     from engine.peers import peer, servers
     from engine.common.errors import UserError
