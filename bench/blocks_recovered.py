@@ -12,6 +12,7 @@ This measures, per Q4_K tensor of the shipped file and per sub-block of 32:
 
     .venv/bin/python bench/blocks_recovered.py --model default --out docs/runs/<date>/blocks-recovered
     .venv/bin/python bench/blocks_recovered.py --llama-type Q4_K_M-imatrix   # llama.cpp with its importance matrix
+    .venv/bin/python bench/blocks_recovered.py --folder <a permuted folder>   # any folder: what llama.cpp copies
 
 Writes <out>/blocks_recovered.{md,json}.
 """
@@ -55,11 +56,16 @@ def compare(ref_raw, req_raw, req_kind: str, n: int, k: int) -> dict[str, int]:
         out["llama_exact"] = int((req == ref).view(n, k // GROUP, GROUP).all(-1).sum())
     else:
         out["llama_exact"] = 0
-    p, s, m = quantize_int4(ref, GROUP)
-    ours = dequantize_int4(p, s, m, k)
-    tol = ((15 * s.float().abs() + m.float().abs()) * 2 ** -11).repeat_interleave(GROUP, 1)
-    out["rtn_exact_fp16"] = int(((ours - ref).abs() <= tol).view(n, k // GROUP, GROUP).all(-1).sum())
+    out["rtn_exact_fp16"] = rtn_exact(ref)
     return out
+
+
+def rtn_exact(ref: torch.Tensor) -> int:
+    """Sub-blocks of 32 that our round-to-nearest g32 reproduces, up to the fp16 rounding of scale and min."""
+    n, k = ref.shape
+    p, s, m = quantize_int4(ref, GROUP)
+    tol = ((15 * s.float().abs() + m.float().abs()) * 2 ** -11).repeat_interleave(GROUP, 1)
+    return int(((dequantize_int4(p, s, m, k) - ref).abs() <= tol).view(n, k // GROUP, GROUP).all(-1).sum())
 
 
 def run(model: str, progress=print, llama_type: str = "Q4_K_M") -> dict:
@@ -111,10 +117,8 @@ def run_folder(folder: Path, progress=print, llama_type: str = "Q4_K_M") -> dict
         k, n = (int(x) for x in t.shape)
         ref = h.get_tensor(hf_name(t.name)).float()
         got = torch.from_numpy(dequantize(t.data, GGMLQuantizationType[kind]).astype(np.float32).reshape(n, k))
-        c = {"sub_blocks": n * k // GROUP, "llama_exact": int((got == ref).view(n, -1, GROUP).all(-1).sum())}
-        p, s, m = quantize_int4(ref, GROUP)
-        tol = ((15 * s.float().abs() + m.float().abs()) * 2 ** -11).repeat_interleave(GROUP, 1)
-        c["rtn_exact_fp16"] = int(((dequantize_int4(p, s, m, k) - ref).abs() <= tol).view(n, -1, GROUP).all(-1).sum())
+        c = {"sub_blocks": n * k // GROUP, "llama_exact": int((got == ref).view(n, -1, GROUP).all(-1).sum()),
+             "rtn_exact_fp16": rtn_exact(ref)}
         for key in (f"{kind} {t.name.split('.')[2] if t.name.startswith('blk.') else t.name}", f"{kind} all", "all"):
             for f, v in c.items():
                 kinds[key][f] += v
