@@ -3,6 +3,8 @@ against round-to-nearest on a known layer; a real tiny Qwen2 calibrated through 
 reused and interrupted; and the calibration text kept apart from the text KLD and pass@1 score."""
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -11,6 +13,7 @@ from engine.common.errors import UserError
 from engine.common.setup import EngineSetup
 from engine.common.vocab import parse_precision_spec
 from engine.infer import calibrate
+from engine.measure.quality import QualityItem
 from engine.quant import make_spec
 from engine.quant.gptq import dequantize_codes, gptq_quantize, group_grid, rtn_codes
 from tests import families
@@ -224,6 +227,10 @@ def test_a_tiny_qwen2_calibrates_caches_and_beats_round_to_nearest(tiny_qwen, qu
     assert sum(isinstance(m, Int4Linear) for m in cal.model.modules()) >= 3 * 2 + 1
     entry = calibrate.entry_dir(str(tiny_qwen), tiny_qwen, cal.spec, 2048)
     assert (entry / "manifest.json").exists() and not any(p.name.startswith(".tmp") for p in quant_cache.iterdir())
+    assert rtn.calibration is None and cal.calibration == {  # what the records keep: which algorithm, on what text
+        "method": method, "version": calibrate.VERSIONS[method], "calibration_set": calibrate.CALIBRATION_SET,
+        "calibration_tokens": 2048, "calibration_docs": cal.calibration["calibration_docs"],
+        "key": entry.name.rsplit("-", 1)[1]}
 
     def lp(lm):
         t = torch.tensor([ids])
@@ -235,7 +242,7 @@ def test_a_tiny_qwen2_calibrates_caches_and_beats_round_to_nearest(tiny_qwen, qu
     # salient channels for AWQ to protect; test_awq_protects_salient_channels has them). Bounds: 0.8x, 0.9x.
     assert k_cal < {"gptq": 0.8, "awq": 0.9}[method] * k_rtn
     again = load(str(tiny_qwen), f"int4-{method}-g32", "cpu")  # from the cache (AWQ: its folded norms too)
-    assert torch.equal(lp(again), lp(cal))
+    assert torch.equal(lp(again), lp(cal)) and again.calibration == cal.calibration
     # the same weights by another name (a link to the folder, as a catalog alias or a worker's path names them): the
     # same entry, not a second calibration
     alias = quant_cache.parent / f"alias-of-tiny-{method}"
@@ -350,3 +357,45 @@ def test_gptq_mixed_keeps_some_linears_at_int8_and_reuses_gptqs_calibration(tiny
     t = torch.arange(40).remainder(300)[None] + 3
     for lm in (gptq, mixed):  # the fused step and the PyTorch path agree on a mixed model too
         assert lm.model(t, 0, lm.model.new_cache(1, 64)).isfinite().all()
+
+
+def test_a_record_says_which_calibration_made_its_codes(tiny_qwen, quant_cache):
+    """A record of a calibrated int4 keeps the algorithm's version (EngineSetup cannot say it). One made by an older
+    version, or before records kept it, is labelled so, is its own configuration to the tables, and the planner
+    leaves it out by name: GPTQ v2's and v3's KLDs are not one configuration's number."""
+    from dataclasses import replace
+
+    from engine.common.record_setup import stale_calibration
+    from engine.measure.records import RunRecord
+    from engine.planner.quality_budget import measured_quality
+    from engine.present.quality_view import bytes_points
+
+    item = QualityItem(str(tiny_qwen), make_spec("int4-gptq-g32"), tokens=64, device="cpu")
+    now = item.measure()
+    assert now.config["calibration"]["version"] == calibrate.VERSIONS["gptq"] and stale_calibration(now.config) is None
+    assert now.label.endswith("@int4 gptq g32")
+
+    def as_if(version, run_id, kld):
+        d = json.loads(now.to_json())
+        d.update(run_id=run_id, created_at="2026-12-0" + run_id[-1] + "T00:00:00+00:00")
+        d["config"].update(model="default", setup={**d["config"]["setup"], "model": "default"})
+        d["metrics"]["quality"].update(kld_mean=kld, kld_median=kld)
+        if version is None:
+            del d["config"]["calibration"]
+        else:
+            d["config"]["calibration"]["version"] = version
+        return RunRecord.from_dict(d)
+
+    v3, v2, unknown = as_if(3, "r3", 0.004), as_if(2, "r5", 0.009), as_if(None, "r4", 0.007)  # v2's the newest
+    assert v2.label == "default@int4 gptq g32 [gptq v2, the lab's is v3]"
+    assert unknown.label.startswith("default@int4 gptq g32 [gptq version not recorded")
+    table = measured_quality([r.to_dict() for r in (v2, unknown, v3)])
+    (row,) = table.for_model("default")
+    assert (row.config, row.kld_mean, row.kld_run) == ("int4-gptq-g32", 0.004, "r3")
+    assert [(rid, why.split(" (")[0]) for rid, why in table.skipped] == [("r5", "calibrated by another version"),
+                                                                          ("r4", "calibrated by another version")]
+    pts, _ = bytes_points([v2, unknown, v3], "default")
+    assert sorted((p["config"], p["kld_median"]) for p in pts) == [
+        ("int4 gptq g32", 0.004), ("int4 gptq g32 [gptq v2, the lab's is v3]", 0.009),
+        (next(p["config"] for p in pts if "not recorded" in p["config"]), 0.007)]
+    assert replace(v3, config={**v3.config, "calibration": None}).label == unknown.label

@@ -58,3 +58,7 @@ def test_a_change_of_method_or_threads_is_named(earlier):
     t = earlier.machine["torch_threads"]
     d["machine"]["torch_threads"] = t + 1
     assert changes(earlier, RunRecord(**d)) == [f"machine torch_threads {t} -> {t + 1}", "precision method rtn -> gptq"]
+    v2, v3 = copy.deepcopy(d), copy.deepcopy(d)  # the same GPTQ setup calibrated by two versions of the algorithm
+    v2["config"]["calibration"], v3["config"]["calibration"] = {"version": 2}, {"version": 3}
+    v2["machine"]["torch_threads"] = t + 1
+    assert changes(RunRecord(**v2), RunRecord(**v3)) == ["calibration gptq version 2 -> 3"]

@@ -400,7 +400,8 @@ def test_bytes_points_take_each_configurations_newest_record_on_one_text():
 
     def ours(precision, kld, wb, text="A"):
         s = EngineSetup(model="default", precision=precision).validate()
-        return quality.record({"setup": s.to_dict(), **s.to_record(), "system": "engine"},
+        cal = {"method": "gptq", "version": 3} if s.method == "gptq" else None  # as the loader records GPTQ v3
+        return quality.record({"setup": s.to_dict(), **s.to_record(), "system": "engine", "calibration": cal},
                               {"kld_median": kld, "kld_mean": kld * 3, "tokens": 2048, "eval_fingerprint": text,
                                "weight_bytes": wb})
 

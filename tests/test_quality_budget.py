@@ -14,6 +14,7 @@ import sys
 import pytest
 
 from engine import planner
+from engine.common.vocab import CALIBRATION_VERSIONS
 from engine.planner.errors import PlanError
 from engine.planner.quality_budget import QualityBudget, judge, measured_quality
 from engine.planner.savings import plan_with_savings
@@ -43,6 +44,15 @@ def _setup(config: str, method: str, group: int) -> dict:
     return {"model": "default", "precision": config.split("-")[0], "method": method, "group_size": group}
 
 
+def _config(config: str, method: str, group: int) -> dict:
+    """A record's config. Session 19 measured these with GPTQ v2 (v3 since session 37); a calibrated one is marked
+    as the current version here, so the budget's rules are tested on real magnitudes (test_calibrated has the
+    planner leave a stale version out)."""
+    base = method.removesuffix("-mixed")
+    cal = {"method": base, "version": CALIBRATION_VERSIONS[base]} if base in CALIBRATION_VERSIONS else None
+    return {"setup": _setup(config, method, group), "system": "serving-cost-lab", "calibration": cal}
+
+
 def _outcomes(lost: int, gained: int) -> list[dict]:
     """fp32 solves problems 0..86; this configuration loses the first `lost` of them and gains the first `gained`
     of the rest."""
@@ -59,13 +69,13 @@ def records(kld: bool = True, accuracy: bool = True) -> list[dict]:
     for config, (method, group, k, lost, gained) in MEASURED.items():
         if kld:
             out.append({"run_id": f"kld-{config}", "kind": "quality", "created_at": "2026-12-04T10:00:00+00:00",
-                        "config": {"setup": _setup(config, method, group), "system": "serving-cost-lab"},
+                        "config": _config(config, method, group),
                         "metrics": {"quality": {"kld_mean": k, "kld_median": TAILS[config][0],
                                                 "kld_p99": TAILS[config][1], "tokens": 2048,
                                                 "eval_fingerprint": TEXT}}})
         if accuracy:
             out.append({"run_id": f"acc-{config}", "kind": "accuracy", "created_at": "2026-12-04T20:00:00+00:00",
-                        "config": {"setup": _setup(config, method, group), "system": "serving-cost-lab"},
+                        "config": _config(config, method, group),
                         "metrics": {"accuracy": {"outcomes": _outcomes(lost, gained), "problems": PROBLEMS}}})
     return out
 

@@ -3,6 +3,8 @@
 Pure (no torch), so the planner reads records' setups the way the lab writes them:
 - now: `config.setup` holds the EngineSetup fields (engine.measure.record_config writes it);
 - schema 2 bench records: `config.run_config` holds the run's config flat, setup fields at the top;
+- a calibrated int4 (GPTQ, AWQ) also keeps `config.calibration` (calibrate.Calibrated.facts): which version of
+  the algorithm made its codes, on which text. The setup cannot say it, so `stale_calibration` does;
 - older and other records: `config.model`, `config.precision` (a label such as 'int4-g64'),
   `config.quant` (the loaded QuantSpec) and `config.draft` (kind, model, precision, gamma, adaptive).
 """
@@ -13,7 +15,7 @@ from dataclasses import fields
 from typing import Mapping
 
 from engine.common.setup import NO_DRAFT, EngineSetup
-from engine.common.vocab import QUANT_METHODS, SPEC_POLICIES
+from engine.common.vocab import CALIBRATION_VERSIONS, QUANT_METHODS, SPEC_POLICIES
 
 SETUP_FIELDS = tuple(f.name for f in fields(EngineSetup))
 
@@ -83,3 +85,30 @@ def setup_from_record(config: Mapping) -> EngineSetup:
         if draft.get("policy") in SPEC_POLICIES:
             d["spec_policy"] = draft["policy"]
     return EngineSetup(**d)
+
+
+def stale_calibration(config: Mapping) -> str | None:
+    """Why a record's calibrated int4 is not the lab's current one, in a few words; None when it is, or when its
+    int4 is not calibrated (round-to-nearest, a checkpoint's codes, another precision). Two records of one setup
+    calibrated by different versions of GPTQ are different configurations: the label and the planner say so."""
+    try:
+        setup = setup_from_record(config)
+    except (TypeError, ValueError):  # a setup this lab cannot read has nothing to say about calibration
+        return None
+    method = setup.method.removesuffix("-mixed")
+    if base_precision(setup.precision) != "int4" or method not in CALIBRATION_VERSIONS:
+        return None
+    cal = config.get("calibration") if isinstance(config, Mapping) else None
+    version = cal.get("version") if isinstance(cal, Mapping) else None
+    now = CALIBRATION_VERSIONS[method]
+    if version == now:
+        return None
+    if version is None:
+        return f"{method} version not recorded (records kept it from 2026-12-07; the lab's {method} is v{now})"
+    return f"{method} v{version}, the lab's is v{now}"
+
+
+def calibration_suffix(config: Mapping) -> str:
+    """What a label appends for a stale calibration (stale_calibration, bracketed); '' for a current one."""
+    stale = stale_calibration(config)
+    return f" [{stale}]" if stale else ""

@@ -54,6 +54,9 @@ METHOD_DESCRIPTIONS = {
 # Methods whose group size is the format's own: int4-gguf is llama.cpp's 32-weight blocks.
 METHOD_GROUP = {"gguf": 32}
 CALIBRATED_METHODS = ("gptq", "awq", "gptq-mixed")  # methods that read calibration text (engine/infer/calibrate.py)
+# Each calibration algorithm's version. Bump one when its result changes: cached entries of older versions are not
+# reused, and a record measured with an older one (or before records kept it) is labelled so (record_setup).
+CALIBRATION_VERSIONS = {"gptq": 3, "awq": 2}  # gptq 3: H shrunk toward its diagonal, damped 10% (engine/quant/gptq.py)
 
 MODEL_ALIASES = {"default": "qwen2.5-coder-1.5b", "default-draft": "qwen2.5-coder-0.5b"}
 

@@ -32,6 +32,7 @@ from torch import nn
 from engine.common import datasets
 from engine.common.errors import UserError
 from engine.common.paths import cache_dir
+from engine.common.vocab import CALIBRATION_VERSIONS
 from engine.infer.model import KVCache, Rows, rope_tables
 from engine.quant.convert import QuantSpec
 from engine.quant.awq import search_scale
@@ -47,8 +48,7 @@ MIN_DOC_TOKENS = 32
 # Named in every cache key and manifest. A coder model's traffic is chat and code: half of each. (Until session 18
 # the set was "sharegpt-chat-exchanges", chat only, and GPTQ fitted to it lost 6 points of HumanEval pass@1.)
 CALIBRATION_SET = "sharegpt-chat-and-code-exchanges"
-# Bump a method's version when its result changes: cached entries of older versions are not reused.
-VERSIONS = {"gptq": 3, "awq": 2}  # gptq 3: H shrunk toward its diagonal, damped 10% (engine/quant/gptq.py)
+VERSIONS = CALIBRATION_VERSIONS
 
 
 class Cancelled(Exception):
@@ -146,6 +146,14 @@ class Calibrated:
     floats: dict
     keep_int8: set
     manifest: dict
+    key: str = ""  # the cache key (entry_dir): the same for every load of the same codes
+
+    def facts(self) -> dict:
+        """What a record keeps of the calibration that made these codes (EngineSetup cannot say it: the algorithm's
+        version and the text are the lab's, not the user's choice)."""
+        m = self.manifest
+        keep = ("method", "version", "calibration_set", "calibration_tokens", "calibration_docs")
+        return {**{k: m.get(k) for k in keep}, "key": self.key}
 
 
 def _read(path: Path) -> Calibrated | None:
@@ -207,6 +215,7 @@ def calibrated(name: str, folder: Path, model, spec: QuantSpec, tokenizer, progr
             "seconds": round(time.perf_counter() - t0, 1), "relative_output_error": errors})
         _write(path, cal)
         say(f"calibrated {spec.label} in {time.perf_counter() - t0:.0f} s; cached in {path}")
+    cal.key = path.name.rsplit("-", 1)[1]
     if spec.method.endswith("-mixed"):
         cal.keep_int8 = mixed_selection(cal.manifest["relative_output_error"],
                                         {n: c[0].numel() * 2 for n, c in cal.codes.items()})

@@ -26,6 +26,7 @@ class LoadedModel:
     load_s: float
     weights: dict[str, int] = field(default_factory=dict)
     quantized: dict = field(default_factory=dict)  # quantized layers' bytes against the same layers in fp32
+    calibration: dict | None = None  # a calibrated method's facts (calibrate.Calibrated.facts), for the records
 
     @property
     def weight_bytes(self) -> int:
@@ -112,7 +113,7 @@ def load(name: str = "default", spec: QuantSpec | str = "fp32", device: str | No
     base_dtype = compute_dtype_for(spec, device) if spec.precision in ("fp32", "bf16", "fp16") else torch.float32
     model = build_model(folder, dtype=base_dtype, device="cpu")
     tok = load_tokenizer(folder)
-    codes, keep_int8 = None, set()
+    codes, keep_int8, calibration = None, set(), None
     spec = _checkpoint_spec(spec, model, folder)
     if spec.method == "checkpoint":
         codes = model.checkpoint_codes
@@ -130,7 +131,7 @@ def load(name: str = "default", spec: QuantSpec | str = "fp32", device: str | No
         with torch.no_grad():
             for pname, t in cal.floats.items():  # AWQ's folded norms
                 model.get_parameter(pname).data = t.to(model.get_parameter(pname).dtype)
-        codes, keep_int8 = cal.codes, cal.keep_int8
+        codes, keep_int8, calibration = cal.codes, cal.keep_int8, cal.facts()
     model = quantize_model(model, spec, device, codes, keep_int8)
     if spec.method == "checkpoint" and not spec.quantize_head:
         stored = model.checkpoint_float_dtypes
@@ -144,6 +145,7 @@ def load(name: str = "default", spec: QuantSpec | str = "fp32", device: str | No
         name=catalog.canonical_name(name) if catalog.canonical_name(name) in catalog.CATALOG else str(name),
         folder=Path(folder), spec=spec, device=device, model=model, tokenizer=tok,
         load_s=time.perf_counter() - t0, weights=weight_breakdown(model), quantized=quantized_fraction(model),
+        calibration=calibration,
     )
 
 

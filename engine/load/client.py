@@ -96,7 +96,7 @@ def probe(ep: Endpoint, timeout_s: float = 30.0) -> dict:
                  "max_model_len": ctx if isinstance(ctx, int) else None}
         lab = next((m.get("lab") for m in entries if m.get("id") == model), None)
         if isinstance(lab, dict):  # our server says its setup (precision, draft, kernels, sequences) there
-            parts = ("draft", "setup", "settings", "kv", "step_budget")
+            parts = ("draft", "setup", "settings", "kv", "step_budget", "calibration")
             facts["lab"] = {**_small(lab), **{k: _small(lab[k]) for k in parts if isinstance(lab.get(k), dict)}}
         for path in ("/version", "/props"):  # vLLM's version; llama-server's settings
             try:

@@ -109,7 +109,8 @@ def server_from_facts(facts: dict, url: str) -> dict:
     words += kv_words(settings.get("kv_cache"), settings.get("kv_dtype"), settings.get("kv_cache_gib"))
     return {"system": "serving-cost-lab", "label": f"serving-cost-lab {lab['precision']}{words} at {url} (its own "
             "account)", "model": lab.get("model"), "precision": lab.get("precision"), "draft": draft,
-            "slots": settings.get("max_seqs"), "setup": lab.get("setup"), "identified_by": "/v1/models lab"}
+            "slots": settings.get("max_seqs"), "setup": lab.get("setup"), "calibration": lab.get("calibration"),
+            "identified_by": "/v1/models lab"}
 
 
 def _context_of(facts: dict) -> int | None:
@@ -199,7 +200,7 @@ def run_point(cfg: LoadConfig, profile: Profile, prepared: Prepared, store=None,
     config = {
         "system": s.get("system") or "endpoint", "label": s.get("label") or ep.base,
         "model": s.get("model") or ep.model, "precision": s.get("precision"), "draft": s.get("draft"),
-        "batch_size": 1, "endpoint": {"url": ep.base, "model": ep.model},
+        "calibration": s.get("calibration"), "batch_size": 1, "endpoint": {"url": ep.base, "model": ep.model},
         "profile": {**profile.to_dict(), "label": profile.label}, "slo": {**slo.to_dict(), "label": slo.label},
         "workload": {**_workload_facts(cfg, reqs), **prepared.cut, "fresh_tag": tag},
         "tokenizer": str(tokenizer_folder(cfg.tokenizer)),

@@ -211,7 +211,8 @@ def evaluate_setup(setup, pool, subset: str | None = "quick20", ids: list[str] |
     gen = complete_engine(loaded, probs, max_new_tokens, batch, progress)
     outcomes = judge(probs, gen.completions, limits, progress)
     config = {"setup": loaded.setup.to_dict(), **loaded.setup.to_record(), "device": loaded.target.device,
-              "batch_size": batch, "batching": "continuous", "system": "engine"}
+              "batch_size": batch, "batching": "continuous", "system": "engine",
+              "calibration": loaded.target.calibration}
     rec = record(config, metrics(name, probs, gen, outcomes, max_new_tokens, usd_per_hour, limits),
                  loaded.target.device)
     if store is not None:

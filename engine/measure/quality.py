@@ -408,8 +408,8 @@ class QualityItem:
         setup = EngineSetup(model=name, precision=s.precision, group_size=s.group_size,
                             quantize_embeddings=s.quantize_embeddings, quantize_head=s.quantize_head,
                             device=device, method=s.method)
-        rec = record({"setup": setup.to_dict(), **setup.to_record(), "device": device, "system": "engine"},
-                     self.result, device)
+        rec = record({"setup": setup.to_dict(), **setup.to_record(), "device": device, "system": "engine",
+                      "calibration": lm.calibration}, self.result, device)
         if store is not None:
             store.save_run(rec)
         if pool is None:

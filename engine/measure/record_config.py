@@ -4,7 +4,8 @@
 `run_config` (RunConfig.to_dict(), to measure the record again), it keeps the flat keys stored
 records have always had and their readers use: `model`, `precision` (the loaded label, 'int4-g64'),
 `quant`, `device` (the device it ran on), `batch_size` and `draft` (EngineSetup.to_record()'s), and
-`architecture` (the family and the features beyond Llama that ran; which path ran is record.kernels).
+`architecture` (the family and the features beyond Llama that ran; which path ran is record.kernels) and
+`calibration` (a calibrated int4's algorithm version and text: record_setup.stale_calibration).
 `from_record` reads a stored record of any readable schema. Pure (no torch).
 """
 from __future__ import annotations
@@ -32,13 +33,15 @@ class RecordConfig:
     kernel_settings: dict | None = None  # ops.KernelConfig as a dict: ISA cap, fused path, int8 activations
     run_config: dict | None = None  # RunConfig.to_dict(): what "measure again" runs
     architecture: dict | None = None  # ModelConfig.architecture(): family, model_type, features beyond Llama
+    calibration: dict | None = None  # the loaded target's calibrate.Calibrated.facts(); None when not calibrated
 
     def to_dict(self) -> dict:
         return {**self.setup.to_record(), "precision": self.precision_label, "quant": dict(self.quant),
                 "device": self.device, "batch_size": self.batch_size, "max_new_tokens": self.max_new_tokens,
                 "workload": self.workload, "reps": self.reps, "sampling": self.sampling, "chat": self.chat,
                 "batch_settings": self.batch_settings, "kernel_settings": self.kernel_settings,
-                "setup": self.setup.to_dict(), "run_config": self.run_config, "architecture": self.architecture}
+                "setup": self.setup.to_dict(), "run_config": self.run_config, "architecture": self.architecture,
+                "calibration": self.calibration}
 
     @classmethod
     def from_record(cls, rec) -> "RecordConfig":
@@ -55,4 +58,5 @@ class RecordConfig:
                    sampling=sampling, chat=c.get("chat"), batch_size=int(c.get("batch_size") or 1),
                    max_new_tokens=c.get("max_new_tokens"), batch_settings=c.get("batch_settings"),
                    kernel_settings=c.get("kernel_settings"), run_config=dict(rc) if rc is not None else None,
-                   architecture=c.get("architecture"))
+                   architecture=c.get("architecture"),
+                   calibration=c.get("calibration") if isinstance(c.get("calibration"), Mapping) else None)

@@ -34,7 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field as PField, PlainValidator, Str
 from pydantic import ValidationError, create_model
 
 from engine.common.errors import UserError
-from engine.common.record_setup import setup_from_record
+from engine.common.record_setup import calibration_suffix, setup_from_record
 from engine.common import fields as F
 from engine.common.vocab import RECORD_KINDS
 
@@ -78,7 +78,9 @@ class RunRecord:
 
     @property
     def label(self) -> str:
-        c = self.config
+        return self._label(self.config) + calibration_suffix(self.config)
+
+    def _label(self, c: dict) -> str:
         if self.kind in ("peer", "load", "accuracy", "quality") and c.get("label"):
             return c["label"] + ("" if c.get("model") in (None, "default") else f" ({c['model']})")
         try:  # one builder, EngineSetup.label, for records of every schema (config.setup, run_config or flat)

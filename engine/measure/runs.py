@@ -221,7 +221,7 @@ def record_config(run: Run) -> RecordConfig:
                         sampling=cfg.sampling.to_dict(), chat=cfg.chat, batch_size=cfg.batch_size,
                         max_new_tokens=cfg.max_new_tokens, batch_settings=run.settings,
                         kernel_settings=kernels.kernel_config().to_dict(), run_config=cfg.to_dict(),
-                        architecture=target.cfg.architecture())
+                        architecture=target.cfg.architecture(), calibration=target.calibration)
 
 
 def store_step(run: Run, kind: str, store) -> RunRecord:

@@ -219,6 +219,7 @@ def _record_config(cfg: PeerConfig, result: dict | None) -> dict:
     return {"system": cfg.system, "label": cfg.label, "model": st.model, "precision": st.precision,
             "device": st.device, "batch_size": 1, "max_new_tokens": cfg.max_new_tokens, "draft": draft,
             "reps": cfg.reps, "random_init": cfg.random_init, "setup": st.to_dict() if cfg.system == OURS else None,
+            "calibration": (result or {}).get("calibration"),
             "peer_config": cfg.to_dict()}
 
 

@@ -222,7 +222,7 @@ def _ours_worker(cfg: PeerConfig, folder, draft_folder) -> dict:
     return {"runs": runs, "mem": mem, "load_s": load_s, "weight_bytes": wb, "prompt_ids": ids,
             "spec": last_spec or None,
             "kernels": {**kernels.backend_info(), "settings": kernels.kernel_config().to_dict()},
-            "versions": _versions()}
+            "versions": _versions(), "calibration": target.calibration}
 
 
 def _versions(*pkgs) -> dict:
@@ -276,6 +276,7 @@ def run_worker(cfg: PeerConfig) -> dict:
         m["spec"] = out["spec"]
     return {"metrics": m, "machine": machine_facts(cfg.setup.device), "versions": out["versions"],
             "kernels": out.get("kernels") or {}, "draft_setting": out.get("draft_setting"),
+            "calibration": out.get("calibration"),
             "output": {"new_tokens": [runs[0].tokens[:n]], "prompt_ids": out["prompt_ids"]}}
 
 

@@ -23,7 +23,7 @@ from typing import Iterable, Mapping
 
 from engine.common.fields import A, PR, Q
 from engine.common.paired import compare
-from engine.common.record_setup import setup_from_record
+from engine.common.record_setup import setup_from_record, stale_calibration
 from engine.common.vocab import FLOAT_PRECISIONS, KLD_STATS, OUR_SYSTEMS, canonical_model_name
 from engine.planner.errors import PlanError
 
@@ -129,6 +129,10 @@ def measured_quality(records: Iterable[Mapping]) -> QualityTable:
             continue
         if cfg.get("system") not in OUR_SYSTEMS:
             skipped.append((rid, f"{cfg.get('system')}'s quality: the planner plans the lab's engine"))
+            continue
+        stale = stale_calibration(cfg)
+        if stale:  # another algorithm's codes than the lab's int4 of that name loads now
+            skipped.append((rid, f"calibrated by another version ({stale}): measure it again"))
             continue
         s = setup_from_record(cfg)
         model, config = canonical_model_name(s.model), s.precision_token

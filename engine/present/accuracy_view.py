@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from engine.common.errors import UserError
 from engine.common.fields import A, PR, Q
-from engine.common.record_setup import setup_from_record
+from engine.common.record_setup import calibration_suffix, setup_from_record
 from engine.common.vocab import OUR_SYSTEMS as OURS, canonical_model_name
 from engine.common.paired import compare
 
@@ -27,7 +27,7 @@ def _key(rec) -> tuple[str, str, str]:
         system = str(c.get("system"))
         return PEER_ENGINE.get(system, system), canonical_model_name(c.get("model") or ""), str(c.get("precision"))
     s = setup_from_record(c)
-    return "ours", canonical_model_name(s.model), s.precision_label + s.draft_label
+    return "ours", canonical_model_name(s.model), s.precision_label + s.draft_label + calibration_suffix(c)
 
 
 def outcomes(rec) -> dict[str, bool]:

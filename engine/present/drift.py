@@ -74,6 +74,11 @@ def setup_key(rec) -> tuple | None:
             s.group_size if s.precision == "int4" else None, draft, run)
 
 
+def _calibration_version(rec):
+    cal = (rec.config or {}).get("calibration")
+    return cal.get("version") if isinstance(cal, dict) else None
+
+
 def machine_key(rec) -> tuple:
     m = rec.machine or {}
     return tuple(repr(m.get(k)) for k in MACHINE_FIELDS)
@@ -108,6 +113,9 @@ def changes(before, after) -> list[str]:
     sb, sa = setup_from_record(before.config or {}), setup_from_record(after.config or {})
     if sb.method != sa.method:
         out.append(f"precision method {sb.method} -> {sa.method}")
+    cb, ca = (_calibration_version(r) for r in (before, after))
+    if cb != ca and sb.method == sa.method:
+        out.append(f"calibration {sb.method} version {cb or 'not recorded'} -> {ca or 'not recorded'}")
     kb, ka = _run_field(before, "kernel_settings"), _run_field(after, "kernel_settings")
     if kb != ka and kb is not None and ka is not None:
         diff = sorted(k for k in set(kb) | set(ka) if kb.get(k) != ka.get(k))

@@ -6,7 +6,7 @@ same keys); never runs a model. Probabilities are shown in % as llama.cpp prints
 from __future__ import annotations
 
 from engine.common.fields import QC, Q
-from engine.common.record_setup import setup_from_record
+from engine.common.record_setup import calibration_suffix, setup_from_record
 from engine.common.vocab import canonical_model_name
 from engine.present.accuracy_view import OURS, PEER_ENGINE
 from engine.present.columns import num as _num
@@ -107,7 +107,7 @@ def _kind(rec) -> tuple[str, str, str]:
         return canonical_model_name(c.get("model") or ""), engine, f"{engine} {c.get('precision')}"
     s = setup_from_record(c)
     method = f"int4 {s.method}" if s.precision == "int4" else s.precision
-    return canonical_model_name(s.model), method, s.precision_label
+    return canonical_model_name(s.model), method, s.precision_label + calibration_suffix(c)
 
 
 def bytes_points(records, model: str) -> tuple[list[dict], list[str]]:

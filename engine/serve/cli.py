@@ -106,7 +106,8 @@ def build(a):
     loop.per_request_spec = a.per_request_spec_decode_metrics
     facts = {"model": target.name, "precision": target.spec.label, "device": target.device,
              "draft": setup.to_record()["draft"], "setup": setup.to_dict(), "settings": settings.to_dict(),
-             "kv": {k: v for k, v in loop.scheduler.kv_facts().items() if k in KV_FACTS}}
+             "kv": {k: v for k, v in loop.scheduler.kv_facts().items() if k in KV_FACTS},
+             "calibration": target.calibration}
     return loop, a.served_model_name or a.model, facts
 
 
