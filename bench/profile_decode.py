@@ -36,9 +36,10 @@ from engine.present import format_rows  # noqa: E402
 
 LINEARS = ("q_proj", "k_proj", "v_proj", "qkv_proj", "o_proj", "gate_proj", "up_proj", "gate_up_proj", "down_proj",
            "lm_head")
-# fused-step categories that stream a projection's weights -> the linears they read
-FUSED_WEIGHTS = {"qkv tiles": ("qkv_proj",), "o tiles + residual": ("o_proj",),
-                 "gate/up tiles + silu*up + down-input prep": ("gate_up_proj",),
+# fused-step categories that stream a projection's weights -> the linears they read (a layer whose q/k/v or gate/up
+# differ in precision, as a mixed model's may, keeps them apart: their bytes count in the same phase)
+FUSED_WEIGHTS = {"qkv tiles": ("qkv_proj", "q_proj", "k_proj", "v_proj"), "o tiles + residual": ("o_proj",),
+                 "gate/up tiles + silu*up + down-input prep": ("gate_up_proj", "gate_proj", "up_proj"),
                  "down tiles + residual": ("down_proj",), "final norm + head": ("lm_head",)}
 
 

@@ -3,6 +3,7 @@ against round-to-nearest on a known layer; a real tiny Qwen2 calibrated through 
 reused and interrupted; and the calibration text kept apart from the text KLD and pass@1 score."""
 from __future__ import annotations
 
+import hashlib
 import json
 
 import pytest
@@ -227,10 +228,12 @@ def test_a_tiny_qwen2_calibrates_caches_and_beats_round_to_nearest(tiny_qwen, qu
     assert sum(isinstance(m, Int4Linear) for m in cal.model.modules()) >= 3 * 2 + 1
     entry = calibrate.entry_dir(str(tiny_qwen), tiny_qwen, cal.spec, 2048)
     assert (entry / "manifest.json").exists() and not any(p.name.startswith(".tmp") for p in quant_cache.iterdir())
+    manifest = json.loads((entry / "manifest.json").read_text())
     assert rtn.calibration is None and cal.calibration == {  # what the records keep: which algorithm, on what text
         "method": method, "version": calibrate.VERSIONS[method], "calibration_set": calibrate.CALIBRATION_SET,
         "calibration_tokens": 2048, "calibration_docs": cal.calibration["calibration_docs"],
-        "key": entry.name.rsplit("-", 1)[1]}
+        "key": entry.name.rsplit("-", 1)[1], "codes": manifest["codes_sha256"][:16], "int8_linears": 0}
+    assert manifest["codes_sha256"] == hashlib.sha256((entry / "codes.safetensors").read_bytes()).hexdigest()
 
     def lp(lm):
         t = torch.tensor([ids])
@@ -351,6 +354,8 @@ def test_gptq_mixed_keeps_some_linears_at_int8_and_reuses_gptqs_calibration(tiny
     entries = set(quant_cache.iterdir())
     mixed = load(str(tiny_qwen), "int4-gptq-mixed-g32", "cpu")
     assert set(quant_cache.iterdir()) == entries  # one calibration serves both
+    assert mixed.calibration == {**gptq.calibration, "int8_linears": mixed.calibration["int8_linears"]}
+    assert mixed.calibration["int8_linears"] > 0 and gptq.calibration["int8_linears"] == 0  # linears, before fusing
     kinds = [type(m) for m in mixed.model.modules()]
     assert Int8Linear in kinds and Int4Linear in kinds
     assert gptq.weight_bytes < mixed.weight_bytes <= gptq.weight_bytes * 1.25 + 4096

@@ -62,3 +62,6 @@ def test_a_change_of_method_or_threads_is_named(earlier):
     v2["config"]["calibration"], v3["config"]["calibration"] = {"version": 2}, {"version": 3}
     v2["machine"]["torch_threads"] = t + 1
     assert changes(RunRecord(**v2), RunRecord(**v3)) == ["calibration gptq version 2 -> 3"]
+    other = copy.deepcopy(v3)  # the same version and key calibrated under other float rounding: other codes
+    v3["config"]["calibration"]["codes"], other["config"]["calibration"]["codes"] = "a1b2", "c3d4"
+    assert changes(RunRecord(**v3), RunRecord(**other)) == ["calibration gptq codes a1b2 -> c3d4"]

@@ -150,10 +150,12 @@ class Calibrated:
 
     def facts(self) -> dict:
         """What a record keeps of the calibration that made these codes (EngineSetup cannot say it: the algorithm's
-        version and the text are the lab's, not the user's choice)."""
+        version and the text are the lab's, not the user's choice), and the codes' own fingerprint: the same key
+        calibrated under other float rounding (another CPU, another thread count) gives other codes."""
         m = self.manifest
         keep = ("method", "version", "calibration_set", "calibration_tokens", "calibration_docs")
-        return {**{k: m.get(k) for k in keep}, "key": self.key}
+        return {**{k: m.get(k) for k in keep}, "key": self.key, "codes": m.get("codes_sha256", "")[:16] or None,
+                "int8_linears": len(self.keep_int8)}
 
 
 def _read(path: Path) -> Calibrated | None:
@@ -163,9 +165,18 @@ def _read(path: Path) -> Calibrated | None:
         return None
     t = load_file(str(path / "codes.safetensors"))
     names = {k.rsplit(".", 1)[0] for k in t}
+    manifest = json.loads((path / "manifest.json").read_text())
+    manifest.setdefault("codes_sha256", _sha256(path / "codes.safetensors"))  # an entry cached before it was kept
     return Calibrated({n: (t[f"{n}.packed"], t[f"{n}.scales"], t[f"{n}.mins"]) for n in names},
-                      load_file(str(path / "floats.safetensors")), set(),
-                      json.loads((path / "manifest.json").read_text()))
+                      load_file(str(path / "floats.safetensors")), set(), manifest)
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 24), b""):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def _read_same_key(path: Path) -> Calibrated | None:
@@ -189,6 +200,7 @@ def _write(path: Path, cal: Calibrated) -> None:
     flat = {f"{n}.{part}": t.contiguous() for n, c in cal.codes.items()
             for part, t in zip(("packed", "scales", "mins"), c)}
     save_file(flat, str(tmp / "codes.safetensors"))
+    cal.manifest["codes_sha256"] = _sha256(tmp / "codes.safetensors")
     save_file({n: t.contiguous() for n, t in cal.floats.items()}, str(tmp / "floats.safetensors"))
     (tmp / "manifest.json").write_text(json.dumps(cal.manifest, indent=1))
     shutil.rmtree(path, ignore_errors=True)

@@ -74,9 +74,10 @@ def setup_key(rec) -> tuple | None:
             s.group_size if s.precision == "int4" else None, draft, run)
 
 
-def _calibration_version(rec):
+def _calibration(rec) -> tuple:
+    """(version, codes fingerprint) of a calibrated int4's record; Nones where it has none."""
     cal = (rec.config or {}).get("calibration")
-    return cal.get("version") if isinstance(cal, dict) else None
+    return (cal.get("version"), cal.get("codes")) if isinstance(cal, dict) else (None, None)
 
 
 def machine_key(rec) -> tuple:
@@ -113,9 +114,11 @@ def changes(before, after) -> list[str]:
     sb, sa = setup_from_record(before.config or {}), setup_from_record(after.config or {})
     if sb.method != sa.method:
         out.append(f"precision method {sb.method} -> {sa.method}")
-    cb, ca = (_calibration_version(r) for r in (before, after))
-    if cb != ca and sb.method == sa.method:
-        out.append(f"calibration {sb.method} version {cb or 'not recorded'} -> {ca or 'not recorded'}")
+    (vb, cb), (va, ca) = (_calibration(r) for r in (before, after))
+    if vb != va and sb.method == sa.method:
+        out.append(f"calibration {sb.method} version {vb or 'not recorded'} -> {va or 'not recorded'}")
+    elif cb != ca and cb and ca:  # the same version and key, calibrated under other float rounding
+        out.append(f"calibration {sb.method} codes {cb} -> {ca}")
     kb, ka = _run_field(before, "kernel_settings"), _run_field(after, "kernel_settings")
     if kb != ka and kb is not None and ka is not None:
         diff = sorted(k for k in set(kb) | set(ka) if kb.get(k) != ka.get(k))
