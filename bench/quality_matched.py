@@ -83,7 +83,7 @@ def ours_row(model: str, spec, docs, ref, progress=None) -> tuple[dict, Scores]:
     out = quality.results(sc, docs)
     cfg = kernel_config()
     out.update(system="serving-cost-lab", precision=lm.spec.label, weight_bytes=lm.weight_bytes,
-               score_s=time.perf_counter() - t,
+               score_s=time.perf_counter() - t, calibration=lm.calibration,
                kernels={"enabled": cfg.enabled, "act_int8": cfg.act_int8, "isa": cfg.isa})
     del lm
     gc.collect()
@@ -225,6 +225,20 @@ def _fmt(v, f):
     return "" if v is None or (isinstance(v, float) and math.isnan(v)) else f.format(v)
 
 
+def calibration_lines(rows: dict) -> list[str]:
+    """Which calibration made each calibrated row's codes: a calibrated row is one draw (the same cache key under
+    other float rounding calibrates other codes, docs/BENCHMARKS.md session 38), so the report names its codes."""
+    cal = {label: r["calibration"] for label, r in rows.items() if isinstance(r.get("calibration"), dict)}
+    if not cal:
+        return []
+    out = ["", "Calibrated rows, one calibration each (the same key under other float rounding gives other codes):"]
+    for label, c in cal.items():
+        out.append(f"- {label}: {c.get('method')} version {c.get('version')}, {c.get('calibration_tokens')} tokens "
+                   f"of {c.get('calibration_set')}, cache key {c.get('key')}, codes {c.get('codes')}"
+                   + (f", {c['int8_linears']} linears at int8" if c.get("int8_linears") else ""))
+    return out
+
+
 def markdown(rep: dict) -> str:
     out = [f"# Quality on equal terms against llama.cpp's Q4_K_M: {rep['model']}", "",
            f"Command: `{rep['command']}`", ""]
@@ -254,6 +268,7 @@ def markdown(rep: dict) -> str:
                    f"{_fmt(p0.get('kld_mean'), '{:.3f}')} / "
                    f"{_fmt(p0.get('kld_max'), '{:.2f}')} | {_fmt(p13, '{:.4f}')} | "
                    f"{_fmt((p.get('rest') or {}).get('kld_mean'), '{:.4f}')} |")
+    out += calibration_lines(rep["rows"])
     m = rep.get("match") or {}
     out += ["", "## Quality-matched pick", "",
             f"Target: {REQUANT}. Criteria: KLD median and p99 no higher, same top-1 no lower "

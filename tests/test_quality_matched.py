@@ -261,3 +261,17 @@ def test_llama_precisions_are_one_vocabulary_and_a_missing_tool_is_named(monkeyp
         gguf_tools.llama_tool("llama-imatrix")
     assert "make peers" in gguf_tools.llama_precision_unavailable("IQ4_XS-imatrix")
     assert gguf_tools.llama_precision_unavailable("Q4_K_M") is None
+
+
+def test_the_report_names_which_calibration_made_a_calibrated_rows_codes():
+    """A calibrated row is one calibration: the report names its version, text, key and codes (and a mixed row's
+    int8 count); a row without one adds nothing."""
+    rows = {"ours int4-g32": {"calibration": None},
+            "ours int4-gptq-mixed-g32": {"calibration": {
+                "method": "gptq", "version": 3, "calibration_set": "sharegpt-chat-and-code-exchanges",
+                "calibration_tokens": 8192, "key": "6453b3322f18", "codes": "0123456789abcdef", "int8_linears": 136}}}
+    assert qm.calibration_lines(rows) == [
+        "", "Calibrated rows, one calibration each (the same key under other float rounding gives other codes):",
+        "- ours int4-gptq-mixed-g32: gptq version 3, 8192 tokens of sharegpt-chat-and-code-exchanges, cache key "
+        "6453b3322f18, codes 0123456789abcdef, 136 linears at int8"]
+    assert qm.calibration_lines({"ours int4-g32": {}}) == []
