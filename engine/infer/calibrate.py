@@ -147,6 +147,7 @@ class Calibrated:
     keep_int8: set
     manifest: dict
     key: str = ""  # the cache key (entry_dir): the same for every load of the same codes
+    fresh: bool = False  # calibrated in this call: the model's block weights were left dequantized (calibrate)
 
     def facts(self) -> dict:
         """What a record keeps of the calibration that made these codes (EngineSetup cannot say it: the algorithm's
@@ -226,6 +227,7 @@ def calibrated(name: str, folder: Path, model, spec: QuantSpec, tokenizer, progr
             "version": VERSIONS[base_method(spec)],
             "seconds": round(time.perf_counter() - t0, 1), "relative_output_error": errors})
         _write(path, cal)
+        cal.fresh = True
         say(f"calibrated {spec.label} in {time.perf_counter() - t0:.0f} s; cached in {path}")
     cal.key = path.name.rsplit("-", 1)[1]
     if spec.method.endswith("-mixed"):

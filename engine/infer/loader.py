@@ -128,6 +128,9 @@ def load(name: str = "default", spec: QuantSpec | str = "fp32", device: str | No
         from engine.infer.calibrate import calibrated
 
         cal = calibrated(name, Path(folder), model, spec, tok, progress, should_stop=should_stop)
+        if cal.fresh:  # calibration left each block's weights at their int4 values: a mixed model's int8 linears
+            del model  # must quantize the source weights, as a load from the cache does
+            model = build_model(folder, dtype=base_dtype, device="cpu")
         with torch.no_grad():
             for pname, t in cal.floats.items():  # AWQ's folded norms
                 model.get_parameter(pname).data = t.to(model.get_parameter(pname).dtype)
