@@ -18,3 +18,7 @@ date; $QM --parts ours --group-sizes 32 --no-int8 --methods rtn --out $D/qm-ours
 date
 date; $QM --parts ours --group-sizes 32 --no-int8 --methods gptq --out $D/qm-ours-gptq
 date
+# Part 1c, after the fix of 41963f9 (the load that calibrated a mixed model quantized its int8 linears from the int4
+# values calibration leaves in the blocks; qm-ours-mixed-first-load-bug/ is that load's row): the same row again.
+date; $QM --parts ours --group-sizes 32 --no-int8 --methods gptq-mixed --out $D/qm-ours-mixed
+date
