@@ -246,6 +246,9 @@ def test_a_tiny_qwen2_calibrates_caches_and_beats_round_to_nearest(tiny_qwen, qu
     assert k_cal < {"gptq": 0.8, "awq": 0.9}[method] * k_rtn
     again = load(str(tiny_qwen), f"int4-{method}-g32", "cpu")  # from the cache (AWQ: its folded norms too)
     assert torch.equal(lp(again), lp(cal)) and again.calibration == cal.calibration
+    (entry / "manifest.json").write_text(json.dumps({k: v for k, v in manifest.items() if k != "codes_sha256"}))
+    assert load(str(tiny_qwen), f"int4-{method}-g32", "cpu").calibration == cal.calibration  # an entry from before
+    assert json.loads((entry / "manifest.json").read_text())["codes_sha256"] == manifest["codes_sha256"]  # kept now
     # the same weights by another name (a link to the folder, as a catalog alias or a worker's path names them): the
     # same entry, not a second calibration
     alias = quant_cache.parent / f"alias-of-tiny-{method}"

@@ -87,6 +87,12 @@ def setup_from_record(config: Mapping) -> EngineSetup:
     return EngineSetup(**d)
 
 
+def calibration_of(config: Mapping) -> Mapping:
+    """A record config's calibration facts (calibrate.Calibrated.facts); {} where it has none."""
+    cal = config.get("calibration") if isinstance(config, Mapping) else None
+    return cal if isinstance(cal, Mapping) else {}
+
+
 def stale_calibration(config: Mapping) -> str | None:
     """Why a record's calibrated int4 is not the lab's current one, in a few words; None when it is, or when its
     int4 is not calibrated (round-to-nearest, a checkpoint's codes, another precision). Two records of one setup
@@ -98,8 +104,7 @@ def stale_calibration(config: Mapping) -> str | None:
     method = setup.method.removesuffix("-mixed")
     if base_precision(setup.precision) != "int4" or method not in CALIBRATION_VERSIONS:
         return None
-    cal = config.get("calibration") if isinstance(config, Mapping) else None
-    version = cal.get("version") if isinstance(cal, Mapping) else None
+    version = calibration_of(config).get("version")
     now = CALIBRATION_VERSIONS[method]
     if version == now:
         return None

@@ -167,7 +167,11 @@ def _read(path: Path) -> Calibrated | None:
     t = load_file(str(path / "codes.safetensors"))
     names = {k.rsplit(".", 1)[0] for k in t}
     manifest = json.loads((path / "manifest.json").read_text())
-    manifest.setdefault("codes_sha256", _sha256(path / "codes.safetensors"))  # an entry cached before it was kept
+    if "codes_sha256" not in manifest:  # an entry cached before it was kept: hashed once, the manifest replaced
+        manifest["codes_sha256"] = _sha256(path / "codes.safetensors")
+        tmp = path / f".manifest-{os.getpid()}.json"
+        tmp.write_text(json.dumps(manifest, indent=1))
+        os.replace(tmp, path / "manifest.json")
     return Calibrated({n: (t[f"{n}.packed"], t[f"{n}.scales"], t[f"{n}.mins"]) for n in names},
                       load_file(str(path / "floats.safetensors")), set(), manifest)
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from engine.common import fields as F
 from engine.common.fields import M, Q
 from engine.common.paired import Z95
-from engine.common.record_setup import setup_from_record
+from engine.common.record_setup import calibration_of, setup_from_record
 from engine.common.vocab import canonical_model_name
 from engine.present.columns import _interval, num
 
@@ -74,12 +74,6 @@ def setup_key(rec) -> tuple | None:
             s.group_size if s.precision == "int4" else None, draft, run)
 
 
-def _calibration(rec) -> tuple:
-    """(version, codes fingerprint) of a calibrated int4's record; Nones where it has none."""
-    cal = (rec.config or {}).get("calibration")
-    return (cal.get("version"), cal.get("codes")) if isinstance(cal, dict) else (None, None)
-
-
 def machine_key(rec) -> tuple:
     m = rec.machine or {}
     return tuple(repr(m.get(k)) for k in MACHINE_FIELDS)
@@ -114,7 +108,8 @@ def changes(before, after) -> list[str]:
     sb, sa = setup_from_record(before.config or {}), setup_from_record(after.config or {})
     if sb.method != sa.method:
         out.append(f"precision method {sb.method} -> {sa.method}")
-    (vb, cb), (va, ca) = (_calibration(r) for r in (before, after))
+    calb, cala = calibration_of(before.config), calibration_of(after.config)
+    (vb, cb), (va, ca) = (calb.get("version"), calb.get("codes")), (cala.get("version"), cala.get("codes"))
     if vb != va and sb.method == sa.method:
         out.append(f"calibration {sb.method} version {vb or 'not recorded'} -> {va or 'not recorded'}")
     elif cb != ca and cb and ca:  # the same version and key, calibrated under other float rounding
