@@ -85,6 +85,11 @@ def test_fused_matches_reference_on_lower_isas(small_int4, isa):
 def test_fused_int8_weights_match_reference(small_int8):
     ref, got = _paths(small_int8, 12, act_int8=False)
     _check_close(ref, got, "0.5B int8")
+    # int8 activations (the default) reach int8 weights too, in both paths: the same distribution, other bits
+    ref8, got8 = _paths(small_int8, 12, act_int8=True)
+    for i, (a, b, c) in enumerate(zip(ref8, got8, got)):
+        assert _kl(a, b) < INT8_NOISE_KL and _kl(c, b) < INT8_NOISE_KL, f"pass {i}"
+        assert not torch.equal(b, c), f"pass {i}: int8 activations did not change the fused int8 step"
 
 
 def _kl(p_logits, q_logits):

@@ -147,7 +147,7 @@ def test_prepared_layouts_roundtrip(ext, gs):
     assert torch.equal(q2, q) and torch.equal(s2, s)
     assert torch.equal(p8.dequantize(), ops.dequantize_int8(q, s))
     assert p8.nbytes() == p8.w.numel() + 4 * p8.scale.numel()
-    assert torch.equal(ext.int8_dequant(p8.w, p8.scale, N, 0, p8.w.shape[0]), p8.dequantize())
+    assert torch.equal(ext.int8_dequant(p8.w, p8.scale, N, K, 0, p8.w.shape[0]), p8.dequantize())
 
     packed, sc, mn = ops.quantize_int4(w, gs)
     p4 = ops.prepare_int4(packed, sc, mn, K, gs)
@@ -224,6 +224,8 @@ def test_kernel_max_m_and_offsets(ext, isa):
         y = ext.int4_gemm_q8(x, p4.w, p4.sm, None, N, K, 32, config.ISA_IDS[isa])
         y0 = ext.int4_gemm_q8(x, p4.w, p4.sm, None, N, K, 32, 0)
         assert torch.allclose(y, y0, rtol=1e-5, atol=1e-5 * float(ref4.abs().max())), f"int4 q8 M={M}"
+        y8 = ext.int8_gemm_q8(x, p8.w, p8.scale, None, N, config.ISA_IDS[isa])
+        assert torch.equal(y8, ext.int8_gemm_q8(x, p8.w, p8.scale, None, N, 0)), f"int8 q8 M={M}"
 
 
 @pytest.mark.parametrize("mode", ["chunks", "dequant"])
@@ -315,6 +317,33 @@ def test_int4_int8_activations(ext, isa, gs):
             assert float(err.max()) > 1e-4 * float(ref.abs().max())
             y_ref_kernel = ext.int4_gemm_q8(x, p.w, p.sm, bias, N, K, gs, 0)
             assert torch.allclose(y, y_ref_kernel, rtol=1e-5, atol=1e-5 * float(ref.abs().max()))
+
+
+@pytest.mark.parametrize("isa", ["scalar", "avx2", "avx512"])
+def test_int8_weights_int8_activations(ext, isa):
+    """int8 weights with act_int8: error within the activation-quantization bound (and well above fp32 noise:
+    the activations really are quantized), and the same bits as the portable reference on every ISA (VNNI's
+    vpdpbusd, AVX2's vpmaddubsw and the scalar loop give the same block integers, then the same fma steps)."""
+    _isa_or_skip(ext, isa)
+    ops.configure(act_int8=True)
+    assert "int8" in ops.backend_info()["int8_activations"]
+    g = torch.Generator().manual_seed(8)
+    for N, K in ((130, 1536 + 7), (64, 100), (33, 37), (200, 600)):
+        w = _weights(N, K, N + K)
+        q, s = ops.quantize_int8(w)
+        p = ops.prepare_int8(q, s)
+        wd = ops.dequantize_int8(q, s)
+        for M in (1, 2, 5, 6, 7, 8, 9, 16, 20):
+            x = torch.randn(M, K, generator=g)
+            x[:, 0] *= 30.0                                     # an outlier channel
+            bias = torch.randn(N, generator=g) if M == 5 else None
+            y = ops.int8_linear(x, p, bias)
+            ref, mag = _ref(x, wd, bias)
+            bound = _act_q8_bound(x, wd) * 1.001 + 2e-6 * mag + 1e-6
+            err = (y.double() - ref).abs()
+            assert (err <= bound).all(), f"{isa} N={N} K={K} M={M}: {float((err / bound).max()):.3g}x bound"
+            assert float(err.max()) > 1e-4 * float(ref.abs().max())
+            assert torch.equal(y, ext.int8_gemm_q8(x, p.w, p.scale, bias, N, 0)), (isa, N, K, M)
 
 
 def test_int8_activation_kernels_agree_bitwise(ext):

@@ -11,7 +11,7 @@ The environment is the initial source, read once at first use (the first prepare
                                  measured on this machine, engine/ops/dense_crossover.py).
 ``SCL_KERNEL_PREFILL=dequant``   ``prefill="dequant"``: M above ``small_m`` dequantizes weight blocks for a
                                  torch matmul; the default ``"chunks"`` runs the small-M kernel in chunks.
-``SCL_KERNEL_ACT=fp32|int8``     ``act_int8``: int4 CPU kernels quantize activations to int8 per 32-k block
+``SCL_KERNEL_ACT=fp32|int8``     ``act_int8``: int4 and int8 CPU kernels quantize activations to int8 per 32-k block
                                  (AVX-512 VNNI, AVX2 vpmaddubsw, scalar). Default int8: measured against
                                  fp32 it adds no KL on the 1.5B and ~2% of int4's own on the 0.5B
                                  (docs/KERNELS.md); ``fp32`` gives exact weight-only semantics.
@@ -62,7 +62,7 @@ class KernelConfig:
     small_m: int = DEFAULT_SMALL_M     # largest M for the small-M CPU kernel
     dense_m: Optional[int] = DEFAULT_DENSE_M  # largest M for the dense CPU kernel (None: measured; 0: torch)
     prefill: str = "chunks"            # M > small_m on CPU: "chunks" (small-M kernel) or "dequant"
-    act_int8: bool = True              # int4 CPU kernels: int8 activations (VNNI / AVX2 maddubs / scalar)
+    act_int8: bool = True              # int4 and int8 CPU kernels: int8 activations (VNNI / AVX2 maddubs / scalar)
     fuse: bool = True                  # engine.quant fuses q/k/v and gate/up before quantizing
     fused: bool = True                 # CPU forward passes run as one fused C++ call per 64 rows (ops.fused)
     fused_bf16: Optional[bool] = None  # a bf16 model in that step (None: yes unless the CPU has AMX-BF16)

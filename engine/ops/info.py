@@ -28,7 +28,8 @@ def _dense_text(ext, cfg) -> str:
 
 def backend_info(build: bool = True) -> dict:
     """{"cpu": "avx512"|"avx2"|"scalar"|"torch-fallback", "cpu_reason", "cpu_best", "cpu_vnni",
-    "int4_activations", "dense_kernel" (bf16/fp32 linears, engine.ops.dense), "cuda": "built"|"unavailable: <reason>",
+    "int4_activations", "int8_activations", "dense_kernel" (bf16/fp32 linears, engine.ops.dense),
+    "cuda": "built"|"unavailable: <reason>",
     "threads", "small_m", "tile_rows",
     "config": the KernelConfig as a dict, "fused": on/off and why, "fused_steps" / "reference_steps":
     forward passes that took each path in the enclosing ``count_steps()`` run (else in this process;
@@ -56,6 +57,8 @@ def backend_info(build: bool = True) -> dict:
             kern = {"avx512-vnni": "AVX-512 VNNI", "avx2-maddubs": "AVX2 vpmaddubsw",
                     "scalar": "scalar reference"}[ext.q8_kernel(isa)]
             info["int4_activations"] = f"int8 per-32 block ({kern})" if cfg.act_int8 else "fp32"
+            # int8 weights follow the same switch (since session 39; a record without this key ran them on fp32)
+            info["int8_activations"] = info["int4_activations"]
             info["int4_q8_kernel"] = kern
             info["dense_kernel"] = _dense_text(ext, cfg)
     info.update(fused_info())

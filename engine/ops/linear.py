@@ -27,9 +27,11 @@ CUDA_SMALL_M = 32      # on CUDA: above this torch bf16 matmul on dequantized bl
 PREFILL_BLOCK_ROWS = 4096
 
 
-def _int4_call(ext, x, prepared, bias, N, K, isa, act_int8: bool):
-    """int4 small-M kernel call: fp32 activations, or int8 activations if asked (AVX-512 VNNI,
-    AVX2 vpmaddubsw, or the scalar reference, by ISA)."""
+def _small_m_call(ext, x, prepared, bias, N, K, isa, act_int8: bool, is4: bool):
+    """Small-M kernel call: fp32 activations, or int8 activations if asked (AVX-512 VNNI,
+    AVX2 vpmaddubsw, or the scalar reference, by ISA), for int4 and int8 weights alike."""
+    if not is4:
+        return (ext.int8_gemm_q8 if act_int8 else ext.int8_gemm)(x, prepared.w, prepared.scale, bias, N, isa)
     gs = prepared.group_size
     if act_int8:
         return ext.int4_gemm_q8(x, prepared.w, prepared.sm, bias, N, K, gs, isa)
@@ -63,7 +65,7 @@ def _cpu_prefill(x2: torch.Tensor, prepared, bias: Optional[torch.Tensor], ext) 
     for t0 in range(0, NT, tb):
         t1 = min(NT, t0 + tb)
         if isinstance(prepared, PreparedInt8):
-            wb = ext.int8_dequant(prepared.w, prepared.scale, N, t0, t1)
+            wb = ext.int8_dequant(prepared.w, prepared.scale, N, prepared.K, t0, t1)
         else:
             wb = ext.int4_dequant(prepared.w, prepared.sm, N, prepared.K, prepared.group_size, t0, t1)
         r0, r1 = t0 * TILE, min(N, t1 * TILE)
@@ -88,9 +90,7 @@ def _linear(x: torch.Tensor, prepared, bias: Optional[torch.Tensor], is4: bool) 
             if ext is not None:
                 isa = _build.cpu_isa(ext, cfg)
                 b = None if bias is None else bias.contiguous()
-                if is4:
-                    return _int4_call(ext, x, prepared, b, N, K, isa, cfg.act_int8)
-                return ext.int8_gemm(x, prepared.w, prepared.scale, b, N, isa)
+                return _small_m_call(ext, x, prepared, b, N, K, isa, cfg.act_int8, is4)
 
     # ---- general path
     out_dtype = x.dtype
@@ -126,9 +126,7 @@ def _linear(x: torch.Tensor, prepared, bias: Optional[torch.Tensor], is4: bool) 
         sm = cfg.small_m
 
         def small(xs):
-            if is4:
-                return _int4_call(ext, xs, prepared, b32, N, K, isa, cfg.act_int8)
-            return ext.int8_gemm(xs, prepared.w, prepared.scale, b32, N, isa)
+            return _small_m_call(ext, xs, prepared, b32, N, K, isa, cfg.act_int8, is4)
 
         if M <= sm:
             y = small(x32)

@@ -1,7 +1,8 @@
 """Load-time packed weights: the canonical formats converted once to the layout the kernel for their device reads.
 
 CPU with the extension ("cpu_tiled"): output rows in tiles of 64 (N padded with zero rows).
-  int8: w int8 [NT, K, 64] (tile t, column k, row r), scale fp32 [NT*64].
+  int8: w int8 [NT, Kq/4, 64, 4]: (t, o, r, i) holds q[64t + r, 4o + i], Kq = K rounded up to 32 (zero past K):
+        4 consecutive k of a row per 32-bit lane, what the int8 x int8 dot products take; scale fp32 [NT*64].
   int4: w int32 [NT, Kp/8, 64]: dword (t, o, r) holds q[n, 8o..8o+7] of row n = 64t + r,
         byte i = q[8o+i] | q[8o+4+i] << 4; sm fp16 [NT, G, 2, 64]: (scale, min) per group per row.
 Otherwise ("canonical"): int8 w [N, K] (on CUDA K zero-padded to a multiple of 16), int4 the
@@ -30,7 +31,7 @@ def _tensors_nbytes(*ts) -> int:
 class PreparedInt8:
     """int8 weight in the layout the kernel for its device wants.
 
-    layout "cpu_tiled": w int8 [NT, K, 64] (tile t, column k, row r), scale fp32 [NT*64]
+    layout "cpu_tiled": w int8 [NT, Kq/4, 64, 4] (tile t, quad o, row r, k = 4o + i), scale fp32 [NT*64]
     layout "canonical": w int8 [N, K], scale fp32 [N]   (torch fallback, CUDA)
     """
     N: int
@@ -50,8 +51,8 @@ class PreparedInt8:
         """fp32 rows [r0, r1) of the dequantized weight (pure torch)."""
         if self.layout == "cpu_tiled":
             t0, t1 = r0 // TILE, (r1 + TILE - 1) // TILE
-            q = self.w[t0:t1].permute(0, 2, 1).reshape(-1, self.K)
-            q = q[r0 - t0 * TILE: r1 - t0 * TILE]
+            q = self.w[t0:t1].permute(0, 2, 1, 3).reshape((t1 - t0) * TILE, -1)
+            q = q[r0 - t0 * TILE: r1 - t0 * TILE, : self.K]
         else:
             q = self.w[r0:r1, : self.K]   # CUDA layout pads K to 16
         return q.to(torch.float32) * self.scale[r0:r1, None]
@@ -61,7 +62,7 @@ class PreparedInt8:
 
     def canonical(self) -> tuple[torch.Tensor, torch.Tensor]:
         if self.layout == "cpu_tiled":
-            q = self.w.permute(0, 2, 1).reshape(-1, self.K)[: self.N].contiguous()
+            q = self.w.permute(0, 2, 1, 3).reshape(self.w.shape[0] * TILE, -1)[: self.N, : self.K].contiguous()
             return q, self.scale[: self.N].contiguous()
         return self.w[:, : self.K].contiguous(), self.scale
 
@@ -164,12 +165,12 @@ def tile_int8(qweight: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor,
     """The CPU tiled layout of canonical int8 (the module's docstring), in torch: its definition, which the
     extension's int8_tile reproduces byte for byte (tests/test_load_codes.py)."""
     N, K = qweight.shape
-    NT = (N + TILE - 1) // TILE
-    wp = torch.zeros(NT * TILE, K, dtype=torch.int8)
-    wp[:N] = qweight
+    NT, Kq = (N + TILE - 1) // TILE, (K + 31) // 32 * 32
+    wp = torch.zeros(NT * TILE, Kq, dtype=torch.int8)
+    wp[:N, :K] = qweight
     sp = torch.zeros(NT * TILE, dtype=torch.float32)
     sp[:N] = scale
-    return wp.view(NT, TILE, K).permute(0, 2, 1).contiguous(), sp
+    return wp.view(NT, TILE, Kq // 4, 4).permute(0, 2, 1, 3).contiguous(), sp
 
 
 def _use_cpu_tiled(device: torch.device) -> bool:

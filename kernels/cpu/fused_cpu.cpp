@@ -66,8 +66,8 @@ void prep_cols(const IsaFns& F, bool q8, const float* xrow, int64_t K, int64_t k
 struct LinCall {
   const Lin* lin;
   int64_t M;
-  const float* x;        // fp32 input rows [M][K] (int8 weights read it)
-  const Act* act;        // prepared input (int4 weights)
+  const float* x;        // fp32 input rows [M][K] (int8 weights with fp32 activations read it)
+  const Act* act;        // prepared input (int4 weights; int8 ones with int8 activations)
   float* y;              // [M][N]
   const BAct* bact;      // the input as bf16 weights read it
 };
@@ -77,8 +77,12 @@ inline void run_tiles(const IsaFns& F, bool q8, const LinCall& c, const float* x
   const Lin& l = *c.lin;
   if (l.kind == 16) {
     bf16_tiles(F.dense_rows, l.w, l.bias, l.N, l.K, *c.bact, c.M, c.y, tb, te);
+  } else if (l.kind == 8 && q8) {
+    Int8Q8Params p{(const int8_t*)l.w, (const float*)l.s, l.bias, c.act->xq.data(), c.act->sx.data(),
+                   c.act->bsum.data(), c.y, c.M, l.N, l.K, l.Kp, c.act->Kp};
+    F.int8q8_tiles(p, tb, te);
   } else if (l.kind == 8) {
-    Int8Params p{(const int8_t*)l.w, (const float*)l.s, l.bias, c.x, c.y, c.M, l.N, l.K};
+    Int8Params p{(const int8_t*)l.w, (const float*)l.s, l.bias, c.x, c.y, c.M, l.N, l.K, l.Kp};
     F.int8_tiles(p, tb, te);
   } else if (q8) {
     Int4Q8Params p{(const uint32_t*)l.w, (const uint16_t*)l.s, l.bias, c.act->xq.data(), c.act->sx.data(),
@@ -487,7 +491,7 @@ torch::Tensor fused_step(FusedPlan& P, torch::Tensor x_in, std::vector<int64_t> 
     // dynamic tiles of one projection; post(tb, te) runs after each chunk
     auto project = [&](const LinCall& c, auto&& post) {
       group_sums(c, me.xsum.data());
-      const bool q8 = act_int8 && c.lin->kind == 4;
+      const bool q8 = act_int8 && reads_act(*c.lin, act_int8);
       const int64_t NT = c.lin->NT, ch = chunk_of(NT, nt);
       std::atomic<int64_t>& ctr = P.ctr[phase++];
       for (;;) {
@@ -517,8 +521,9 @@ torch::Tensor fused_step(FusedPlan& P, torch::Tensor x_in, std::vector<int64_t> 
         F.add_inplace(P.x.data() + m * P.hidden, t, P.hidden);
       }
     };
-    // int4 consumers read the prepared rows, int8 ones the normed rows: prepare when any consumer is int4
-    // (in the consumers' input order when they have one: then all of them are int4, make_fused_plan checked)
+    // int4 consumers (and int8 ones with int8 activations) read the prepared rows, other int8 ones the normed
+    // rows: prepare when any consumer reads them (in the consumers' input order when they have one: then all of
+    // them are int4, make_fused_plan checked)
     auto norm_prep = [&](const float* w, bool int4_consumer, int64_t rows, const int64_t* which,
                          const int32_t* perm, bool bf16_consumer) {
       for (int64_t m = 0; m < rows; ++m) {
@@ -550,7 +555,8 @@ torch::Tensor fused_step(FusedPlan& P, torch::Tensor x_in, std::vector<int64_t> 
     for (int64_t l = 0; l < P.L; ++l) {
       const LayerW& lw = P.layers[(size_t)l];
       // ---- A: norm, qkv
-      norm_prep(lw.ln1, lw.qkv.kind == 4 || lw.k.kind == 4 || lw.v.kind == 4, M, nullptr, lw.qkv.perm,
+      norm_prep(lw.ln1, reads_act(lw.qkv, act_int8) || reads_act(lw.k, act_int8) || reads_act(lw.v, act_int8), M,
+                nullptr, lw.qkv.perm,
                 lw.qkv.kind == 16 || lw.k.kind == 16 || lw.v.kind == 16);
       mark(P_NORM1);
       const QKV qx = qkv_views(P, lw, M);
@@ -581,7 +587,7 @@ torch::Tensor fused_step(FusedPlan& P, torch::Tensor x_in, std::vector<int64_t> 
       }
       {
         std::atomic<int64_t>& ctr = P.ctr[phase++];
-        const bool oq8 = act_int8 && lw.o.kind == 4;
+        const bool oq8 = act_int8 && reads_act(lw.o, act_int8);
         const int64_t nitems = (int64_t)items.size() / 3;
         for (;;) {
           const int64_t it = ctr.fetch_add(1, std::memory_order_relaxed);
@@ -618,7 +624,7 @@ torch::Tensor fused_step(FusedPlan& P, torch::Tensor x_in, std::vector<int64_t> 
           for (int64_t i = 0; i < n; ++i) {
             float* arow = P.attn.data() + (r0 + i) * HD;
             std::memcpy(arow + c0, me.out.data() + i * P.G * P.D, sizeof(float) * (size_t)(P.G * P.D));
-            if (lw.o.kind == 4 && !lw.o.perm) prep_cols(F, oq8, arow, HD, c0, c1, r0 + i, P.act_o);
+            if (reads_act(lw.o, act_int8) && !lw.o.perm) prep_cols(F, oq8, arow, HD, c0, c1, r0 + i, P.act_o);
             if (lw.o.kind == 16) prep_bf16_cols(F.dense_split, arow, c0, c1, r0 + i, P.bact_o);
           }
         }
@@ -638,7 +644,7 @@ torch::Tensor fused_step(FusedPlan& P, torch::Tensor x_in, std::vector<int64_t> 
 #pragma omp barrier
       mark(P_WAIT);
       // ---- D: norm, gate/up pairs, silu * up, prep of the down input
-      norm_prep(lw.ln2, lw.gu.kind == 4 || lw.up.kind == 4, M, nullptr, lw.gu.perm,
+      norm_prep(lw.ln2, reads_act(lw.gu, act_int8) || reads_act(lw.up, act_int8), M, nullptr, lw.gu.perm,
                 lw.gu.kind == 16 || lw.up.kind == 16);
       mark(P_NORM2);
       {
@@ -651,8 +657,8 @@ torch::Tensor fused_step(FusedPlan& P, torch::Tensor x_in, std::vector<int64_t> 
         const LinCall cu{sep ? &lw.up : &lw.gu, M, me.xn.data(), &me.act, sep ? ubuf : gbuf, &me.bact};
         // one input, one group size: the same sums for both (a mixed pair: from its int4 member)
         group_sums(lw.gu.kind == 4 ? cg : cu, me.xsum.data());
-        const bool q8 = act_int8;   // run_tiles reads it for int4 weights only
-        const bool dq8 = act_int8 && lw.down.kind == 4;
+        const bool q8 = act_int8;   // run_tiles reads it for int4 and int8 weights only
+        const bool dq8 = act_int8 && reads_act(lw.down, act_int8);
         const int64_t NTh = P.I / TILE, ch = chunk_of(NTh, nt), uoff = sep ? 0 : NTh;
         std::atomic<int64_t>& ctr = P.ctr[phase++];
         for (;;) {
@@ -665,7 +671,7 @@ torch::Tensor fused_step(FusedPlan& P, torch::Tensor x_in, std::vector<int64_t> 
           for (int64_t m = 0; m < M; ++m) {
             float* hrow = P.h.data() + m * P.I;
             (P.act ? F.gelu_tanh_mul : F.silu_mul)(gbuf + m * ld + c0, ubuf + m * ld + c0, hrow + c0, c1 - c0);
-            if (lw.down.kind == 4 && !lw.down.perm) prep_cols(F, dq8, hrow, P.I, c0, c1, m, P.act_d);
+            if (reads_act(lw.down, act_int8) && !lw.down.perm) prep_cols(F, dq8, hrow, P.I, c0, c1, m, P.act_d);
             if (lw.down.kind == 16) prep_bf16_cols(F.dense_split, hrow, c0, c1, m, P.bact_d);
           }
         }
@@ -688,7 +694,7 @@ torch::Tensor fused_step(FusedPlan& P, torch::Tensor x_in, std::vector<int64_t> 
     // ---- final norm of the wanted rows, head
     if (R > 0) {
       if (has_head) {
-        norm_prep(P.norm_w, P.head.kind == 4, R, out_rows.data(), P.head.perm, P.head.kind == 16);
+        norm_prep(P.norm_w, reads_act(P.head, act_int8), R, out_rows.data(), P.head.perm, P.head.kind == 16);
         project(LinCall{&P.head, R, me.xn.data(), &me.act, outp, &me.bact}, [](int64_t, int64_t) {});
       } else if (tid == 0) {
         for (int64_t m = 0; m < R; ++m)

@@ -10,15 +10,15 @@ IsaFns isa_fns(int64_t isa, bool vnni) {
   if (isa == 2) {
     const bool dp = has_avx512_bf16();
     return {avx512::int8_tiles, avx512::int4_tiles, vnni ? avx512::int4q8_tiles : avx2::int4q8_tiles,
-            avx512::prep_xp, avx512::prep_q8, avx512::rmsnorm, avx512::silu_mul, avx512::gelu_tanh_mul, avx512::rope,
+            vnni ? avx512::int8q8_tiles : avx2::int8q8_tiles, avx512::prep_xp, avx512::prep_q8, avx512::rmsnorm, avx512::silu_mul, avx512::gelu_tanh_mul, avx512::rope,
             avx512::attention, avx512::add_inplace, dp ? avx512::dense_rows_dp : avx512::dense_rows,
             dp ? nullptr : static_cast<DenseSplitFn>(avx512::dense_prep_x)};
   }
   if (isa == 1)
-    return {avx2::int8_tiles, avx2::int4_tiles, avx2::int4q8_tiles, avx2::prep_xp, avx2::prep_q8,
+    return {avx2::int8_tiles, avx2::int4_tiles, avx2::int4q8_tiles, avx2::int8q8_tiles, avx2::prep_xp, avx2::prep_q8,
             avx2::rmsnorm, avx2::silu_mul, avx2::gelu_tanh_mul, avx2::rope, avx2::attention, avx2::add_inplace,
             avx2::dense_rows, static_cast<DenseSplitFn>(avx2::dense_prep_x)};
-  return {scalar::int8_tiles, scalar::int4_tiles, scalar::int4q8_tiles, scalar::prep_xp,
+  return {scalar::int8_tiles, scalar::int4_tiles, scalar::int4q8_tiles, scalar::int8q8_tiles, scalar::prep_xp,
           scalar::prep_q8, scalar::rmsnorm, scalar::silu_mul, scalar::gelu_tanh_mul, scalar::rope, scalar::attention,
           scalar::add_inplace, scalar::dense_rows, nullptr};
 }
@@ -49,7 +49,7 @@ Lin make_lin(int64_t kind, const torch::Tensor& w, const torch::Tensor& s,
     l.w = w.data_ptr();
     keep.push_back(w);
   } else {
-    TORCH_CHECK(w.is_contiguous() && s.is_contiguous() && w.dim() == 3 && w.size(2) == TILE,
+    TORCH_CHECK(w.is_contiguous() && s.is_contiguous() && w.dim() == (kind == 8 ? 4 : 3) && w.size(2) == TILE,
                 "weights must be in the tiled CPU layout");
     l.NT = w.size(0);
     TORCH_CHECK(N > (l.NT - 1) * TILE && N <= l.NT * TILE, "N inconsistent with tiles");
@@ -63,9 +63,10 @@ Lin make_lin(int64_t kind, const torch::Tensor& w, const torch::Tensor& s,
       l.w = w.data_ptr<int32_t>();
       l.s = s.data_ptr();
     } else {
-      TORCH_CHECK(w.scalar_type() == torch::kInt8 && w.size(1) == K, "int8 w must be int8 [NT, K, 64]");
+      l.Kp = w.size(1) * 4;
+      TORCH_CHECK(w.scalar_type() == torch::kInt8 && w.size(3) == 4 && l.Kp % 32 == 0 && K <= l.Kp &&
+                      K > l.Kp - 32, "int8 w must be int8 [NT, Kq/4, 64, 4], Kq = K rounded up to 32");
       TORCH_CHECK(s.scalar_type() == torch::kFloat32 && s.numel() == l.NT * TILE, "int8 scale size");
-      l.Kp = K;
       l.w = w.data_ptr<int8_t>();
       l.s = s.data_ptr<float>();
     }

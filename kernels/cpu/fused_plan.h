@@ -25,6 +25,7 @@ struct IsaFns {
   void (*int8_tiles)(const Int8Params&, int64_t, int64_t);
   void (*int4_tiles)(const Int4Params&, int64_t, int64_t);
   void (*int4q8_tiles)(const Int4Q8Params&, int64_t, int64_t);
+  void (*int8q8_tiles)(const Int8Q8Params&, int64_t, int64_t);
   void (*prep_xp)(const float*, int64_t, int64_t, int64_t, float*, float*);
   void (*prep_q8)(const float*, int64_t, int64_t, int64_t, int8_t*, float*, int32_t*, float*);
   void (*rmsnorm)(const float*, const float*, float, int64_t, float*);
@@ -42,12 +43,15 @@ IsaFns isa_fns(int64_t isa, bool vnni);
 // One linear: quantized in its tiled CPU layout (engine/ops/prepared.py), or a bf16 model's own weight.
 struct Lin {
   int kind = 0;              // 0 absent, 4 int4, 8 int8, 16 bf16 (fused_bf16.h)
-  const void* w = nullptr;   // int4: uint32 [NT][Kp/8][64]; int8: int8 [NT][K][64]; bf16: bf16 [N][K] (NT = N / 64 up)
+  const void* w = nullptr;   // int4: uint32 [NT][Kp/8][64]; int8: int8 [NT][Kp/4][64][4]; bf16: bf16 [N][K] (NT = N / 64 up)
   const void* s = nullptr;   // int4: fp16 [NT][G][2][64];  int8: fp32 [NT*64]
   const float* bias = nullptr;
   const int32_t* perm = nullptr;  // int4 only: its codes multiply x[perm[k]] (an act-order checkpoint's order)
   int64_t N = 0, K = 0, Kp = 0, G = 0, gs = 0, NT = 0;
 };
+
+// Whether a linear reads its input prepared (Act): int4 always, int8 when activations are int8.
+inline bool reads_act(const Lin& l, bool act_int8) { return l.kind == 4 || (l.kind == 8 && act_int8); }
 
 struct LayerW {
   const float* ln1;

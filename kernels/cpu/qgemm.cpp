@@ -102,19 +102,26 @@ PrepQ8 pick_prep_q8(int64_t isa) {
   return isa == 2 ? avx512::prep_q8 : isa == 1 ? avx2::prep_q8 : scalar::prep_q8;
 }
 
-// y[..., N] = x[..., K] @ (w8 * scale)^T + bias   (M = rows of x <= MAX_M)
-torch::Tensor int8_gemm(torch::Tensor x, torch::Tensor w, torch::Tensor scale,
-                        c10::optional<torch::Tensor> bias, int64_t N, int64_t isa) {
-  TORCH_CHECK(w.scalar_type() == torch::kInt8 && w.dim() == 3 && w.size(2) == TILE &&
-                  w.is_contiguous(), "w must be int8 [NT, K, 64] contiguous");
-  const int64_t NT = w.size(0), K = w.size(1);
+// The int8 tiled layout's padded K (a multiple of 32) after checking w is one; x's K must fit it.
+int64_t check_w8(const torch::Tensor& w, const torch::Tensor& scale, int64_t N, int64_t K) {
+  TORCH_CHECK(w.scalar_type() == torch::kInt8 && w.dim() == 4 && w.size(2) == TILE && w.size(3) == 4 &&
+                  w.is_contiguous(), "w must be int8 [NT, Kq/4, 64, 4] contiguous");
+  const int64_t NT = w.size(0), Kq = w.size(1) * 4;
+  TORCH_CHECK(Kq % 32 == 0 && K <= Kq && K > Kq - 32, "x has K=", K, ", the weight's padded K is ", Kq);
   TORCH_CHECK(N > (NT - 1) * TILE && N <= NT * TILE, "N inconsistent with tiles");
   TORCH_CHECK(scale.scalar_type() == torch::kFloat32 && scale.is_contiguous() &&
                   scale.numel() == NT * TILE, "scale must be float32 [NT*64]");
+  return Kq;
+}
+
+// y[..., N] = x[..., K] @ (w8 * scale)^T + bias   (M = rows of x <= MAX_M)
+torch::Tensor int8_gemm(torch::Tensor x, torch::Tensor w, torch::Tensor scale,
+                        c10::optional<torch::Tensor> bias, int64_t N, int64_t isa) {
+  const int64_t K = x.dim() >= 1 ? x.size(-1) : 0, Kq = check_w8(w, scale, N, K), NT = w.size(0);
   const int64_t M = check_x(x, K);
   auto y = out_like(x, N);
   Int8Params p{w.data_ptr<int8_t>(), scale.data_ptr<float>(), bias_ptr(bias, N),
-               x.data_ptr<float>(), y.data_ptr<float>(), M, N, K};
+               x.data_ptr<float>(), y.data_ptr<float>(), M, N, K, Kq};
   Fn8 fn = pick8(isa);
   at::parallel_for(0, NT, 1, [&](int64_t tb, int64_t te) { fn(p, tb, te); });
   return y;
@@ -201,11 +208,39 @@ torch::Tensor int4_gemm_q8(torch::Tensor x, torch::Tensor w, torch::Tensor sm,
   return y;
 }
 
-// Dequantise tiles [t0, t1) of a packed int8 weight to fp32 rows (prefill path).
-torch::Tensor int8_dequant(torch::Tensor w, torch::Tensor scale, int64_t N, int64_t t0,
+using Fn8Q8 = void (*)(const Int8Q8Params&, int64_t, int64_t);
+// int8-activation int8 kernel for an ISA level, as pick_q8 chooses the int4 one.
+Fn8Q8 pick8_q8(int64_t isa) {
+  TORCH_CHECK(isa_supported(isa), "scl_qgemm: ISA ", isa, " not supported on this CPU/build");
+  if (isa == 2 && has_vnni()) return avx512::int8q8_tiles;
+  if (isa >= 1) return avx2::int8q8_tiles;
+  return scalar::int8q8_tiles;
+}
+
+// int8 weights x int8 activations, quantized per row and 32-k block as int4_gemm_q8's are.
+torch::Tensor int8_gemm_q8(torch::Tensor x, torch::Tensor w, torch::Tensor scale,
+                           c10::optional<torch::Tensor> bias, int64_t N, int64_t isa) {
+  const int64_t K = x.dim() >= 1 ? x.size(-1) : 0, Kq = check_w8(w, scale, N, K), NT = w.size(0);
+  const Fn8Q8 fn = pick8_q8(isa);
+  const int64_t M = check_x(x, K), nbk = Kq / 32;
+  std::vector<int8_t> xq((size_t)(M * Kq));
+  std::vector<float> sx((size_t)(M * nbk)), fsum((size_t)(M * nbk));
+  std::vector<int32_t> bsum((size_t)(M * nbk));
+  const float* xd = x.data_ptr<float>();
+  const PrepQ8 prep = pick_prep_q8(isa);
+  for (int64_t m = 0; m < M; ++m)
+    prep(xd + m * K, K, 0, Kq, xq.data() + m * Kq, sx.data() + m * nbk, bsum.data() + m * nbk, fsum.data() + m * nbk);
+  auto y = out_like(x, N);
+  Int8Q8Params p{w.data_ptr<int8_t>(), scale.data_ptr<float>(), bias_ptr(bias, N), xq.data(), sx.data(),
+                 bsum.data(), y.data_ptr<float>(), M, N, K, Kq, Kq};
+  at::parallel_for(0, NT, 1, [&](int64_t tb, int64_t te) { fn(p, tb, te); });
+  return y;
+}
+
+// Dequantise tiles [t0, t1) of a packed int8 weight to fp32 rows [.., K] (prefill path).
+torch::Tensor int8_dequant(torch::Tensor w, torch::Tensor scale, int64_t N, int64_t K, int64_t t0,
                            int64_t t1) {
-  TORCH_CHECK(w.scalar_type() == torch::kInt8 && w.dim() == 3 && w.is_contiguous());
-  const int64_t NT = w.size(0), K = w.size(1);
+  const int64_t Kq = check_w8(w, scale, N, K), NT = w.size(0);
   TORCH_CHECK(0 <= t0 && t0 < t1 && t1 <= NT);
   const int64_t r0 = t0 * TILE, r1 = std::min(N, t1 * TILE);
   auto out = torch::empty({r1 - r0, K}, torch::dtype(torch::kFloat32));
@@ -214,13 +249,13 @@ torch::Tensor int8_dequant(torch::Tensor w, torch::Tensor scale, int64_t N, int6
   float* od = out.data_ptr<float>();
   at::parallel_for(t0, t1, 1, [&](int64_t tb, int64_t te) {
     for (int64_t t = tb; t < te; ++t) {
-      const int8_t* wt = wd + t * K * TILE;
+      const int8_t* wt = wd + t * Kq * TILE;
       for (int r = 0; r < TILE; ++r) {
         const int64_t n = t * TILE + r;
         if (n >= r1) break;
         const float s = sd[n];
         float* o = od + (n - r0) * K;
-        for (int64_t k = 0; k < K; ++k) o[k] = (float)wt[k * TILE + r] * s;
+        for (int64_t k = 0; k < K; ++k) o[k] = (float)wt[((k / 4) * TILE + r) * 4 + k % 4] * s;
       }
     }
   });
@@ -363,16 +398,17 @@ std::vector<torch::Tensor> int8_quantize(torch::Tensor w) {
   return {q, scale, torch::scalar_tensor(finite.load(), torch::kBool)};
 }
 
-// Canonical int8 (qweight [N, K], scale fp32 [N]) -> the CPU tiled layout: w int8 [NT, K, 64] (tile t, column
-// k, row r), scale fp32 [NT * 64]; rows past N are zero. prepare_int8's torch form, in one pass.
+// Canonical int8 (qweight [N, K], scale fp32 [N]) -> the CPU tiled layout: w int8 [NT, Kq/4, 64, 4] (tile t,
+// quad o, row r, byte i = q[64t + r, 4o + i]; Kq = K rounded up to 32), scale fp32 [NT * 64]; rows past N and
+// k past K are zero. prepare_int8's torch form (prepared.tile_int8), in one pass.
 std::vector<torch::Tensor> int8_tile(torch::Tensor qweight, torch::Tensor scale) {
   TORCH_CHECK(qweight.dim() == 2 && qweight.scalar_type() == torch::kInt8 && qweight.device().is_cpu() &&
               scale.scalar_type() == torch::kFloat32 && scale.numel() == qweight.size(0),
               "int8_tile: qweight must be int8 [N, K] on the CPU with a float32 scale [N]");
   qweight = qweight.contiguous();
   scale = scale.contiguous();
-  const int64_t N = qweight.size(0), K = qweight.size(1), NT = (N + TILE - 1) / TILE;
-  auto w = torch::empty({NT, K, TILE}, torch::kInt8);
+  const int64_t N = qweight.size(0), K = qweight.size(1), NT = (N + TILE - 1) / TILE, Kq = (K + 31) / 32 * 32;
+  auto w = torch::empty({NT, Kq / 4, TILE, 4}, torch::kInt8);
   auto sp = torch::zeros({NT * TILE}, torch::kFloat32);
   const int8_t* Q = qweight.data_ptr<int8_t>();
   int8_t* Wt = w.data_ptr<int8_t>();
@@ -381,7 +417,8 @@ std::vector<torch::Tensor> int8_tile(torch::Tensor qweight, torch::Tensor scale)
     for (int64_t t = t0; t < t1; ++t)
       for (int64_t r = 0; r < TILE; ++r) {
         const int64_t n = t * TILE + r;
-        for (int64_t k = 0; k < K; ++k) Wt[(t * K + k) * TILE + r] = n < N ? Q[n * K + k] : 0;
+        for (int64_t k = 0; k < Kq; ++k)
+          Wt[((t * (Kq / 4) + k / 4) * TILE + r) * 4 + k % 4] = (n < N && k < K) ? Q[n * K + k] : 0;
       }
   });
   return {w, sp};
@@ -458,7 +495,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("int4_gemm_q8", &int4_gemm_q8, "int4 weights x int8 (per-32-block) activations",
         py::arg("x"), py::arg("w"), py::arg("sm"), py::arg("bias"), py::arg("N"), py::arg("K"),
         py::arg("gs"), py::arg("isa"));
-  m.def("int8_dequant", &int8_dequant, "dequantise int8 tiles [t0, t1) to fp32 rows");
+  m.def("int8_gemm_q8", &int8_gemm_q8, "int8 weights x int8 (per-32-block) activations",
+        py::arg("x"), py::arg("w"), py::arg("scale"), py::arg("bias"), py::arg("N"), py::arg("isa"));
+  m.def("int8_dequant", &int8_dequant, "dequantise int8 tiles [t0, t1) to fp32 rows [.., K]");
   m.def("int4_dequant", &int4_dequant, "dequantise int4 tiles [t0, t1) to fp32 rows");
   m.def("int4_quantize", &int4_quantize, "round-to-nearest int4 of fp32 rows, bit-identical to formats.quantize_int4",
         py::arg("w"), py::arg("group_size"));

@@ -25,8 +25,9 @@ struct Ops {
   static inline V add(V a, V b) { return _mm256_add_ps(a, b); }
   static inline V loadf(const float* p) { return _mm256_loadu_ps(p); }
   static inline void storef(float* p, V v) { _mm256_storeu_ps(p, v); }
-  static inline V load_s8(const int8_t* p) {
-    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)p)));
+  static inline VI loadq(const int8_t* p) { return _mm256_loadu_si256((const __m256i*)p); }
+  static inline V s8_at(VI q, int j) {   // byte j of each lane, sign-extended: two shifts (one for j = 3)
+    return _mm256_cvtepi32_ps(j == 3 ? _mm256_srai_epi32(q, 24) : _mm256_srai_epi32(_mm256_slli_epi32(q, 24 - 8 * j), 24));
   }
   static inline VI loadi(const uint32_t* p) { return _mm256_loadu_si256((const __m256i*)p); }
   static inline V nib(VI q, int j) {
@@ -164,6 +165,97 @@ void int4q8_tiles(const Int4Q8Params& p, int64_t tb, int64_t te) {
   }
 }
 
+// ---------------------------------------------------------------------------
+// int8 weights x int8 activations without VNNI.  One 32-byte load = 8 rows x 4 consecutive k;
+// vpmaddubsw multiplies |w| (unsigned) by xq carrying w's sign, pairs into int16 (exact: at most
+// 2 * 128 * 127 = 32512), vpmaddwd (x 1) widens each quad into int32; a 32-k block's sum is then
+// exactly the VNNI kernel's, and the float steps are Int8Q8Params's (acc read from and written to
+// C once per block, so the accumulators leave room for NV = 4 slices at one activation row).
+constexpr int MB8Q = 6;
+
+template <int MB, int NV>
+static inline void uk8q8(const int8_t* __restrict w, int64_t nb, const int8_t* __restrict xq, int64_t ldq,
+                         const float* __restrict sx, int64_t ldsx, float* __restrict C) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int64_t b = 0; b < nb; ++b) {
+    __m256i ai[MB][NV];
+    for (int m = 0; m < MB; ++m)
+      for (int n = 0; n < NV; ++n) ai[m][n] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+    for (int o = 0; o < 8; ++o) {
+      const int8_t* wo = w + (b * 8 + o) * TILE * 4;
+      for (int l = 0; l < NV * 32; l += 64) _mm_prefetch((const char*)(wo + l) + SCL_PF_BYTES, _MM_HINT_T0);
+      __m256i wv[NV], aw[NV];
+#pragma GCC unroll 4
+      for (int n = 0; n < NV; ++n) {
+        wv[n] = _mm256_loadu_si256((const __m256i*)(wo + 32 * n));
+        aw[n] = _mm256_abs_epi8(wv[n]);
+      }
+      const int8_t* xo = xq + b * 32 + o * 4;
+#pragma GCC unroll 8
+      for (int m = 0; m < MB; ++m) {
+        int32_t x4;
+        __builtin_memcpy(&x4, xo + m * ldq, 4);
+        const __m256i bx = _mm256_set1_epi32(x4);
+#pragma GCC unroll 4
+        for (int n = 0; n < NV; ++n)
+          ai[m][n] = _mm256_add_epi32(ai[m][n], _mm256_madd_epi16(
+              _mm256_maddubs_epi16(aw[n], _mm256_sign_epi8(bx, wv[n])), ones));
+      }
+    }
+#pragma GCC unroll 8
+    for (int m = 0; m < MB; ++m) {
+      const __m256 sxv = _mm256_set1_ps(sx[m * ldsx + b]);
+#pragma GCC unroll 4
+      for (int n = 0; n < NV; ++n) {
+        float* c = C + m * TILE + 8 * n;
+        _mm256_storeu_ps(c, _mm256_fmadd_ps(_mm256_cvtepi32_ps(ai[m][n]), sxv, _mm256_loadu_ps(c)));
+      }
+    }
+  }
+}
+
+template <int MB>
+static void uk8q8_rows(const Int8Q8Params& p, const int8_t* wt, int64_t b0, int64_t b1, int64_t m0, float* C) {
+  constexpr int NV = MB == 1 ? 4 : (MB <= 3 ? 2 : 1);
+  const int64_t ldsx = p.ldq / 32;
+  for (int v = 0; v < TILE; v += 8 * NV)
+    uk8q8<MB, NV>(wt + (b0 * 8 * TILE + v) * 4, b1 - b0, p.xq + m0 * p.ldq + b0 * 32, p.ldq,
+                  p.sx + m0 * ldsx + b0, ldsx, C + m0 * TILE + v);
+}
+
+void int8q8_tiles(const Int8Q8Params& p, int64_t tb, int64_t te) {
+  alignas(64) float C[MAX_M * TILE];
+  const int64_t M = p.M, nbk = p.Kq / 32;
+  const int64_t nblk = (M + MB8Q - 1) / MB8Q;
+  const int64_t kb = nblk == 1 ? nbk : KB8 / 32;
+  for (int64_t t = tb; t < te; ++t) {
+    for (int64_t i = 0; i < M * TILE; ++i) C[i] = 0.f;
+    const int8_t* wt = p.w + t * p.Kq * TILE;
+    for (int64_t b0 = 0; b0 < nbk; b0 += kb) {
+      const int64_t b1 = (nbk - b0 < kb) ? nbk : b0 + kb;
+      for (int64_t bi = 0; bi < nblk; ++bi) {
+        int64_t m0; int mb;
+        mblock(M, MB8Q, bi, &m0, &mb);
+        switch (mb) {
+          case 1: uk8q8_rows<1>(p, wt, b0, b1, m0, C); break;
+          case 2: uk8q8_rows<2>(p, wt, b0, b1, m0, C); break;
+          case 3: uk8q8_rows<3>(p, wt, b0, b1, m0, C); break;
+          case 4: uk8q8_rows<4>(p, wt, b0, b1, m0, C); break;
+          case 5: uk8q8_rows<5>(p, wt, b0, b1, m0, C); break;
+          case 6: uk8q8_rows<6>(p, wt, b0, b1, m0, C); break;
+          default: break;
+        }
+      }
+    }
+    const int64_t n0 = t * TILE;
+    const int64_t nr = (p.N - n0 < TILE) ? p.N - n0 : TILE;
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t r = 0; r < nr; ++r)
+        p.y[m * p.N + n0 + r] = __builtin_fmaf(C[m * TILE + r], p.scale[n0 + r], p.bias ? p.bias[n0 + r] : 0.f);
+  }
+}
+
 }  // namespace avx2
 }  // namespace scl
 
@@ -177,6 +269,7 @@ bool compiled() { return false; }
 void int8_tiles(const Int8Params&, int64_t, int64_t) {}
 void int4_tiles(const Int4Params&, int64_t, int64_t) {}
 void int4q8_tiles(const Int4Q8Params&, int64_t, int64_t) {}
+void int8q8_tiles(const Int8Q8Params&, int64_t, int64_t) {}
 void prep_xp(const float*, int64_t, int64_t, int64_t, float*, float*) {}
 void prep_q8(const float*, int64_t, int64_t, int64_t, int8_t*, float*, int32_t*, float*) {}
 }  // namespace avx2

@@ -24,8 +24,9 @@ struct Ops {
   static inline V add(V a, V b) { return _mm512_add_ps(a, b); }
   static inline V loadf(const float* p) { return _mm512_loadu_ps(p); }
   static inline void storef(float* p, V v) { _mm512_storeu_ps(p, v); }
-  static inline V load_s8(const int8_t* p) {
-    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)p)));
+  static inline VI loadq(const int8_t* p) { return _mm512_loadu_si512((const void*)p); }
+  static inline V s8_at(VI q, int j) {   // byte j of each lane, sign-extended: two shifts (one for j = 3)
+    return _mm512_cvtepi32_ps(j == 3 ? _mm512_srai_epi32(q, 24) : _mm512_srai_epi32(_mm512_slli_epi32(q, 24 - 8 * j), 24));
   }
   static inline VI loadi(const uint32_t* p) { return _mm512_loadu_si512((const void*)p); }
   static inline V nib(VI q, int j) {
@@ -195,6 +196,100 @@ void int4q8_tiles(const Int4Q8Params& p, int64_t tb, int64_t te) {
   }
 }
 
+// ---------------------------------------------------------------------------
+// int8 weights x int8 activations (VNNI).  One 64-byte load = 16 rows x 4 consecutive k (signed);
+// XOR 0x80 makes them unsigned (w + 128) for VPDPBUSD, and per 32-k block
+// sum (w + 128) * xq - 128 * sum xq = sum w * xq, exact in int32; then the float steps
+// Int8Q8Params documents (acc lives in C between calls, so k-chunking changes no rounding).
+constexpr int MB8Q = 8;
+
+template <int MB, int NV>
+static inline void uk8q8(const int8_t* __restrict w, int64_t nb, const int8_t* __restrict xq, int64_t ldq,
+                         const float* __restrict sx, const int32_t* __restrict bsum, int64_t ldsx,
+                         float* __restrict C) {
+  const __m512i flip = _mm512_set1_epi8((char)0x80);
+  __m512 acc[MB][NV];
+  for (int m = 0; m < MB; ++m)
+    for (int v = 0; v < NV; ++v) acc[m][v] = _mm512_loadu_ps(C + m * TILE + 16 * v);
+  for (int64_t b = 0; b < nb; ++b) {
+    __m512i ai[MB][NV];
+    for (int m = 0; m < MB; ++m)
+      for (int v = 0; v < NV; ++v) ai[m][v] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+    for (int o = 0; o < 8; ++o) {
+      const int8_t* wo = w + (b * 8 + o) * TILE * 4;
+      __m512i wu[NV];
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) {
+        _mm_prefetch((const char*)(wo + 64 * v) + SCL_PF_BYTES, _MM_HINT_T0);
+        wu[v] = _mm512_xor_si512(_mm512_loadu_si512((const void*)(wo + 64 * v)), flip);
+      }
+      const int8_t* xo = xq + b * 32 + o * 4;
+#pragma GCC unroll 8
+      for (int m = 0; m < MB; ++m) {
+        int32_t x4;
+        __builtin_memcpy(&x4, xo + m * ldq, 4);
+        const __m512i bx = _mm512_set1_epi32(x4);
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; ++v) ai[m][v] = _mm512_dpbusd_epi32(ai[m][v], wu[v], bx);
+      }
+    }
+#pragma GCC unroll 8
+    for (int m = 0; m < MB; ++m) {
+      const __m512i c = _mm512_set1_epi32(128 * bsum[m * ldsx + b]);
+      const __m512 sxv = _mm512_set1_ps(sx[m * ldsx + b]);
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v)
+        acc[m][v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(ai[m][v], c)), sxv, acc[m][v]);
+    }
+  }
+  for (int m = 0; m < MB; ++m)
+    for (int v = 0; v < NV; ++v) _mm512_storeu_ps(C + m * TILE + 16 * v, acc[m][v]);
+}
+
+template <int MB>
+static void uk8q8_rows(const Int8Q8Params& p, const int8_t* wt, int64_t b0, int64_t b1, int64_t m0, float* C) {
+  constexpr int NV = MB <= 2 ? 4 : (MB <= 5 ? 2 : 1);   // 2*MB*NV + NV + 2 of the 32 zmm
+  const int64_t ldsx = p.ldq / 32;
+  for (int v = 0; v < TILE; v += 16 * NV)
+    uk8q8<MB, NV>(wt + (b0 * 8 * TILE + v) * 4, b1 - b0, p.xq + m0 * p.ldq + b0 * 32, p.ldq,
+                  p.sx + m0 * ldsx + b0, p.bsum + m0 * ldsx + b0, ldsx, C + m0 * TILE + v);
+}
+
+void int8q8_tiles(const Int8Q8Params& p, int64_t tb, int64_t te) {
+  alignas(64) float C[MAX_M * TILE];
+  const int64_t M = p.M, nbk = p.Kq / 32;
+  const int64_t nblk = (M + MB8Q - 1) / MB8Q;
+  const int64_t kb = nblk == 1 ? nbk : KB8 / 32;   // several m-blocks: re-read a k-chunk from L1
+  for (int64_t t = tb; t < te; ++t) {
+    for (int64_t i = 0; i < M * TILE; ++i) C[i] = 0.f;
+    const int8_t* wt = p.w + t * p.Kq * TILE;
+    for (int64_t b0 = 0; b0 < nbk; b0 += kb) {
+      const int64_t b1 = (nbk - b0 < kb) ? nbk : b0 + kb;
+      for (int64_t bi = 0; bi < nblk; ++bi) {
+        int64_t m0; int mb;
+        mblock(M, MB8Q, bi, &m0, &mb);
+        switch (mb) {
+          case 1: uk8q8_rows<1>(p, wt, b0, b1, m0, C); break;
+          case 2: uk8q8_rows<2>(p, wt, b0, b1, m0, C); break;
+          case 3: uk8q8_rows<3>(p, wt, b0, b1, m0, C); break;
+          case 4: uk8q8_rows<4>(p, wt, b0, b1, m0, C); break;
+          case 5: uk8q8_rows<5>(p, wt, b0, b1, m0, C); break;
+          case 6: uk8q8_rows<6>(p, wt, b0, b1, m0, C); break;
+          case 7: uk8q8_rows<7>(p, wt, b0, b1, m0, C); break;
+          case 8: uk8q8_rows<8>(p, wt, b0, b1, m0, C); break;
+          default: break;
+        }
+      }
+    }
+    const int64_t n0 = t * TILE;
+    const int64_t nr = (p.N - n0 < TILE) ? p.N - n0 : TILE;
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t r = 0; r < nr; ++r)
+        p.y[m * p.N + n0 + r] = __builtin_fmaf(C[m * TILE + r], p.scale[n0 + r], p.bias ? p.bias[n0 + r] : 0.f);
+  }
+}
+
 }  // namespace avx512
 }  // namespace scl
 #pragma GCC pop_options
@@ -202,6 +297,7 @@ void int4q8_tiles(const Int4Q8Params& p, int64_t tb, int64_t te) {
 namespace scl {
 namespace avx512 {
 void int4q8_tiles(const Int4Q8Params&, int64_t, int64_t) {}
+void int8q8_tiles(const Int8Q8Params&, int64_t, int64_t) {}
 }  // namespace avx512
 }  // namespace scl
 #endif

@@ -10,9 +10,12 @@
 //   rows are grouped in tiles of TILE = 64 output rows (N padded to a multiple
 //   of 64 with zero rows).
 //
-//   int8:  w8[t][k][r]           int8,  t < NT, k < K, r < 64
-//          one 64-byte cache line holds column k of the 64 rows of tile t,
-//          so a SIMD load of W bytes feeds W consecutive output rows.
+//   int8:  w8[t][o][r][i]        int8,  t < NT, o < Kq/4, r < 64, i < 4: q[64t + r, 4o + i]
+//          (Kq = K rounded up to 32, zero past K).  A SIMD load of 4W bytes
+//          holds 4 consecutive k of W consecutive output rows, one row per
+//          32-bit lane: what VPDPBUSD / VPMADDUBSW+VPMADDWD multiply by 4
+//          broadcast int8 activations; the fp32 kernels take byte i of each
+//          lane with two shifts.  One 256-byte run is quad o of a tile.
 //          scale8[t*64 + r]      float32 per-output-channel scale.
 //
 //   int4:  w4[t][o][r]           uint32, o < Kp/8 (Kp = G*gs, K padded to the
@@ -43,12 +46,27 @@ constexpr int KB8 = 256;      // k-block (int8) when several m-blocks share weig
 constexpr int KB4 = 256;      // k-block (int4), rounded to a whole number of groups
 
 struct Int8Params {
-  const int8_t* w;      // [NT][K][64]
+  const int8_t* w;      // [NT][Kq/4][64][4]
   const float* scale;   // [NT*64]
   const float* bias;    // [N] or nullptr
   const float* x;       // [M][K]
   float* y;             // [M][N]
-  int64_t M, N, K;
+  int64_t M, N, K, Kq;
+};
+
+// int8 weights x int8-quantized activations (the activations as Int4Q8Params quantizes them).
+// Every ISA computes, per output row, the same float steps in the same order (bit-identical):
+//   acc = 0;  for each 32-k block b:  acc = fma(float(sum_k w*xq), sx[b], acc);
+//   y = fma(acc, scale, bias or 0)          (the block sums are exact int32)
+struct Int8Q8Params {
+  const int8_t* w;      // [NT][Kq/4][64][4] (as Int8Params)
+  const float* scale;   // [NT*64]
+  const float* bias;    // [N] or nullptr
+  const int8_t* xq;     // [M][ldq] quantized activations, 0 for k >= K
+  const float* sx;      // [M][ldq/32] activation scales
+  const int32_t* bsum;  // [M][ldq/32] sum of xq over each 32-k block
+  float* y;             // [M][N]
+  int64_t M, N, K, Kq, ldq;   // ldq >= Kq, a multiple of 32 (the fused step's rows are padded to a group)
 };
 
 struct Int4Params {
@@ -93,11 +111,18 @@ void int4q8_tiles(const Int4Q8Params& p, int64_t tile_begin, int64_t tile_end); 
 }
 namespace scalar {
 void int4q8_tiles(const Int4Q8Params& p, int64_t tile_begin, int64_t tile_end);  // reference
+void int8q8_tiles(const Int8Q8Params& p, int64_t tile_begin, int64_t tile_end);  // reference
+}
+namespace avx512 {
+void int8q8_tiles(const Int8Q8Params& p, int64_t tile_begin, int64_t tile_end);  // needs VNNI
 }
 namespace avx2 {
 // int8 activations without VNNI: vpmaddubsw (u8 x s8 pairs -> int16, exact for q <= 15 and
 // |xq| <= 127: 8 products per 32-k block per lane stay below 2^15) + vpmaddwd into int32.
 void int4q8_tiles(const Int4Q8Params& p, int64_t tile_begin, int64_t tile_end);
+// int8 weights: |w| (VPABSB) times xq carrying w's sign (VPSIGNB) by vpmaddubsw: a pair is at
+// most 2 * 128 * 127 = 32512 < 2^15, exact; vpmaddwd (x 1) widens each quad to int32.
+void int8q8_tiles(const Int8Q8Params& p, int64_t tile_begin, int64_t tile_end);
 }
 
 // ---- activation preparation (one implementation, used by the per-op kernels and the fused step)

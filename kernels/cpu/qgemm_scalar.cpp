@@ -14,7 +14,7 @@ void int8_tiles(const Int8Params& p, int64_t tb, int64_t te) {
   const int64_t M = p.M, K = p.K;
   for (int64_t t = tb; t < te; ++t) {
     for (int64_t i = 0; i < M * TILE; ++i) C[i] = 0.f;
-    const int8_t* wt = p.w + t * K * TILE;
+    const int8_t* wt = p.w + t * p.Kq * TILE;
     for (int64_t k0 = 0; k0 < K; k0 += KB8) {
       const int64_t k1 = (K - k0 < KB8) ? K : k0 + KB8;
       for (int64_t m = 0; m < M; ++m) {
@@ -22,8 +22,8 @@ void int8_tiles(const Int8Params& p, int64_t tb, int64_t te) {
         const float* x = p.x + m * K;
         for (int64_t k = k0; k < k1; ++k) {
           const float xv = x[k];
-          const int8_t* wk = wt + k * TILE;
-          for (int r = 0; r < TILE; ++r) c[r] += (float)wk[r] * xv;
+          const int8_t* wk = wt + (k / 4) * TILE * 4 + k % 4;
+          for (int r = 0; r < TILE; ++r) c[r] += (float)wk[4 * r] * xv;
         }
       }
     }
@@ -121,6 +121,27 @@ void int4q8_tiles(const Int4Q8Params& p, int64_t tb, int64_t te) {
     for (int64_t m = 0; m < M; ++m)
       for (int64_t r = 0; r < nr; ++r)
         p.y[m * p.N + n0 + r] = C[m * TILE + r] + (p.bias ? p.bias[n0 + r] : 0.f);
+  }
+}
+
+void int8q8_tiles(const Int8Q8Params& p, int64_t tb, int64_t te) {
+  const int64_t nb = p.Kq / 32, ldsx = p.ldq / 32;
+  for (int64_t t = tb; t < te; ++t) {
+    const int8_t* wt = p.w + t * p.Kq * TILE;
+    const int64_t n0 = t * TILE;
+    const int64_t nr = (p.N - n0 < TILE) ? p.N - n0 : TILE;
+    for (int64_t m = 0; m < p.M; ++m) {
+      const int8_t* xq = p.xq + m * p.ldq;
+      for (int64_t r = 0; r < nr; ++r) {
+        float acc = 0.f;
+        for (int64_t b = 0; b < nb; ++b) {
+          int32_t s = 0;
+          for (int64_t k = 32 * b; k < 32 * b + 32; ++k) s += (int32_t)wt[((k / 4) * TILE + r) * 4 + k % 4] * xq[k];
+          acc = std::fma((float)s, p.sx[m * ldsx + b], acc);
+        }
+        p.y[m * p.N + n0 + r] = std::fma(acc, p.scale[n0 + r], p.bias ? p.bias[n0 + r] : 0.f);
+      }
+    }
   }
 }
 

@@ -6,7 +6,8 @@
 //   NV4, MB4     int4: same
 //   zero(), bcast(const float*), fma(a,b,c), add(a,b), mul(a,b),
 //   loadf(const float*), storef(float*, V),
-//   load_s8(const int8_t*)       W int8 -> float
+//   loadq(const int8_t*)         4W bytes: W rows x 4 consecutive k, one row per lane
+//   s8_at(VI q, int j)           float(byte j of each lane, signed)
 //   loadi(const uint32_t*)       W uint32
 //   nib(VI q, int j)             float(q & (0xF<<4j)) for j<7, float(q>>28) j=7
 //   load_h(const uint16_t*)      W fp16 -> float
@@ -29,8 +30,9 @@ constexpr int W = Ops::W;
 static inline void pf(const void* p) { _mm_prefetch((const char*)p, _MM_HINT_T0); }
 
 // ---------------------------------------------------------------- int8 ----
-// C[m][r] (ld TILE) += sum_{k<kn} w[k*TILE + r] * x[m*ldx + k]  for the
-// NV8*W rows starting at the (pre-offset) pointers.
+// C[m][r] (ld TILE) += sum_{k<kn} w[k][r] * x[m*ldx + k]  for the NV8*W rows starting at the
+// (pre-offset) pointer: w is quad 0 of this k range, row 0 of the slice ([quad][64][4] bytes).
+// Each row's sum runs over k in order, one FMA per k.
 template <int MB>
 static inline void uk8(const int8_t* __restrict w, int64_t kn,
                        const float* __restrict x, int64_t ldx,
@@ -39,14 +41,19 @@ static inline void uk8(const int8_t* __restrict w, int64_t kn,
   V acc[MB][NV];
   SCL_UNROLL for (int m = 0; m < MB; ++m)
     SCL_UNROLL for (int v = 0; v < NV; ++v) acc[m][v] = Ops::zero();
-  for (int64_t k = 0; k < kn; ++k) {
-    V xb[MB];
-    SCL_UNROLL for (int m = 0; m < MB; ++m) xb[m] = Ops::bcast(x + m * ldx + k);
-    const int8_t* wk = w + k * TILE;
-    pf(wk + SCL_PF_BYTES);
+  const int64_t nq = (kn + 3) / 4;
+  for (int64_t o = 0; o < nq; ++o) {
+    const int8_t* wo = w + o * TILE * 4;
+    SCL_UNROLL for (int l = 0; l < NV * W * 4; l += 64) pf(wo + l + SCL_PF_BYTES);
+    const float* xk = x + 4 * o;
+    const int nj = (o + 1 < nq || kn % 4 == 0) ? 4 : (int)(kn % 4);   // the last quad of a K tail
     SCL_UNROLL for (int v = 0; v < NV; ++v) {
-      V wv = Ops::load_s8(wk + v * W);
-      SCL_UNROLL for (int m = 0; m < MB; ++m) acc[m][v] = Ops::fma(wv, xb[m], acc[m][v]);
+      const VI q = Ops::loadq(wo + v * W * 4);
+      SCL_UNROLL for (int j = 0; j < 4; ++j) {
+        if (j >= nj) break;
+        const V f = Ops::s8_at(q, j);
+        SCL_UNROLL for (int m = 0; m < MB; ++m) acc[m][v] = Ops::fma(f, Ops::bcast(xk + m * ldx + j), acc[m][v]);
+      }
     }
   }
   SCL_UNROLL for (int m = 0; m < MB; ++m)
@@ -61,7 +68,7 @@ static void uk8_tile(const Int8Params& p, const int8_t* wt, int64_t k0, int64_t 
                      int64_t m0, float* C) {
   constexpr int SUB = Ops::NV8 * W;  // rows per micro-kernel call
   for (int s = 0; s < TILE; s += SUB)
-    uk8<MB>(wt + k0 * TILE + s, kn, p.x + m0 * p.K + k0, p.K, C + m0 * TILE + s);
+    uk8<MB>(wt + (k0 / 4 * TILE + s) * 4, kn, p.x + m0 * p.K + k0, p.K, C + m0 * TILE + s);
 }
 
 static void uk8_dispatch(int mb, const Int8Params& p, const int8_t* wt, int64_t k0,
@@ -95,7 +102,7 @@ void int8_tiles(const Int8Params& p, int64_t tb, int64_t te) {
   const int64_t kb = KB8;
   for (int64_t t = tb; t < te; ++t) {
     for (int64_t i = 0; i < M * TILE; ++i) C[i] = 0.f;
-    const int8_t* wt = p.w + t * K * TILE;
+    const int8_t* wt = p.w + t * p.Kq * TILE;
     for (int64_t k0 = 0; k0 < K; k0 += kb) {
       const int64_t kn = (K - k0 < kb) ? K - k0 : kb;
       for (int64_t b = 0; b < nblk; ++b) {
