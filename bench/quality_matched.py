@@ -478,9 +478,10 @@ def notes(rep: dict) -> list[str]:
     n = [f"The reference is {ref} (fp32). The requantized Q4_K_M is that folder converted by llama.cpp's own "
          "convert_hf_to_gguf.py (--outtype f32, the llama-cpp-python 0.3.36 sdist's) and quantized by llama.cpp's "
          f"own quantizer (llama_model_quantize, what llama-quantize runs): {start}.",
-         "Our rows run the engine's default CPU kernels: int4 with activations rounded to int8 per block of 32 "
-         "(SCL_KERNEL_ACT, engine.ops.config); int8 is a candidate too: the pick is our configuration with the "
-         "fewest weight bytes (the fastest at the bandwidth floor) that is no worse."]
+         "Our rows run the engine's default CPU kernels: int4 and int8 weights with activations rounded to int8 "
+         "per block of 32 (SCL_KERNEL_ACT, engine.ops.config; int8 weights since session 39); int8 is a "
+         "candidate too: the pick is our configuration with the fewest weight bytes (the fastest at the bandwidth "
+         "floor) that is no worse."]
     if SHIPPED in rep["rows"]:
         n.insert(1, "The shipped Q4_K_M row runs the reference's own weights: its KL is llama.cpp's arithmetic alone "
                     "(activation rounding, f16 KV cache), not weight error. It is not a like-for-like quality row.")

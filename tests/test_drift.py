@@ -65,3 +65,13 @@ def test_a_change_of_method_or_threads_is_named(earlier):
     other = copy.deepcopy(v3)  # the same version and key calibrated under other float rounding: other codes
     v3["config"]["calibration"]["codes"], other["config"]["calibration"]["codes"] = "a1b2", "c3d4"
     assert changes(RunRecord(**v3), RunRecord(**other)) == ["calibration gptq codes a1b2 -> c3d4"]
+
+
+def test_int8_weights_taking_int8_activations_is_named(earlier):
+    """A record from before int8 weights took int8 activations (its kernels lack the key) against one after."""
+    assert "int8" in earlier.kernels["int8_activations"]
+    old = copy.deepcopy(earlier.to_dict())
+    del old["kernels"]["int8_activations"]
+    now = earlier.kernels["int8_activations"]
+    assert changes(RunRecord(**old), earlier) == [f"int8 weights' activations fp32 -> {now}"]
+    assert changes(earlier, earlier) == []
