@@ -198,7 +198,7 @@ def main(argv=None) -> int:
     ap.add_argument("--precision", default="int4")
     ap.add_argument("--tokens", type=int, default=48)
     ap.add_argument("--act", choices=("fp32", "int8"), default=None,
-                    help="int4 activations (default: the KernelConfig default)")
+                    help="int4 and int8 weights' activations (default: the KernelConfig default)")
     ap.add_argument("--path", choices=("both", "fused", "unfused"), default="both")
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
@@ -217,7 +217,7 @@ def main(argv=None) -> int:
     info = ops.backend_info()
     print(f"# {lm.label}: {lm.cfg.num_layers} layers, projections {all_bytes / 1e6:.0f} MB, bandwidth probe "
           f"{bw:.1f} GB/s -> floor {floor_ms:.1f} ms/step ({1000 / floor_ms:.1f} tok/s); kernels {info['cpu']}, "
-          f"int4 activations {info.get('int4_activations')}, {info['threads']} threads")
+          f"int4 and int8 activations {info.get('int4_activations')}, {info['threads']} threads")
     summary = []
     for path in (("unfused", "fused") if a.path == "both" else (a.path,)):
         with ops.using(fused=path == "fused"):

@@ -118,13 +118,13 @@ def changes(before, after) -> list[str]:
     if kb != ka and kb is not None and ka is not None:
         diff = sorted(k for k in set(kb) | set(ka) if kb.get(k) != ka.get(k))
         out.append("kernel settings " + ", ".join(f"{k} {kb.get(k)} -> {ka.get(k)}" for k in diff))
-    kb, ka = before.kernels or {}, after.kernels or {}
-    pb, pa = kb.get("path"), ka.get("path")
+    kern_b, kern_a = before.kernels or {}, after.kernels or {}
+    pb, pa = kern_b.get("path"), kern_a.get("path")
     if pb != pa and pb and pa:
         out.append(f"kernel path {pb} -> {pa}")
-    if "int4_activations" in kb and "int4_activations" in ka:  # both name their CPU kernels' activations
+    if "int4_activations" in kern_b and "int4_activations" in kern_a:  # both name their CPU kernels' activations
         # int8 weights took fp32 activations until the key existed (session 39)
-        ab, aa = kb.get("int8_activations", "fp32"), ka.get("int8_activations", "fp32")
+        ab, aa = kern_b.get("int8_activations", "fp32"), kern_a.get("int8_activations", "fp32")
         if ab != aa:
             out.append(f"int8 weights' activations {ab} -> {aa}")
     return out
