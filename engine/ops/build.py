@@ -32,9 +32,9 @@ CUDA_SRC_DIR = REPO_ROOT / "kernels" / "cuda"
 CPU_SOURCES = ["qgemm.cpp", "qgemm_scalar.cpp", "qgemm_avx2.cpp", "qgemm_avx512.cpp",
                "fused_plan.cpp", "fused_cpu.cpp", "fused_scalar.cpp", "fused_avx2.cpp", "fused_avx512.cpp",
                "dense.cpp", "dense_scalar.cpp", "dense_avx2.cpp", "dense_avx512.cpp", "dense_amx.cpp"]
-CPU_HEADERS = ["qgemm_kernels.h", "qgemm_simd_body.h", "act_prep_body.h", "fused_kernels.h", "fused_simd_body.h",
-               "fused_plan.h", "fused_q8_x86.h", "fused_bf16.h", "dense_kernels.h", "dense_simd_body.h",
-               "dense_bf16_x86.h"]
+CPU_HEADERS = ["qgemm_kernels.h", "qgemm_simd_body.h", "act_prep_body.h", "q8w_tiles_body.h", "fused_kernels.h",
+               "fused_simd_body.h", "fused_plan.h", "fused_q8_x86.h", "fused_bf16.h", "dense_kernels.h",
+               "dense_simd_body.h", "dense_bf16_x86.h"]
 CUDA_SOURCES = ["qgemm_cuda.cpp", "qgemm_cuda.cu", "fused_verify.cu", "decode_attention.cu", "rmsnorm_residual.cu"]
 CUDA_HEADERS = ["qgemm_cuda.h"]
 

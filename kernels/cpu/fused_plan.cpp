@@ -10,8 +10,8 @@ IsaFns isa_fns(int64_t isa, bool vnni) {
   if (isa == 2) {
     const bool dp = has_avx512_bf16();
     return {avx512::int8_tiles, avx512::int4_tiles, vnni ? avx512::int4q8_tiles : avx2::int4q8_tiles,
-            vnni ? avx512::int8q8_tiles : avx2::int8q8_tiles, avx512::prep_xp, avx512::prep_q8, avx512::rmsnorm, avx512::silu_mul, avx512::gelu_tanh_mul, avx512::rope,
-            avx512::attention, avx512::add_inplace, dp ? avx512::dense_rows_dp : avx512::dense_rows,
+            vnni ? avx512::int8q8_tiles : avx2::int8q8_tiles, avx512::prep_xp, avx512::prep_q8, avx512::rmsnorm,
+            avx512::silu_mul, avx512::gelu_tanh_mul, avx512::rope, avx512::attention, avx512::add_inplace, dp ? avx512::dense_rows_dp : avx512::dense_rows,
             dp ? nullptr : static_cast<DenseSplitFn>(avx512::dense_prep_x)};
   }
   if (isa == 1)

@@ -224,37 +224,7 @@ static void uk8q8_rows(const Int8Q8Params& p, const int8_t* wt, int64_t b0, int6
                   p.sx + m0 * ldsx + b0, ldsx, C + m0 * TILE + v);
 }
 
-void int8q8_tiles(const Int8Q8Params& p, int64_t tb, int64_t te) {
-  alignas(64) float C[MAX_M * TILE];
-  const int64_t M = p.M, nbk = p.Kq / 32;
-  const int64_t nblk = (M + MB8Q - 1) / MB8Q;
-  const int64_t kb = nblk == 1 ? nbk : KB8 / 32;
-  for (int64_t t = tb; t < te; ++t) {
-    for (int64_t i = 0; i < M * TILE; ++i) C[i] = 0.f;
-    const int8_t* wt = p.w + t * p.Kq * TILE;
-    for (int64_t b0 = 0; b0 < nbk; b0 += kb) {
-      const int64_t b1 = (nbk - b0 < kb) ? nbk : b0 + kb;
-      for (int64_t bi = 0; bi < nblk; ++bi) {
-        int64_t m0; int mb;
-        mblock(M, MB8Q, bi, &m0, &mb);
-        switch (mb) {
-          case 1: uk8q8_rows<1>(p, wt, b0, b1, m0, C); break;
-          case 2: uk8q8_rows<2>(p, wt, b0, b1, m0, C); break;
-          case 3: uk8q8_rows<3>(p, wt, b0, b1, m0, C); break;
-          case 4: uk8q8_rows<4>(p, wt, b0, b1, m0, C); break;
-          case 5: uk8q8_rows<5>(p, wt, b0, b1, m0, C); break;
-          case 6: uk8q8_rows<6>(p, wt, b0, b1, m0, C); break;
-          default: break;
-        }
-      }
-    }
-    const int64_t n0 = t * TILE;
-    const int64_t nr = (p.N - n0 < TILE) ? p.N - n0 : TILE;
-    for (int64_t m = 0; m < M; ++m)
-      for (int64_t r = 0; r < nr; ++r)
-        p.y[m * p.N + n0 + r] = __builtin_fmaf(C[m * TILE + r], p.scale[n0 + r], p.bias ? p.bias[n0 + r] : 0.f);
-  }
-}
+#include "q8w_tiles_body.h"
 
 }  // namespace avx2
 }  // namespace scl
