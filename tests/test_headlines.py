@@ -59,7 +59,7 @@ def test_prefix_cache_cuts_the_time_to_first_token_of_a_shared_prompt(small_int4
     """docs/BENCHMARKS.md: on the multi-turn workload TTFT p50 is 3.51x lower with the prefix cache. Here one
     request that shares a long preamble (7 whole blocks) with the one before it: its time to first token with
     the cache on against off, 3 reps interleaved, each on a fresh scheduler (on: its first request filled it).
-    Measured: MEASURED_PREFIX_TTFT below (off / on, AMD EPYC AVX2-only, 2 cores)."""
+    Measured: MEASURED_PREFIX_TTFT(_AVX512) below (off / on, AMD EPYC AVX2-only / with AVX-512, 2 cores)."""
     from engine.infer.batch import Request
     from engine.infer.sampling import SamplingParams
     from engine.infer.scheduler import BatchSettings, Scheduler
@@ -90,12 +90,19 @@ def test_prefix_cache_cuts_the_time_to_first_token_of_a_shared_prompt(small_int4
         off.append(ttft(False, rep))
     ratio = statistics.median(off) / statistics.median(on)
     print(f"TTFT of the second request, s: cache on {on}, off {off}: off / on = {ratio:.2f}")
-    assert ratio > MARGIN * MEASURED_PREFIX_TTFT, (ratio, on, off)
+    # the ratio depends on the ISA (a faster prefill shortens "off" more than the fixed cost of "on"): each host
+    # kind is held to its own measurement
+    from engine import ops
+
+    measured = MEASURED_PREFIX_TTFT_AVX512 if ops.backend_info()["cpu"] == "avx512" else MEASURED_PREFIX_TTFT
+    assert ratio > MARGIN * measured, (ratio, on, off)
 
 
 # 2026-12-03, AMD EPYC AVX2-only, 2 cores, idle: on 0.050-0.061 s, off 2.39-2.62 s (7 of 8 blocks reused).
-# The same day with AVX-512: on 0.015-0.016 s, off 0.47-0.57 s (30.5).
 MEASURED_PREFIX_TTFT = 43.7
+# The same day with AVX-512: on 0.015-0.016 s, off 0.47-0.57 s (30.5); 2026-12-07, the Zen 4 of sessions 38-39,
+# alone: 32.4-33.7; inside a fresh-clone .ci/run: 21.7 (bd8cc54, under the 43.7-based bound it was held to then).
+MEASURED_PREFIX_TTFT_AVX512 = 30.5
 
 
 def test_the_dashboards_tok_s_is_the_command_lines(tmp_path):
