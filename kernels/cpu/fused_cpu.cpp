@@ -79,7 +79,7 @@ inline void run_tiles(const IsaFns& F, bool q8, const LinCall& c, const float* x
     bf16_tiles(F.dense_rows, l.w, l.bias, l.N, l.K, *c.bact, c.M, c.y, tb, te);
   } else if (l.kind == 8 && q8) {
     Int8Q8Params p{(const int8_t*)l.w, (const float*)l.s, l.bias, c.act->xq.data(), c.act->sx.data(),
-                   c.act->bsum.data(), c.y, c.M, l.N, l.K, l.Kp, c.act->Kp};
+                   c.act->bsum.data(), c.y, c.M, l.N, l.Kp, c.act->Kp};
     F.int8q8_tiles(p, tb, te);
   } else if (l.kind == 8) {
     Int8Params p{(const int8_t*)l.w, (const float*)l.s, l.bias, c.x, c.y, c.M, l.N, l.K, l.Kp};

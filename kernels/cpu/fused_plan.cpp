@@ -9,8 +9,8 @@ namespace fused {
 IsaFns isa_fns(int64_t isa, bool vnni) {
   if (isa == 2) {
     const bool dp = has_avx512_bf16();
-    return {avx512::int8_tiles, avx512::int4_tiles, vnni ? avx512::int4q8_tiles : avx2::int4q8_tiles,
-            vnni ? avx512::int8q8_tiles : avx2::int8q8_tiles, avx512::prep_xp, avx512::prep_q8, avx512::rmsnorm,
+    const Q8Tiles q8 = q8_tiles(isa, vnni);
+    return {avx512::int8_tiles, avx512::int4_tiles, q8.int4, q8.int8, avx512::prep_xp, avx512::prep_q8, avx512::rmsnorm,
             avx512::silu_mul, avx512::gelu_tanh_mul, avx512::rope, avx512::attention, avx512::add_inplace, dp ? avx512::dense_rows_dp : avx512::dense_rows,
             dp ? nullptr : static_cast<DenseSplitFn>(avx512::dense_prep_x)};
   }

@@ -162,14 +162,28 @@ torch::Tensor int4_gemm(torch::Tensor x, torch::Tensor w, torch::Tensor sm,
 
 bool has_vnni() { return avx512::compiled() && cpu_has("avx512vnni"); }
 
-using FnQ8 = void (*)(const Int4Q8Params&, int64_t, int64_t);
-// int8-activation int4 kernel for an ISA level: 2 = AVX-512 VNNI (or, on an AVX-512 CPU without
-// VNNI, the AVX2 vpmaddubsw kernel), 1 = AVX2 vpmaddubsw, 0 = the portable reference.
-FnQ8 pick_q8(int64_t isa) {
+// The int8-activation tile kernels for an ISA level (qgemm_kernels.h's q8_tiles; this CPU's VNNI).
+Q8Tiles pick_q8(int64_t isa) {
   TORCH_CHECK(isa_supported(isa), "scl_qgemm: ISA ", isa, " not supported on this CPU/build");
-  if (isa == 2 && has_vnni()) return avx512::int4q8_tiles;
-  if (isa >= 1) return avx2::int4q8_tiles;
-  return scalar::int4q8_tiles;
+  return q8_tiles(isa, has_vnni());
+}
+
+// Activation rows quantized per 32-k block as the int8-activation kernels read them (prep_q8), zero to Kpad.
+struct Q8Rows {
+  std::vector<int8_t> xq;        // [M][Kpad]
+  std::vector<float> sx, fsum;   // [M][Kpad/32]
+  std::vector<int32_t> bsum;     // [M][Kpad/32]
+};
+Q8Rows quantize_rows(const torch::Tensor& x, int64_t M, int64_t K, int64_t Kpad, int64_t isa) {
+  const int64_t nbk = Kpad / 32;
+  Q8Rows r{std::vector<int8_t>((size_t)(M * Kpad)), std::vector<float>((size_t)(M * nbk)),
+           std::vector<float>((size_t)(M * nbk)), std::vector<int32_t>((size_t)(M * nbk))};
+  const float* xd = x.data_ptr<float>();
+  const PrepQ8 prep = pick_prep_q8(isa);
+  for (int64_t m = 0; m < M; ++m)
+    prep(xd + m * K, K, 0, Kpad, r.xq.data() + m * Kpad, r.sx.data() + m * nbk, r.bsum.data() + m * nbk,
+         r.fsum.data() + m * nbk);
+  return r;
 }
 
 // int4 weights x int8 activations.  Activations are quantized per row and per block of 32 k:
@@ -187,52 +201,29 @@ torch::Tensor int4_gemm_q8(torch::Tensor x, torch::Tensor w, torch::Tensor sm,
   TORCH_CHECK((sm.scalar_type() == torch::kFloat16 || sm.scalar_type() == torch::kInt16) &&
                   sm.is_contiguous() && sm.numel() == NT * G * 2 * TILE,
               "sm must be float16 [NT, G, 2, 64]");
-  const FnQ8 fn = pick_q8(isa);
+  const auto fn = pick_q8(isa).int4;
   const int64_t M = check_x(x, K);
-  const int64_t nbk = Kp / 32;
-  std::vector<int8_t> xq((size_t)(M * Kp));
-  std::vector<float> sx((size_t)(M * nbk)), xsum((size_t)(M * G)), fsum((size_t)(M * nbk));
-  std::vector<int32_t> bsum((size_t)(M * nbk));
-  const float* xd = x.data_ptr<float>();
-  const PrepQ8 prep = pick_prep_q8(isa);
-  for (int64_t m = 0; m < M; ++m) {
-    prep(xd + m * K, K, 0, Kp, xq.data() + m * Kp, sx.data() + m * nbk, bsum.data() + m * nbk,
-         fsum.data() + m * nbk);
-    xsum_from_fsum(fsum.data() + m * nbk, G, gs, xsum.data() + m * G);
-  }
+  Q8Rows q = quantize_rows(x, M, K, Kp, isa);
+  std::vector<float> xsum((size_t)(M * G));
+  for (int64_t m = 0; m < M; ++m) xsum_from_fsum(q.fsum.data() + m * (Kp / 32), G, gs, xsum.data() + m * G);
   auto y = out_like(x, N);
   Int4Q8Params p{reinterpret_cast<const uint32_t*>(w.data_ptr<int32_t>()),
-                 reinterpret_cast<const uint16_t*>(sm.data_ptr()), bias_ptr(bias, N), xq.data(),
-                 sx.data(), bsum.data(), xsum.data(), y.data_ptr<float>(), M, N, K, Kp, G, gs};
+                 reinterpret_cast<const uint16_t*>(sm.data_ptr()), bias_ptr(bias, N), q.xq.data(),
+                 q.sx.data(), q.bsum.data(), xsum.data(), y.data_ptr<float>(), M, N, K, Kp, G, gs};
   at::parallel_for(0, NT, 1, [&](int64_t tb, int64_t te) { fn(p, tb, te); });
   return y;
-}
-
-using Fn8Q8 = void (*)(const Int8Q8Params&, int64_t, int64_t);
-// int8-activation int8 kernel for an ISA level, as pick_q8 chooses the int4 one.
-Fn8Q8 pick8_q8(int64_t isa) {
-  TORCH_CHECK(isa_supported(isa), "scl_qgemm: ISA ", isa, " not supported on this CPU/build");
-  if (isa == 2 && has_vnni()) return avx512::int8q8_tiles;
-  if (isa >= 1) return avx2::int8q8_tiles;
-  return scalar::int8q8_tiles;
 }
 
 // int8 weights x int8 activations, quantized per row and 32-k block as int4_gemm_q8's are.
 torch::Tensor int8_gemm_q8(torch::Tensor x, torch::Tensor w, torch::Tensor scale,
                            c10::optional<torch::Tensor> bias, int64_t N, int64_t isa) {
   const int64_t K = x.dim() >= 1 ? x.size(-1) : 0, Kq = check_w8(w, scale, N, K), NT = w.size(0);
-  const Fn8Q8 fn = pick8_q8(isa);
-  const int64_t M = check_x(x, K), nbk = Kq / 32;
-  std::vector<int8_t> xq((size_t)(M * Kq));
-  std::vector<float> sx((size_t)(M * nbk)), fsum((size_t)(M * nbk));
-  std::vector<int32_t> bsum((size_t)(M * nbk));
-  const float* xd = x.data_ptr<float>();
-  const PrepQ8 prep = pick_prep_q8(isa);
-  for (int64_t m = 0; m < M; ++m)
-    prep(xd + m * K, K, 0, Kq, xq.data() + m * Kq, sx.data() + m * nbk, bsum.data() + m * nbk, fsum.data() + m * nbk);
+  const auto fn = pick_q8(isa).int8;
+  const int64_t M = check_x(x, K);
+  Q8Rows q = quantize_rows(x, M, K, Kq, isa);
   auto y = out_like(x, N);
-  Int8Q8Params p{w.data_ptr<int8_t>(), scale.data_ptr<float>(), bias_ptr(bias, N), xq.data(), sx.data(),
-                 bsum.data(), y.data_ptr<float>(), M, N, K, Kq, Kq};
+  Int8Q8Params p{w.data_ptr<int8_t>(), scale.data_ptr<float>(), bias_ptr(bias, N), q.xq.data(), q.sx.data(),
+                 q.bsum.data(), y.data_ptr<float>(), M, N, Kq, Kq};
   at::parallel_for(0, NT, 1, [&](int64_t tb, int64_t te) { fn(p, tb, te); });
   return y;
 }

@@ -66,7 +66,7 @@ struct Int8Q8Params {
   const float* sx;      // [M][ldq/32] activation scales
   const int32_t* bsum;  // [M][ldq/32] sum of xq over each 32-k block
   float* y;             // [M][N]
-  int64_t M, N, K, Kq, ldq;   // ldq >= Kq, a multiple of 32 (the fused step's rows are padded to a group)
+  int64_t M, N, Kq, ldq;   // ldq >= Kq, a multiple of 32 (the fused step's rows are padded to a group)
 };
 
 struct Int4Params {
@@ -123,6 +123,18 @@ void int4q8_tiles(const Int4Q8Params& p, int64_t tile_begin, int64_t tile_end);
 // int8 weights: |w| (VPABSB) times xq carrying w's sign (VPSIGNB) by vpmaddubsw: a pair is at
 // most 2 * 128 * 127 = 32512 < 2^15, exact; vpmaddwd (x 1) widens each quad to int32.
 void int8q8_tiles(const Int8Q8Params& p, int64_t tile_begin, int64_t tile_end);
+}
+
+// The int8-activation tile kernels for an ISA level, one choice for the per-op kernels and the fused step:
+// 2 with VNNI = VPDPBUSD; 2 without VNNI, or 1 = AVX2's vpmaddubsw; 0 = the portable reference.
+struct Q8Tiles {
+  void (*int4)(const Int4Q8Params&, int64_t, int64_t);
+  void (*int8)(const Int8Q8Params&, int64_t, int64_t);
+};
+inline Q8Tiles q8_tiles(int64_t isa, bool vnni) {
+  if (isa == 2 && vnni) return {avx512::int4q8_tiles, avx512::int8q8_tiles};
+  if (isa >= 1) return {avx2::int4q8_tiles, avx2::int8q8_tiles};
+  return {scalar::int4q8_tiles, scalar::int8q8_tiles};
 }
 
 // ---- activation preparation (one implementation, used by the per-op kernels and the fused step)
