@@ -209,6 +209,40 @@ def test_load_points_give_the_decode_step_less_the_prefills_other_requests_share
     assert {round(b): t for b, t, _ in cal2.batch[("cpu", "int4")].points}[3] == pytest.approx(0.1 * (1 - 0.4 * ttft1))
 
 
+def test_a_line_that_does_not_rise_passes_through_the_batch_1_point_at_the_batched_rate():
+    """The fresh-clone CI run of 2026-12-07 (tests/test_planner_selfcheck.py, twice): at C=8 the other users'
+    prefills taken out (7 x 0.276 s / 47 tokens = 41 ms) were most of the 49.8 ms measured, the steps left read
+    13.6 / 17.0 / 10.0 ms at batch 1 / 3.9 / 7.7, the least-squares line fell, and the plan fell back to the CPU
+    family's default (61.6 ms a token at C=1 against 13.6 measured). A step never costs less at a larger batch:
+    the line passes through the batch-1 point (nothing taken out of it) and rises at the points' batched rate."""
+    from engine.planner.selfcheck import check_load
+
+    out, prompt = 48, 128
+    measured = {1: (1.0, 0.0136, 0.276, 48.4), 4: (3.9, 0.0346, 0.344, 91.7), 8: (7.7, 0.0498, 0.436, 115.3)}
+
+    def rec(c):
+        batch, itl, ttft, tok_s = measured[c]
+        r = _load_record(batch, itl, run_id=f"C{c}")
+        r["config"]["profile"] = {"kind": "concurrent", "streams": c}
+        r["config"]["workload"].update(prompt_tokens_total=8 * prompt, requested_output_tokens_total=8 * out)
+        r["metrics"]["load"].update(ttft_s_p50=ttft, output_tok_s=tok_s, completed=8, request_s=tok_s / out)
+        return r
+
+    recs = [rec(c) for c in measured]
+    bf = calibrate(recs).batch[("cpu", "int4")]
+    steps = [t for _, t, _ in bf.points]
+    assert steps[0] == pytest.approx(0.0136) and steps[2] < steps[0]  # what the subtraction left
+    assert bf.anchored and bf.line is not None and "did not rise" in bf.words()
+    assert bf.step_s(1.0) == pytest.approx(0.0136)
+    assert bf.slope_s == pytest.approx(bf.flops_per_token / (bf.decode_tflops * 1e12))
+    rows = check_load(recs, probe={"mem_bw_gbs": 20}, held_out=False)
+    assert [round(r["output_tok_s_error_pct"]) for r in rows] == [6, 8, 2]   # -69 / -49 / -36 before
+    # a line that rises is left as least squares gave it
+    rising = [rec(1), rec(4), rec(8)]
+    rising[2]["metrics"]["load"]["itl_s_p50"] = 0.0598  # this host's C=8 the same day
+    assert not calibrate(rising).batch[("cpu", "int4")].anchored
+
+
 def test_a_consumer_card_is_planned_only_when_named():
     """The RTX 4090 (in the catalog for the published rows measured on it) is never among "every GPU": its
     drivers are not licensed for data-center use; named, it is planned like any other."""

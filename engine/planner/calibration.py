@@ -100,7 +100,8 @@ class BatchFit:
     (`_LoadPoint.decode_step`: the queueing models add those prefills back). decode_tflops = median over points at
     batch > 1 of batch * FLOPs per token / (step - fixed overhead): the FLOP rate the step reached,
     the roofline's compute side for batched decode. t(B) = intercept + slope * B is the least-squares
-    line through the points (None with fewer than two distinct batches)."""
+    line through the points (None with fewer than two distinct batches); where that line does not rise
+    (or leaves no weights term), it passes through the batch-1 point at the batched rate instead (`anchored`)."""
 
     device: str
     precision: str
@@ -111,6 +112,7 @@ class BatchFit:
     slope_s: float | None = None
     flops_per_token: float | None = None    # mean over the points (matmuls + attention at their context)
     overhead_s: float = 0.0                 # the kernel family's fixed step cost, taken off the intercept
+    anchored: bool = False                  # the points' own line did not rise: through the batch-1 point at the rate
 
     @property
     def line(self) -> tuple[float, float] | None:
@@ -134,6 +136,9 @@ class BatchFit:
     def words(self) -> str:
         line = (f"; step {self.intercept_s * 1e3:.1f} ms + {self.slope_s * 1e3:.1f} ms per sequence"
                 if self.slope_s is not None and self.intercept_s is not None else "")
+        if line and self.anchored:
+            line += (" (the points' own line did not rise: through the batch-1 point, else their mean, at their "
+                     "batched rate)")
         return (f"batched decode {self.decode_tflops:.3g} TFLOP/s measured under load ({self.n} load point(s) of "
                 f"{self.model}, batch up to {max(b for b, _, _ in self.points):.1f}{line})")
 
@@ -489,13 +494,24 @@ def _batch_fit(dev: str, prec: str, model: str, layers: int, pts) -> BatchFit | 
     if not rates:
         return None
     xs, ys = [p[0] for p in pts], [p[1] for p in pts]
+    flops, rate = sum(p[3] for p in pts) / len(pts), rates[len(rates) // 2]
     a = slope = None
+    anchored = False
     if len({round(x, 3) for x in xs}) >= 2:
         xm, ym = sum(xs) / len(xs), sum(ys) / len(ys)
         slope = sum((x - xm) * (y - ym) for x, y in zip(xs, ys)) / sum((x - xm) ** 2 for x in xs)
         a = ym - slope * xm
-    return BatchFit(dev, prec, model, rates[len(rates) // 2], tuple((b, t, r) for b, t, r, _ in sorted(pts)), a, slope,
-                    sum(p[3] for p in pts) / len(pts), over)
+        if slope <= 0 or a <= over:
+            # A step cannot cost less at a larger batch. Where the prefills taken out of the points
+            # (decode_step) are most of their latency, noise of +-20% can tip the line flat or down
+            # (CI, 2026-12-07: 13.6 / 17.0 / 10.0 ms at batch 1 / 3.9 / 7.7). The line then passes
+            # through the batch-1 point (nothing taken out of it), else the mean point, and rises at
+            # the points' batched FLOP rate: never a fallback to an unmeasured default.
+            x0, y0 = min(zip(xs, ys)) if min(xs) <= BATCHED else (xm, ym)
+            slope = flops / (rate * 1e12)
+            a, anchored = y0 - slope * x0, True
+    return BatchFit(dev, prec, model, rate, tuple((b, t, r) for b, t, r, _ in sorted(pts)), a, slope, flops, over,
+                    anchored)
 
 
 def _record_prefill_tflops(rec: Mapping, models) -> float | None:
