@@ -28,7 +28,7 @@ HOST ?= 127.0.0.1
 # answers there, or starts `python -m engine backend` on that loopback port and stops it (by PID) when the
 # dashboard exits. A GPU box: SCL_BACKEND_URL=http://box:8502 SCL_BACKEND_TOKEN_FILE=F make run (docs/DASHBOARD.md).
 
-.PHONY: run test setup kernels models workloads cluster browser eval test-fast bench peers peers-vllm guidellm bench-peers bench-load gpu-assets clean-venv
+.PHONY: run test setup kernels models workloads cluster browser eval test-fast bench peers peers-vllm guidellm llmc bench-peers bench-load gpu-assets clean-venv
 
 run: setup kernels models workloads
 	@case "$(HOST)" in 127.*|localhost|::1) ;; *) echo "WARNING: serving the dashboard on $(HOST):$(PORT): anyone who can reach this machine can load models, start processes and write your store." >&2;; esac
@@ -181,6 +181,18 @@ guidellm: .venv-guidellm/.stamp
 	.venv-guidellm/bin/python -m pip install -q --upgrade pip
 	.venv-guidellm/bin/python -m pip install -q guidellm==0.8.1 "$(TORCH_SPEC)"
 	.venv-guidellm/bin/guidellm --version
+	touch $@
+
+# llm-compressor (int4-gptq-llmc: engine/quant/llmc.py) in its own venv, with the CPU torch: its transformers pin
+# clashes with the lab's.
+llmc: .venv-llmc/.stamp
+
+.venv-llmc/.stamp:
+	test -x .venv-llmc/bin/python || $(PYTHON) -m venv .venv-llmc
+	.venv-llmc/bin/python -m pip install -q --upgrade pip
+	.venv-llmc/bin/python -m pip install -q "$(TORCH_SPEC)"
+	.venv-llmc/bin/python -m pip install -q llmcompressor==0.14.0.1
+	.venv-llmc/bin/python -c "import llmcompressor, torch; print('llmcompressor', llmcompressor.__version__, 'torch', torch.__version__)"
 	touch $@
 
 # Our engine against transformers, bitsandbytes and llama.cpp on the 1.5B, one run (~25 min on 2 cores).

@@ -34,7 +34,7 @@ PRECISION_ALIASES = {
 
 # How int4 weights are chosen (all land on the same kernel format: q in 0..15, an fp16 scale and min per group).
 # A setup's precision may name one: `int4-gptq`, `int4-gptq-g32`, `int4-awq-g128`; `int4` alone (or `int4-rtn`) is rtn.
-QUANT_METHODS = ("rtn", "gptq", "awq", "gptq-mixed", "checkpoint", "gguf")
+QUANT_METHODS = ("rtn", "gptq", "awq", "gptq-mixed", "gptq-llmc", "checkpoint", "gguf")
 METHOD_DESCRIPTIONS = {
     "rtn": "round-to-nearest: min/max per group, no calibration (as llama.cpp's Q4_1 rounds)",
     "gptq": "GPTQ: each column rounded in turn, its error spread over the columns not yet rounded through the inverse "
@@ -44,6 +44,9 @@ METHOD_DESCRIPTIONS = {
     "gptq-mixed": "GPTQ, with the linears whose int4 output error (measured on the calibration text) is largest "
                   "kept at int8, within a byte budget (llama.cpp's Q4_K_M keeps attn_v, half of ffn_down and the "
                   "head at 6 bits by a fixed rule)",
+    "gptq-llmc": "GPTQ by llm-compressor's oneshot (the ecosystem's tool, in its own venv: `make llmc`), on the same "
+                 "calibration text, asymmetric groups with act-order, its other settings at their defaults; the "
+                 "compressed-tensors checkpoint it saves is kept in the cache and its codes run as stored",
     "checkpoint": "the int4 codes of your already-quantized checkpoint (compressed-tensors pack-quantized W4A16, as "
                   "llm-compressor saves GPTQ and AWQ; GPTQ as AutoGPTQ/GPTQModel save it; AWQ GEMM as AutoAWQ "
                   "saves it), read into our kernels' format, not requantized",
@@ -53,10 +56,12 @@ METHOD_DESCRIPTIONS = {
 }
 # Methods whose group size is the format's own: int4-gguf is llama.cpp's 32-weight blocks.
 METHOD_GROUP = {"gguf": 32}
-CALIBRATED_METHODS = ("gptq", "awq", "gptq-mixed")  # methods that read calibration text (engine/infer/calibrate.py)
+# Methods that read calibration text (engine/infer/calibrate.py).
+CALIBRATED_METHODS = ("gptq", "awq", "gptq-mixed", "gptq-llmc")
 # Each calibration algorithm's version. Bump one when its result changes: cached entries of older versions are not
 # reused, and a record measured with an older one (or before records kept it) is labelled so (record_setup).
-CALIBRATION_VERSIONS = {"gptq": 3, "awq": 2}  # gptq 3: H shrunk toward its diagonal, damped 10% (engine/quant/gptq.py)
+CALIBRATION_VERSIONS = {"gptq": 3, "awq": 2,  # gptq 3: H shrunk toward its diagonal, damped 10% (engine/quant/gptq.py)
+                        "gptq-llmc": 1}  # the recipe engine/quant/llmc_driver.py gives llm-compressor
 
 MODEL_ALIASES = {"default": "qwen2.5-coder-1.5b", "default-draft": "qwen2.5-coder-0.5b"}
 

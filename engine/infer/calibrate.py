@@ -156,7 +156,7 @@ class Calibrated:
         m = self.manifest
         keep = ("method", "version", "calibration_set", "calibration_tokens", "calibration_docs")
         return {**{k: m.get(k) for k in keep}, "key": self.key, "codes": m.get("codes_sha256", "")[:16] or None,
-                "int8_linears": len(self.keep_int8)}
+                "int8_linears": len(self.keep_int8), **({"tool": m["tool"]} if m.get("tool") else {})}
 
 
 def _read(path: Path) -> Calibrated | None:
@@ -187,7 +187,7 @@ def _sha256(path: Path) -> str:
 def _read_same_key(path: Path) -> Calibrated | None:
     """The entry of the same key cached under another name: the same weights named by a catalog alias, or by the
     folder's path as the peers' workers load it. The name only labels the folder; the key is what must match."""
-    tail = "-".join(path.name.split("-")[-3:])  # <method>-g<group>-<key>: the method has no dash (base_method)
+    tail = "-".join(path.name.split("-")[-3:])  # ...-g<group>-<key>: the key hashes the method (entry_dir)
     for other in sorted(path.parent.glob(f"*-{tail}")):
         cal = _read(other) if other != path else None
         if cal is not None:
@@ -195,13 +195,16 @@ def _read_same_key(path: Path) -> Calibrated | None:
     return None
 
 
-def _write(path: Path, cal: Calibrated) -> None:
-    """Into a temporary folder, then renamed into place: an interrupted write leaves no entry."""
+def _write(path: Path, cal: Calibrated, checkpoint: Path | None = None) -> None:
+    """Into a temporary folder, then renamed into place: an interrupted write leaves no entry. A checkpoint folder
+    (llm-compressor's) moves in as `checkpoint/`."""
     from safetensors.torch import save_file
 
     tmp = path.parent / f".tmp-{path.name}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
+    if checkpoint is not None:
+        os.replace(checkpoint, tmp / "checkpoint")
     flat = {f"{n}.{part}": t.contiguous() for n, c in cal.codes.items()
             for part, t in zip(("packed", "scales", "mins"), c)}
     save_file(flat, str(tmp / "codes.safetensors"))
@@ -223,15 +226,20 @@ def calibrated(name: str, folder: Path, model, spec: QuantSpec, tokenizer, progr
     if cal is None:
         docs = calibration_docs(tokenizer, tokens)
         t0 = time.perf_counter()
-        codes, errors, floats = calibrate(model, spec, docs, say, should_stop)
+        checkpoint, tool = None, None
+        if base_method(spec) == "gptq-llmc":
+            codes, checkpoint, tool = _llmc_codes(model, folder, spec, docs, path, say, should_stop)
+            errors, floats = {}, {}
+        else:
+            codes, errors, floats = calibrate(model, spec, docs, say, should_stop)
         cal = Calibrated(codes, floats, set(), {
             "model": str(name), "method": base_method(spec), "group_size": spec.group_size,
             "quantize_head": spec.quantize_head, "calibration_set": CALIBRATION_SET,
             "calibration_tokens": sum(map(len, docs)), "calibration_docs": len(docs),
-            "version": VERSIONS[base_method(spec)],
+            "version": VERSIONS[base_method(spec)], "tool": tool,
             "seconds": round(time.perf_counter() - t0, 1), "relative_output_error": errors})
-        _write(path, cal)
-        cal.fresh = True
+        _write(path, cal, checkpoint)
+        cal.fresh = checkpoint is None  # llm-compressor calibrated in its own process: this model is untouched
         say(f"calibrated {spec.label} in {time.perf_counter() - t0:.0f} s; cached in {path}")
     cal.key = path.name.rsplit("-", 1)[1]
     if spec.method.endswith("-mixed"):
@@ -239,6 +247,34 @@ def calibrated(name: str, folder: Path, model, spec: QuantSpec, tokenizer, progr
                                         {n: c[0].numel() * 2 for n, c in cal.codes.items()})
         cal.codes = {n: c for n, c in cal.codes.items() if n not in cal.keep_int8}
     return cal
+
+
+def _llmc_codes(model, folder: Path, spec: QuantSpec, docs, path: Path, say, should_stop):
+    """(codes, checkpoint folder, tool versions) of llm-compressor's GPTQ on `folder` (engine/quant/llmc.py), its
+    checkpoint written beside the entry-to-be; every linear our GPTQ would quantize must be among its codes."""
+    from engine.quant import llmc
+
+    _check_calibratable(model, spec)
+    out = path.parent / f".llmc-{path.name}-{os.getpid()}"
+    shutil.rmtree(out, ignore_errors=True)
+    done = llmc.run_oneshot(folder, docs, spec.group_size, spec.quantize_head, out, say, should_stop)
+    if done is None:
+        raise Cancelled()
+    try:
+        codes, words = llmc.read_codes(out)
+        want = {f"model.layers.{i}.{lname}" for i, blk in enumerate(model.model.layers)
+                for lname in _block_linears(blk)}
+        want |= {"lm_head"} if spec.quantize_head else set()
+        if set(codes) != want:
+            odd = sorted(set(codes) ^ want)
+            raise UserError(f"llm-compressor's checkpoint does not quantize the linears the lab's GPTQ does ({odd[0]}"
+                            f"{f' and {len(odd) - 1} more' if len(odd) > 1 else ''})",
+                            "use int4-gptq (the lab's own) for this model, or load the checkpoint as int4-checkpoint")
+    except BaseException:
+        shutil.rmtree(out, ignore_errors=True)
+        raise
+    say(f"llm-compressor {done['tools'].get('llmcompressor')}: {words} in {done['seconds']:.0f} s")
+    return codes, out, {**done["tools"], "scheme": words, "seconds": done["seconds"]}
 
 
 MIXED_BUDGET = 0.25  # int8's extra bytes at most this share of the all-int4 linears' bytes
