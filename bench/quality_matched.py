@@ -18,7 +18,7 @@ the same reference (engine.measure.quality), it scores:
   read (engine.peers.gguf_tools; never the eval text);
 - llama.cpp Q4_K_M as shipped: its own weights (it cannot lose on weights; shown for what it is);
 - ours int4 at group sizes 32/64/128 and int8 (the engine's default kernels: int8 activations in
-  the int4 CPU kernels, engine.ops.config); `--methods rtn,gptq,awq,gptq-mixed` picks how the int4
+  the int4 CPU kernels, engine.ops.config); `--methods rtn,gptq,awq,gptq-mixed,gptq-llmc` picks how the int4
   grid is chosen (round-to-nearest by default; the calibrated ones are engine/infer/calibrate.py's);
 
 and the KL at positions 0..3 of each document against the rest, per row. The position-0 probe then
@@ -503,7 +503,8 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", type=int, default=None, help="scored tokens (default 8192, engine.measure.eval_text)")
     ap.add_argument("--group-sizes", default="32,64,128")
     ap.add_argument("--no-int8", action="store_true")
-    ap.add_argument("--methods", default="rtn", help="int4 methods at each group size: rtn,gptq,awq,gptq-mixed")
+    ap.add_argument("--methods", default="rtn",
+                    help="int4 methods at each group size: rtn,gptq,awq,gptq-mixed,gptq-llmc")
     ap.add_argument("--no-shipped", action="store_true", help="skip the shipped Q4_K_M row")
     ap.add_argument("--no-probe", action="store_true", help="skip the position-0 activation-rounding probe")
     ap.add_argument("--probe-prefix", type=int, default=16, help="tokens of each document the probe runs")

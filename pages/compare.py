@@ -47,7 +47,8 @@ with tab_sweep:
         precisions = st.multiselect("Target precisions", [*PRECISIONS, *methods],
                                     default=["fp32", "int8", "int4"], key="cmp-precisions",
                                     help="int4 is round-to-nearest; int4-gptq, -awq and -gptq-mixed calibrate once on "
-                                         "workload text the lab never scores; int4-checkpoint runs your quantized "
+                                         "workload text the lab never scores, -gptq-llmc the same with llm-compressor "
+                                         "(`make llmc`); int4-checkpoint runs your quantized "
                                          "checkpoint's own codes (docs/MODELS.md)")
         batches = st.multiselect("Batch sizes", [1, 2, 4, 8, 16, 32, 64], default=[1], key="cmp-batches")
     with b:
