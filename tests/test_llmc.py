@@ -13,18 +13,10 @@ from engine.common.errors import UserError
 from engine.infer import calibrate
 from engine.quant import llmc, make_spec
 from tests import families
+from tests.test_calibrated import quant_cache  # noqa: F401  (one calibration cache for the module, 2,048 tokens)
 
 pytestmark = pytest.mark.skipif(llmc.unavailable_reason() is not None,
                                 reason=f"{llmc.unavailable_reason()}: `make llmc` builds it (.ci/run does)")
-
-
-@pytest.fixture(scope="module")
-def quant_cache(tmp_path_factory):
-    root = tmp_path_factory.mktemp("llmc-cache")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(calibrate, "cache_dir", lambda: root)
-        mp.setattr(calibrate, "DEFAULT_TOKENS", 2048)
-        yield root / "quantized"
 
 
 def _lp(lm, ids):
