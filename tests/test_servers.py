@@ -30,9 +30,13 @@ def test_specs_are_validated_with_the_fix():
                         "Q4_K_M, Q4_K_M-requant, Q4_K_M-imatrix, IQ4_XS, IQ4_XS-imatrix, Q8_0, BF16"),
                        (ServerSpec.of("vllm", draft="ngram"), "without a draft"),
                        (ServerSpec.of("vllm", precision="int4"), "AWQ or GPTQ checkpoint"),
-                       (ServerSpec.of("llama-server", slots=0), "slots")]:
+                       (ServerSpec.of("llama-server", slots=0), "slots"),
+                       # a folder has no shipped GGUF: refused before an accuracy run's other configurations run (it
+                       # failed after them, 2026-12-08), with llama.cpp's quantizer on the folder as the fix
+                       (ServerSpec.of("llama-server", model="/tmp/some-folder"), "Q4_K_M-requant")]:
         with pytest.raises(UserError, match=word):
             spec.validate()
+    assert ServerSpec.of("llama-server", model="/tmp/some-folder", precision="Q4_K_M-requant").validate()
 
 
 def test_our_kv_cache_is_typed_labelled_and_passed_refused_for_peers():

@@ -142,6 +142,13 @@ class ServerSpec:
             raise UserError(f"the lab starts llama-server at {', '.join(LLAMA_PRECISIONS)}, not "
                             f"'{self.setup.precision}' (llama.cpp's own types)",
                             f"use precision one of: {', '.join(LLAMA_PRECISIONS)}")
+        if self.system == "llama-server" and self.setup.precision == "Q4_K_M":
+            from engine.infer.catalog import packaged_name
+
+            if packaged_name(self.setup.model) is None:  # refused here, not after the other configurations ran
+                raise UserError(f"llama-server at Q4_K_M runs the catalog's GGUF as shipped, and {self.setup.model} "
+                                "is not a catalog model", "use Q4_K_M-requant (llama.cpp's quantizer on this model's "
+                                "weights), another of llama.cpp's types, or --no-peers")
         if self.system == "vllm" and self.setup.precision not in VLLM_PRECISIONS:
             raise UserError(f"the lab starts vLLM at {', '.join(VLLM_PRECISIONS)}, not '{self.setup.precision}' "
                             "(its int4 needs an AWQ or GPTQ checkpoint quantized offline)",
