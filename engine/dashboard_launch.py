@@ -21,6 +21,7 @@ from urllib.parse import urlsplit
 from engine.backend.client import Backend, BackendAuthError, BackendUnavailable, BackendVersionMismatch
 from engine.backend.contract import is_loopback
 from engine.common.paths import REPO_ROOT, data_dir
+from engine.common.processes import stop_group
 
 START_TIMEOUT_S = 180.0  # the backend imports torch and checks the kernels before it answers
 
@@ -57,7 +58,7 @@ def start_backend(backend: Backend, log_path: Path) -> subprocess.Popen:
             raise SystemExit(f"the backend exited with code {proc.returncode} before answering; its log: {log_path}\n"
                              + _tail(log_path))
         if time.time() > deadline:
-            stop(proc)
+            stop_group(proc)
             raise SystemExit(f"the backend did not answer at {backend.url} within {START_TIMEOUT_S:.0f} s "
                              f"({why}); its log: {log_path}\n" + _tail(log_path))
         time.sleep(0.5)
@@ -68,20 +69,6 @@ def _tail(path: Path, n: int = 3000) -> str:
         return path.read_text(errors="replace")[-n:]
     except OSError:
         return ""
-
-
-def stop(proc: subprocess.Popen, grace_s: float = 15.0) -> None:
-    """SIGTERM to the process group this launcher started (nothing else), then SIGKILL after grace_s."""
-    if proc.poll() is not None:
-        return
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(grace_s)
-    except ProcessLookupError:
-        return
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(5)
 
 
 def streamlit_cmd(host: str, port: int, extra: list[str]) -> list[str]:
@@ -134,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
                 dash.kill()
         if started is not None:
             print(f"Stopping the backend this launcher started (PID {started.pid}).", flush=True)
-            stop(started)
+            stop_group(started)
 
 
 if __name__ == "__main__":

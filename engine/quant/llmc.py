@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import threading
 import time
@@ -22,6 +21,7 @@ from pathlib import Path
 
 from engine.common.errors import UserError
 from engine.common.paths import REPO_ROOT
+from engine.common.processes import stop_group
 
 VENV = REPO_ROOT / ".venv-llmc"
 VERSION = "0.14.0.1"  # the llmcompressor `make llmc` installs
@@ -75,13 +75,13 @@ def run_oneshot(folder: Path, docs: list[list[int]], group_size: int, quantize_h
     try:
         while proc.poll() is None:
             if should_stop and should_stop():
-                _stop(proc)
+                stop_group(proc, grace_s=10)
                 return None
             time.sleep(0.2)
         reader.join(timeout=10)
     finally:
         if proc.poll() is None:
-            _stop(proc)
+            stop_group(proc, grace_s=10)
         job.unlink(missing_ok=True)
         if not done:
             shutil.rmtree(out, ignore_errors=True)
@@ -89,19 +89,6 @@ def run_oneshot(folder: Path, docs: list[list[int]], group_size: int, quantize_h
         raise UserError(f"llm-compressor's oneshot failed (exit {proc.returncode}): " + " | ".join(list(tail)[-6:]),
                         f"see the whole output by running {DRIVER.name} in {VENV.name} by hand; or use int4-gptq")
     return done[0]
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    """The driver's process group: asked to stop, then killed."""
-    for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 10)):
-        try:
-            os.killpg(proc.pid, sig)
-            proc.wait(timeout=wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
-        except ProcessLookupError:
-            return
 
 
 def read_codes(out: Path) -> tuple[dict, str]:
