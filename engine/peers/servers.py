@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -26,6 +25,7 @@ from pathlib import Path
 
 from engine.common.errors import UserError, read_object
 from engine.common.paths import REPO_ROOT, cache_dir
+from engine.common.processes import stop_group
 from engine.common.setup import EngineSetup
 from engine.common.vocab import KV_CACHES, KV_DTYPES, MAX_GAMMA, kv_words
 # LLAMA_CPP_VERSION: the sdist `make peers` builds; LLAMA_PRECISIONS: the weights llama-server runs
@@ -400,17 +400,7 @@ class RunningServer:
         """SIGTERM to the server's process group (its PID), then SIGKILL if it lingers."""
         if self.proc is None or self.pid is None:
             return
-        for sig, wait in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 10.0)):
-            if self.proc.poll() is not None:
-                break
-            try:
-                os.killpg(self.pid, sig)
-            except ProcessLookupError:
-                break
-            try:
-                self.proc.wait(wait)
-            except subprocess.TimeoutExpired:
-                continue
+        stop_group(self.proc, timeout_s)  # self.pid is the process's own (start)
         self.proc = None
 
     def log_tail(self, lines: int = 8) -> str:
